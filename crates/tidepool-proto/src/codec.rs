@@ -1,0 +1,695 @@
+//! Frame encoding and decoding.
+//!
+//! The decoder never trusts a length or count: every count is checked against the bytes that
+//! remain before anything is allocated for it, so a forged header cannot make the receiver
+//! reserve memory it was never sent.
+
+use crate::types::{ErrorCode, EvictItem, Handle, HelloInfo, ItemResult, Op, Request, Response};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+pub const MAGIC: [u8; 2] = *b"TP";
+pub const VERSION: u8 = 1;
+pub const HEADER_LEN: usize = 16;
+/// The largest body any peer accepts (64 MiB). A server may announce a smaller one in hello.
+pub const MAX_BODY: u32 = 64 << 20;
+/// The most items one batched frame may carry.
+pub const MAX_ITEMS: u32 = 1 << 16;
+pub const RESPONSE_BIT: u8 = 0x80;
+
+/// A decoded frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub op: u8,
+    pub body_len: u32,
+    pub id: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("bad magic {0:02x?}: the peer does not speak the tidepool protocol")]
+    BadMagic([u8; 2]),
+    #[error("protocol version {0} is not supported (this build speaks version {VERSION})")]
+    UnsupportedVersion(u8),
+    #[error("frame body of {len} bytes exceeds the limit of {max} bytes")]
+    TooLarge { len: u32, max: u32 },
+    #[error("unknown op 0x{0:02x}")]
+    UnknownOp(u8),
+    #[error("expected a {expected}, got op 0x{got:02x}")]
+    WrongDirection { expected: &'static str, got: u8 },
+    #[error("frame body ends early while reading {0}")]
+    Truncated(&'static str),
+    #[error("{0} bytes left over after the frame body")]
+    Trailing(usize),
+    #[error("batch of {0} items exceeds the limit of {MAX_ITEMS}")]
+    TooManyItems(u32),
+    #[error("{0} is not valid UTF-8")]
+    BadUtf8(&'static str),
+    #[error("unknown status code {0}")]
+    UnknownStatus(u8),
+    #[error("invalid flag byte {0} in {1}")]
+    BadFlag(u8, &'static str),
+}
+
+/// Reads the header at the start of `buf`, if all 16 bytes are there, and validates it against
+/// `max_body`.
+pub fn peek_header(buf: &[u8], max_body: u32) -> Result<Option<Header>, DecodeError> {
+    if buf.len() < HEADER_LEN {
+        // Reject garbage as early as its first bytes allow.
+        if !buf.is_empty() && buf[0] != MAGIC[0] {
+            return Err(DecodeError::BadMagic([buf[0], buf.get(1).copied().unwrap_or(0)]));
+        }
+        return Ok(None);
+    }
+    if buf[0..2] != MAGIC {
+        return Err(DecodeError::BadMagic([buf[0], buf[1]]));
+    }
+    if buf[2] != VERSION {
+        return Err(DecodeError::UnsupportedVersion(buf[2]));
+    }
+    let body_len = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    if body_len > max_body {
+        return Err(DecodeError::TooLarge {
+            len: body_len,
+            max: max_body,
+        });
+    }
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&buf[8..16]);
+    Ok(Some(Header {
+        op: buf[3],
+        body_len,
+        id: u64::from_le_bytes(id),
+    }))
+}
+
+/// Splits one whole frame off the front of `buf`, or returns `None` if more bytes are needed.
+fn split_frame(buf: &mut BytesMut, max_body: u32) -> Result<Option<(Header, Bytes)>, DecodeError> {
+    let Some(h) = peek_header(buf, max_body)? else {
+        return Ok(None);
+    };
+    let total = HEADER_LEN + h.body_len as usize;
+    if buf.len() < total {
+        buf.reserve(total - buf.len());
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(total).freeze();
+    frame.advance(HEADER_LEN);
+    Ok(Some((h, frame)))
+}
+
+/// Decodes one request from the front of `buf`. `Ok(None)`: not all of it has arrived yet.
+/// An error means the stream cannot be trusted any more and the connection should be closed.
+pub fn decode_request(
+    buf: &mut BytesMut,
+    max_body: u32,
+) -> Result<Option<(u64, Request)>, DecodeError> {
+    let Some((h, body)) = split_frame(buf, max_body)? else {
+        return Ok(None);
+    };
+    if h.op & RESPONSE_BIT != 0 {
+        return Err(DecodeError::WrongDirection {
+            expected: "request",
+            got: h.op,
+        });
+    }
+    let op = Op::from_u8(h.op).ok_or(DecodeError::UnknownOp(h.op))?;
+    let mut r = Reader(body);
+    let req = match op {
+        Op::Hello => Request::Hello {
+            tenant: r.str16("tenant name")?,
+            token: r.str16("token")?,
+        },
+        Op::Put => Request::Put { data: r.blob()? },
+        Op::Get => Request::Get { handle: r.handle()? },
+        Op::Take => Request::Take { handle: r.handle()? },
+        Op::Write => Request::Write {
+            handle: r.handle()?,
+            data: r.blob()?,
+        },
+        Op::Free => Request::Free { handle: r.handle()? },
+        Op::PutMany => {
+            let n = r.count(4)?;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                items.push(r.blob()?);
+            }
+            Request::PutMany { items }
+        }
+        Op::GetMany => Request::GetMany {
+            handles: r.handles()?,
+        },
+        Op::TakeMany => Request::TakeMany {
+            handles: r.handles()?,
+        },
+        Op::WriteMany => {
+            let n = r.count(Handle::ENCODED_LEN + 4)?;
+            let mut items = Vec::with_capacity(n);
+            for _ in 0..n {
+                items.push((r.handle()?, r.blob()?));
+            }
+            Request::WriteMany { items }
+        }
+        Op::FreeMany => Request::FreeMany {
+            handles: r.handles()?,
+        },
+        Op::EvictFetch => {
+            let take = r.flag("take flag")?;
+            let n = r.count(5)?;
+            let mut evict = Vec::with_capacity(n);
+            for _ in 0..n {
+                let handle = if r.flag("evict item")? {
+                    Some(r.handle()?)
+                } else {
+                    None
+                };
+                evict.push(EvictItem {
+                    handle,
+                    data: r.blob()?,
+                });
+            }
+            Request::EvictFetch {
+                evict,
+                fetch: r.handles()?,
+                take,
+            }
+        }
+        Op::Stats => Request::Stats,
+    };
+    r.finish()?;
+    Ok(Some((h.id, req)))
+}
+
+/// Decodes one response from the front of `buf`. `Ok(None)`: not all of it has arrived yet.
+pub fn decode_response(
+    buf: &mut BytesMut,
+    max_body: u32,
+) -> Result<Option<(u64, Response)>, DecodeError> {
+    let Some((h, body)) = split_frame(buf, max_body)? else {
+        return Ok(None);
+    };
+    if h.op & RESPONSE_BIT == 0 {
+        return Err(DecodeError::WrongDirection {
+            expected: "response",
+            got: h.op,
+        });
+    }
+    let op = Op::from_u8(h.op & !RESPONSE_BIT).ok_or(DecodeError::UnknownOp(h.op))?;
+    let mut r = Reader(body);
+    let status = r.u8("status")?;
+    if status != 0 {
+        let code = ErrorCode::from_u8(status).ok_or(DecodeError::UnknownStatus(status))?;
+        let message = r.str16("error message")?;
+        r.finish()?;
+        return Ok(Some((h.id, Response::Error { code, message })));
+    }
+    let resp = match op {
+        Op::Hello => Response::Hello(HelloInfo {
+            tenant_id: r.u32("tenant id")?,
+            quota: r.u64("quota")?,
+            capacity: r.u64("capacity")?,
+            max_body: r.u32("max body")?,
+        }),
+        Op::Put => Response::Handle(r.handle()?),
+        Op::Get | Op::Take => Response::Data(r.blob()?),
+        Op::Write | Op::Free => Response::Done,
+        Op::PutMany => Response::Handles(r.items(|r| r.handle())?),
+        Op::GetMany | Op::TakeMany => Response::DataMany(r.items(|r| r.blob())?),
+        Op::WriteMany | Op::FreeMany => Response::DoneMany(r.items(|_| Ok(()))?),
+        Op::EvictFetch => Response::EvictFetch {
+            evicted: r.items(|r| r.handle())?,
+            fetched: r.items(|r| r.blob())?,
+        },
+        Op::Stats => {
+            let n = r.count(10)?;
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..n {
+                v.push((r.str16("stat name")?, r.u64("stat value")?));
+            }
+            Response::Stats(v)
+        }
+    };
+    r.finish()?;
+    Ok(Some((h.id, resp)))
+}
+
+/// Bounds-checked reader over one frame body.
+struct Reader(Bytes);
+
+impl Reader {
+    fn need(&self, n: usize, what: &'static str) -> Result<(), DecodeError> {
+        if self.0.remaining() < n {
+            Err(DecodeError::Truncated(what))
+        } else {
+            Ok(())
+        }
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        self.need(1, what)?;
+        Ok(self.0.get_u8())
+    }
+    fn flag(&mut self, what: &'static str) -> Result<bool, DecodeError> {
+        match self.u8(what)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            v => Err(DecodeError::BadFlag(v, what)),
+        }
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        self.need(2, what)?;
+        Ok(self.0.get_u16_le())
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        self.need(4, what)?;
+        Ok(self.0.get_u32_le())
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        self.need(8, what)?;
+        Ok(self.0.get_u64_le())
+    }
+    fn handle(&mut self) -> Result<Handle, DecodeError> {
+        self.need(Handle::ENCODED_LEN, "handle")?;
+        let mut b = [0u8; 16];
+        self.0.copy_to_slice(&mut b);
+        Ok(Handle::from_bytes(b))
+    }
+    fn blob(&mut self) -> Result<Bytes, DecodeError> {
+        let len = self.u32("payload length")? as usize;
+        self.need(len, "payload")?;
+        Ok(self.0.split_to(len))
+    }
+    fn str16(&mut self, what: &'static str) -> Result<String, DecodeError> {
+        let len = self.u16(what)? as usize;
+        self.need(len, what)?;
+        let b = self.0.split_to(len);
+        String::from_utf8(b.to_vec()).map_err(|_| DecodeError::BadUtf8(what))
+    }
+    /// An item count, checked against the limit and against the bytes left, given that each
+    /// item takes at least `min_item` bytes.
+    fn count(&mut self, min_item: usize) -> Result<usize, DecodeError> {
+        let n = self.u32("item count")?;
+        if n > MAX_ITEMS {
+            return Err(DecodeError::TooManyItems(n));
+        }
+        self.need(n as usize * min_item, "batch items")?;
+        Ok(n as usize)
+    }
+    fn handles(&mut self) -> Result<Vec<Handle>, DecodeError> {
+        let n = self.count(Handle::ENCODED_LEN)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.handle()?);
+        }
+        Ok(v)
+    }
+    fn items<T>(
+        &mut self,
+        mut f: impl FnMut(&mut Self) -> Result<T, DecodeError>,
+    ) -> Result<Vec<ItemResult<T>>, DecodeError> {
+        let n = self.count(1)?;
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let status = self.u8("item status")?;
+            if status == 0 {
+                v.push(Ok(f(self)?));
+            } else {
+                let code = ErrorCode::from_u8(status).ok_or(DecodeError::UnknownStatus(status))?;
+                v.push(Err(code));
+            }
+        }
+        Ok(v)
+    }
+    fn finish(self) -> Result<(), DecodeError> {
+        match self.0.remaining() {
+            0 => Ok(()),
+            n => Err(DecodeError::Trailing(n)),
+        }
+    }
+}
+
+/// Writes one frame into a buffer: the header first with a zero length, the body through the
+/// `put_*` methods, then [`FrameWriter::finish`] patches the length in. The server uses this to
+/// copy object data straight from its arena into the send buffer.
+#[derive(Debug)]
+pub struct FrameWriter<'a> {
+    buf: &'a mut BytesMut,
+    start: usize,
+}
+
+impl<'a> FrameWriter<'a> {
+    pub fn begin(buf: &'a mut BytesMut, op: u8, id: u64) -> Self {
+        let start = buf.len();
+        buf.reserve(HEADER_LEN + 64);
+        buf.put_slice(&MAGIC);
+        buf.put_u8(VERSION);
+        buf.put_u8(op);
+        buf.put_u32_le(0);
+        buf.put_u64_le(id);
+        FrameWriter { buf, start }
+    }
+    pub fn put_u8(&mut self, v: u8) {
+        self.buf.put_u8(v);
+    }
+    pub fn put_u32(&mut self, v: u32) {
+        self.buf.put_u32_le(v);
+    }
+    pub fn put_u64(&mut self, v: u64) {
+        self.buf.put_u64_le(v);
+    }
+    pub fn put_handle(&mut self, h: Handle) {
+        self.buf.put_slice(&h.to_bytes());
+    }
+    pub fn put_blob(&mut self, data: &[u8]) {
+        self.begin_blob(data.len());
+        self.buf.put_slice(data);
+    }
+    /// Writes a blob's length only; the caller then appends exactly `len` bytes with
+    /// [`FrameWriter::extend_blob`] (in pieces if it likes).
+    pub fn begin_blob(&mut self, len: usize) {
+        self.buf.reserve(4 + len);
+        self.buf.put_u32_le(len as u32);
+    }
+    pub fn extend_blob(&mut self, data: &[u8]) {
+        self.buf.put_slice(data);
+    }
+    pub fn put_str16(&mut self, s: &str) {
+        let b = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+        self.buf.put_u16_le(b.len() as u16);
+        self.buf.put_slice(b);
+    }
+    /// A placeholder for a count that is known only after the items are written.
+    pub fn reserve_u32(&mut self) -> usize {
+        let at = self.buf.len();
+        self.buf.put_u32_le(0);
+        at
+    }
+    pub fn patch_u32(&mut self, at: usize, v: u32) {
+        self.buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    /// Body bytes written so far.
+    pub fn body_len(&self) -> usize {
+        self.buf.len() - self.start - HEADER_LEN
+    }
+    pub fn finish(self) {
+        let len = self.body_len() as u32;
+        self.buf[self.start + 4..self.start + 8].copy_from_slice(&len.to_le_bytes());
+    }
+    /// Drops everything written since `begin` (used to replace a half-written answer with an
+    /// error).
+    pub fn abandon(self) {
+        self.buf.truncate(self.start);
+    }
+}
+
+impl Request {
+    /// Appends this request as one frame.
+    pub fn encode(&self, id: u64, buf: &mut BytesMut) {
+        let mut w = FrameWriter::begin(buf, self.op() as u8, id);
+        match self {
+            Request::Hello { tenant, token } => {
+                w.put_str16(tenant);
+                w.put_str16(token);
+            }
+            Request::Put { data } => w.put_blob(data),
+            Request::Get { handle } | Request::Take { handle } | Request::Free { handle } => {
+                w.put_handle(*handle)
+            }
+            Request::Write { handle, data } => {
+                w.put_handle(*handle);
+                w.put_blob(data);
+            }
+            Request::PutMany { items } => {
+                w.put_u32(items.len() as u32);
+                for d in items {
+                    w.put_blob(d);
+                }
+            }
+            Request::GetMany { handles }
+            | Request::TakeMany { handles }
+            | Request::FreeMany { handles } => put_handles(&mut w, handles),
+            Request::WriteMany { items } => {
+                w.put_u32(items.len() as u32);
+                for (h, d) in items {
+                    w.put_handle(*h);
+                    w.put_blob(d);
+                }
+            }
+            Request::EvictFetch { evict, fetch, take } => {
+                w.put_u8(*take as u8);
+                w.put_u32(evict.len() as u32);
+                for item in evict {
+                    match item.handle {
+                        Some(h) => {
+                            w.put_u8(1);
+                            w.put_handle(h);
+                        }
+                        None => w.put_u8(0),
+                    }
+                    w.put_blob(&item.data);
+                }
+                put_handles(&mut w, fetch);
+            }
+            Request::Stats => {}
+        }
+        w.finish();
+    }
+}
+
+fn put_handles(w: &mut FrameWriter<'_>, handles: &[Handle]) {
+    w.put_u32(handles.len() as u32);
+    for h in handles {
+        w.put_handle(*h);
+    }
+}
+
+fn put_items<T>(w: &mut FrameWriter<'_>, items: &[ItemResult<T>], mut f: impl FnMut(&mut FrameWriter<'_>, &T)) {
+    w.put_u32(items.len() as u32);
+    for it in items {
+        match it {
+            Ok(v) => {
+                w.put_u8(0);
+                f(w, v);
+            }
+            Err(code) => w.put_u8(*code as u8),
+        }
+    }
+}
+
+impl Response {
+    /// Appends this response, answering a request with op `op`, as one frame.
+    pub fn encode(&self, op: Op, id: u64, buf: &mut BytesMut) {
+        let mut w = FrameWriter::begin(buf, op as u8 | RESPONSE_BIT, id);
+        if let Response::Error { code, message } = self {
+            w.put_u8(*code as u8);
+            w.put_str16(message);
+            w.finish();
+            return;
+        }
+        w.put_u8(0);
+        match self {
+            Response::Error { .. } => unreachable!("handled above"),
+            Response::Hello(i) => {
+                w.put_u32(i.tenant_id);
+                w.put_u64(i.quota);
+                w.put_u64(i.capacity);
+                w.put_u32(i.max_body);
+            }
+            Response::Handle(h) => w.put_handle(*h),
+            Response::Data(d) => w.put_blob(d),
+            Response::Done => {}
+            Response::Handles(v) => put_items(&mut w, v, |w, h| w.put_handle(*h)),
+            Response::DataMany(v) => put_items(&mut w, v, |w, d| w.put_blob(d)),
+            Response::DoneMany(v) => put_items(&mut w, v, |_, _| {}),
+            Response::EvictFetch { evicted, fetched } => {
+                put_items(&mut w, evicted, |w, h| w.put_handle(*h));
+                put_items(&mut w, fetched, |w, d| w.put_blob(d));
+            }
+            Response::Stats(v) => {
+                w.put_u32(v.len() as u32);
+                for (k, val) in v {
+                    w.put_str16(k);
+                    w.put_u64(*val);
+                }
+            }
+        }
+        w.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn handle() -> impl Strategy<Value = Handle> {
+        (any::<u32>(), any::<u16>(), any::<u16>(), any::<u32>(), any::<u32>()).prop_map(
+            |(tenant, section, epoch, slot, generation)| Handle {
+                tenant,
+                section,
+                epoch,
+                slot,
+                generation,
+            },
+        )
+    }
+
+    fn blob() -> impl Strategy<Value = Bytes> {
+        prop::collection::vec(any::<u8>(), 0..300).prop_map(Bytes::from)
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        prop_oneof![
+            ("[a-z]{0,20}", ".{0,20}").prop_map(|(tenant, token)| Request::Hello { tenant, token }),
+            blob().prop_map(|data| Request::Put { data }),
+            handle().prop_map(|handle| Request::Get { handle }),
+            handle().prop_map(|handle| Request::Take { handle }),
+            (handle(), blob()).prop_map(|(handle, data)| Request::Write { handle, data }),
+            handle().prop_map(|handle| Request::Free { handle }),
+            prop::collection::vec(blob(), 0..8).prop_map(|items| Request::PutMany { items }),
+            prop::collection::vec(handle(), 0..8).prop_map(|handles| Request::GetMany { handles }),
+            prop::collection::vec(handle(), 0..8).prop_map(|handles| Request::TakeMany { handles }),
+            prop::collection::vec((handle(), blob()), 0..8)
+                .prop_map(|items| Request::WriteMany { items }),
+            prop::collection::vec(handle(), 0..8).prop_map(|handles| Request::FreeMany { handles }),
+            (
+                prop::collection::vec((prop::option::of(handle()), blob()), 0..6),
+                prop::collection::vec(handle(), 0..6),
+                any::<bool>()
+            )
+                .prop_map(|(evict, fetch, take)| Request::EvictFetch {
+                    evict: evict
+                        .into_iter()
+                        .map(|(handle, data)| EvictItem { handle, data })
+                        .collect(),
+                    fetch,
+                    take
+                }),
+            Just(Request::Stats),
+        ]
+    }
+
+    fn code() -> impl Strategy<Value = ErrorCode> {
+        (1u8..=12).prop_map(|c| ErrorCode::from_u8(c).unwrap())
+    }
+
+    fn item<T: std::fmt::Debug + Clone>(
+        s: impl Strategy<Value = T>,
+    ) -> impl Strategy<Value = ItemResult<T>> {
+        prop_oneof![s.prop_map(Ok), code().prop_map(Err)]
+    }
+
+    proptest! {
+        #[test]
+        fn requests_round_trip_in_a_stream(reqs in prop::collection::vec(request(), 1..6), split in any::<prop::sample::Index>()) {
+            let mut wire = BytesMut::new();
+            for (i, r) in reqs.iter().enumerate() {
+                r.encode(i as u64 * 7, &mut wire);
+            }
+            // Deliver the stream in two pieces at an arbitrary point: decoding must wait for
+            // the rest rather than misread a partial frame.
+            let wire = wire.freeze();
+            let cut = split.index(wire.len() + 1);
+            let mut buf = BytesMut::from(&wire[..cut]);
+            let mut got = Vec::new();
+            while let Some((id, r)) = decode_request(&mut buf, MAX_BODY).unwrap() {
+                got.push((id, r));
+            }
+            buf.extend_from_slice(&wire[cut..]);
+            while let Some((id, r)) = decode_request(&mut buf, MAX_BODY).unwrap() {
+                got.push((id, r));
+            }
+            prop_assert!(buf.is_empty());
+            prop_assert_eq!(got.len(), reqs.len());
+            for (i, ((id, r), want)) in got.into_iter().zip(reqs).enumerate() {
+                prop_assert_eq!(id, i as u64 * 7);
+                prop_assert_eq!(r, want);
+            }
+        }
+
+        #[test]
+        fn responses_round_trip(
+            handles in prop::collection::vec(item(handle()), 0..6),
+            datas in prop::collection::vec(item(blob()), 0..6),
+            dones in prop::collection::vec(item(Just(())), 0..6),
+            c in code(),
+            msg in ".{0,30}",
+            id in any::<u64>(),
+        ) {
+            let cases = vec![
+                (Op::PutMany, Response::Handles(handles.clone())),
+                (Op::GetMany, Response::DataMany(datas.clone())),
+                (Op::FreeMany, Response::DoneMany(dones)),
+                (Op::EvictFetch, Response::EvictFetch { evicted: handles, fetched: datas }),
+                (Op::Get, Response::Error { code: c, message: msg }),
+                (Op::Stats, Response::Stats(vec![("tenant.objects".into(), 3)])),
+                (Op::Hello, Response::Hello(HelloInfo { tenant_id: 1, quota: 2, capacity: 3, max_body: 4 })),
+                (Op::Write, Response::Done),
+            ];
+            for (op, resp) in cases {
+                let mut buf = BytesMut::new();
+                resp.encode(op, id, &mut buf);
+                let (got_id, got) = decode_response(&mut buf, MAX_BODY).unwrap().unwrap();
+                prop_assert_eq!(got_id, id);
+                prop_assert_eq!(got, resp);
+                prop_assert!(buf.is_empty());
+            }
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..200)) {
+            let mut buf = BytesMut::from(&bytes[..]);
+            let _ = decode_request(&mut buf, MAX_BODY);
+            let mut buf = BytesMut::from(&bytes[..]);
+            let _ = decode_response(&mut buf, MAX_BODY);
+        }
+    }
+
+    #[test]
+    fn forged_count_is_refused_before_allocating() {
+        let mut buf = BytesMut::new();
+        let mut w = FrameWriter::begin(&mut buf, Op::GetMany as u8, 1);
+        w.put_u32(60_000); // claims 60k handles, sends none
+        w.finish();
+        assert_eq!(
+            decode_request(&mut buf, MAX_BODY),
+            Err(DecodeError::Truncated("batch items"))
+        );
+    }
+
+    #[test]
+    fn oversized_and_foreign_frames_are_refused() {
+        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\n"[..]);
+        assert!(matches!(
+            decode_request(&mut buf, MAX_BODY),
+            Err(DecodeError::BadMagic(_))
+        ));
+        let mut buf = BytesMut::new();
+        Request::Put {
+            data: Bytes::from(vec![0u8; 100]),
+        }
+        .encode(1, &mut buf);
+        assert!(matches!(
+            decode_request(&mut buf, 50),
+            Err(DecodeError::TooLarge { len: 104, max: 50 })
+        ));
+        let mut buf = BytesMut::new();
+        Request::Stats.encode(1, &mut buf);
+        buf[2] = 9;
+        assert_eq!(
+            decode_request(&mut buf, MAX_BODY),
+            Err(DecodeError::UnsupportedVersion(9))
+        );
+        let mut buf = BytesMut::new();
+        Request::Stats.encode(1, &mut buf);
+        buf[3] = 0x7f;
+        assert_eq!(decode_request(&mut buf, MAX_BODY), Err(DecodeError::UnknownOp(0x7f)));
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let mut buf = BytesMut::new();
+        let mut w = FrameWriter::begin(&mut buf, Op::Stats as u8, 1);
+        w.put_u8(0);
+        w.finish();
+        assert_eq!(decode_request(&mut buf, MAX_BODY), Err(DecodeError::Trailing(1)));
+    }
+}
