@@ -1,0 +1,1 @@
+//! Memory node. (Being written.)

@@ -1,0 +1,1 @@
+//! Peer servers on loopback. (Being written.)

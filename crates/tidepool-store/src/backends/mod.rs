@@ -1,0 +1,4 @@
+pub mod local;
+pub mod memcached;
+pub mod node;
+pub mod redis;

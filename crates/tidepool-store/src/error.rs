@@ -1,0 +1,62 @@
+use tidepool_proto::ErrorCode;
+
+/// Why a far-store operation failed. Every message names the backend and says what to check.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("bad store URL '{url}': {reason}")]
+    BadUrl { url: String, reason: String },
+
+    #[error("cannot reach {backend} at {addr}: {source}; is the server running and listening there?")]
+    Connect {
+        backend: &'static str,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{backend} connection failed during {op}: {source}")]
+    Io {
+        backend: &'static str,
+        op: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{backend} sent something this client cannot understand: {detail}")]
+    Protocol {
+        backend: &'static str,
+        detail: String,
+    },
+
+    #[error("memory node refused {op}: {message} ({code})")]
+    Node {
+        op: &'static str,
+        code: ErrorCode,
+        message: String,
+    },
+
+    #[error("{backend} failed: {message}")]
+    Backend {
+        backend: &'static str,
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+
+    #[error("value of {len} bytes is larger than {backend} accepts ({max} bytes)")]
+    ValueTooLarge {
+        backend: &'static str,
+        len: usize,
+        max: usize,
+    },
+}
+
+impl StoreError {
+    /// The memory node's error code, when the node refused the operation.
+    pub fn node_code(&self) -> Option<ErrorCode> {
+        match self {
+            StoreError::Node { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Far stores: where Tidepool keeps memory that does not fit locally.
+//!
+//! [`FarStore`] is a batched key-value interface shaped for both 4 KiB pages (the pager) and
+//! objects of any size (far data structures). Keys are `u64`s chosen by the caller (a page
+//! number, an object id). Every operation comes in a batched form, because a far store is worth
+//! using only when round trips are amortised; single-item helpers are thin wrappers.
+//!
+//! Backends are chosen by URL with [`open`]:
+//!
+//! | URL | backend |
+//! |---|---|
+//! | `local:` / `local:?compress=lz4` | in-process map (the embedded default), optionally LZ4-compressed |
+//! | `node://[tenant[:token]@]host:port` | a `tidepool node` memory node |
+//! | `redis://host:port[?prefix=P]` | one Redis server |
+//! | `redis+cluster://h1:p1,h2:p2,...[?prefix=P]` | a Redis Cluster |
+//! | `memcached://host:port[?prefix=P]` | a memcached server |
+#![forbid(unsafe_code)]
+
+mod backends;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod error;
+mod url;
+
+use bytes::Bytes;
+use std::fmt;
+use std::sync::Arc;
+
+pub use backends::local::LocalStore;
+pub use backends::memcached::MemcachedStore;
+pub use backends::node::{NodeClient, NodeStore};
+pub use backends::redis::RedisStore;
+pub use error::StoreError;
+pub use url::StoreUrl;
+
+/// A caller-chosen name for one far value.
+pub type Key = u64;
+
+/// What happens to the far copy when a value is fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FetchMode {
+    /// Keep the far copy (a clean page can later be dropped without writing it back).
+    Keep,
+    /// Free the far copy (Sharry's unique copy: far memory holds only what is not local).
+    Take,
+}
+
+/// Counters a backend can report about itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Bytes the backend holds on this store's behalf, allocation overhead included where the
+    /// backend knows it.
+    pub far_bytes: Option<u64>,
+    /// Values currently stored.
+    pub objects: Option<u64>,
+    /// Backend-specific counters.
+    pub extra: Vec<(String, u64)>,
+}
+
+/// A place to keep values that do not fit in local memory.
+///
+/// Implementations are shared between threads; every method may be called concurrently.
+/// A missing key reads as `None`. Errors mean the operation may not have happened: a caller must
+/// never treat an error as "the value was zero".
+pub trait FarStore: Send + Sync + fmt::Debug {
+    /// A short description for messages and reports, e.g. `redis://127.0.0.1:6379`.
+    fn describe(&self) -> String;
+
+    /// Stores each value under its key, replacing any earlier value.
+    fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError>;
+
+    /// Reads each key, keeping the far copy.
+    fn read_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError>;
+
+    /// Reads each key and removes it from the store.
+    fn take_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError>;
+
+    /// Removes each key; removing a missing key is not an error.
+    fn remove_many(&self, keys: &[Key]) -> Result<(), StoreError>;
+
+    /// Writes `evict` out and fetches `fetch` in, in one round trip where the backend can.
+    /// A fetched key that is also evicted in the same call sees the evicted value.
+    fn evict_fetch(
+        &self,
+        evict: &[(Key, &[u8])],
+        fetch: &[Key],
+        mode: FetchMode,
+    ) -> Result<Vec<Option<Bytes>>, StoreError> {
+        if !evict.is_empty() {
+            self.write_many(evict)?;
+        }
+        match mode {
+            FetchMode::Keep => self.read_many(fetch),
+            FetchMode::Take => self.take_many(fetch),
+        }
+    }
+
+    /// What the backend can tell about its use.
+    fn stats(&self) -> Result<StoreStats, StoreError> {
+        Ok(StoreStats::default())
+    }
+
+    fn write(&self, key: Key, value: &[u8]) -> Result<(), StoreError> {
+        self.write_many(&[(key, value)])
+    }
+
+    fn read(&self, key: Key) -> Result<Option<Bytes>, StoreError> {
+        Ok(self.read_many(&[key])?.pop().flatten())
+    }
+
+    fn take(&self, key: Key) -> Result<Option<Bytes>, StoreError> {
+        Ok(self.take_many(&[key])?.pop().flatten())
+    }
+
+    fn remove(&self, key: Key) -> Result<(), StoreError> {
+        self.remove_many(&[key])
+    }
+}
+
+/// Opens the backend a URL names (see the crate docs for the forms).
+pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
+    Ok(match StoreUrl::parse(url)? {
+        StoreUrl::Local { compress } => Arc::new(LocalStore::new(compress)),
+        StoreUrl::Node {
+            addr,
+            tenant,
+            token,
+        } => Arc::new(NodeStore::connect(&addr, &tenant, &token)?),
+        StoreUrl::Redis { addr, prefix } => Arc::new(RedisStore::connect(&addr, prefix)?),
+        StoreUrl::RedisCluster { nodes, prefix } => {
+            Arc::new(RedisStore::connect_cluster(&nodes, prefix)?)
+        }
+        StoreUrl::Memcached { addr, prefix } => Arc::new(MemcachedStore::connect(&addr, prefix)?),
+    })
+}
+
+/// A key prefix unique to this process and store instance, so that several programs sharing
+/// one Redis or memcached never see each other's values.
+pub(crate) fn default_prefix() -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "tp:{}:{:x}:{}:",
+        std::process::id(),
+        nanos,
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -1,0 +1,208 @@
+//! Store URLs. Parsed by hand: `redis+cluster://h1:p1,h2:p2` is not a URL the `url` crate
+//! accepts, and the grammar is small.
+
+use crate::StoreError;
+
+/// A parsed store URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    Local {
+        compress: bool,
+    },
+    Node {
+        addr: String,
+        tenant: String,
+        token: String,
+    },
+    Redis {
+        addr: String,
+        prefix: Option<String>,
+    },
+    RedisCluster {
+        nodes: Vec<String>,
+        prefix: Option<String>,
+    },
+    Memcached {
+        addr: String,
+        prefix: Option<String>,
+    },
+}
+
+const FORMS: &str = "expected one of local:, local:?compress=lz4, node://[tenant[:token]@]host:port, \
+                     redis://host:port, redis+cluster://h1:p1,h2:p2,..., memcached://host:port";
+
+impl StoreUrl {
+    pub fn parse(url: &str) -> Result<StoreUrl, StoreError> {
+        let bad = |reason: String| StoreError::BadUrl {
+            url: url.to_string(),
+            reason,
+        };
+        let (scheme, rest) = url
+            .split_once(':')
+            .ok_or_else(|| bad(format!("no scheme; {FORMS}")))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((r, q)) => (r, q),
+            None => (rest, ""),
+        };
+        let mut params = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| bad(format!("query parameter '{pair}' has no '='")))?;
+            params.push((k, v));
+        }
+        let mut take_param = |name: &str| -> Option<String> {
+            let i = params.iter().position(|(k, _)| *k == name)?;
+            Some(params.remove(i).1.to_string())
+        };
+        let host_part = |rest: &str| -> Result<String, StoreError> {
+            let h = rest
+                .strip_prefix("//")
+                .ok_or_else(|| bad(format!("'{scheme}:' must be followed by //host:port")))?
+                .trim_end_matches('/');
+            if h.is_empty() {
+                return Err(bad("no host:port given".into()));
+            }
+            Ok(h.to_string())
+        };
+        let parsed = match scheme {
+            "local" => {
+                if !rest.is_empty() && rest != "//" {
+                    return Err(bad("local: takes no address".into()));
+                }
+                let compress = match take_param("compress").as_deref() {
+                    None | Some("none") => false,
+                    Some("lz4") => true,
+                    Some(other) => {
+                        return Err(bad(format!(
+                            "unknown compression '{other}'; use compress=lz4"
+                        )))
+                    }
+                };
+                StoreUrl::Local { compress }
+            }
+            "node" => {
+                let h = host_part(rest)?;
+                let (cred, addr) = match h.rsplit_once('@') {
+                    Some((c, a)) => (Some(c), a),
+                    None => (None, h.as_str()),
+                };
+                let (tenant, token) = match cred {
+                    Some(c) => match c.split_once(':') {
+                        Some((t, k)) => (t.to_string(), Some(k.to_string())),
+                        None => (c.to_string(), None),
+                    },
+                    None => ("default".to_string(), None),
+                };
+                let token = token
+                    .or_else(|| take_param("token"))
+                    .or_else(|| std::env::var("TIDEPOOL_TOKEN").ok())
+                    .unwrap_or_default();
+                check_addr(addr).map_err(bad)?;
+                StoreUrl::Node {
+                    addr: addr.to_string(),
+                    tenant,
+                    token,
+                }
+            }
+            "redis" => {
+                let addr = host_part(rest)?;
+                check_addr(&addr).map_err(bad)?;
+                StoreUrl::Redis {
+                    addr,
+                    prefix: take_param("prefix"),
+                }
+            }
+            "redis+cluster" => {
+                let h = host_part(rest)?;
+                let nodes: Vec<String> = h.split(',').map(str::to_string).collect();
+                for n in &nodes {
+                    check_addr(n).map_err(bad)?;
+                }
+                StoreUrl::RedisCluster {
+                    nodes,
+                    prefix: take_param("prefix"),
+                }
+            }
+            "memcached" => {
+                let addr = host_part(rest)?;
+                check_addr(&addr).map_err(bad)?;
+                StoreUrl::Memcached {
+                    addr,
+                    prefix: take_param("prefix"),
+                }
+            }
+            other => return Err(bad(format!("unknown scheme '{other}'; {FORMS}"))),
+        };
+        if let Some((k, _)) = params.first() {
+            return Err(bad(format!("unknown query parameter '{k}'")));
+        }
+        Ok(parsed)
+    }
+}
+
+fn check_addr(addr: &str) -> Result<(), String> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| format!("'{addr}' has no port; write host:port"))?;
+    if host.is_empty() {
+        return Err(format!("'{addr}' has no host"));
+    }
+    port.parse::<u16>()
+        .map_err(|_| format!("'{port}' in '{addr}' is not a port number"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_form() {
+        assert_eq!(
+            StoreUrl::parse("local:").unwrap(),
+            StoreUrl::Local { compress: false }
+        );
+        assert_eq!(
+            StoreUrl::parse("local:?compress=lz4").unwrap(),
+            StoreUrl::Local { compress: true }
+        );
+        assert_eq!(
+            StoreUrl::parse("node://web:s3cret@127.0.0.1:7070").unwrap(),
+            StoreUrl::Node {
+                addr: "127.0.0.1:7070".into(),
+                tenant: "web".into(),
+                token: "s3cret".into()
+            }
+        );
+        assert_eq!(
+            StoreUrl::parse("redis+cluster://a:1,b:2,c:3?prefix=x").unwrap(),
+            StoreUrl::RedisCluster {
+                nodes: vec!["a:1".into(), "b:2".into(), "c:3".into()],
+                prefix: Some("x".into())
+            }
+        );
+        assert_eq!(
+            StoreUrl::parse("memcached://localhost:11211").unwrap(),
+            StoreUrl::Memcached {
+                addr: "localhost:11211".into(),
+                prefix: None
+            }
+        );
+    }
+
+    #[test]
+    fn refuses_bad_urls_with_a_reason() {
+        for (url, needle) in [
+            ("ftp://x:1", "unknown scheme"),
+            ("redis://localhost", "no port"),
+            ("redis://localhost:http", "not a port"),
+            ("local:?compress=zstd", "unknown compression"),
+            ("redis://h:1?colour=blue", "unknown query parameter"),
+            ("nothing", "no scheme"),
+        ] {
+            let e = StoreUrl::parse(url).unwrap_err().to_string();
+            assert!(e.contains(needle), "{url}: {e}");
+        }
+    }
+}
