@@ -118,6 +118,7 @@ pub fn decode_request(
         Op::Hello => Request::Hello {
             tenant: r.str16("tenant name")?,
             token: r.str16("token")?,
+            session: r.u64("session id")?,
         },
         Op::Put => Request::Put { data: r.blob()? },
         Op::Get => Request::Get { handle: r.handle()? },
@@ -368,6 +369,10 @@ impl<'a> FrameWriter<'a> {
         self.buf.reserve(4 + len);
         self.buf.put_u32_le(len as u32);
     }
+    /// The buffer being written, for appending blob bytes without an intermediate copy.
+    pub fn buf(&mut self) -> &mut BytesMut {
+        self.buf
+    }
     pub fn extend_blob(&mut self, data: &[u8]) {
         self.buf.put_slice(data);
     }
@@ -405,9 +410,14 @@ impl Request {
     pub fn encode(&self, id: u64, buf: &mut BytesMut) {
         let mut w = FrameWriter::begin(buf, self.op() as u8, id);
         match self {
-            Request::Hello { tenant, token } => {
+            Request::Hello {
+                tenant,
+                token,
+                session,
+            } => {
                 w.put_str16(tenant);
                 w.put_str16(token);
+                w.put_u64(*session);
             }
             Request::Put { data } => w.put_blob(data),
             Request::Get { handle } | Request::Take { handle } | Request::Free { handle } => {
@@ -538,7 +548,8 @@ mod tests {
 
     fn request() -> impl Strategy<Value = Request> {
         prop_oneof![
-            ("[a-z]{0,20}", ".{0,20}").prop_map(|(tenant, token)| Request::Hello { tenant, token }),
+            ("[a-z]{0,20}", ".{0,20}", any::<u64>())
+                .prop_map(|(tenant, token, session)| Request::Hello { tenant, token, session }),
             blob().prop_map(|data| Request::Put { data }),
             handle().prop_map(|handle| Request::Get { handle }),
             handle().prop_map(|handle| Request::Take { handle }),

@@ -189,9 +189,13 @@ pub struct HelloInfo {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
+    /// Authenticates the connection. Connections that give the same non-zero `session` (a random
+    /// number the client picks once) form one session: objects belong to the session and are
+    /// released when its last connection closes. Zero means a session of this connection alone.
     Hello {
         tenant: String,
         token: String,
+        session: u64,
     },
     Put {
         data: Bytes,

@@ -1,0 +1,181 @@
+//! Node configuration: sizes, the tokens file.
+
+use crate::NodeError;
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Parses a size such as `4096`, `64K`, `512MiB`, `2G`, `1.5GiB`. Binary units throughout:
+/// for memory, `G` means GiB.
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size; write e.g. 4096, 64K, 512M, 2G"))?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => return Err(format!("unknown unit '{other}' in '{s}'; use K, M, G or T")),
+    };
+    let bytes = value * mult as f64;
+    if !(0.0..=u64::MAX as f64).contains(&bytes) {
+        return Err(format!("'{s}' is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+/// Formats bytes for people: `1.5 GiB`.
+pub fn format_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// One tenant as the tokens file declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSpec {
+    pub token: String,
+    /// Bytes the tenant may hold; `None`: up to the node's capacity.
+    pub quota: Option<u64>,
+}
+
+/// The tokens file: which tenants may connect, with what token and quota.
+///
+/// ```toml
+/// [[tenant]]
+/// name = "web"
+/// token = "s3cret"
+/// quota = "2GiB"   # optional
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct TokensFile {
+    pub tenants: HashMap<String, TenantSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    tenant: Vec<RawTenant>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    name: String,
+    token: String,
+    quota: Option<String>,
+}
+
+impl TokensFile {
+    pub fn load(path: &Path) -> Result<TokensFile, NodeError> {
+        let text = std::fs::read_to_string(path).map_err(|source| NodeError::TokensRead {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|reason| NodeError::TokensInvalid {
+            path: path.to_path_buf(),
+            reason,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<TokensFile, String> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut tenants = HashMap::new();
+        for t in raw.tenant {
+            if t.name.is_empty() || t.token.is_empty() {
+                return Err("every tenant needs a non-empty name and token".into());
+            }
+            let quota = t.quota.as_deref().map(parse_size).transpose()?;
+            if tenants
+                .insert(t.name.clone(), TenantSpec { token: t.token, quota })
+                .is_some()
+            {
+                return Err(format!("tenant '{}' is declared twice", t.name));
+            }
+        }
+        if tenants.is_empty() {
+            return Err("no [[tenant]] entries; declare at least one".into());
+        }
+        Ok(TokensFile { tenants })
+    }
+}
+
+/// Everything `tidepool node` needs to start.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub listen: String,
+    pub capacity: u64,
+    /// Memory sections, each with its own allocator thread.
+    pub sections: usize,
+    /// `None`: open mode, any tenant name and token accepted (for a trusted host).
+    pub tokens: Option<TokensFile>,
+    pub max_connections: usize,
+    /// Largest frame body accepted, and so the largest object.
+    pub max_body: u32,
+}
+
+impl NodeConfig {
+    pub fn new(listen: impl Into<String>, capacity: u64) -> NodeConfig {
+        NodeConfig {
+            listen: listen.into(),
+            capacity,
+            sections: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+                .clamp(1, 16),
+            tokens: None,
+            max_connections: 4096,
+            max_body: 16 << 20,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
+        assert_eq!(parse_size(" 512 MiB ").unwrap(), 512 << 20);
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("5Q").unwrap_err().contains("unknown unit"));
+        assert_eq!(format_size(3 << 29), "1.5 GiB");
+    }
+
+    #[test]
+    fn tokens_file() {
+        let f = TokensFile::parse(
+            "[[tenant]]\nname = \"web\"\ntoken = \"a\"\nquota = \"1M\"\n\
+             [[tenant]]\nname = \"batch\"\ntoken = \"b\"\n",
+        )
+        .unwrap();
+        assert_eq!(f.tenants["web"].quota, Some(1 << 20));
+        assert_eq!(f.tenants["batch"].quota, None);
+        assert!(TokensFile::parse("").unwrap_err().contains("at least one"));
+        assert!(TokensFile::parse("[[tenant]]\nname=\"x\"\ntoken=\"a\"\n[[tenant]]\nname=\"x\"\ntoken=\"b\"\n")
+            .unwrap_err()
+            .contains("twice"));
+        assert!(TokensFile::parse("[[tenant]]\nname=\"x\"\ntoken=\"a\"\ncolour=1\n").is_err());
+    }
+}

@@ -1,0 +1,557 @@
+//! One client connection: read frames, serve them, answer in one write per batch.
+//!
+//! Each connection has its own thread with blocking I/O. All frames that arrived in one read are
+//! served before the answers go out in a single write, so a client with many requests
+//! outstanding pays one system call per batch on each side, and a lock-step client pays exactly
+//! one read and one write per request.
+
+use crate::section::SectionRequest;
+use crate::server::Shared;
+use crate::slots::{Refusal, SlotMeta};
+use crate::spans::{class_of, class_sizes, footprint};
+use crate::sysio;
+use crate::tenants::{Owned, Session, Tenant};
+use bytes::BytesMut;
+use crossbeam_channel::{Receiver, Sender};
+use std::io::{self, Write};
+use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tidepool_proto::{
+    decode_request, ErrorCode, EvictItem, FrameWriter, Handle, HelloInfo, Op, Request, Response,
+    RESPONSE_BIT,
+};
+
+/// Send answers once this much has accumulated, even mid-batch.
+const FLUSH_AT: usize = 1 << 20;
+const READ_RESERVE: usize = 128 << 10;
+/// Hand freed slots back once this many are pending for one section.
+const FREE_BATCH: usize = 64;
+/// A magazine holds at most this many blocks, and about this many bytes.
+const MAGAZINE_MAX: u32 = 64;
+const MAGAZINE_BYTES: u64 = 512 << 10;
+
+struct Auth {
+    tenant: Arc<Tenant>,
+    session: Arc<Session>,
+    client_session: u64,
+}
+
+pub(crate) struct Conn<'a> {
+    sh: &'a Shared,
+    auth: Option<Auth>,
+    /// Per size class: reserved (section, slot) pairs ready for puts.
+    magazines: Vec<Vec<(u16, u32)>>,
+    /// Per section: retired slots not yet handed back.
+    pending_free: Vec<Vec<u32>>,
+    /// Objects put since the last hand-over to the session's list.
+    new_owned: Vec<Owned>,
+    reply_tx: Sender<Vec<u32>>,
+    reply_rx: Receiver<Vec<u32>>,
+    /// Where this connection starts looking for a section with room.
+    rotor: usize,
+}
+
+fn refusal(r: Refusal) -> ErrorCode {
+    match r {
+        Refusal::Invalid => ErrorCode::InvalidHandle,
+        Refusal::Stale => ErrorCode::StaleHandle,
+    }
+}
+
+impl<'a> Conn<'a> {
+    pub fn new(sh: &'a Shared, id: u64) -> Conn<'a> {
+        let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
+        Conn {
+            sh,
+            auth: None,
+            magazines: vec![vec![]; class_sizes().len()],
+            pending_free: vec![vec![]; sh.sections.len()],
+            new_owned: vec![],
+            reply_tx,
+            reply_rx,
+            rotor: id as usize,
+        }
+    }
+
+    /// Serves the connection until the peer closes it, it breaks, or it sends a malformed
+    /// frame (which is answered with an error, then the connection alone is closed).
+    pub fn run(&mut self, stream: &mut TcpStream) -> io::Result<()> {
+        let mut rbuf = BytesMut::with_capacity(READ_RESERVE);
+        let mut wbuf = BytesMut::with_capacity(READ_RESERVE);
+        loop {
+            if rbuf.capacity() - rbuf.len() < READ_RESERVE / 2 {
+                rbuf.reserve(READ_RESERVE);
+            }
+            if sysio::recv_into(stream, &mut rbuf)? == 0 {
+                return Ok(());
+            }
+            loop {
+                match decode_request(&mut rbuf, self.sh.max_body) {
+                    Ok(Some((id, req))) => {
+                        self.serve(id, req, &mut wbuf);
+                        if wbuf.len() >= FLUSH_AT {
+                            stream.write_all(&wbuf)?;
+                            wbuf.clear();
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        // Answer with the reason, using the frame's own op and id when the
+                        // header was readable, so the client can report it.
+                        let (op, id) = match tidepool_proto::peek_header(&rbuf, u32::MAX) {
+                            Ok(Some(h)) if Op::from_u8(h.op).is_some() => (h.op, h.id),
+                            _ => (Op::Hello as u8, 0),
+                        };
+                        let mut w = FrameWriter::begin(&mut wbuf, op | RESPONSE_BIT, id);
+                        w.put_u8(ErrorCode::Malformed as u8);
+                        w.put_str16(&format!("{e}; closing this connection"));
+                        w.finish();
+                        let _ = stream.write_all(&wbuf);
+                        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                    }
+                }
+            }
+            self.hand_over_owned();
+            if !wbuf.is_empty() {
+                stream.write_all(&wbuf)?;
+                wbuf.clear();
+            }
+        }
+    }
+
+    fn serve(&mut self, id: u64, req: Request, out: &mut BytesMut) {
+        let op = req.op();
+        let mut w = FrameWriter::begin(out, op as u8 | RESPONSE_BIT, id);
+        let result = match req {
+            Request::Hello {
+                tenant,
+                token,
+                session,
+            } => self.hello(&tenant, &token, session, &mut w),
+            _ if self.auth.is_none() => Err(ErrorCode::NotAuthenticated),
+            Request::Put { data } => self.put(&data).map(|h| {
+                w.put_u8(0);
+                w.put_handle(h);
+            }),
+            Request::Get { handle } => self.fetch(handle, false, &mut w),
+            Request::Take { handle } => self.fetch(handle, true, &mut w),
+            Request::Write { handle, data } => self.write(handle, &data).map(|()| w.put_u8(0)),
+            Request::Free { handle } => self.free(handle).map(|()| w.put_u8(0)),
+            Request::PutMany { items } => {
+                w.put_u8(0);
+                w.put_u32(items.len() as u32);
+                for data in items {
+                    let r = self.put(&data);
+                    self.put_handle_item(&mut w, r);
+                }
+                Ok(())
+            }
+            Request::GetMany { handles } | Request::TakeMany { handles } => {
+                let take = op == Op::TakeMany;
+                w.put_u8(0);
+                w.put_u32(handles.len() as u32);
+                for h in handles {
+                    self.fetch_item(h, take, &mut w);
+                }
+                Ok(())
+            }
+            Request::WriteMany { items } => {
+                w.put_u8(0);
+                w.put_u32(items.len() as u32);
+                for (h, data) in items {
+                    let r = self.write(h, &data);
+                    self.status_item(&mut w, r);
+                }
+                Ok(())
+            }
+            Request::FreeMany { handles } => {
+                w.put_u8(0);
+                w.put_u32(handles.len() as u32);
+                for h in handles {
+                    let r = self.free(h);
+                    self.status_item(&mut w, r);
+                }
+                Ok(())
+            }
+            Request::EvictFetch { evict, fetch, take } => {
+                w.put_u8(0);
+                w.put_u32(evict.len() as u32);
+                for EvictItem { handle, data } in evict {
+                    let r = match handle {
+                        Some(h) => self.write(h, &data).map(|()| h),
+                        None => self.put(&data),
+                    };
+                    self.put_handle_item(&mut w, r);
+                }
+                w.put_u32(fetch.len() as u32);
+                for h in fetch {
+                    self.fetch_item(h, take, &mut w);
+                }
+                Ok(())
+            }
+            Request::Stats => {
+                let Some(auth) = &self.auth else {
+                    unreachable!("checked above")
+                };
+                let mut stats: Vec<(String, u64)> = auth
+                    .tenant
+                    .counters()
+                    .into_iter()
+                    .map(|(k, v)| (format!("tenant.{k}"), v))
+                    .collect();
+                stats.extend(self.sh.node_counters());
+                w.abandon();
+                Response::Stats(stats).encode(op, id, out);
+                return;
+            }
+        };
+        if let Err(code) = result {
+            if let Some(a) = &self.auth {
+                a.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            w.abandon();
+            let mut w = FrameWriter::begin(out, op as u8 | RESPONSE_BIT, id);
+            w.put_u8(code as u8);
+            w.put_str16(code.describe());
+            w.finish();
+        } else {
+            w.finish();
+        }
+    }
+
+    fn put_handle_item(&self, w: &mut FrameWriter<'_>, r: Result<Handle, ErrorCode>) {
+        match r {
+            Ok(h) => {
+                w.put_u8(0);
+                w.put_handle(h);
+            }
+            Err(code) => self.item_error(w, code),
+        }
+    }
+
+    fn status_item(&self, w: &mut FrameWriter<'_>, r: Result<(), ErrorCode>) {
+        match r {
+            Ok(()) => w.put_u8(0),
+            Err(code) => self.item_error(w, code),
+        }
+    }
+
+    fn item_error(&self, w: &mut FrameWriter<'_>, code: ErrorCode) {
+        if let Some(a) = &self.auth {
+            a.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        w.put_u8(code as u8);
+    }
+
+    fn fetch_item(&mut self, h: Handle, take: bool, w: &mut FrameWriter<'_>) {
+        if let Err(code) = self.fetch(h, take, w) {
+            self.item_error(w, code);
+        }
+    }
+
+    fn hello(
+        &mut self,
+        tenant: &str,
+        token: &str,
+        client_session: u64,
+        w: &mut FrameWriter<'_>,
+    ) -> Result<(), ErrorCode> {
+        if self.auth.is_some() {
+            return Err(ErrorCode::AlreadyAuthenticated);
+        }
+        let t = self.sh.tenants.authenticate(tenant, token)?;
+        t.stats.connections.fetch_add(1, Ordering::Relaxed);
+        let session = self.sh.sessions.join(Arc::clone(&t), client_session);
+        let info = HelloInfo {
+            tenant_id: t.id,
+            quota: t.quota,
+            capacity: self.sh.capacity,
+            max_body: self.sh.max_body,
+        };
+        self.auth = Some(Auth {
+            tenant: t,
+            session,
+            client_session,
+        });
+        w.put_u8(0);
+        w.put_u32(info.tenant_id);
+        w.put_u64(info.quota);
+        w.put_u64(info.capacity);
+        w.put_u32(info.max_body);
+        Ok(())
+    }
+
+    fn tenant(&self) -> &Arc<Tenant> {
+        &self.auth.as_ref().expect("authenticated").tenant
+    }
+
+    /// Finds the slot a handle names, checking what can be checked without touching it.
+    fn resolve(&self, h: Handle) -> Result<(u16, &'a SlotMeta), ErrorCode> {
+        let sh: &'a Shared = self.sh;
+        if h.tenant != self.tenant().id || h.epoch != sh.epoch {
+            return Err(ErrorCode::InvalidHandle);
+        }
+        let section = sh
+            .sections
+            .get(h.section as usize)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        let meta = section
+            .slots
+            .get(h.slot)
+            .ok_or(ErrorCode::InvalidHandle)?;
+        Ok((h.section, meta))
+    }
+
+    fn put(&mut self, data: &[u8]) -> Result<Handle, ErrorCode> {
+        let tenant = Arc::clone(self.tenant());
+        let cap = footprint(data.len());
+        tenant.charge(cap)?;
+        let got = match class_of(data.len()) {
+            Some(class) => self.from_magazine(class),
+            None => self.reserve_large(data.len()),
+        };
+        let (section, slot) = match got {
+            Ok(x) => x,
+            Err(e) => {
+                tenant.uncharge(cap);
+                return Err(e);
+            }
+        };
+        let sec = &self.sh.sections[section as usize];
+        let meta = sec.slots.get(slot).expect("reserved slots exist");
+        debug_assert_eq!(meta.placement().cap as u64, cap);
+        // The slot came out of our own magazine (or a reply addressed to us): nobody else
+        // holds it.
+        let reserved = meta.claim_reserved();
+        self.sh.arena.write(&reserved, sec.base, data);
+        let session = self.auth.as_ref().expect("authenticated").session.id;
+        let generation = reserved.publish(tenant.id, data.len() as u32, session);
+        self.new_owned.push((section, slot, generation));
+        let s = &tenant.stats;
+        s.objects.fetch_add(1, Ordering::Relaxed);
+        s.bytes_live.fetch_add(data.len() as u64, Ordering::Relaxed);
+        s.puts.fetch_add(1, Ordering::Relaxed);
+        Ok(Handle {
+            tenant: tenant.id,
+            section,
+            epoch: self.sh.epoch,
+            slot,
+            generation,
+        })
+    }
+
+    /// Appends a status byte and the object's bytes; with `take`, frees it afterwards.
+    fn fetch(&mut self, h: Handle, take: bool, w: &mut FrameWriter<'_>) -> Result<(), ErrorCode> {
+        let (section, meta) = self.resolve(h)?;
+        let tenant_id = h.tenant;
+        let base = self.sh.sections[section as usize].base;
+        if take {
+            let guard = meta.exclusive(h.generation, tenant_id).map_err(refusal)?;
+            let (len, p) = (meta.len(), meta.placement());
+            w.put_u8(0);
+            w.begin_blob(len);
+            self.sh.arena.read(&guard, base, w.buf());
+            guard.retire();
+            self.tenant().stats.takes.fetch_add(1, Ordering::Relaxed);
+            self.after_free(section, h.slot, p.cap, len);
+        } else {
+            let guard = meta.read(h.generation, tenant_id).map_err(refusal)?;
+            let len = meta.len();
+            w.put_u8(0);
+            w.begin_blob(len);
+            self.sh.arena.read(&guard, base, w.buf());
+            drop(guard);
+            self.tenant().stats.gets.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, h: Handle, data: &[u8]) -> Result<(), ErrorCode> {
+        let (section, meta) = self.resolve(h)?;
+        let guard = meta.exclusive(h.generation, h.tenant).map_err(refusal)?;
+        let p = meta.placement();
+        if data.len() > p.cap as usize {
+            return Err(ErrorCode::TooLarge);
+        }
+        let old = meta.len() as u64;
+        self.sh
+            .arena
+            .write(&guard, self.sh.sections[section as usize].base, data);
+        guard.set_len(data.len() as u32);
+        drop(guard);
+        let s = &self.tenant().stats;
+        s.bytes_live.fetch_add(data.len() as u64, Ordering::Relaxed);
+        s.bytes_live.fetch_sub(old, Ordering::Relaxed);
+        s.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn free(&mut self, h: Handle) -> Result<(), ErrorCode> {
+        let (section, meta) = self.resolve(h)?;
+        let guard = meta.exclusive(h.generation, h.tenant).map_err(refusal)?;
+        let (len, cap) = (meta.len(), meta.placement().cap);
+        guard.retire();
+        self.tenant().stats.frees.fetch_add(1, Ordering::Relaxed);
+        self.after_free(section, h.slot, cap, len);
+        Ok(())
+    }
+
+    /// Accounts for an object that died and queues its slot for its allocator.
+    fn after_free(&mut self, section: u16, slot: u32, cap: u32, len: usize) {
+        let tenant = self.tenant();
+        tenant.uncharge(cap as u64);
+        tenant.stats.objects.fetch_sub(1, Ordering::Relaxed);
+        tenant
+            .stats
+            .bytes_live
+            .fetch_sub(len as u64, Ordering::Relaxed);
+        let pending = &mut self.pending_free[section as usize];
+        pending.push(slot);
+        if pending.len() >= FREE_BATCH {
+            let slots = std::mem::take(pending);
+            self.send(section, SectionRequest::Free { slots });
+        }
+    }
+
+    fn send(&self, section: u16, req: SectionRequest) {
+        // The allocator thread lives as long as the server; a send fails only during shutdown,
+        // when nothing more will be allocated anyway.
+        let _ = self.sh.sections[section as usize].requests.send(req);
+    }
+
+    fn from_magazine(&mut self, class: u16) -> Result<(u16, u32), ErrorCode> {
+        let size = class_sizes()[class as usize] as u64;
+        if let Some(got) = self.magazines[class as usize].pop() {
+            self.sh.sections[got.0 as usize]
+                .reserved_bytes
+                .fetch_sub(size, Ordering::Relaxed);
+            return Ok(got);
+        }
+        let count = (MAGAZINE_BYTES / size).clamp(1, MAGAZINE_MAX as u64) as u32;
+        let slots = self.ask_sections(|frees, reply| SectionRequest::Refill {
+            class,
+            count,
+            frees,
+            reply,
+        })?;
+        let (section, slots) = slots;
+        let mag = &mut self.magazines[class as usize];
+        mag.extend(slots.into_iter().map(|s| (section, s)));
+        let got = mag.pop().expect("refill returned at least one slot");
+        self.sh.sections[section as usize]
+            .reserved_bytes
+            .fetch_sub(size, Ordering::Relaxed);
+        Ok(got)
+    }
+
+    fn reserve_large(&mut self, size: usize) -> Result<(u16, u32), ErrorCode> {
+        let (section, mut slots) = self.ask_sections(|frees, reply| SectionRequest::Large {
+            size: size as u64,
+            frees,
+            reply,
+        })?;
+        Ok((section, slots.pop().expect("at least one slot")))
+    }
+
+    /// Asks sections in the scheduler's order until one has room.
+    fn ask_sections(
+        &mut self,
+        make: impl Fn(Vec<u32>, Sender<Vec<u32>>) -> SectionRequest,
+    ) -> Result<(u16, Vec<u32>), ErrorCode> {
+        self.rotor = self.rotor.wrapping_add(1);
+        for section in self.sh.schedule(self.rotor) {
+            let frees = std::mem::take(&mut self.pending_free[section as usize]);
+            let req = make(frees, self.reply_tx.clone());
+            if self.sh.sections[section as usize]
+                .requests
+                .send(req)
+                .is_err()
+            {
+                return Err(ErrorCode::Internal);
+            }
+            let slots = self.reply_rx.recv().map_err(|_| ErrorCode::Internal)?;
+            if !slots.is_empty() {
+                return Ok((section, slots));
+            }
+        }
+        Err(ErrorCode::CapacityExhausted)
+    }
+
+    /// Moves the objects put during the last batch to the session's list, compacting the list
+    /// when it has grown well past what is still live.
+    fn hand_over_owned(&mut self) {
+        if self.new_owned.is_empty() {
+            return;
+        }
+        let Some(auth) = &self.auth else { return };
+        let mut owned = auth.session.owned.lock();
+        owned.entries.append(&mut self.new_owned);
+        if owned.entries.len() >= owned.compact_at {
+            let sections = &self.sh.sections;
+            owned.entries.retain(|&(sec, slot, gen)| {
+                sections[sec as usize]
+                    .slots
+                    .get(slot)
+                    .is_some_and(|m| m.looks_live(gen))
+            });
+            owned.compact_at = (owned.entries.len() * 2).max(4096);
+        }
+    }
+
+    /// Releases everything this connection holds: unused magazine blocks, pending frees and,
+    /// if it was the session's last connection, every object the session still owns.
+    pub fn close(&mut self) {
+        self.hand_over_owned();
+        for (class, mag) in self.magazines.iter_mut().enumerate() {
+            let size = class_sizes()[class] as u64;
+            for (section, slot) in mag.drain(..) {
+                let sec = &self.sh.sections[section as usize];
+                sec.reserved_bytes.fetch_sub(size, Ordering::Relaxed);
+                if let Some(meta) = sec.slots.get(slot) {
+                    meta.unreserve();
+                }
+                self.pending_free[section as usize].push(slot);
+            }
+        }
+        if let Some(auth) = self.auth.take() {
+            auth.tenant
+                .stats
+                .connections
+                .fetch_sub(1, Ordering::Relaxed);
+            if self.sh.sessions.leave(&auth.session, auth.client_session) {
+                let entries = std::mem::take(&mut auth.session.owned.lock().entries);
+                let mut released = 0u64;
+                for (section, slot, generation) in entries {
+                    let Some(meta) = self.sh.sections[section as usize].slots.get(slot) else {
+                        continue;
+                    };
+                    let Ok(guard) = meta.exclusive(generation, auth.tenant.id) else {
+                        continue; // already freed or taken
+                    };
+                    if meta.owner() != auth.session.id {
+                        continue;
+                    }
+                    let (len, cap) = (meta.len(), meta.placement().cap);
+                    guard.retire();
+                    released += 1;
+                    let t = &auth.tenant;
+                    t.uncharge(cap as u64);
+                    t.stats.objects.fetch_sub(1, Ordering::Relaxed);
+                    t.stats.bytes_live.fetch_sub(len as u64, Ordering::Relaxed);
+                    self.pending_free[section as usize].push(slot);
+                }
+                auth.tenant
+                    .stats
+                    .released_on_disconnect
+                    .fetch_add(released, Ordering::Relaxed);
+            }
+        }
+        for section in 0..self.pending_free.len() {
+            let slots = std::mem::take(&mut self.pending_free[section]);
+            if !slots.is_empty() {
+                self.send(section as u16, SectionRequest::Free { slots });
+            }
+        }
+    }
+}

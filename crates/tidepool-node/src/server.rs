@@ -1,0 +1,273 @@
+//! The listening server: accepts connections, gives each a thread, and owns the shared state.
+
+use crate::arena::Arena;
+use crate::config::NodeConfig;
+use crate::conn::Conn;
+use crate::section::{Section, SectionRequest};
+use crate::spans::PAGE;
+use crate::tenants::{Sessions, Tenants};
+use crate::NodeError;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use tidepool_proto::{ErrorCode, FrameWriter, Op, RESPONSE_BIT};
+
+/// State every connection thread shares.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub arena: Arena,
+    pub sections: Vec<Arc<Section>>,
+    pub tenants: Tenants,
+    pub sessions: Sessions,
+    /// Random per start, carried in handles.
+    pub epoch: u16,
+    pub capacity: u64,
+    pub max_body: u32,
+    max_connections: usize,
+    connections: AtomicUsize,
+    stopping: AtomicBool,
+    streams: Mutex<HashMap<u64, TcpStream>>,
+}
+
+impl Shared {
+    /// Sections in the order a connection should ask them for memory: most room first,
+    /// discounted by how many requests are already queued there, so neither space nor allocator
+    /// load piles up in one section. `rotor` breaks ties differently per call.
+    pub fn schedule(&self, rotor: usize) -> Vec<u16> {
+        let n = self.sections.len();
+        let mut order: Vec<(u64, u16)> = (0..n)
+            .map(|k| {
+                let s = &self.sections[(rotor + k) % n];
+                let used = s.used_bytes.load(Ordering::Relaxed);
+                let reserved = s.reserved_bytes.load(Ordering::Relaxed);
+                let room = s.len.saturating_sub(used + reserved);
+                let queued = s.requests.len() as u64;
+                (room / (1 + queued), s.id)
+            })
+            .collect();
+        // Stable: equal scores keep the rotated order.
+        order.sort_by_key(|&(score, _)| std::cmp::Reverse(score));
+        order.into_iter().map(|(_, id)| id).collect()
+    }
+
+    pub fn node_counters(&self) -> Vec<(String, u64)> {
+        let sum = |f: &dyn Fn(&Section) -> u64| self.sections.iter().map(|s| f(s)).sum::<u64>();
+        vec![
+            ("node.capacity".into(), self.capacity),
+            (
+                "node.bytes_allocated".into(),
+                sum(&|s| s.used_bytes.load(Ordering::Relaxed)),
+            ),
+            (
+                "node.bytes_reserved".into(),
+                sum(&|s| s.reserved_bytes.load(Ordering::Relaxed)),
+            ),
+            (
+                "node.free_page_bytes".into(),
+                sum(&|s| s.free_page_bytes.load(Ordering::Relaxed)),
+            ),
+            (
+                "node.metadata_bytes".into(),
+                sum(&|s| s.slots.metadata_bytes() as u64),
+            ),
+            ("node.sections".into(), self.sections.len() as u64),
+            (
+                "node.connections".into(),
+                self.connections.load(Ordering::Relaxed) as u64,
+            ),
+            ("node.tenants".into(), self.tenants.all().len() as u64),
+        ]
+    }
+}
+
+/// A running memory node. Dropping it does not stop it; call [`Server::shutdown`].
+#[derive(Debug)]
+pub struct Server {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    accept: Option<JoinHandle<()>>,
+    allocators: Vec<JoinHandle<()>>,
+    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Server {
+    /// Maps the capacity, starts the section allocators and begins accepting connections.
+    pub fn start(cfg: NodeConfig) -> Result<Server, NodeError> {
+        let sections = cfg.sections.max(1);
+        let section_len = (cfg.capacity / sections as u64) / PAGE * PAGE;
+        if section_len == 0 {
+            return Err(NodeError::CapacityTooSmall {
+                capacity: cfg.capacity,
+                sections,
+            });
+        }
+        let arena = Arena::new((section_len * sections as u64) as usize).map_err(|source| {
+            NodeError::Map {
+                capacity: cfg.capacity,
+                source,
+            }
+        })?;
+        let listener = TcpListener::bind(&cfg.listen).map_err(|source| NodeError::Listen {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(|source| NodeError::Listen {
+            addr: cfg.listen.clone(),
+            source,
+        })?;
+
+        let mut secs = vec![];
+        let mut allocators = vec![];
+        for i in 0..sections {
+            let (s, rx) = Section::new(i as u16, i as u64 * section_len, section_len);
+            allocators.push(s.spawn_allocator(rx).map_err(NodeError::Thread)?);
+            secs.push(s);
+        }
+        let capacity = section_len * sections as u64;
+        let shared = Arc::new(Shared {
+            arena,
+            sections: secs,
+            tenants: Tenants::new(cfg.tokens, capacity),
+            sessions: Sessions::default(),
+            epoch: rand::random(),
+            capacity,
+            max_body: cfg.max_body,
+            max_connections: cfg.max_connections,
+            connections: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            streams: Mutex::new(HashMap::new()),
+        });
+        let conn_threads = Arc::new(Mutex::new(Vec::new()));
+        let accept = {
+            let shared = Arc::clone(&shared);
+            let conn_threads = Arc::clone(&conn_threads);
+            std::thread::Builder::new()
+                .name("tp-accept".into())
+                .spawn(move || accept_loop(listener, shared, conn_threads))
+                .map_err(NodeError::Thread)?
+        };
+        tracing::info!(%addr, capacity, sections, "memory node listening");
+        Ok(Server {
+            shared,
+            addr,
+            accept: Some(accept),
+            allocators,
+            conn_threads,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.shared.capacity
+    }
+
+    /// The node's counters and every tenant's, as `stats` reports them.
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let mut v = self.shared.node_counters();
+        for t in self.shared.tenants.all() {
+            for (k, val) in t.counters() {
+                v.push((format!("tenant.{}.{k}", t.name), val));
+            }
+        }
+        v
+    }
+
+    /// Blocks until the server stops accepting (it never does on its own).
+    pub fn wait(mut self) {
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+    }
+
+    /// Closes every connection (releasing what their clients held), stops the allocators and
+    /// joins every thread.
+    pub fn shutdown(mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Wake the accept loop.
+        let _ = TcpStream::connect(self.addr);
+        if let Some(a) = self.accept.take() {
+            let _ = a.join();
+        }
+        for s in self.shared.streams.lock().values() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        for t in std::mem::take(&mut *self.conn_threads.lock()) {
+            let _ = t.join();
+        }
+        for s in &self.shared.sections {
+            let _ = s.requests.send(SectionRequest::Shutdown);
+        }
+        for a in self.allocators.drain(..) {
+            let _ = a.join();
+        }
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+) {
+    let next_id = AtomicU64::new(1);
+    for stream in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let mut stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                // Out of file descriptors, or a connection reset before accept: keep serving.
+                tracing::warn!("accept failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+        };
+        if shared.connections.load(Ordering::Relaxed) >= shared.max_connections {
+            let mut buf = bytes::BytesMut::new();
+            let mut w = FrameWriter::begin(&mut buf, Op::Hello as u8 | RESPONSE_BIT, 0);
+            w.put_u8(ErrorCode::Busy as u8);
+            w.put_str16("connection limit reached; try again later");
+            w.finish();
+            let _ = stream.write_all(&buf);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let id = next_id.fetch_add(1, Ordering::Relaxed);
+        if let Ok(clone) = stream.try_clone() {
+            shared.streams.lock().insert(id, clone);
+        }
+        shared.connections.fetch_add(1, Ordering::Relaxed);
+        let sh = Arc::clone(&shared);
+        let spawned = std::thread::Builder::new()
+            .name(format!("tp-conn-{id}"))
+            .stack_size(256 << 10)
+            .spawn(move || {
+                let mut conn = Conn::new(&sh, id);
+                if let Err(e) = conn.run(&mut stream) {
+                    tracing::debug!(id, "connection ended: {e}");
+                }
+                conn.close();
+                sh.streams.lock().remove(&id);
+                sh.connections.fetch_sub(1, Ordering::Relaxed);
+            });
+        match spawned {
+            Ok(h) => {
+                let mut threads = conn_threads.lock();
+                threads.retain(|t| !t.is_finished());
+                threads.push(h);
+            }
+            Err(e) => {
+                tracing::warn!("cannot start a connection thread: {e}");
+                shared.streams.lock().remove(&id);
+                shared.connections.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
