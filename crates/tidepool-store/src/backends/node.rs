@@ -1,21 +1,635 @@
-//! Memory-node backend. (Being written.)
-use crate::{FarStore, Key, StoreError};
-use bytes::Bytes;
+//! The memory-node backend: a client of `tidepool node`.
+//!
+//! [`NodeClient`] speaks the protocol. It keeps a pool of connections and gives each calling
+//! thread its own for the length of a call, so threads never queue behind one another on a
+//! socket and no answer has to be handed from a reader thread to a waiting caller (a wake-up
+//! across CPUs costs more than the request itself on small VMs). One call may still carry many
+//! outstanding requests: [`NodeClient::pipeline`] sends them together and matches the answers by
+//! request id, in whatever order they come.
+//!
+//! All connections of one client share a session id, so the objects it put belong to the client
+//! as a whole and are released by the node only when its last connection closes.
+//!
+//! [`NodeStore`] is the [`FarStore`] over it: it maps the caller's keys to the node's handles.
 
+use crate::{FarStore, FetchMode, Key, StoreError, StoreStats};
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+use tidepool_proto::{
+    decode_response, peek_header, ErrorCode, EvictItem, Handle, HelloInfo, ItemResult, Request,
+    Response, HEADER_LEN, MAX_BODY,
+};
+
+const BACKEND: &str = "memory node";
+const MIN_READ: usize = 16 << 10;
+/// A node that has not answered for this long is treated as gone.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One connection, used by one thread at a time.
 #[derive(Debug)]
-pub struct NodeStore;
+pub struct NodeConn {
+    stream: TcpStream,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    next_id: u64,
+}
 
-impl NodeStore {
-    pub fn connect(_addr: &str, _tenant: &str, _token: &str) -> Result<NodeStore, StoreError> {
-        unimplemented!("redis backend")
+impl NodeConn {
+    fn open(
+        addr: &str,
+        tenant: &str,
+        token: &str,
+        session: u64,
+    ) -> Result<(NodeConn, HelloInfo), StoreError> {
+        let connect_err = |source| StoreError::Connect {
+            backend: BACKEND,
+            addr: addr.to_string(),
+            source,
+        };
+        let stream = TcpStream::connect(addr).map_err(connect_err)?;
+        stream.set_nodelay(true).map_err(connect_err)?;
+        stream
+            .set_read_timeout(Some(READ_TIMEOUT))
+            .map_err(connect_err)?;
+        let mut conn = NodeConn {
+            stream,
+            rbuf: BytesMut::with_capacity(64 << 10),
+            wbuf: BytesMut::with_capacity(64 << 10),
+            next_id: 1,
+        };
+        let hello = Request::Hello {
+            tenant: tenant.to_string(),
+            token: token.to_string(),
+            session,
+        };
+        match conn.call(&hello)? {
+            Response::Hello(info) => Ok((conn, info)),
+            Response::Error { code, message } => Err(StoreError::Node {
+                op: "hello",
+                code,
+                message: if code == ErrorCode::AuthFailed {
+                    format!(
+                        "tenant '{tenant}' was refused at {addr}: {message}; check the tenant \
+                         name and token (node://tenant:token@host:port or TIDEPOOL_TOKEN)"
+                    )
+                } else {
+                    message
+                },
+            }),
+            other => Err(unexpected("hello", &other)),
+        }
+    }
+
+    /// Sends one request and waits for its answer.
+    pub fn call(&mut self, req: &Request) -> Result<Response, StoreError> {
+        Ok(self.pipeline(std::slice::from_ref(req))?.pop().expect("one answer"))
+    }
+
+    /// Sends every request at once, then collects the answers (matched by id, in any order)
+    /// and returns them in request order.
+    pub fn pipeline(&mut self, reqs: &[Request]) -> Result<Vec<Response>, StoreError> {
+        let first = self.next_id;
+        self.next_id += reqs.len() as u64;
+        self.wbuf.clear();
+        for (i, r) in reqs.iter().enumerate() {
+            r.encode(first + i as u64, &mut self.wbuf);
+        }
+        self.stream
+            .write_all(&self.wbuf)
+            .map_err(|source| StoreError::Io {
+                backend: BACKEND,
+                op: "send",
+                source,
+            })?;
+        let mut answers: Vec<Option<Response>> = vec![None; reqs.len()];
+        for _ in 0..reqs.len() {
+            let (id, resp) = self.read_response()?;
+            let slot = id
+                .checked_sub(first)
+                .and_then(|i| answers.get_mut(i as usize))
+                .filter(|a| a.is_none())
+                .ok_or_else(|| StoreError::Protocol {
+                    backend: BACKEND,
+                    detail: format!("answer to request {id}, which is not outstanding"),
+                })?;
+            *slot = Some(resp);
+        }
+        Ok(answers.into_iter().map(|a| a.expect("all answered")).collect())
+    }
+
+    fn read_response(&mut self) -> Result<(u64, Response), StoreError> {
+        loop {
+            match decode_response(&mut self.rbuf, MAX_BODY) {
+                Ok(Some(x)) => return Ok(x),
+                Ok(None) => {}
+                Err(e) => {
+                    return Err(StoreError::Protocol {
+                        backend: BACKEND,
+                        detail: e.to_string(),
+                    })
+                }
+            }
+            // Read at least the rest of the frame in progress, without zero-filling a huge
+            // buffer for a small answer.
+            let pending = match peek_header(&self.rbuf, MAX_BODY) {
+                Ok(Some(h)) => (HEADER_LEN + h.body_len as usize).saturating_sub(self.rbuf.len()),
+                _ => 0,
+            };
+            let start = self.rbuf.len();
+            self.rbuf.resize(start + pending.max(MIN_READ), 0);
+            let n = loop {
+                match self.stream.read(&mut self.rbuf[start..]) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    r => break r,
+                }
+            };
+            let n = n.map_err(|source| StoreError::Io {
+                backend: BACKEND,
+                op: "receive",
+                source,
+            })?;
+            self.rbuf.truncate(start + n);
+            if n == 0 {
+                return Err(StoreError::Io {
+                    backend: BACKEND,
+                    op: "receive",
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the node closed the connection",
+                    ),
+                });
+            }
+        }
     }
 }
 
-impl FarStore for NodeStore {
-    fn describe(&self) -> String { unimplemented!() }
-    fn write_many(&self, _items: &[(Key, &[u8])]) -> Result<(), StoreError> { unimplemented!() }
-    fn read_many(&self, _keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> { unimplemented!() }
-    fn take_many(&self, _keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> { unimplemented!() }
-    fn remove_many(&self, _keys: &[Key]) -> Result<(), StoreError> { unimplemented!() }
+fn unexpected(op: &'static str, got: &Response) -> StoreError {
+    match got {
+        Response::Error { code, message } => StoreError::Node {
+            op,
+            code: *code,
+            message: message.clone(),
+        },
+        other => StoreError::Protocol {
+            backend: BACKEND,
+            detail: format!("unexpected answer to {op}: {other:?}"),
+        },
+    }
 }
-#[derive(Debug)] pub struct NodeClient;
+
+fn item_error(op: &'static str, code: ErrorCode) -> StoreError {
+    StoreError::Node {
+        op,
+        code,
+        message: code.describe().to_string(),
+    }
+}
+
+/// A client of one memory node, shared by any number of threads.
+#[derive(Debug)]
+pub struct NodeClient {
+    addr: String,
+    tenant: String,
+    token: String,
+    session: u64,
+    info: HelloInfo,
+    pool: Mutex<Vec<NodeConn>>,
+}
+
+impl NodeClient {
+    /// Connects and authenticates once, so a wrong address or token fails here.
+    pub fn connect(addr: &str, tenant: &str, token: &str) -> Result<NodeClient, StoreError> {
+        let session = loop {
+            let s: u64 = rand_u64();
+            if s != 0 {
+                break s;
+            }
+        };
+        let (conn, info) = NodeConn::open(addr, tenant, token, session)?;
+        Ok(NodeClient {
+            addr: addr.to_string(),
+            tenant: tenant.to_string(),
+            token: token.to_string(),
+            session,
+            info,
+            pool: Mutex::new(vec![conn]),
+        })
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// What the node said at hello: tenant id, quota, capacity, frame limit.
+    pub fn info(&self) -> HelloInfo {
+        self.info
+    }
+
+    /// Runs `f` on a connection of this thread's own; a connection that failed is dropped,
+    /// not returned to the pool.
+    pub fn with_conn<R>(
+        &self,
+        f: impl FnOnce(&mut NodeConn) -> Result<R, StoreError>,
+    ) -> Result<R, StoreError> {
+        let pooled = self.pool.lock().pop();
+        let mut conn = match pooled {
+            Some(c) => c,
+            None => NodeConn::open(&self.addr, &self.tenant, &self.token, self.session)?.0,
+        };
+        let r = f(&mut conn);
+        if !matches!(r, Err(StoreError::Io { .. } | StoreError::Protocol { .. })) {
+            self.pool.lock().push(conn);
+        }
+        r
+    }
+
+    pub fn call(&self, req: &Request) -> Result<Response, StoreError> {
+        self.with_conn(|c| c.call(req))
+    }
+
+    pub fn pipeline(&self, reqs: &[Request]) -> Result<Vec<Response>, StoreError> {
+        self.with_conn(|c| c.pipeline(reqs))
+    }
+
+    pub fn put(&self, data: Bytes) -> Result<Handle, StoreError> {
+        match self.call(&Request::Put { data })? {
+            Response::Handle(h) => Ok(h),
+            other => Err(unexpected("put", &other)),
+        }
+    }
+
+    pub fn get(&self, handle: Handle) -> Result<Bytes, StoreError> {
+        match self.call(&Request::Get { handle })? {
+            Response::Data(d) => Ok(d),
+            other => Err(unexpected("get", &other)),
+        }
+    }
+
+    pub fn take(&self, handle: Handle) -> Result<Bytes, StoreError> {
+        match self.call(&Request::Take { handle })? {
+            Response::Data(d) => Ok(d),
+            other => Err(unexpected("take", &other)),
+        }
+    }
+
+    pub fn write(&self, handle: Handle, data: Bytes) -> Result<(), StoreError> {
+        match self.call(&Request::Write { handle, data })? {
+            Response::Done => Ok(()),
+            other => Err(unexpected("write", &other)),
+        }
+    }
+
+    pub fn free(&self, handle: Handle) -> Result<(), StoreError> {
+        match self.call(&Request::Free { handle })? {
+            Response::Done => Ok(()),
+            other => Err(unexpected("free", &other)),
+        }
+    }
+
+    pub fn put_many(&self, items: Vec<Bytes>) -> Result<Vec<ItemResult<Handle>>, StoreError> {
+        match self.call(&Request::PutMany { items })? {
+            Response::Handles(v) => Ok(v),
+            other => Err(unexpected("put-many", &other)),
+        }
+    }
+
+    pub fn get_many(&self, handles: Vec<Handle>) -> Result<Vec<ItemResult<Bytes>>, StoreError> {
+        match self.call(&Request::GetMany { handles })? {
+            Response::DataMany(v) => Ok(v),
+            other => Err(unexpected("get-many", &other)),
+        }
+    }
+
+    pub fn take_many(&self, handles: Vec<Handle>) -> Result<Vec<ItemResult<Bytes>>, StoreError> {
+        match self.call(&Request::TakeMany { handles })? {
+            Response::DataMany(v) => Ok(v),
+            other => Err(unexpected("take-many", &other)),
+        }
+    }
+
+    pub fn free_many(&self, handles: Vec<Handle>) -> Result<Vec<ItemResult<()>>, StoreError> {
+        match self.call(&Request::FreeMany { handles })? {
+            Response::DoneMany(v) => Ok(v),
+            other => Err(unexpected("free-many", &other)),
+        }
+    }
+
+    /// The node's counters for this tenant (`tenant.*`) and for itself (`node.*`).
+    pub fn stats(&self) -> Result<Vec<(String, u64)>, StoreError> {
+        match self.call(&Request::Stats)? {
+            Response::Stats(v) => Ok(v),
+            other => Err(unexpected("stats", &other)),
+        }
+    }
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS per process; mixing in time and pid keeps clients of
+    // one process distinct too.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+const SHARDS: usize = 64;
+
+/// A [`FarStore`] on a memory node: keys map to the handles the node issued.
+#[derive(Debug)]
+pub struct NodeStore {
+    client: NodeClient,
+    handles: Box<[Mutex<FxHashMap<Key, Handle>>]>,
+}
+
+impl NodeStore {
+    pub fn connect(addr: &str, tenant: &str, token: &str) -> Result<NodeStore, StoreError> {
+        Ok(NodeStore {
+            client: NodeClient::connect(addr, tenant, token)?,
+            handles: (0..SHARDS)
+                .map(|_| Mutex::new(FxHashMap::default()))
+                .collect(),
+        })
+    }
+
+    pub fn client(&self) -> &NodeClient {
+        &self.client
+    }
+
+    fn shard(&self, key: Key) -> &Mutex<FxHashMap<Key, Handle>> {
+        let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
+        &self.handles[h as usize % SHARDS]
+    }
+
+    fn lookup(&self, key: Key) -> Option<Handle> {
+        self.shard(key).lock().get(&key).copied()
+    }
+
+    fn forget(&self, key: Key) -> Option<Handle> {
+        self.shard(key).lock().remove(&key)
+    }
+
+    /// Records a new handle; returns the one it replaced (a concurrent writer's), to be freed.
+    fn remember(&self, key: Key, h: Handle) -> Option<Handle> {
+        self.shard(key).lock().insert(key, h).filter(|old| *old != h)
+    }
+
+    fn free_quietly(&self, handles: Vec<Handle>) -> Result<(), StoreError> {
+        if !handles.is_empty() {
+            // Stale answers are fine here: the object is gone either way.
+            self.client.free_many(handles)?;
+        }
+        Ok(())
+    }
+
+    /// Puts values for keys that had no handle (or whose block was too small), remembering the
+    /// new handles and freeing any they replace.
+    fn put_new(&self, items: Vec<(Key, Bytes)>) -> Result<(), StoreError> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        let (keys, data): (Vec<Key>, Vec<Bytes>) = items.into_iter().unzip();
+        let results = self.client.put_many(data)?;
+        self.adopt(&keys, results, "put")
+    }
+
+    fn adopt(
+        &self,
+        keys: &[Key],
+        results: Vec<ItemResult<Handle>>,
+        op: &'static str,
+    ) -> Result<(), StoreError> {
+        let mut replaced = vec![];
+        let mut first_err = None;
+        for (key, r) in keys.iter().zip(results) {
+            match r {
+                Ok(h) => replaced.extend(self.remember(*key, h)),
+                Err(code) => {
+                    first_err.get_or_insert(item_error(op, code));
+                }
+            }
+        }
+        self.free_quietly(replaced)?;
+        first_err.map_or(Ok(()), Err)
+    }
+
+    fn data_results(
+        &self,
+        op: &'static str,
+        keys: &[Key],
+        handles: &[Option<Handle>],
+        results: Vec<ItemResult<Bytes>>,
+    ) -> Result<Vec<Option<Bytes>>, StoreError> {
+        let mut results = results.into_iter();
+        let mut out = Vec::with_capacity(keys.len());
+        for h in handles {
+            out.push(match h {
+                None => None,
+                // A key we hold a handle for must be there: a refusal means the data was lost
+                // (node restarted, session released), which must never read as "empty".
+                Some(_) => Some(results.next().ok_or_else(|| StoreError::Protocol {
+                    backend: BACKEND,
+                    detail: format!("{op} answered too few items"),
+                })?.map_err(|code| item_error(op, code))?),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// The last value for each key, in first-seen order: a batch naming a key twice means its last
+/// value.
+fn last_per_key<'a>(items: &[(Key, &'a [u8])]) -> Vec<(Key, &'a [u8])> {
+    if items.len() < 2 {
+        return items.to_vec();
+    }
+    let mut index: FxHashMap<Key, usize> = FxHashMap::default();
+    let mut out: Vec<(Key, &[u8])> = Vec::with_capacity(items.len());
+    for &(k, v) in items {
+        match index.get(&k) {
+            Some(&i) => out[i].1 = v,
+            None => {
+                index.insert(k, out.len());
+                out.push((k, v));
+            }
+        }
+    }
+    out
+}
+
+impl FarStore for NodeStore {
+    fn describe(&self) -> String {
+        format!("node://{}", self.client.addr)
+    }
+
+    fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
+        let items = last_per_key(items);
+        let mut in_place: Vec<(Handle, Bytes)> = vec![];
+        let mut in_place_keys = vec![];
+        let mut fresh = vec![];
+        for (k, v) in items {
+            let data = Bytes::copy_from_slice(v);
+            match self.lookup(k) {
+                Some(h) => {
+                    in_place.push((h, data));
+                    in_place_keys.push(k);
+                }
+                None => fresh.push((k, data)),
+            }
+        }
+        let (fresh_keys, fresh_data): (Vec<Key>, Vec<Bytes>) = fresh.into_iter().unzip();
+        let mut reqs = vec![];
+        if !in_place.is_empty() {
+            reqs.push(Request::WriteMany {
+                items: in_place.clone(),
+            });
+        }
+        if !fresh_data.is_empty() {
+            reqs.push(Request::PutMany { items: fresh_data });
+        }
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let mut answers = self.client.pipeline(&reqs)?.into_iter();
+        let mut regrow = vec![];
+        if !in_place.is_empty() {
+            match answers.next() {
+                Some(Response::DoneMany(v)) => {
+                    for ((key, (_, data)), r) in in_place_keys.iter().zip(in_place).zip(v) {
+                        match r {
+                            Ok(()) => {}
+                            // The old block is too small for the new value, or a concurrent
+                            // remove freed it: put it anew (a replaced handle is freed when the
+                            // new one is remembered).
+                            Err(ErrorCode::TooLarge | ErrorCode::StaleHandle) => {
+                                regrow.push((*key, data))
+                            }
+                            Err(code) => return Err(item_error("write", code)),
+                        }
+                    }
+                }
+                Some(other) => return Err(unexpected("write-many", &other)),
+                None => unreachable!("one answer per request"),
+            }
+        }
+        if !fresh_keys.is_empty() {
+            match answers.next() {
+                Some(Response::Handles(v)) => self.adopt(&fresh_keys, v, "put")?,
+                Some(other) => return Err(unexpected("put-many", &other)),
+                None => unreachable!("one answer per request"),
+            }
+        }
+        self.put_new(regrow)
+    }
+
+    fn read_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        let handles: Vec<Option<Handle>> = keys.iter().map(|k| self.lookup(*k)).collect();
+        let present: Vec<Handle> = handles.iter().flatten().copied().collect();
+        if present.is_empty() {
+            return Ok(vec![None; keys.len()]);
+        }
+        let results = self.client.get_many(present)?;
+        self.data_results("get", keys, &handles, results)
+    }
+
+    fn take_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        let handles: Vec<Option<Handle>> = keys.iter().map(|k| self.forget(*k)).collect();
+        let present: Vec<Handle> = handles.iter().flatten().copied().collect();
+        if present.is_empty() {
+            return Ok(vec![None; keys.len()]);
+        }
+        let results = self.client.take_many(present)?;
+        self.data_results("take", keys, &handles, results)
+    }
+
+    fn remove_many(&self, keys: &[Key]) -> Result<(), StoreError> {
+        let handles: Vec<Handle> = keys.iter().filter_map(|k| self.forget(*k)).collect();
+        self.free_quietly(handles)
+    }
+
+    fn evict_fetch(
+        &self,
+        evict: &[(Key, &[u8])],
+        fetch: &[Key],
+        mode: FetchMode,
+    ) -> Result<Vec<Option<Bytes>>, StoreError> {
+        let evict = last_per_key(evict);
+        // A key both evicted and fetched is answered from the evicted value; with Take it need
+        // not travel at all.
+        let evicted_here: FxHashMap<Key, &[u8]> = evict.iter().copied().collect();
+        let fetched_keys: FxHashSet<Key> = fetch.iter().copied().collect();
+        let mut items = vec![];
+        let mut item_keys = vec![];
+        let mut drop_handles = vec![];
+        for &(k, v) in &evict {
+            if mode == FetchMode::Take && fetched_keys.contains(&k) {
+                drop_handles.extend(self.forget(k));
+                continue;
+            }
+            items.push(EvictItem {
+                handle: self.lookup(k),
+                data: Bytes::copy_from_slice(v),
+            });
+            item_keys.push(k);
+        }
+        let fetch_handles: Vec<Option<Handle>> = fetch
+            .iter()
+            .map(|k| {
+                if evicted_here.contains_key(k) {
+                    None
+                } else if mode == FetchMode::Take {
+                    self.forget(*k)
+                } else {
+                    self.lookup(*k)
+                }
+            })
+            .collect();
+        let req = Request::EvictFetch {
+            evict: items.clone(),
+            fetch: fetch_handles.iter().flatten().copied().collect(),
+            take: mode == FetchMode::Take,
+        };
+        let (evicted, fetched) = match self.client.call(&req)? {
+            Response::EvictFetch { evicted, fetched } => (evicted, fetched),
+            other => return Err(unexpected("evict-fetch", &other)),
+        };
+        let mut regrow = vec![];
+        for ((k, item), r) in item_keys.iter().zip(items).zip(evicted) {
+            match r {
+                Ok(h) => drop_handles.extend(self.remember(*k, h)),
+                Err(ErrorCode::TooLarge | ErrorCode::StaleHandle) if item.handle.is_some() => {
+                    regrow.push((*k, item.data))
+                }
+                Err(code) => return Err(item_error("evict", code)),
+            }
+        }
+        self.free_quietly(drop_handles)?;
+        self.put_new(regrow)?;
+        let mut from_node = self.data_results("fetch", fetch, &fetch_handles, fetched)?;
+        for (i, k) in fetch.iter().enumerate() {
+            if let Some(v) = evicted_here.get(k) {
+                from_node[i] = Some(Bytes::copy_from_slice(v));
+            }
+        }
+        Ok(from_node)
+    }
+
+    fn stats(&self) -> Result<StoreStats, StoreError> {
+        let counters = self.client.stats()?;
+        let get = |name: &str| counters.iter().find(|(k, _)| k == name).map(|(_, v)| *v);
+        Ok(StoreStats {
+            far_bytes: get("tenant.bytes_allocated"),
+            objects: get("tenant.objects"),
+            extra: counters,
+        })
+    }
+}
