@@ -1,0 +1,72 @@
+"""Draws SUITE.png from SUITE.json: one panel per (workload, metric).
+
+Bars per system at each parameter point; when a panel has one numeric parameter that varies
+(e.g. local_ratio), a line per system over it instead.
+"""
+import json
+import sys
+from collections import OrderedDict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(src, dst):
+    with open(src) as f:
+        data = json.load(f)
+    rows = data["results"]
+    panels = OrderedDict()
+    for r in rows:
+        panels.setdefault((r["workload"], r["metric"], r["unit"]), []).append(r)
+    n = len(panels)
+    if n == 0:
+        print("nothing to plot", file=sys.stderr)
+        return
+    cols = min(3, n)
+    nrows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.6 * nrows), squeeze=False)
+    systems = list(OrderedDict.fromkeys(r["system"] for r in rows))
+    colours = {s: plt.cm.tab10(i % 10) for i, s in enumerate(systems)}
+    for ax, ((workload, metric, unit), prs) in zip(axes.flat, panels.items()):
+        keys = sorted({k for r in prs for k in r["params"]})
+        varying = [k for k in keys if len({r["params"].get(k) for r in prs}) > 1]
+        if len(varying) == 1:
+            k = varying[0]
+            for s in systems:
+                pts = sorted((r["params"][k], r["value"]) for r in prs if r["system"] == s)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s, color=colours[s])
+            ax.set_xlabel(k)
+        else:
+            points = list(OrderedDict.fromkeys(
+                ",".join(f"{k}={r['params'][k]:g}" for k in varying) for r in prs))
+            width = 0.8 / max(1, len(systems))
+            for i, s in enumerate(systems):
+                xs, ys = [], []
+                for r in prs:
+                    if r["system"] != s:
+                        continue
+                    label = ",".join(f"{k}={r['params'][k]:g}" for k in varying)
+                    xs.append(points.index(label) + i * width)
+                    ys.append(r["value"])
+                if xs:
+                    bars = ax.bar(xs, ys, width, label=s, color=colours[s])
+                    ax.bar_label(bars, fmt="%.3g", fontsize=7)
+            ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(points))])
+            ax.set_xticklabels(points if any(points) else [""], fontsize=8)
+        better = "lower is better" if metric.endswith("_us") or metric in ("seconds", "far_bytes", "peak_rss_mib") else "higher is better"
+        ax.set_title(f"{workload}\n{metric} ({unit}), {better}", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    title = f"tidepool bench {data['suite']}" + (" (quick)" if data.get("quick") else "")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(dst, dpi=110)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,192 @@
+//! `tidepool`: far and soft memory for Linux programs.
+#![forbid(unsafe_code)]
+
+mod demo;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use std::io::Write;
+use std::path::PathBuf;
+use tidepool_node::{format_size, parse_size, NodeConfig, Server, TokensFile};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tidepool",
+    version,
+    about = "Use memory you do not own locally: a shared memory node, far stores, benchmarks.",
+    long_about = "Tidepool lets programs use memory they do not own locally: DRAM on a memory \
+                  node that many compute processes share, or a far store (Redis, Redis Cluster, \
+                  memcached, or in-process).\n\nStart here: `tidepool demo` runs a verified \
+                  round trip on the embedded store and an embedded memory node, with nothing to \
+                  set up."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a memory node: one server whose memory many compute processes share.
+    ///
+    /// The node maps --capacity bytes once (reserved, not committed: memory becomes resident as
+    /// objects arrive) and splits it into sections, each managed by its own allocator thread.
+    /// Clients authenticate as a tenant; with --tokens only the tenants listed there may
+    /// connect, each with its own token and quota. Everything a client put is freed when it
+    /// disconnects.
+    Node {
+        /// Address to listen on, e.g. 0.0.0.0:7070 (port 0 picks a free port).
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: String,
+        /// Memory to serve, e.g. 512M, 8G.
+        #[arg(long, value_parser = parse_size_arg)]
+        capacity: u64,
+        /// TOML file of tenants: [[tenant]] name = "web" token = "..." quota = "2G".
+        /// Without it any tenant name is accepted (open mode: for trusted hosts only).
+        #[arg(long)]
+        tokens: Option<PathBuf>,
+        /// Memory sections (one allocator thread each); default: one per CPU.
+        #[arg(long)]
+        sections: Option<usize>,
+        /// Most simultaneous client connections.
+        #[arg(long, default_value_t = 4096)]
+        max_connections: usize,
+        /// Largest object (and frame) accepted.
+        #[arg(long, default_value = "16M", value_parser = parse_size_arg)]
+        max_object: u64,
+    },
+    /// Print a memory node's counters for one tenant and for the node.
+    Stats {
+        /// node://tenant[:token]@host:port
+        url: String,
+    },
+    /// Write, read back and verify data through a far store, and report the speed.
+    ///
+    /// Without --backend it runs on the embedded in-process store and on a memory node it starts
+    /// inside this process: nothing to set up.
+    Demo {
+        /// A store URL: local:, local:?compress=lz4, node://..., redis://..., redis+cluster://...,
+        /// memcached://...
+        #[arg(long)]
+        backend: Option<String>,
+        /// How much data to move.
+        #[arg(long, default_value = "256M", value_parser = parse_size_arg)]
+        size: u64,
+    },
+    /// Run a benchmark suite side by side with its peers; writes SUITE.json and SUITE.png.
+    Bench {
+        /// Suite to run (`--list` shows them).
+        #[arg(required_unless_present = "list")]
+        suite: Option<String>,
+        /// Finish within about a minute, with less data.
+        #[arg(long)]
+        quick: bool,
+        /// Where to write SUITE.json and SUITE.png.
+        #[arg(long, default_value = "bench-results")]
+        out: PathBuf,
+        /// List the suites.
+        #[arg(long)]
+        list: bool,
+    },
+    /// Internal: a client process of a benchmark.
+    #[command(hide = true)]
+    BenchWorker {
+        kind: String,
+        args: Vec<String>,
+    },
+}
+
+fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s)
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("tidepool: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Cmd::Node {
+            listen,
+            capacity,
+            tokens,
+            sections,
+            max_connections,
+            max_object,
+        } => {
+            let mut cfg = NodeConfig::new(listen, capacity);
+            if let Some(s) = sections {
+                cfg.sections = s;
+            }
+            cfg.max_connections = max_connections;
+            cfg.max_body = u32::try_from(max_object + 64)
+                .context("--max-object must be below 4 GiB")?;
+            let mode = match &tokens {
+                Some(path) => {
+                    let f = TokensFile::load(path)?;
+                    let n = f.tenants.len();
+                    cfg.tokens = Some(f);
+                    format!("{n} tenants from {}", path.display())
+                }
+                None => "open mode: any tenant accepted; use --tokens FILE on shared networks"
+                    .to_string(),
+            };
+            let sections = cfg.sections;
+            let server = Server::start(cfg)?;
+            // The first line names the address: scripts and `tidepool bench` read it.
+            println!(
+                "tidepool node listening on {} with {} in {} sections ({mode})",
+                server.local_addr(),
+                format_size(server.capacity()),
+                sections
+            );
+            std::io::stdout().flush()?;
+            server.wait();
+            Ok(())
+        }
+        Cmd::Stats { url } => {
+            let store = tidepool_store::open(&url)?;
+            let stats = store.stats()?;
+            for (k, v) in &stats.extra {
+                println!("{k:32} {v}");
+            }
+            if stats.extra.is_empty() {
+                println!("far_bytes {:?}\nobjects {:?}", stats.far_bytes, stats.objects);
+            }
+            Ok(())
+        }
+        Cmd::Demo { backend, size } => demo::run(backend.as_deref(), size),
+        Cmd::Bench {
+            suite,
+            quick,
+            out,
+            list,
+        } => {
+            if list {
+                for s in tidepool_bench::suites() {
+                    println!("{:10} {}", s.name(), s.about());
+                }
+                return Ok(());
+            }
+            let suite = suite.expect("clap requires it");
+            tidepool_bench::run(&suite, tidepool_bench::BenchOpts { quick, out })?;
+            Ok(())
+        }
+        Cmd::BenchWorker { kind, args } => match kind.as_str() {
+            "share" => tidepool_bench::store::share_worker(
+                tidepool_bench::store::ShareArgs::parse(&args)?,
+            ),
+            other => anyhow::bail!("unknown bench worker '{other}'"),
+        },
+    }
+}
