@@ -12,7 +12,7 @@ use std::sync::Arc;
 pub fn pattern(key: Key, version: u32, len: usize) -> Vec<u8> {
     let mut state = key
         .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add(version as u64 * 0xD6E8_FEB8_6659_FD93)
+        .wrapping_add((version as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93))
         | 1;
     (0..len)
         .map(|_| {
