@@ -12,10 +12,21 @@ impl NodeStore {
 }
 
 impl FarStore for NodeStore {
-    fn describe(&self) -> String { unimplemented!() }
-    fn write_many(&self, _items: &[(Key, &[u8])]) -> Result<(), StoreError> { unimplemented!() }
-    fn read_many(&self, _keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> { unimplemented!() }
-    fn take_many(&self, _keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> { unimplemented!() }
-    fn remove_many(&self, _keys: &[Key]) -> Result<(), StoreError> { unimplemented!() }
+    fn describe(&self) -> String {
+        unimplemented!()
+    }
+    fn write_many(&self, _items: &[(Key, &[u8])]) -> Result<(), StoreError> {
+        unimplemented!()
+    }
+    fn read_many(&self, _keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        unimplemented!()
+    }
+    fn take_many(&self, _keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        unimplemented!()
+    }
+    fn remove_many(&self, _keys: &[Key]) -> Result<(), StoreError> {
+        unimplemented!()
+    }
 }
-#[derive(Debug)] pub struct NodeClient;
+#[derive(Debug)]
+pub struct NodeClient;
