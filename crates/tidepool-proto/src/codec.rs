@@ -56,7 +56,10 @@ pub fn peek_header(buf: &[u8], max_body: u32) -> Result<Option<Header>, DecodeEr
     if buf.len() < HEADER_LEN {
         // Reject garbage as early as its first bytes allow.
         if !buf.is_empty() && buf[0] != MAGIC[0] {
-            return Err(DecodeError::BadMagic([buf[0], buf.get(1).copied().unwrap_or(0)]));
+            return Err(DecodeError::BadMagic([
+                buf[0],
+                buf.get(1).copied().unwrap_or(0),
+            ]));
         }
         return Ok(None);
     }
@@ -121,13 +124,19 @@ pub fn decode_request(
             session: r.u64("session id")?,
         },
         Op::Put => Request::Put { data: r.blob()? },
-        Op::Get => Request::Get { handle: r.handle()? },
-        Op::Take => Request::Take { handle: r.handle()? },
+        Op::Get => Request::Get {
+            handle: r.handle()?,
+        },
+        Op::Take => Request::Take {
+            handle: r.handle()?,
+        },
         Op::Write => Request::Write {
             handle: r.handle()?,
             data: r.blob()?,
         },
-        Op::Free => Request::Free { handle: r.handle()? },
+        Op::Free => Request::Free {
+            handle: r.handle()?,
+        },
         Op::PutMany => {
             let n = r.count(4)?;
             let mut items = Vec::with_capacity(n);
@@ -471,7 +480,11 @@ fn put_handles(w: &mut FrameWriter<'_>, handles: &[Handle]) {
     }
 }
 
-fn put_items<T>(w: &mut FrameWriter<'_>, items: &[ItemResult<T>], mut f: impl FnMut(&mut FrameWriter<'_>, &T)) {
+fn put_items<T>(
+    w: &mut FrameWriter<'_>,
+    items: &[ItemResult<T>],
+    mut f: impl FnMut(&mut FrameWriter<'_>, &T),
+) {
     w.put_u32(items.len() as u32);
     for it in items {
         match it {
@@ -531,15 +544,20 @@ mod tests {
     use proptest::prelude::*;
 
     fn handle() -> impl Strategy<Value = Handle> {
-        (any::<u32>(), any::<u16>(), any::<u16>(), any::<u32>(), any::<u32>()).prop_map(
-            |(tenant, section, epoch, slot, generation)| Handle {
+        (
+            any::<u32>(),
+            any::<u16>(),
+            any::<u16>(),
+            any::<u32>(),
+            any::<u32>(),
+        )
+            .prop_map(|(tenant, section, epoch, slot, generation)| Handle {
                 tenant,
                 section,
                 epoch,
                 slot,
                 generation,
-            },
-        )
+            })
     }
 
     fn blob() -> impl Strategy<Value = Bytes> {
@@ -692,7 +710,10 @@ mod tests {
         let mut buf = BytesMut::new();
         Request::Stats.encode(1, &mut buf);
         buf[3] = 0x7f;
-        assert_eq!(decode_request(&mut buf, MAX_BODY), Err(DecodeError::UnknownOp(0x7f)));
+        assert_eq!(
+            decode_request(&mut buf, MAX_BODY),
+            Err(DecodeError::UnknownOp(0x7f))
+        );
     }
 
     #[test]
@@ -701,6 +722,9 @@ mod tests {
         let mut w = FrameWriter::begin(&mut buf, Op::Stats as u8, 1);
         w.put_u8(0);
         w.finish();
-        assert_eq!(decode_request(&mut buf, MAX_BODY), Err(DecodeError::Trailing(1)));
+        assert_eq!(
+            decode_request(&mut buf, MAX_BODY),
+            Err(DecodeError::Trailing(1))
+        );
     }
 }

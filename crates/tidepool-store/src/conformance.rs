@@ -48,8 +48,18 @@ fn who(store: &dyn FarStore) -> String {
 pub fn missing_keys_read_as_none(store: &dyn FarStore) {
     let k = base(1);
     let got = store.read_many(&[k, k + 1]).unwrap();
-    assert_eq!(got, vec![None, None], "{}: unknown keys must read as None", who(store));
-    assert_eq!(store.take(k + 2).unwrap(), None, "{}: take of a missing key", who(store));
+    assert_eq!(
+        got,
+        vec![None, None],
+        "{}: unknown keys must read as None",
+        who(store)
+    );
+    assert_eq!(
+        store.take(k + 2).unwrap(),
+        None,
+        "{}: take of a missing key",
+        who(store)
+    );
 }
 
 pub fn round_trip_of_many_sizes(store: &dyn FarStore) {
@@ -101,7 +111,9 @@ pub fn batches_of_pages(store: &dyn FarStore) {
     let k = base(4);
     let n = 256u64;
     let pages: Vec<Vec<u8>> = (0..n).map(|i| pattern(k + i, 7, 4096)).collect();
-    let items: Vec<(Key, &[u8])> = (0..n).map(|i| (k + i, pages[i as usize].as_slice())).collect();
+    let items: Vec<(Key, &[u8])> = (0..n)
+        .map(|i| (k + i, pages[i as usize].as_slice()))
+        .collect();
     for chunk in items.chunks(64) {
         store.write_many(chunk).unwrap();
     }
@@ -110,7 +122,12 @@ pub fn batches_of_pages(store: &dyn FarStore) {
     keys.reverse();
     for chunk in keys.chunks(37) {
         let got = store.read_many(chunk).unwrap();
-        assert_eq!(got.len(), chunk.len(), "{}: batch answer length", who(store));
+        assert_eq!(
+            got.len(),
+            chunk.len(),
+            "{}: batch answer length",
+            who(store)
+        );
         for (key, g) in chunk.iter().zip(got) {
             let g = g.unwrap_or_else(|| panic!("{}: page {key} vanished", who(store)));
             assert!(
@@ -122,7 +139,11 @@ pub fn batches_of_pages(store: &dyn FarStore) {
     }
     store.remove_many(&keys).unwrap();
     assert!(
-        store.read_many(&keys[..8]).unwrap().iter().all(Option::is_none),
+        store
+            .read_many(&keys[..8])
+            .unwrap()
+            .iter()
+            .all(Option::is_none),
         "{}: removed pages still readable",
         who(store)
     );
@@ -134,8 +155,18 @@ pub fn take_reads_and_removes(store: &dyn FarStore) {
     let b = pattern(k + 1, 1, 33);
     store.write_many(&[(k, &a), (k + 1, &b)]).unwrap();
     let got = store.take_many(&[k, k + 1, k + 2]).unwrap();
-    assert_eq!(got[0].as_deref(), Some(a.as_slice()), "{}: take value", who(store));
-    assert_eq!(got[1].as_deref(), Some(b.as_slice()), "{}: take value", who(store));
+    assert_eq!(
+        got[0].as_deref(),
+        Some(a.as_slice()),
+        "{}: take value",
+        who(store)
+    );
+    assert_eq!(
+        got[1].as_deref(),
+        Some(b.as_slice()),
+        "{}: take value",
+        who(store)
+    );
     assert_eq!(got[2], None, "{}: take of a missing key", who(store));
     assert_eq!(
         store.read_many(&[k, k + 1]).unwrap(),
@@ -151,7 +182,12 @@ pub fn remove_is_idempotent(store: &dyn FarStore) {
     store.remove(k).unwrap();
     store.remove(k).unwrap();
     store.remove_many(&[k, k + 1]).unwrap();
-    assert_eq!(store.read(k).unwrap(), None, "{}: removed value readable", who(store));
+    assert_eq!(
+        store.read(k).unwrap(),
+        None,
+        "{}: removed value readable",
+        who(store)
+    );
 }
 
 pub fn evict_fetch_in_both_modes(store: &dyn FarStore) {
@@ -163,15 +199,30 @@ pub fn evict_fetch_in_both_modes(store: &dyn FarStore) {
     let got = store
         .evict_fetch(&[(k + 1, &out)], &[k], FetchMode::Keep)
         .unwrap();
-    assert_eq!(got[0].as_deref(), Some(old.as_slice()), "{}: keep-fetch", who(store));
+    assert_eq!(
+        got[0].as_deref(),
+        Some(old.as_slice()),
+        "{}: keep-fetch",
+        who(store)
+    );
     assert_eq!(store.read(k).unwrap().as_deref(), Some(old.as_slice()));
     // Take: the fetched value leaves; the evicted one arrives.
     let out2 = pattern(k + 2, 0, 1000);
     let got = store
         .evict_fetch(&[(k + 2, &out2)], &[k, k + 1], FetchMode::Take)
         .unwrap();
-    assert_eq!(got[0].as_deref(), Some(old.as_slice()), "{}: take-fetch", who(store));
-    assert_eq!(got[1].as_deref(), Some(out.as_slice()), "{}: evicted then fetched", who(store));
+    assert_eq!(
+        got[0].as_deref(),
+        Some(old.as_slice()),
+        "{}: take-fetch",
+        who(store)
+    );
+    assert_eq!(
+        got[1].as_deref(),
+        Some(out.as_slice()),
+        "{}: evicted then fetched",
+        who(store)
+    );
     assert_eq!(
         store.read_many(&[k, k + 1]).unwrap(),
         vec![None, None],

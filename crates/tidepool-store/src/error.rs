@@ -6,7 +6,9 @@ pub enum StoreError {
     #[error("bad store URL '{url}': {reason}")]
     BadUrl { url: String, reason: String },
 
-    #[error("cannot reach {backend} at {addr}: {source}; is the server running and listening there?")]
+    #[error(
+        "cannot reach {backend} at {addr}: {source}; is the server running and listening there?"
+    )]
     Connect {
         backend: &'static str,
         addr: String,

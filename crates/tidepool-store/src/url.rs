@@ -28,7 +28,8 @@ pub enum StoreUrl {
     },
 }
 
-const FORMS: &str = "expected one of local:, local:?compress=lz4, node://[tenant[:token]@]host:port, \
+const FORMS: &str =
+    "expected one of local:, local:?compress=lz4, node://[tenant[:token]@]host:port, \
                      redis://host:port, redis+cluster://h1:p1,h2:p2,..., memcached://host:port";
 
 impl StoreUrl {

@@ -37,7 +37,9 @@ pub struct LocalStore {
 impl LocalStore {
     pub fn new(compress: bool) -> LocalStore {
         LocalStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(FxHashMap::default())).collect(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(FxHashMap::default()))
+                .collect(),
             compress,
             bytes: AtomicU64::new(0),
             objects: AtomicU64::new(0),
