@@ -65,7 +65,8 @@ impl Report {
 
     pub fn write_json(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self)?;
-        std::fs::write(path, text + "\n").with_context(|| format!("cannot write {}", path.display()))
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))
     }
 
     /// A table with one line per workload, metric and parameter point, a column per system,
@@ -98,7 +99,12 @@ impl Report {
                 None => lines.push((label, BTreeMap::from([(r.system.as_str(), r.value)]))),
             }
         }
-        let width = lines.iter().map(|(l, _)| l.len()).max().unwrap_or(10).max(10);
+        let width = lines
+            .iter()
+            .map(|(l, _)| l.len())
+            .max()
+            .unwrap_or(10)
+            .max(10);
         let mut out = String::new();
         let _ = write!(out, "\n{:width$}", format!("suite {}", self.suite));
         for s in &systems {
@@ -163,8 +169,22 @@ mod tests {
     #[test]
     fn json_has_the_documented_shape_and_table_shows_ratios() {
         let mut r = Report::new("store", true);
-        r.push("tidepool-node", "get", "ops_per_s", 400_000.0, "ops/s", &[("threads", 4.0)]);
-        r.push("redis", "get", "ops_per_s", 200_000.0, "ops/s", &[("threads", 4.0)]);
+        r.push(
+            "tidepool-node",
+            "get",
+            "ops_per_s",
+            400_000.0,
+            "ops/s",
+            &[("threads", 4.0)],
+        );
+        r.push(
+            "redis",
+            "get",
+            "ops_per_s",
+            200_000.0,
+            "ops/s",
+            &[("threads", 4.0)],
+        );
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["suite"], "store");
         assert_eq!(v["quick"], true);

@@ -183,8 +183,12 @@ fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
     ctx.step("starting memcached");
     match tidepool_peers::Memcached::start(1024)
         .map_err(anyhow::Error::from)
-        .and_then(|m| Ok((tidepool_store::open(&format!("memcached://{}", m.addr()))?, m)))
-    {
+        .and_then(|m| {
+            Ok((
+                tidepool_store::open(&format!("memcached://{}", m.addr()))?,
+                m,
+            ))
+        }) {
         Ok((store, m)) => systems.push(System {
             name: "memcached",
             store,
@@ -202,7 +206,10 @@ fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
 fn preload(store: &dyn FarStore, n: u64, noise: &[u8]) -> Result<()> {
     let values: Vec<Vec<u8>> = (0..n).map(|k| value(k, 0, noise)).collect();
     for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
-        let items: Vec<(Key, &[u8])> = chunk.iter().map(|&k| (k, values[k as usize].as_slice())).collect();
+        let items: Vec<(Key, &[u8])> = chunk
+            .iter()
+            .map(|&k| (k, values[k as usize].as_slice()))
+            .collect();
         store.write_many(&items)?;
     }
     Ok(())
@@ -262,8 +269,10 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
                 .push(s.name, name, "ops_per_s", rate, "ops/s", &params);
             if threads == 1 && batch == 1 {
                 let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
-                ctx.report.push(s.name, name, "p50_us", us(0.5), "us", &params);
-                ctx.report.push(s.name, name, "p99_us", us(0.99), "us", &params);
+                ctx.report
+                    .push(s.name, name, "p50_us", us(0.5), "us", &params);
+                ctx.report
+                    .push(s.name, name, "p99_us", us(0.99), "us", &params);
             }
         }
     }
@@ -331,8 +340,11 @@ fn drive(
                                 for (b, k) in bufs.iter_mut().zip(&keys) {
                                     b[..8].copy_from_slice(&k.to_le_bytes());
                                 }
-                                let items: Vec<(Key, &[u8])> =
-                                    keys.iter().copied().zip(bufs.iter().map(Vec::as_slice)).collect();
+                                let items: Vec<(Key, &[u8])> = keys
+                                    .iter()
+                                    .copied()
+                                    .zip(bufs.iter().map(Vec::as_slice))
+                                    .collect();
                                 store.write_many(&items)?;
                                 hist.record(t0.elapsed().as_nanos() as u64).ok();
                             }
@@ -345,7 +357,10 @@ fn drive(
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(anyhow!("client thread panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("client thread panicked")))
+            })
             .collect()
     });
     let secs = start.elapsed().as_secs_f64();
@@ -424,7 +439,11 @@ pub fn share_worker(a: ShareArgs) -> Result<()> {
     let far: Vec<Key> = (far_from..a.objects).collect();
     for chunk in far.chunks(64) {
         let vals: Vec<Vec<u8>> = chunk.iter().map(|&k| value(k, 0, &noise)).collect();
-        let items: Vec<(Key, &[u8])> = chunk.iter().copied().zip(vals.iter().map(|v| v.as_slice())).collect();
+        let items: Vec<(Key, &[u8])> = chunk
+            .iter()
+            .copied()
+            .zip(vals.iter().map(|v| v.as_slice()))
+            .collect();
         store.write_many(&items)?;
     }
     println!("ready");
@@ -435,7 +454,11 @@ pub fn share_worker(a: ShareArgs) -> Result<()> {
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(a.seconds);
     let (mut ops, mut misses) = (0u64, 0u64);
-    let mode = if a.unique { FetchMode::Take } else { FetchMode::Keep };
+    let mode = if a.unique {
+        FetchMode::Take
+    } else {
+        FetchMode::Keep
+    };
     while Instant::now() < deadline {
         for _ in 0..64 {
             let id = rng.gen_range(0..a.objects);
@@ -527,7 +550,13 @@ struct ShareResult {
     far_live_bytes: f64,
 }
 
-fn share_run(nodes: usize, unique: bool, objects: u64, local: u64, secs: f64) -> Result<ShareResult> {
+fn share_run(
+    nodes: usize,
+    unique: bool,
+    objects: u64,
+    local: u64,
+    secs: f64,
+) -> Result<ShareResult> {
     let servers: Vec<NodeProcess> = (0..nodes)
         .map(|_| NodeProcess::start("1G"))
         .collect::<Result<_>>()?;
@@ -609,9 +638,30 @@ fn sharing(ctx: &mut Ctx) -> Result<()> {
                     ("objects_per_client", objects as f64),
                 ];
                 let rep = &mut ctx.report;
-                rep.push(system, workload, "ops_per_s", median(&mut ops), "ops/s", &params);
-                rep.push(system, workload, "far_bytes", last.far_bytes, "bytes", &params);
-                rep.push(system, workload, "far_live_bytes", last.far_live_bytes, "bytes", &params);
+                rep.push(
+                    system,
+                    workload,
+                    "ops_per_s",
+                    median(&mut ops),
+                    "ops/s",
+                    &params,
+                );
+                rep.push(
+                    system,
+                    workload,
+                    "far_bytes",
+                    last.far_bytes,
+                    "bytes",
+                    &params,
+                );
+                rep.push(
+                    system,
+                    workload,
+                    "far_live_bytes",
+                    last.far_live_bytes,
+                    "bytes",
+                    &params,
+                );
                 rep.push(
                     system,
                     workload,

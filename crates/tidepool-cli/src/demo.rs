@@ -63,7 +63,11 @@ fn exercise(store: &Arc<dyn FarStore>, pages: u64) -> Result<()> {
     let t = Instant::now();
     for keys in &batches {
         let vals: Vec<Vec<u8>> = keys.iter().map(|&k| page(&noise, k)).collect();
-        let items: Vec<(Key, &[u8])> = keys.iter().copied().zip(vals.iter().map(|v| v.as_slice())).collect();
+        let items: Vec<(Key, &[u8])> = keys
+            .iter()
+            .copied()
+            .zip(vals.iter().map(|v| v.as_slice()))
+            .collect();
         store.write_many(&items)?;
         bar.inc(keys.len() as u64);
     }

@@ -90,10 +90,7 @@ enum Cmd {
     },
     /// Internal: a client process of a benchmark.
     #[command(hide = true)]
-    BenchWorker {
-        kind: String,
-        args: Vec<String>,
-    },
+    BenchWorker { kind: String, args: Vec<String> },
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -129,8 +126,8 @@ fn run(cli: Cli) -> Result<()> {
                 cfg.sections = s;
             }
             cfg.max_connections = max_connections;
-            cfg.max_body = u32::try_from(max_object + 64)
-                .context("--max-object must be below 4 GiB")?;
+            cfg.max_body =
+                u32::try_from(max_object + 64).context("--max-object must be below 4 GiB")?;
             let mode = match &tokens {
                 Some(path) => {
                     let f = TokensFile::load(path)?;
@@ -161,7 +158,10 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{k:32} {v}");
             }
             if stats.extra.is_empty() {
-                println!("far_bytes {:?}\nobjects {:?}", stats.far_bytes, stats.objects);
+                println!(
+                    "far_bytes {:?}\nobjects {:?}",
+                    stats.far_bytes, stats.objects
+                );
             }
             Ok(())
         }
@@ -183,9 +183,9 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Cmd::BenchWorker { kind, args } => match kind.as_str() {
-            "share" => tidepool_bench::store::share_worker(
-                tidepool_bench::store::ShareArgs::parse(&args)?,
-            ),
+            "share" => {
+                tidepool_bench::store::share_worker(tidepool_bench::store::ShareArgs::parse(&args)?)
+            }
             other => anyhow::bail!("unknown bench worker '{other}'"),
         },
     }

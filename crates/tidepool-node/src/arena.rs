@@ -26,7 +26,10 @@ unsafe impl Sync for Arena {}
 impl Arena {
     pub fn new(len: usize) -> io::Result<Arena> {
         if len == 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, "capacity is zero"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "capacity is zero",
+            ));
         }
         // SAFETY: a fresh anonymous mapping at an address the kernel picks; no existing memory
         // is affected. The result is checked before use.
@@ -43,7 +46,8 @@ impl Arena {
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let base = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
+        let base =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
         Ok(Arena { base, len })
     }
 
@@ -51,7 +55,9 @@ impl Arena {
         // Offsets come from the node's own allocator, never from the wire; a failure here is a
         // bug in the allocator, and copying out of bounds would be worse than stopping.
         assert!(
-            (offset as usize).checked_add(len).is_some_and(|end| end <= self.len),
+            (offset as usize)
+                .checked_add(len)
+                .is_some_and(|end| end <= self.len),
             "arena access {offset}+{len} outside {} bytes",
             self.len
         );
@@ -81,7 +87,8 @@ impl Arena {
         self.check(offset, len);
         // SAFETY: in bounds (checked above), and no concurrent writer by the caller's contract,
         // so a shared slice over these bytes is sound for its short life.
-        let src = unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(offset as usize), len) };
+        let src =
+            unsafe { std::slice::from_raw_parts(self.base.as_ptr().add(offset as usize), len) };
         out.put_slice(src);
     }
 

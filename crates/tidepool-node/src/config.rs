@@ -104,7 +104,13 @@ impl TokensFile {
             }
             let quota = t.quota.as_deref().map(parse_size).transpose()?;
             if tenants
-                .insert(t.name.clone(), TenantSpec { token: t.token, quota })
+                .insert(
+                    t.name.clone(),
+                    TenantSpec {
+                        token: t.token,
+                        quota,
+                    },
+                )
                 .is_some()
             {
                 return Err(format!("tenant '{}' is declared twice", t.name));
@@ -173,9 +179,11 @@ mod tests {
         assert_eq!(f.tenants["web"].quota, Some(1 << 20));
         assert_eq!(f.tenants["batch"].quota, None);
         assert!(TokensFile::parse("").unwrap_err().contains("at least one"));
-        assert!(TokensFile::parse("[[tenant]]\nname=\"x\"\ntoken=\"a\"\n[[tenant]]\nname=\"x\"\ntoken=\"b\"\n")
-            .unwrap_err()
-            .contains("twice"));
+        assert!(TokensFile::parse(
+            "[[tenant]]\nname=\"x\"\ntoken=\"a\"\n[[tenant]]\nname=\"x\"\ntoken=\"b\"\n"
+        )
+        .unwrap_err()
+        .contains("twice"));
         assert!(TokensFile::parse("[[tenant]]\nname=\"x\"\ntoken=\"a\"\ncolour=1\n").is_err());
     }
 }

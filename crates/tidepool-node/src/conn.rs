@@ -296,10 +296,7 @@ impl<'a> Conn<'a> {
             .sections
             .get(h.section as usize)
             .ok_or(ErrorCode::InvalidHandle)?;
-        let meta = section
-            .slots
-            .get(h.slot)
-            .ok_or(ErrorCode::InvalidHandle)?;
+        let meta = section.slots.get(h.slot).ok_or(ErrorCode::InvalidHandle)?;
         Ok((h.section, meta))
     }
 

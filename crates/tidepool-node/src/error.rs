@@ -15,7 +15,9 @@ pub enum NodeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("--capacity {capacity} is too small: each of {sections} sections needs at least 64 KiB")]
+    #[error(
+        "--capacity {capacity} is too small: each of {sections} sections needs at least 64 KiB"
+    )]
     CapacityTooSmall { capacity: u64, sections: usize },
     #[error("cannot read tokens file {path}: {source}")]
     TokensRead {

@@ -30,7 +30,9 @@ pub enum SectionRequest {
         reply: Sender<Vec<u32>>,
     },
     /// These retired or unreserved slots, and their blocks, are free again.
-    Free { slots: Vec<u32> },
+    Free {
+        slots: Vec<u32>,
+    },
     Shutdown,
 }
 
@@ -111,7 +113,8 @@ impl<'a> Allocator<'a> {
                 next = rx.try_recv().ok();
             }
             let s = self.section;
-            s.used_bytes.store(self.spans.used_bytes(), Ordering::Relaxed);
+            s.used_bytes
+                .store(self.spans.used_bytes(), Ordering::Relaxed);
             s.free_page_bytes
                 .store(self.spans.free_page_bytes(), Ordering::Relaxed);
         }

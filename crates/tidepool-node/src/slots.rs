@@ -204,7 +204,11 @@ pub trait WriteAccess {
 
 fn writable(meta: &SlotMeta, len: usize) -> u64 {
     let p = meta.placement();
-    assert!(len <= p.cap as usize, "write of {len} bytes into a {}-byte block", p.cap);
+    assert!(
+        len <= p.cap as usize,
+        "write of {len} bytes into a {}-byte block",
+        p.cap
+    );
     p.offset
 }
 
@@ -324,11 +328,8 @@ impl SlotTable {
     /// Allocator side: the slot, creating its chunk if needed.
     pub fn get_or_create(&self, slot: u32) -> &SlotMeta {
         let slot = slot as usize;
-        let chunk = self.chunks[slot / SLOTS_PER_CHUNK].get_or_init(|| {
-            (0..SLOTS_PER_CHUNK)
-                .map(|_| SlotMeta::default())
-                .collect()
-        });
+        let chunk = self.chunks[slot / SLOTS_PER_CHUNK]
+            .get_or_init(|| (0..SLOTS_PER_CHUNK).map(|_| SlotMeta::default()).collect());
         &chunk[slot % SLOTS_PER_CHUNK]
     }
 
@@ -358,12 +359,20 @@ mod tests {
     fn handles_of_other_tenants_and_generations_are_refused() {
         let (t, g) = placed();
         let m = t.get(3).unwrap();
-        assert_eq!(m.read(g, 7).unwrap_err(), Refusal::Invalid, "reserved is not visible");
+        assert_eq!(
+            m.read(g, 7).unwrap_err(),
+            Refusal::Invalid,
+            "reserved is not visible"
+        );
         let g = m.claim_reserved().publish(7, 10, 1);
         assert!(m.read(g, 7).is_ok());
         assert_eq!(m.read(g, 8).unwrap_err(), Refusal::Invalid);
         assert_eq!(m.exclusive(g, 8).unwrap_err(), Refusal::Invalid);
-        assert_eq!(m.read(g + 1, 7).unwrap_err(), Refusal::Invalid, "future generation");
+        assert_eq!(
+            m.read(g + 1, 7).unwrap_err(),
+            Refusal::Invalid,
+            "future generation"
+        );
         m.exclusive(g, 7).unwrap().retire();
         assert_eq!(m.read(g, 7).unwrap_err(), Refusal::Stale);
         assert!(t.get(5000).is_none(), "slot in a chunk never created");

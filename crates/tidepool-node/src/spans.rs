@@ -29,7 +29,11 @@ pub fn class_sizes() -> &'static [u32] {
         while s <= MAX_SMALL {
             v.push(s);
             // Eight steps per doubling above 128 bytes, 16-byte steps below.
-            let step = if s < 128 { 16 } else { 1 << (31 - s.leading_zeros() - 3) };
+            let step = if s < 128 {
+                16
+            } else {
+                1 << (31 - s.leading_zeros() - 3)
+            };
             s += step;
         }
         v

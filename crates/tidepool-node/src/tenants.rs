@@ -34,7 +34,10 @@ pub struct Tenant {
 impl Tenant {
     /// Charges `bytes` against the quota, or refuses without charging.
     pub fn charge(&self, bytes: u64) -> Result<(), ErrorCode> {
-        let before = self.stats.bytes_allocated.fetch_add(bytes, Ordering::Relaxed);
+        let before = self
+            .stats
+            .bytes_allocated
+            .fetch_add(bytes, Ordering::Relaxed);
         if before + bytes > self.quota {
             self.stats
                 .bytes_allocated
@@ -117,14 +120,16 @@ impl Tenants {
             return Err(ErrorCode::AuthFailed);
         }
         let mut map = self.by_name.lock();
-        Ok(Arc::clone(map.entry(name.to_string()).or_insert_with(|| {
-            Arc::new(Tenant {
-                id: self.next_id.fetch_add(1, Ordering::Relaxed),
-                name: name.to_string(),
-                quota,
-                stats: TenantStats::default(),
-            })
-        })))
+        Ok(Arc::clone(map.entry(name.to_string()).or_insert_with(
+            || {
+                Arc::new(Tenant {
+                    id: self.next_id.fetch_add(1, Ordering::Relaxed),
+                    name: name.to_string(),
+                    quota,
+                    stats: TenantStats::default(),
+                })
+            },
+        )))
     }
 
     pub fn all(&self) -> Vec<Arc<Tenant>> {

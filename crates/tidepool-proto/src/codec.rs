@@ -566,8 +566,13 @@ mod tests {
 
     fn request() -> impl Strategy<Value = Request> {
         prop_oneof![
-            ("[a-z]{0,20}", ".{0,20}", any::<u64>())
-                .prop_map(|(tenant, token, session)| Request::Hello { tenant, token, session }),
+            ("[a-z]{0,20}", ".{0,20}", any::<u64>()).prop_map(|(tenant, token, session)| {
+                Request::Hello {
+                    tenant,
+                    token,
+                    session,
+                }
+            }),
             blob().prop_map(|data| Request::Put { data }),
             handle().prop_map(|handle| Request::Get { handle }),
             handle().prop_map(|handle| Request::Take { handle }),

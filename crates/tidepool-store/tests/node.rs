@@ -23,7 +23,9 @@ fn unreachable_node_is_an_error_naming_the_address() {
     let store: Arc<dyn FarStore> = open(&format!("node://t@{addr}")).unwrap();
     store.write(1, b"precious").unwrap();
     server.shutdown();
-    let err = store.read(1).expect_err("a read from a stopped node must fail, not read None");
+    let err = store
+        .read(1)
+        .expect_err("a read from a stopped node must fail, not read None");
     assert!(matches!(err, StoreError::Io { .. }), "{err}");
     let err = open(&format!("node://t@{addr}")).unwrap_err().to_string();
     assert!(err.contains(&addr.to_string()), "{err}");

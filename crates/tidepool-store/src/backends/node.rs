@@ -86,7 +86,10 @@ impl NodeConn {
 
     /// Sends one request and waits for its answer.
     pub fn call(&mut self, req: &Request) -> Result<Response, StoreError> {
-        Ok(self.pipeline(std::slice::from_ref(req))?.pop().expect("one answer"))
+        Ok(self
+            .pipeline(std::slice::from_ref(req))?
+            .pop()
+            .expect("one answer"))
     }
 
     /// Sends every request at once, then collects the answers (matched by id, in any order)
@@ -118,7 +121,10 @@ impl NodeConn {
                 })?;
             *slot = Some(resp);
         }
-        Ok(answers.into_iter().map(|a| a.expect("all answered")).collect())
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("all answered"))
+            .collect())
     }
 
     fn read_response(&mut self) -> Result<(u64, Response), StoreError> {
@@ -380,7 +386,10 @@ impl NodeStore {
 
     /// Records a new handle; returns the one it replaced (a concurrent writer's), to be freed.
     fn remember(&self, key: Key, h: Handle) -> Option<Handle> {
-        self.shard(key).lock().insert(key, h).filter(|old| *old != h)
+        self.shard(key)
+            .lock()
+            .insert(key, h)
+            .filter(|old| *old != h)
     }
 
     fn free_quietly(&self, handles: Vec<Handle>) -> Result<(), StoreError> {
@@ -436,10 +445,15 @@ impl NodeStore {
                 None => None,
                 // A key we hold a handle for must be there: a refusal means the data was lost
                 // (node restarted, session released), which must never read as "empty".
-                Some(_) => Some(results.next().ok_or_else(|| StoreError::Protocol {
-                    backend: BACKEND,
-                    detail: format!("{op} answered too few items"),
-                })?.map_err(|code| item_error(op, code))?),
+                Some(_) => Some(
+                    results
+                        .next()
+                        .ok_or_else(|| StoreError::Protocol {
+                            backend: BACKEND,
+                            detail: format!("{op} answered too few items"),
+                        })?
+                        .map_err(|code| item_error(op, code))?,
+                ),
             });
         }
         Ok(out)
