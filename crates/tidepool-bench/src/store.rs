@@ -68,7 +68,10 @@ impl Suite for StoreSuite {
         let systems = start_systems(ctx)?;
         kv_workloads(ctx, &systems)?;
         drop(systems);
-        sharing(ctx)
+        if wanted("tidepool-node") {
+            sharing(ctx)?;
+        }
+        Ok(())
     }
 }
 
@@ -152,13 +155,25 @@ struct System {
     _server: Box<dyn std::any::Any>,
 }
 
+/// `TIDEPOOL_BENCH_SYSTEMS=tidepool-node,redis` limits a run to some systems (for profiling).
+fn wanted(system: &str) -> bool {
+    match std::env::var("TIDEPOOL_BENCH_SYSTEMS") {
+        Ok(list) => list.split(',').any(|s| s.trim() == system),
+        Err(_) => true,
+    }
+}
+
 fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
     let mut systems = vec![];
     ctx.step("starting tidepool node");
-    match NodeProcess::start("2G").and_then(|n| {
-        let store = tidepool_store::open(&format!("node://bench@{}", n.addr))?;
-        Ok((n, store))
-    }) {
+    match wanted("tidepool-node")
+        .then_some(())
+        .ok_or_else(|| anyhow!("not selected"))
+        .and_then(|()| NodeProcess::start("2G"))
+        .and_then(|n| {
+            let store = tidepool_store::open(&format!("node://bench@{}", n.addr))?;
+            Ok((n, store))
+        }) {
         Ok((n, store)) => systems.push(System {
             name: "tidepool-node",
             store,
@@ -168,8 +183,10 @@ fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
     }
     ctx.advance();
     ctx.step("starting redis");
-    match tidepool_peers::RedisServer::start()
-        .map_err(anyhow::Error::from)
+    match wanted("redis")
+        .then_some(())
+        .ok_or_else(|| anyhow!("not selected"))
+        .and_then(|()| Ok(tidepool_peers::RedisServer::start()?))
         .and_then(|r| Ok((tidepool_store::open(&format!("redis://{}", r.addr()))?, r)))
     {
         Ok((store, r)) => systems.push(System {
@@ -181,8 +198,10 @@ fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
     }
     ctx.advance();
     ctx.step("starting memcached");
-    match tidepool_peers::Memcached::start(1024)
-        .map_err(anyhow::Error::from)
+    match wanted("memcached")
+        .then_some(())
+        .ok_or_else(|| anyhow!("not selected"))
+        .and_then(|()| Ok(tidepool_peers::Memcached::start(1024)?))
         .and_then(|m| {
             Ok((
                 tidepool_store::open(&format!("memcached://{}", m.addr()))?,

@@ -48,6 +48,9 @@ enum Cmd {
         /// Memory sections (one allocator thread each); default: one per CPU.
         #[arg(long)]
         sections: Option<usize>,
+        /// Event-loop threads serving connections; default: half the CPUs, at least one.
+        #[arg(long)]
+        io_threads: Option<usize>,
         /// Most simultaneous client connections.
         #[arg(long, default_value_t = 4096)]
         max_connections: usize,
@@ -118,12 +121,16 @@ fn run(cli: Cli) -> Result<()> {
             capacity,
             tokens,
             sections,
+            io_threads,
             max_connections,
             max_object,
         } => {
             let mut cfg = NodeConfig::new(listen, capacity);
             if let Some(s) = sections {
                 cfg.sections = s;
+            }
+            if let Some(n) = io_threads {
+                cfg.io_threads = n;
             }
             cfg.max_connections = max_connections;
             cfg.max_body =

@@ -130,6 +130,8 @@ pub struct NodeConfig {
     pub capacity: u64,
     /// Memory sections, each with its own allocator thread.
     pub sections: usize,
+    /// Event-loop threads serving connections.
+    pub io_threads: usize,
     /// `None`: open mode, any tenant name and token accepted (for a trusted host).
     pub tokens: Option<TokensFile>,
     pub max_connections: usize,
@@ -139,13 +141,15 @@ pub struct NodeConfig {
 
 impl NodeConfig {
     pub fn new(listen: impl Into<String>, capacity: u64) -> NodeConfig {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
         NodeConfig {
             listen: listen.into(),
             capacity,
-            sections: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2)
-                .clamp(1, 16),
+            sections: cpus.clamp(1, 16),
+            // Half the CPUs: the other half serve the allocators and the kernel's network stack.
+            io_threads: (cpus / 2).clamp(1, 16),
             tokens: None,
             max_connections: 4096,
             max_body: 16 << 20,

@@ -1,20 +1,13 @@
-//! One client connection: read frames, serve them, answer in one write per batch.
-//!
-//! Each connection has its own thread with blocking I/O. All frames that arrived in one read are
-//! served before the answers go out in a single write, so a client with many requests
-//! outstanding pays one system call per batch on each side, and a lock-step client pays exactly
-//! one read and one write per request.
+//! One client connection's protocol state: authentication, magazines of reserved blocks,
+//! pending frees, and the ops themselves. The I/O around it is in `io.rs`.
 
 use crate::section::SectionRequest;
 use crate::server::Shared;
 use crate::slots::{Refusal, SlotMeta};
 use crate::spans::{class_of, class_sizes, footprint};
-use crate::sysio;
 use crate::tenants::{Owned, Session, Tenant};
 use bytes::BytesMut;
 use crossbeam_channel::{Receiver, Sender};
-use std::io::{self, Write};
-use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tidepool_proto::{
@@ -22,9 +15,6 @@ use tidepool_proto::{
     RESPONSE_BIT,
 };
 
-/// Send answers once this much has accumulated, even mid-batch.
-const FLUSH_AT: usize = 1 << 20;
-const READ_RESERVE: usize = 128 << 10;
 /// Hand freed slots back once this many are pending for one section.
 const FREE_BATCH: usize = 64;
 /// A magazine holds at most this many blocks, and about this many bytes.
@@ -74,50 +64,32 @@ impl<'a> Conn<'a> {
         }
     }
 
-    /// Serves the connection until the peer closes it, it breaks, or it sends a malformed
-    /// frame (which is answered with an error, then the connection alone is closed).
-    pub fn run(&mut self, stream: &mut TcpStream) -> io::Result<()> {
-        let mut rbuf = BytesMut::with_capacity(READ_RESERVE);
-        let mut wbuf = BytesMut::with_capacity(READ_RESERVE);
-        loop {
-            if rbuf.capacity() - rbuf.len() < READ_RESERVE / 2 {
-                rbuf.reserve(READ_RESERVE);
-            }
-            if sysio::recv_into(stream, &mut rbuf)? == 0 {
-                return Ok(());
-            }
-            loop {
-                match decode_request(&mut rbuf, self.sh.max_body) {
-                    Ok(Some((id, req))) => {
-                        self.serve(id, req, &mut wbuf);
-                        if wbuf.len() >= FLUSH_AT {
-                            stream.write_all(&wbuf)?;
-                            wbuf.clear();
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        // Answer with the reason, using the frame's own op and id when the
-                        // header was readable, so the client can report it.
-                        let (op, id) = match tidepool_proto::peek_header(&rbuf, u32::MAX) {
-                            Ok(Some(h)) if Op::from_u8(h.op).is_some() => (h.op, h.id),
-                            _ => (Op::Hello as u8, 0),
-                        };
-                        let mut w = FrameWriter::begin(&mut wbuf, op | RESPONSE_BIT, id);
-                        w.put_u8(ErrorCode::Malformed as u8);
-                        w.put_str16(&format!("{e}; closing this connection"));
-                        w.finish();
-                        let _ = stream.write_all(&wbuf);
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, e));
-                    }
+    /// Serves every complete frame in `rbuf`, appending the answers to `wbuf`. On a malformed
+    /// frame it appends an error answer naming the problem and returns `Err`: the caller sends
+    /// what is in `wbuf` and closes this connection (and only this one).
+    pub fn on_bytes(&mut self, rbuf: &mut BytesMut, wbuf: &mut BytesMut) -> Result<(), ()> {
+        let result = loop {
+            match decode_request(rbuf, self.sh.max_body) {
+                Ok(Some((id, req))) => self.serve(id, req, wbuf),
+                Ok(None) => break Ok(()),
+                Err(e) => {
+                    // Answer with the reason, using the frame's own op and id when the header
+                    // was readable, so the client can report it.
+                    let (op, id) = match tidepool_proto::peek_header(rbuf, u32::MAX) {
+                        Ok(Some(h)) if Op::from_u8(h.op).is_some() => (h.op, h.id),
+                        _ => (Op::Hello as u8, 0),
+                    };
+                    let mut w = FrameWriter::begin(wbuf, op | RESPONSE_BIT, id);
+                    w.put_u8(ErrorCode::Malformed as u8);
+                    w.put_str16(&format!("{e}; closing this connection"));
+                    w.finish();
+                    tracing::debug!("malformed frame: {e}");
+                    break Err(());
                 }
             }
-            self.hand_over_owned();
-            if !wbuf.is_empty() {
-                stream.write_all(&wbuf)?;
-                wbuf.clear();
-            }
-        }
+        };
+        self.hand_over_owned();
+        result
     }
 
     fn serve(&mut self, id: u64, req: Request, out: &mut BytesMut) {

@@ -15,12 +15,11 @@ mod arena;
 pub mod config;
 mod conn;
 mod error;
+mod io;
 mod section;
 mod server;
 mod slots;
 pub mod spans;
-#[allow(unsafe_code)]
-mod sysio;
 mod tenants;
 
 pub use config::{format_size, parse_size, NodeConfig, TenantSpec, TokensFile};

@@ -2,16 +2,14 @@
 
 use crate::arena::Arena;
 use crate::config::NodeConfig;
-use crate::conn::Conn;
+use crate::io::WorkerHandle;
 use crate::section::{Section, SectionRequest};
 use crate::spans::PAGE;
 use crate::tenants::{Sessions, Tenants};
 use crate::NodeError;
-use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::io::Write;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use tidepool_proto::{ErrorCode, FrameWriter, Op, RESPONSE_BIT};
@@ -28,9 +26,8 @@ pub(crate) struct Shared {
     pub capacity: u64,
     pub max_body: u32,
     max_connections: usize,
-    connections: AtomicUsize,
-    stopping: AtomicBool,
-    streams: Mutex<HashMap<u64, TcpStream>>,
+    pub connections: AtomicUsize,
+    pub stopping: AtomicBool,
 }
 
 impl Shared {
@@ -91,7 +88,7 @@ pub struct Server {
     addr: SocketAddr,
     accept: Option<JoinHandle<()>>,
     allocators: Vec<JoinHandle<()>>,
-    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    workers: Arc<Vec<WorkerHandle>>,
 }
 
 impl Server {
@@ -139,15 +136,19 @@ impl Server {
             max_connections: cfg.max_connections,
             connections: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
-            streams: Mutex::new(HashMap::new()),
         });
-        let conn_threads = Arc::new(Mutex::new(Vec::new()));
+        let workers = Arc::new(
+            (0..cfg.io_threads.max(1))
+                .map(|i| WorkerHandle::spawn(Arc::clone(&shared), i))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(NodeError::Thread)?,
+        );
         let accept = {
             let shared = Arc::clone(&shared);
-            let conn_threads = Arc::clone(&conn_threads);
+            let workers = Arc::clone(&workers);
             std::thread::Builder::new()
                 .name("tp-accept".into())
-                .spawn(move || accept_loop(listener, shared, conn_threads))
+                .spawn(move || accept_loop(listener, shared, workers))
                 .map_err(NodeError::Thread)?
         };
         tracing::info!(%addr, capacity, sections, "memory node listening");
@@ -156,7 +157,7 @@ impl Server {
             addr,
             accept: Some(accept),
             allocators,
-            conn_threads,
+            workers,
         })
     }
 
@@ -195,11 +196,13 @@ impl Server {
         if let Some(a) = self.accept.take() {
             let _ = a.join();
         }
-        for s in self.shared.streams.lock().values() {
-            let _ = s.shutdown(Shutdown::Both);
+        for w in self.workers.iter() {
+            w.wake();
         }
-        for t in std::mem::take(&mut *self.conn_threads.lock()) {
-            let _ = t.join();
+        if let Some(workers) = Arc::get_mut(&mut self.workers) {
+            for w in workers.iter_mut() {
+                w.join();
+            }
         }
         for s in &self.shared.sections {
             let _ = s.requests.send(SectionRequest::Shutdown);
@@ -210,12 +213,8 @@ impl Server {
     }
 }
 
-fn accept_loop(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    conn_threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
-) {
-    let next_id = AtomicU64::new(1);
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Arc<Vec<WorkerHandle>>) {
+    let mut next_id: u64 = 1;
     for stream in listener.incoming() {
         if shared.stopping.load(Ordering::SeqCst) {
             break;
@@ -238,36 +237,20 @@ fn accept_loop(
             let _ = stream.write_all(&buf);
             continue;
         }
-        let _ = stream.set_nodelay(true);
-        let id = next_id.fetch_add(1, Ordering::Relaxed);
-        if let Ok(clone) = stream.try_clone() {
-            shared.streams.lock().insert(id, clone);
+        if stream
+            .set_nodelay(true)
+            .and_then(|()| stream.set_nonblocking(true))
+            .is_err()
+        {
+            continue;
         }
+        let id = next_id;
+        next_id += 1;
         shared.connections.fetch_add(1, Ordering::Relaxed);
-        let sh = Arc::clone(&shared);
-        let spawned = std::thread::Builder::new()
-            .name(format!("tp-conn-{id}"))
-            .stack_size(256 << 10)
-            .spawn(move || {
-                let mut conn = Conn::new(&sh, id);
-                if let Err(e) = conn.run(&mut stream) {
-                    tracing::debug!(id, "connection ended: {e}");
-                }
-                conn.close();
-                sh.streams.lock().remove(&id);
-                sh.connections.fetch_sub(1, Ordering::Relaxed);
-            });
-        match spawned {
-            Ok(h) => {
-                let mut threads = conn_threads.lock();
-                threads.retain(|t| !t.is_finished());
-                threads.push(h);
-            }
-            Err(e) => {
-                tracing::warn!("cannot start a connection thread: {e}");
-                shared.streams.lock().remove(&id);
-                shared.connections.fetch_sub(1, Ordering::Relaxed);
-            }
+        let worker = &workers[id as usize % workers.len()];
+        if let Err(e) = worker.adopt(stream, id) {
+            tracing::warn!("cannot hand a connection to an I/O worker: {e}");
+            shared.connections.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }

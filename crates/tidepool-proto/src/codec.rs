@@ -345,6 +345,16 @@ pub struct FrameWriter<'a> {
     start: usize,
 }
 
+/// Writes a header whose body (of `body_len` bytes) the caller sends itself, e.g. partly from
+/// its own memory with vectored writes.
+pub fn put_header(buf: &mut BytesMut, op: u8, id: u64, body_len: u32) {
+    buf.put_slice(&MAGIC);
+    buf.put_u8(VERSION);
+    buf.put_u8(op);
+    buf.put_u32_le(body_len);
+    buf.put_u64_le(id);
+}
+
 impl<'a> FrameWriter<'a> {
     pub fn begin(buf: &'a mut BytesMut, op: u8, id: u64) -> Self {
         let start = buf.len();

@@ -24,7 +24,7 @@ mod codec;
 mod types;
 
 pub use codec::{
-    decode_request, decode_response, peek_header, DecodeError, FrameWriter, Header, HEADER_LEN,
-    MAGIC, MAX_BODY, MAX_ITEMS, RESPONSE_BIT, VERSION,
+    decode_request, decode_response, peek_header, put_header, DecodeError, FrameWriter, Header,
+    HEADER_LEN, MAGIC, MAX_BODY, MAX_ITEMS, RESPONSE_BIT, VERSION,
 };
 pub use types::{ErrorCode, EvictItem, Handle, HelloInfo, ItemResult, Op, Request, Response};

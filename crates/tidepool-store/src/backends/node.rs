@@ -13,29 +13,172 @@
 //! [`NodeStore`] is the [`FarStore`] over it: it maps the caller's keys to the node's handles.
 
 use crate::{FarStore, FetchMode, Key, StoreError, StoreStats};
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::io::{Read, Write};
+use std::io::{IoSlice, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 use tidepool_proto::{
-    decode_response, peek_header, ErrorCode, EvictItem, Handle, HelloInfo, ItemResult, Request,
-    Response, HEADER_LEN, MAX_BODY,
+    decode_response, peek_header, put_header, ErrorCode, Handle, HelloInfo, ItemResult, Op,
+    Request, Response, HEADER_LEN, MAX_BODY, RESPONSE_BIT,
 };
 
 const BACKEND: &str = "memory node";
 const MIN_READ: usize = 16 << 10;
+/// Payloads at least this large are sent from the caller's memory by a vectored write instead of
+/// being copied into the send buffer.
+const GATHER_MIN: usize = 1024;
+/// The most buffers one writev takes (Linux's IOV_MAX).
+const IOV_MAX: usize = 1024;
 /// A node that has not answered for this long is treated as gone.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One piece of an outgoing batch: bytes in the batch's own buffer, or a caller's payload.
+#[derive(Debug)]
+enum Seg<'a> {
+    Own(usize, usize),
+    Borrowed(&'a [u8]),
+}
+
+/// Requests to send together. Small fields are encoded into one buffer; large payloads stay
+/// where the caller has them and go out through `writev`, so a 4 KiB page is copied once, by
+/// the kernel, on its way to the node. Request ids are the requests' positions in the batch:
+/// a connection carries one batch at a time and is dropped if a batch fails.
+#[derive(Debug, Default)]
+pub struct Batch<'a> {
+    own: BytesMut,
+    segs: Vec<Seg<'a>>,
+    ops: Vec<Op>,
+}
+
+impl<'a> Batch<'a> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    fn close_own(&mut self, from: usize) {
+        let to = self.own.len();
+        if to > from {
+            match self.segs.last_mut() {
+                Some(Seg::Own(_, end)) if *end == from => *end = to,
+                _ => self.segs.push(Seg::Own(from, to)),
+            }
+        }
+    }
+
+    /// Adds a request encoded whole into the batch's buffer.
+    pub fn push(&mut self, req: &Request) {
+        let from = self.own.len();
+        req.encode(self.ops.len() as u64, &mut self.own);
+        self.close_own(from);
+        self.ops.push(req.op());
+    }
+
+    fn header(&mut self, op: Op, body_len: usize) {
+        let from = self.own.len();
+        put_header(
+            &mut self.own,
+            op as u8,
+            self.ops.len() as u64,
+            body_len as u32,
+        );
+        self.close_own(from);
+        self.ops.push(op);
+    }
+
+    fn fixed(&mut self, f: impl FnOnce(&mut BytesMut)) {
+        let from = self.own.len();
+        f(&mut self.own);
+        self.close_own(from);
+    }
+
+    fn blob(&mut self, data: &'a [u8]) {
+        self.fixed(|b| b.put_u32_le(data.len() as u32));
+        if data.len() >= GATHER_MIN {
+            self.segs.push(Seg::Borrowed(data));
+        } else {
+            self.fixed(|b| b.put_slice(data));
+        }
+    }
+
+    /// Adds a put-many of `items`.
+    pub fn put_many(&mut self, items: &[&'a [u8]]) {
+        let body = 4 + items.iter().map(|d| 4 + d.len()).sum::<usize>();
+        self.header(Op::PutMany, body);
+        self.fixed(|b| b.put_u32_le(items.len() as u32));
+        for d in items {
+            self.blob(d);
+        }
+    }
+
+    /// Adds a write-many of `items`.
+    pub fn write_many(&mut self, items: &[(Handle, &'a [u8])]) {
+        let body = 4 + items
+            .iter()
+            .map(|(_, d)| Handle::ENCODED_LEN + 4 + d.len())
+            .sum::<usize>();
+        self.header(Op::WriteMany, body);
+        self.fixed(|b| b.put_u32_le(items.len() as u32));
+        for (h, d) in items {
+            self.fixed(|b| b.put_slice(&h.to_bytes()));
+            self.blob(d);
+        }
+    }
+
+    /// Adds an evict-and-fetch: `evict` items are written in place when they carry a handle,
+    /// put anew otherwise.
+    pub fn evict_fetch(
+        &mut self,
+        evict: &[(Option<Handle>, &'a [u8])],
+        fetch: &[Handle],
+        take: bool,
+    ) {
+        let body = 1
+            + 4
+            + evict
+                .iter()
+                .map(|(h, d)| 1 + h.map_or(0, |_| Handle::ENCODED_LEN) + 4 + d.len())
+                .sum::<usize>()
+            + 4
+            + fetch.len() * Handle::ENCODED_LEN;
+        self.header(Op::EvictFetch, body);
+        self.fixed(|b| {
+            b.put_u8(take as u8);
+            b.put_u32_le(evict.len() as u32);
+        });
+        for (h, d) in evict {
+            self.fixed(|b| match h {
+                Some(h) => {
+                    b.put_u8(1);
+                    b.put_slice(&h.to_bytes());
+                }
+                None => b.put_u8(0),
+            });
+            self.blob(d);
+        }
+        self.fixed(|b| {
+            b.put_u32_le(fetch.len() as u32);
+            for h in fetch {
+                b.put_slice(&h.to_bytes());
+            }
+        });
+    }
+}
 
 /// One connection, used by one thread at a time.
 #[derive(Debug)]
 pub struct NodeConn {
     stream: TcpStream,
     rbuf: BytesMut,
-    wbuf: BytesMut,
-    next_id: u64,
 }
 
 impl NodeConn {
@@ -58,8 +201,6 @@ impl NodeConn {
         let mut conn = NodeConn {
             stream,
             rbuf: BytesMut::with_capacity(64 << 10),
-            wbuf: BytesMut::with_capacity(64 << 10),
-            next_id: 1,
         };
         let hello = Request::Hello {
             tenant: tenant.to_string(),
@@ -86,40 +227,43 @@ impl NodeConn {
 
     /// Sends one request and waits for its answer.
     pub fn call(&mut self, req: &Request) -> Result<Response, StoreError> {
-        Ok(self
-            .pipeline(std::slice::from_ref(req))?
-            .pop()
-            .expect("one answer"))
+        let mut b = Batch::new();
+        b.push(req);
+        Ok(self.exchange(&b)?.pop().expect("one answer"))
     }
 
     /// Sends every request at once, then collects the answers (matched by id, in any order)
     /// and returns them in request order.
     pub fn pipeline(&mut self, reqs: &[Request]) -> Result<Vec<Response>, StoreError> {
-        let first = self.next_id;
-        self.next_id += reqs.len() as u64;
-        self.wbuf.clear();
-        for (i, r) in reqs.iter().enumerate() {
-            r.encode(first + i as u64, &mut self.wbuf);
+        let mut b = Batch::new();
+        for r in reqs {
+            b.push(r);
         }
-        self.stream
-            .write_all(&self.wbuf)
-            .map_err(|source| StoreError::Io {
-                backend: BACKEND,
-                op: "send",
-                source,
-            })?;
-        let mut answers: Vec<Option<Response>> = vec![None; reqs.len()];
-        for _ in 0..reqs.len() {
-            let (id, resp) = self.read_response()?;
-            let slot = id
-                .checked_sub(first)
-                .and_then(|i| answers.get_mut(i as usize))
-                .filter(|a| a.is_none())
-                .ok_or_else(|| StoreError::Protocol {
-                    backend: BACKEND,
-                    detail: format!("answer to request {id}, which is not outstanding"),
-                })?;
-            *slot = Some(resp);
+        self.exchange(&b)
+    }
+
+    /// Sends a batch and returns its answers in request order.
+    pub fn exchange(&mut self, batch: &Batch<'_>) -> Result<Vec<Response>, StoreError> {
+        self.send(batch).map_err(|source| StoreError::Io {
+            backend: BACKEND,
+            op: "send",
+            source,
+        })?;
+        let mut answers: Vec<Option<Response>> = vec![None; batch.ops.len()];
+        for _ in 0..batch.ops.len() {
+            let (id, resp, op) = self.read_response()?;
+            let i = id as usize;
+            match answers.get_mut(i) {
+                Some(slot @ None) if batch.ops[i] as u8 | RESPONSE_BIT == op => *slot = Some(resp),
+                _ => {
+                    return Err(StoreError::Protocol {
+                        backend: BACKEND,
+                        detail: format!(
+                            "answer (op 0x{op:02x}) to request {id}, which is not outstanding"
+                        ),
+                    })
+                }
+            }
         }
         Ok(answers
             .into_iter()
@@ -127,10 +271,34 @@ impl NodeConn {
             .collect())
     }
 
-    fn read_response(&mut self) -> Result<(u64, Response), StoreError> {
+    fn send(&mut self, batch: &Batch<'_>) -> std::io::Result<()> {
+        let mut slices: Vec<IoSlice<'_>> = batch
+            .segs
+            .iter()
+            .map(|s| match *s {
+                Seg::Own(a, b) => IoSlice::new(&batch.own[a..b]),
+                Seg::Borrowed(d) => IoSlice::new(d),
+            })
+            .collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            let take = rest.len().min(IOV_MAX);
+            match self.stream.write_vectored(&rest[..take]) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads one answer: (request id, response, op byte).
+    fn read_response(&mut self) -> Result<(u64, Response, u8), StoreError> {
         loop {
+            let op = self.rbuf.get(3).copied().unwrap_or(0);
             match decode_response(&mut self.rbuf, MAX_BODY) {
-                Ok(Some(x)) => return Ok(x),
+                Ok(Some((id, r))) => return Ok((id, r, op)),
                 Ok(None) => {}
                 Err(e) => {
                     return Err(StoreError::Protocol {
@@ -139,26 +307,23 @@ impl NodeConn {
                     })
                 }
             }
-            // Read at least the rest of the frame in progress, without zero-filling a huge
-            // buffer for a small answer.
+            // Make room for at least the rest of the frame in progress.
             let pending = match peek_header(&self.rbuf, MAX_BODY) {
                 Ok(Some(h)) => (HEADER_LEN + h.body_len as usize).saturating_sub(self.rbuf.len()),
                 _ => 0,
             };
-            let start = self.rbuf.len();
-            self.rbuf.resize(start + pending.max(MIN_READ), 0);
+            self.rbuf.reserve(pending.max(MIN_READ));
             let n = loop {
-                match self.stream.read(&mut self.rbuf[start..]) {
+                match tidepool_sys::recv_into(&self.stream, &mut self.rbuf) {
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     r => break r,
                 }
-            };
-            let n = n.map_err(|source| StoreError::Io {
+            }
+            .map_err(|source| StoreError::Io {
                 backend: BACKEND,
                 op: "receive",
                 source,
             })?;
-            self.rbuf.truncate(start + n);
             if n == 0 {
                 return Err(StoreError::Io {
                     backend: BACKEND,
@@ -259,6 +424,11 @@ impl NodeClient {
 
     pub fn pipeline(&self, reqs: &[Request]) -> Result<Vec<Response>, StoreError> {
         self.with_conn(|c| c.pipeline(reqs))
+    }
+
+    /// Sends a batch (see [`Batch`]) and returns its answers in request order.
+    pub fn exchange(&self, batch: &Batch<'_>) -> Result<Vec<Response>, StoreError> {
+        self.with_conn(|c| c.exchange(batch))
     }
 
     pub fn put(&self, data: Bytes) -> Result<Handle, StoreError> {
@@ -402,13 +572,18 @@ impl NodeStore {
 
     /// Puts values for keys that had no handle (or whose block was too small), remembering the
     /// new handles and freeing any they replace.
-    fn put_new(&self, items: Vec<(Key, Bytes)>) -> Result<(), StoreError> {
+    fn put_new(&self, items: Vec<(Key, &[u8])>) -> Result<(), StoreError> {
         if items.is_empty() {
             return Ok(());
         }
-        let (keys, data): (Vec<Key>, Vec<Bytes>) = items.into_iter().unzip();
-        let results = self.client.put_many(data)?;
-        self.adopt(&keys, results, "put")
+        let (keys, data): (Vec<Key>, Vec<&[u8]>) = items.into_iter().unzip();
+        let mut b = Batch::new();
+        b.put_many(&data);
+        match self.client.exchange(&b)?.pop() {
+            Some(Response::Handles(v)) => self.adopt(&keys, v, "put"),
+            Some(other) => Err(unexpected("put-many", &other)),
+            None => unreachable!("one answer per request"),
+        }
     }
 
     fn adopt(
@@ -487,45 +662,45 @@ impl FarStore for NodeStore {
 
     fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
         let items = last_per_key(items);
-        let mut in_place: Vec<(Handle, Bytes)> = vec![];
+        let mut in_place: Vec<(Handle, &[u8])> = vec![];
         let mut in_place_keys = vec![];
-        let mut fresh = vec![];
+        let mut fresh_keys = vec![];
+        let mut fresh_data: Vec<&[u8]> = vec![];
         for (k, v) in items {
-            let data = Bytes::copy_from_slice(v);
             match self.lookup(k) {
                 Some(h) => {
-                    in_place.push((h, data));
+                    in_place.push((h, v));
                     in_place_keys.push(k);
                 }
-                None => fresh.push((k, data)),
+                None => {
+                    fresh_keys.push(k);
+                    fresh_data.push(v);
+                }
             }
         }
-        let (fresh_keys, fresh_data): (Vec<Key>, Vec<Bytes>) = fresh.into_iter().unzip();
-        let mut reqs = vec![];
+        let mut b = Batch::new();
         if !in_place.is_empty() {
-            reqs.push(Request::WriteMany {
-                items: in_place.clone(),
-            });
+            b.write_many(&in_place);
         }
         if !fresh_data.is_empty() {
-            reqs.push(Request::PutMany { items: fresh_data });
+            b.put_many(&fresh_data);
         }
-        if reqs.is_empty() {
+        if b.is_empty() {
             return Ok(());
         }
-        let mut answers = self.client.pipeline(&reqs)?.into_iter();
+        let mut answers = self.client.exchange(&b)?.into_iter();
         let mut regrow = vec![];
         if !in_place.is_empty() {
             match answers.next() {
                 Some(Response::DoneMany(v)) => {
-                    for ((key, (_, data)), r) in in_place_keys.iter().zip(in_place).zip(v) {
+                    for ((key, (_, data)), r) in in_place_keys.iter().zip(&in_place).zip(v) {
                         match r {
                             Ok(()) => {}
                             // The old block is too small for the new value, or a concurrent
                             // remove freed it: put it anew (a replaced handle is freed when the
                             // new one is remembered).
                             Err(ErrorCode::TooLarge | ErrorCode::StaleHandle) => {
-                                regrow.push((*key, data))
+                                regrow.push((*key, *data))
                             }
                             Err(code) => return Err(item_error("write", code)),
                         }
@@ -581,7 +756,7 @@ impl FarStore for NodeStore {
         // not travel at all.
         let evicted_here: FxHashMap<Key, &[u8]> = evict.iter().copied().collect();
         let fetched_keys: FxHashSet<Key> = fetch.iter().copied().collect();
-        let mut items = vec![];
+        let mut items: Vec<(Option<Handle>, &[u8])> = vec![];
         let mut item_keys = vec![];
         let mut drop_handles = vec![];
         for &(k, v) in &evict {
@@ -589,10 +764,7 @@ impl FarStore for NodeStore {
                 drop_handles.extend(self.forget(k));
                 continue;
             }
-            items.push(EvictItem {
-                handle: self.lookup(k),
-                data: Bytes::copy_from_slice(v),
-            });
+            items.push((self.lookup(k), v));
             item_keys.push(k);
         }
         let fetch_handles: Vec<Option<Handle>> = fetch
@@ -607,21 +779,20 @@ impl FarStore for NodeStore {
                 }
             })
             .collect();
-        let req = Request::EvictFetch {
-            evict: items.clone(),
-            fetch: fetch_handles.iter().flatten().copied().collect(),
-            take: mode == FetchMode::Take,
-        };
-        let (evicted, fetched) = match self.client.call(&req)? {
-            Response::EvictFetch { evicted, fetched } => (evicted, fetched),
-            other => return Err(unexpected("evict-fetch", &other)),
+        let fetch_flat: Vec<Handle> = fetch_handles.iter().flatten().copied().collect();
+        let mut b = Batch::new();
+        b.evict_fetch(&items, &fetch_flat, mode == FetchMode::Take);
+        let (evicted, fetched) = match self.client.exchange(&b)?.pop() {
+            Some(Response::EvictFetch { evicted, fetched }) => (evicted, fetched),
+            Some(other) => return Err(unexpected("evict-fetch", &other)),
+            None => unreachable!("one answer per request"),
         };
         let mut regrow = vec![];
-        for ((k, item), r) in item_keys.iter().zip(items).zip(evicted) {
+        for ((k, (handle, data)), r) in item_keys.iter().zip(&items).zip(evicted) {
             match r {
                 Ok(h) => drop_handles.extend(self.remember(*k, h)),
-                Err(ErrorCode::TooLarge | ErrorCode::StaleHandle) if item.handle.is_some() => {
-                    regrow.push((*k, item.data))
+                Err(ErrorCode::TooLarge | ErrorCode::StaleHandle) if handle.is_some() => {
+                    regrow.push((*k, *data))
                 }
                 Err(code) => return Err(item_error("evict", code)),
             }

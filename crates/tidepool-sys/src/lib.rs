@@ -1,13 +1,19 @@
-//! Socket reads straight into the unused capacity of a receive buffer, so received bytes are
-//! neither zero-filled first nor copied afterwards (decoded payloads are slices of this buffer).
+//! The few system calls Tidepool makes by hand, each behind a safe function.
+//!
+//! [`recv_into`]: socket reads straight into the unused capacity of a receive buffer, so
+//! received bytes are neither zero-filled first nor copied afterwards (decoded payloads are
+//! slices of this buffer). The standard library offers no stable way to read into
+//! uninitialised memory.
 
 use bytes::BytesMut;
 use std::io;
-use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
 /// Receives at most the buffer's spare capacity; returns the bytes received (0: peer closed).
-pub fn recv_into(stream: &TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+pub fn recv_into(stream: &impl AsRawFd, buf: &mut BytesMut) -> io::Result<usize> {
+    if buf.capacity() == buf.len() {
+        buf.reserve(16 << 10);
+    }
     let spare = buf.spare_capacity_mut();
     loop {
         // SAFETY: `spare` is writable memory owned by `buf`, valid for `spare.len()` bytes;

@@ -1,0 +1,224 @@
+//! Event-loop I/O workers. Each worker serves many connections from one epoll loop (mio): it
+//! reads every ready connection until the socket is drained, serves all the frames that came,
+//! and answers each connection with one write. On small VMs a wake-up costs more than a 4 KiB
+//! request, so one wake-up must serve everything that is ready rather than one connection's
+//! batch (as a thread per connection would).
+
+use crate::conn::Conn;
+use crate::server::Shared;
+use bytes::{Buf, BytesMut};
+use crossbeam_channel::{Receiver, Sender};
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+const WAKE: Token = Token(usize::MAX);
+const READ_RESERVE: usize = 128 << 10;
+/// Stop reading a connection whose unsent answers exceed this, until it drains (a client that
+/// sends but does not read cannot make the node buffer without bound).
+const HIGH_WATER: usize = 4 << 20;
+/// Reads per connection per turn before the others get theirs.
+const READ_BUDGET: usize = 16;
+
+/// The accept thread's side of a worker.
+#[derive(Debug)]
+pub(crate) struct WorkerHandle {
+    tx: Sender<(std::net::TcpStream, u64)>,
+    waker: Arc<Waker>,
+    join: Option<JoinHandle<()>>,
+}
+
+impl WorkerHandle {
+    pub fn spawn(shared: Arc<Shared>, index: usize) -> io::Result<WorkerHandle> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let join = std::thread::Builder::new()
+            .name(format!("tp-io-{index}"))
+            .spawn(move || run(&shared, poll, rx))?;
+        Ok(WorkerHandle {
+            tx,
+            waker,
+            join: Some(join),
+        })
+    }
+
+    /// Hands a new connection to this worker.
+    pub fn adopt(&self, stream: std::net::TcpStream, id: u64) -> io::Result<()> {
+        self.tx
+            .send((stream, id))
+            .map_err(|_| io::Error::other("worker has stopped"))?;
+        self.waker.wake()
+    }
+
+    pub fn wake(&self) {
+        let _ = self.waker.wake();
+    }
+
+    pub fn join(&mut self) {
+        if let Some(j) = self.join.take() {
+            let _ = j.join();
+        }
+    }
+}
+
+struct Client<'a> {
+    token: Token,
+    stream: TcpStream,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    conn: Conn<'a>,
+    writable_interest: bool,
+    /// A malformed frame was answered; close once the answer is out.
+    closing: bool,
+}
+
+enum Drive {
+    Idle,
+    /// Read budget used up with data possibly left: drive again soon.
+    Again,
+    Close,
+}
+
+impl Client<'_> {
+    fn drive(&mut self, registry: &Registry) -> Drive {
+        if self.flush().is_err() {
+            return Drive::Close;
+        }
+        let mut outcome = Drive::Idle;
+        let mut reads = 0;
+        while !self.closing && self.wbuf.len() < HIGH_WATER {
+            if reads == READ_BUDGET {
+                outcome = Drive::Again;
+                break;
+            }
+            if self.rbuf.capacity() - self.rbuf.len() < READ_RESERVE / 2 {
+                self.rbuf.reserve(READ_RESERVE);
+            }
+            match tidepool_sys::recv_into(&self.stream, &mut self.rbuf) {
+                Ok(0) => return Drive::Close,
+                Ok(_) => {
+                    reads += 1;
+                    if self.conn.on_bytes(&mut self.rbuf, &mut self.wbuf).is_err() {
+                        self.closing = true;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Drive::Close,
+            }
+        }
+        if self.flush().is_err() || (self.closing && self.wbuf.is_empty()) {
+            return Drive::Close;
+        }
+        let want_write = !self.wbuf.is_empty();
+        if want_write != self.writable_interest {
+            let interest = if want_write {
+                Interest::READABLE | Interest::WRITABLE
+            } else {
+                Interest::READABLE
+            };
+            if registry
+                .reregister(&mut self.stream, self.token, interest)
+                .is_err()
+            {
+                return Drive::Close;
+            }
+            self.writable_interest = want_write;
+        }
+        outcome
+    }
+
+    /// Sends as much of the pending answers as the socket takes now.
+    fn flush(&mut self) -> io::Result<()> {
+        while !self.wbuf.is_empty() {
+            match self.stream.write(&self.wbuf) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.wbuf.advance(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn run(shared: &Shared, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>) {
+    let mut events = Events::with_capacity(256);
+    let mut clients: HashMap<usize, Client<'_>> = HashMap::new();
+    let mut again: Vec<usize> = vec![];
+    loop {
+        let timeout = (!again.is_empty()).then_some(std::time::Duration::ZERO);
+        if let Err(e) = poll.poll(&mut events, timeout) {
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::error!("I/O worker cannot poll: {e}");
+            break;
+        }
+        let mut ready: Vec<usize> = std::mem::take(&mut again);
+        for event in events.iter() {
+            if event.token() == WAKE {
+                if shared.stopping.load(Ordering::SeqCst) {
+                    for (_, mut c) in clients.drain() {
+                        c.conn.close();
+                        shared.connections.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    return;
+                }
+                while let Ok((stream, id)) = rx.try_recv() {
+                    let token = Token(id as usize);
+                    let mut stream = TcpStream::from_std(stream);
+                    if poll
+                        .registry()
+                        .register(&mut stream, token, Interest::READABLE)
+                        .is_err()
+                    {
+                        shared.connections.fetch_sub(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    clients.insert(
+                        token.0,
+                        Client {
+                            token,
+                            stream,
+                            rbuf: BytesMut::with_capacity(READ_RESERVE),
+                            wbuf: BytesMut::with_capacity(READ_RESERVE),
+                            conn: Conn::new(shared, id),
+                            writable_interest: false,
+                            closing: false,
+                        },
+                    );
+                    // Data may have arrived before registration.
+                    ready.push(token.0);
+                }
+            } else {
+                ready.push(event.token().0);
+            }
+        }
+        for id in ready {
+            let Some(c) = clients.get_mut(&id) else {
+                continue;
+            };
+            match c.drive(poll.registry()) {
+                Drive::Idle => {}
+                Drive::Again => {
+                    if !again.contains(&id) {
+                        again.push(id);
+                    }
+                }
+                Drive::Close => {
+                    let mut c = clients.remove(&id).expect("present");
+                    let _ = poll.registry().deregister(&mut c.stream);
+                    c.conn.close();
+                    shared.connections.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
