@@ -17,9 +17,12 @@ use tidepool_proto::{
 
 /// Hand freed slots back once this many are pending for one section.
 const FREE_BATCH: usize = 64;
-/// A magazine holds at most this many blocks, and about this many bytes.
+/// A refill brings at most this many blocks, and about this many bytes...
 const MAGAZINE_MAX: u32 = 64;
-const MAGAZINE_BYTES: u64 = 512 << 10;
+const MAGAZINE_BYTES: u64 = 256 << 10;
+/// ...and a connection holds at most this many bytes in all its magazines together, so a node
+/// with many connections and many sizes in use does not strand its capacity in magazines.
+const MAGAZINES_TOTAL: u64 = 1 << 20;
 
 struct Auth {
     tenant: Arc<Tenant>,
@@ -32,6 +35,11 @@ pub(crate) struct Conn<'a> {
     auth: Option<Auth>,
     /// Per size class: reserved (section, slot) pairs ready for puts.
     magazines: Vec<Vec<(u16, u32)>>,
+    /// Per size class: how many blocks the next refill asks for (slow start: doubles per
+    /// refill, so a class used once reserves little).
+    refill_count: Vec<u32>,
+    /// Bytes in all magazines.
+    magazine_bytes: u64,
     /// Per section: retired slots not yet handed back.
     pending_free: Vec<Vec<u32>>,
     /// Objects put since the last hand-over to the session's list.
@@ -56,6 +64,8 @@ impl<'a> Conn<'a> {
             sh,
             auth: None,
             magazines: vec![vec![]; class_sizes().len()],
+            refill_count: vec![2; class_sizes().len()],
+            magazine_bytes: 0,
             pending_free: vec![vec![]; sh.sections.len()],
             new_owned: vec![],
             reply_tx,
@@ -391,35 +401,88 @@ impl<'a> Conn<'a> {
 
     fn from_magazine(&mut self, class: u16) -> Result<(u16, u32), ErrorCode> {
         let size = class_sizes()[class as usize] as u64;
-        if let Some(got) = self.magazines[class as usize].pop() {
-            self.sh.sections[got.0 as usize]
-                .reserved_bytes
-                .fetch_sub(size, Ordering::Relaxed);
-            return Ok(got);
+        if self.magazines[class as usize].is_empty() {
+            if let Err(e) = self.refill(class, size) {
+                // Give back what this connection holds in reserve and try once more: a full
+                // node should be full of objects, not of magazines.
+                if e != ErrorCode::CapacityExhausted || self.magazine_bytes == 0 {
+                    return Err(e);
+                }
+                self.return_magazines();
+                self.flush_frees();
+                self.refill(class, size)?;
+            }
         }
-        let count = (MAGAZINE_BYTES / size).clamp(1, MAGAZINE_MAX as u64) as u32;
-        let slots = self.ask_sections(|frees, reply| SectionRequest::Refill {
-            class,
-            count,
-            frees,
-            reply,
-        })?;
-        let (section, slots) = slots;
-        let mag = &mut self.magazines[class as usize];
-        mag.extend(slots.into_iter().map(|s| (section, s)));
-        let got = mag.pop().expect("refill returned at least one slot");
-        self.sh.sections[section as usize]
+        let got = self.magazines[class as usize]
+            .pop()
+            .expect("refill returned at least one slot");
+        self.magazine_bytes -= size;
+        self.sh.sections[got.0 as usize]
             .reserved_bytes
             .fetch_sub(size, Ordering::Relaxed);
         Ok(got)
     }
 
-    fn reserve_large(&mut self, size: usize) -> Result<(u16, u32), ErrorCode> {
-        let (section, mut slots) = self.ask_sections(|frees, reply| SectionRequest::Large {
-            size: size as u64,
+    fn refill(&mut self, class: u16, size: u64) -> Result<(), ErrorCode> {
+        let room = MAGAZINES_TOTAL.saturating_sub(self.magazine_bytes) / size;
+        let count = (self.refill_count[class as usize] as u64)
+            .min(MAGAZINE_BYTES / size)
+            .min(room)
+            .max(1) as u32;
+        self.refill_count[class as usize] = (count * 2).min(MAGAZINE_MAX);
+        let (section, slots) = self.ask_sections(|frees, reply| SectionRequest::Refill {
+            class,
+            count,
             frees,
             reply,
         })?;
+        self.magazine_bytes += slots.len() as u64 * size;
+        self.magazines[class as usize].extend(slots.into_iter().map(|s| (section, s)));
+        Ok(())
+    }
+
+    /// Hands every reserved block back (they go with the next free batch).
+    fn return_magazines(&mut self) {
+        for (class, mag) in self.magazines.iter_mut().enumerate() {
+            let size = class_sizes()[class] as u64;
+            for (section, slot) in mag.drain(..) {
+                let sec = &self.sh.sections[section as usize];
+                sec.reserved_bytes.fetch_sub(size, Ordering::Relaxed);
+                if let Some(meta) = sec.slots.get(slot) {
+                    meta.unreserve();
+                }
+                self.pending_free[section as usize].push(slot);
+            }
+        }
+        self.magazine_bytes = 0;
+    }
+
+    /// Sends every pending free to its section now.
+    fn flush_frees(&mut self) {
+        for section in 0..self.pending_free.len() {
+            let slots = std::mem::take(&mut self.pending_free[section]);
+            if !slots.is_empty() {
+                self.send(section as u16, SectionRequest::Free { slots });
+            }
+        }
+    }
+
+    fn reserve_large(&mut self, size: usize) -> Result<(u16, u32), ErrorCode> {
+        let ask = |c: &mut Self| {
+            c.ask_sections(|frees, reply| SectionRequest::Large {
+                size: size as u64,
+                frees,
+                reply,
+            })
+        };
+        let (section, mut slots) = match ask(self) {
+            Err(ErrorCode::CapacityExhausted) if self.magazine_bytes > 0 => {
+                self.return_magazines();
+                self.flush_frees();
+                ask(self)?
+            }
+            r => r?,
+        };
         Ok((section, slots.pop().expect("at least one slot")))
     }
 
@@ -472,17 +535,7 @@ impl<'a> Conn<'a> {
     /// if it was the session's last connection, every object the session still owns.
     pub fn close(&mut self) {
         self.hand_over_owned();
-        for (class, mag) in self.magazines.iter_mut().enumerate() {
-            let size = class_sizes()[class] as u64;
-            for (section, slot) in mag.drain(..) {
-                let sec = &self.sh.sections[section as usize];
-                sec.reserved_bytes.fetch_sub(size, Ordering::Relaxed);
-                if let Some(meta) = sec.slots.get(slot) {
-                    meta.unreserve();
-                }
-                self.pending_free[section as usize].push(slot);
-            }
-        }
+        self.return_magazines();
         if let Some(auth) = self.auth.take() {
             auth.tenant
                 .stats
@@ -516,11 +569,6 @@ impl<'a> Conn<'a> {
                     .fetch_add(released, Ordering::Relaxed);
             }
         }
-        for section in 0..self.pending_free.len() {
-            let slots = std::mem::take(&mut self.pending_free[section]);
-            if !slots.is_empty() {
-                self.send(section as u16, SectionRequest::Free { slots });
-            }
-        }
+        self.flush_frees();
     }
 }
