@@ -16,12 +16,81 @@ pub use report::{Report, Row};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Where servers and clients run. On small VMs a wake-up across vCPUs costs tens of
+/// microseconds, so placement moves results more than code does; every system of a suite gets
+/// the same placement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Servers on the last CPU, clients on the others (one CPU each on a 2-vCPU machine).
+    Split,
+    /// Everything on CPU 0: results measure total CPU per operation, with no cross-CPU wake-up.
+    Shared,
+    /// Wherever the scheduler puts things.
+    Free,
+}
+
+impl std::str::FromStr for Placement {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "split" => Ok(Placement::Split),
+            "shared" => Ok(Placement::Shared),
+            "free" => Ok(Placement::Free),
+            _ => Err(format!(
+                "placement must be split, shared or free, not '{s}'"
+            )),
+        }
+    }
+}
+
+impl Placement {
+    fn cpus() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+
+    /// CPUs for client threads and client processes, if pinned.
+    pub fn client_cpus(self) -> Option<Vec<usize>> {
+        match self {
+            Placement::Split if Self::cpus() > 1 => Some((0..Self::cpus() - 1).collect()),
+            Placement::Split | Placement::Shared => Some(vec![0]),
+            Placement::Free => None,
+        }
+    }
+
+    /// CPUs for server processes, if pinned.
+    pub fn server_cpus(self) -> Option<Vec<usize>> {
+        match self {
+            Placement::Split => Some(vec![Self::cpus() - 1]),
+            Placement::Shared => Some(vec![0]),
+            Placement::Free => None,
+        }
+    }
+
+    /// Pins a server process (all its threads) where servers go.
+    pub fn pin_server(self, pid: u32) -> Result<()> {
+        if let Some(cpus) = self.server_cpus() {
+            tidepool_sys::pin_process(pid, &cpus)
+                .with_context(|| format!("cannot pin server process {pid}"))?;
+        }
+        Ok(())
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Placement::Split => "split",
+            Placement::Shared => "shared",
+            Placement::Free => "free",
+        }
+    }
+}
+
 /// How a suite should run.
 #[derive(Debug, Clone)]
 pub struct BenchOpts {
     /// Finish within about a minute, keeping every system and workload with less data.
     pub quick: bool,
     pub out: PathBuf,
+    pub placement: Placement,
 }
 
 impl BenchOpts {
@@ -98,8 +167,20 @@ pub fn run(name: &str, opts: BenchOpts) -> Result<Report> {
             .expect("valid template"),
     );
     progress.enable_steady_tick(Duration::from_millis(200));
+    let mut report = Report::new(name, opts.quick);
+    // Clients (this thread, the threads it starts, the processes it spawns) go where clients go;
+    // suites move each server they start to the server CPUs.
+    if let Some(cpus) = opts.placement.client_cpus() {
+        tidepool_sys::set_affinity(0, &cpus).context("cannot pin the benchmark's clients")?;
+    }
+    report.notes.push(format!(
+        "placement {}: clients on CPUs {:?}, servers on CPUs {:?}",
+        opts.placement.name(),
+        opts.placement.client_cpus(),
+        opts.placement.server_cpus()
+    ));
     let mut ctx = Ctx {
-        report: Report::new(name, opts.quick),
+        report,
         opts: opts.clone(),
         progress,
     };

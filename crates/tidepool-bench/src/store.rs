@@ -28,7 +28,6 @@ use tidepool_store::{FarStore, FetchMode, Key};
 
 pub const VALUE_BYTES: usize = 4096;
 const THREADS: usize = 4;
-const BATCH: usize = 16;
 const SHARE_CLIENTS: usize = 3;
 
 #[derive(Debug)]
@@ -39,6 +38,16 @@ fn keys(opts: &BenchOpts) -> u64 {
         4096
     } else {
         16384
+    }
+}
+
+/// Requests in flight per client thread for the batched workloads: the ratio between systems
+/// depends on it (fixed per-round-trip costs weigh less as batches grow), so it is swept.
+fn batches(opts: &BenchOpts) -> Vec<usize> {
+    if opts.quick {
+        vec![8, 32, 128]
+    } else {
+        vec![1, 8, 32, 128]
     }
 }
 
@@ -61,7 +70,8 @@ impl Suite for StoreSuite {
 
     fn steps(&self, opts: &BenchOpts) -> u64 {
         let r = opts.rounds() as u64;
-        3 + 4 * 3 * r + 2 * 2 * r * share_ratios(opts).len() as u64
+        3 + (2 + 2 * batches(opts).len() as u64) * 3 * r
+            + 2 * 2 * r * share_ratios(opts).len() as u64
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
@@ -140,6 +150,10 @@ impl NodeProcess {
             .to_string();
         Ok(NodeProcess { child, addr })
     }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for NodeProcess {
@@ -171,6 +185,7 @@ fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
         .ok_or_else(|| anyhow!("not selected"))
         .and_then(|()| NodeProcess::start("2G"))
         .and_then(|n| {
+            ctx.opts.placement.pin_server(n.pid())?;
             let store = tidepool_store::open(&format!("node://bench@{}", n.addr))?;
             Ok((n, store))
         }) {
@@ -187,8 +202,10 @@ fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
         .then_some(())
         .ok_or_else(|| anyhow!("not selected"))
         .and_then(|()| Ok(tidepool_peers::RedisServer::start()?))
-        .and_then(|r| Ok((tidepool_store::open(&format!("redis://{}", r.addr()))?, r)))
-    {
+        .and_then(|r| {
+            ctx.opts.placement.pin_server(r.pid())?;
+            Ok((tidepool_store::open(&format!("redis://{}", r.addr()))?, r))
+        }) {
         Ok((store, r)) => systems.push(System {
             name: "redis",
             store,
@@ -248,12 +265,14 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
         preload(s.store.as_ref(), n, &noise).with_context(|| format!("loading {}", s.name))?;
     }
     let d = ctx.opts.measure_for();
-    let workloads = [
+    let mut workloads = vec![
         ("get-unpipelined", Kind::Get, 1usize, 1usize),
         ("put-unpipelined", Kind::Put, 1, 1),
-        ("get-batched", Kind::Get, THREADS, BATCH),
-        ("put-batched", Kind::Put, THREADS, BATCH),
     ];
+    for b in batches(&ctx.opts) {
+        workloads.push(("get-batched", Kind::Get, THREADS, b));
+        workloads.push(("put-batched", Kind::Put, THREADS, b));
+    }
     // results[workload][system]: histograms pooled over rounds, throughput per round.
     let mut hists: Vec<Vec<Histogram<u64>>> = workloads
         .iter()
@@ -286,7 +305,7 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
             let rate = median(&mut rates[w][si]);
             ctx.report
                 .push(s.name, name, "ops_per_s", rate, "ops/s", &params);
-            if threads == 1 && batch == 1 {
+            if name.ends_with("unpipelined") {
                 let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
                 ctx.report
                     .push(s.name, name, "p50_us", us(0.5), "us", &params);
@@ -570,6 +589,7 @@ struct ShareResult {
 }
 
 fn share_run(
+    placement: crate::Placement,
     nodes: usize,
     unique: bool,
     objects: u64,
@@ -577,7 +597,11 @@ fn share_run(
     secs: f64,
 ) -> Result<ShareResult> {
     let servers: Vec<NodeProcess> = (0..nodes)
-        .map(|_| NodeProcess::start("1G"))
+        .map(|_| {
+            let n = NodeProcess::start("1G")?;
+            placement.pin_server(n.pid())?;
+            Ok(n)
+        })
         .collect::<Result<_>>()?;
     let mut workers = vec![];
     for c in 0..SHARE_CLIENTS {
@@ -628,7 +652,7 @@ fn sharing(ctx: &mut Ctx) -> Result<()> {
                         round + 1,
                         if unique { "unique" } else { "keep" }
                     ));
-                    match share_run(nodes, unique, objects, local, secs) {
+                    match share_run(ctx.opts.placement, nodes, unique, objects, local, secs) {
                         Ok(r) => runs[mi][ti].push(r),
                         Err(e) => ctx.note(format!("sharing run failed: {e:#}")),
                     }

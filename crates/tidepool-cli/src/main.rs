@@ -90,6 +90,10 @@ enum Cmd {
         /// List the suites.
         #[arg(long)]
         list: bool,
+        /// Where servers and clients run: split (servers on the last CPU, clients on the
+        /// others), shared (all on CPU 0) or free (unpinned). Every system gets the same.
+        #[arg(long, default_value = "split")]
+        placement: tidepool_bench::Placement,
     },
     /// Internal: a client process of a benchmark.
     #[command(hide = true)]
@@ -178,6 +182,7 @@ fn run(cli: Cli) -> Result<()> {
             quick,
             out,
             list,
+            placement,
         } => {
             if list {
                 for s in tidepool_bench::suites() {
@@ -186,7 +191,14 @@ fn run(cli: Cli) -> Result<()> {
                 return Ok(());
             }
             let suite = suite.expect("clap requires it");
-            tidepool_bench::run(&suite, tidepool_bench::BenchOpts { quick, out })?;
+            tidepool_bench::run(
+                &suite,
+                tidepool_bench::BenchOpts {
+                    quick,
+                    out,
+                    placement,
+                },
+            )?;
             Ok(())
         }
         Cmd::BenchWorker { kind, args } => match kind.as_str() {

@@ -287,7 +287,7 @@ impl<'a> Conn<'a> {
         let cap = footprint(data.len());
         tenant.charge(cap)?;
         let got = match class_of(data.len()) {
-            Some(class) => self.from_magazine(class),
+            Some(class) => self.take_reserved(class),
             None => self.reserve_large(data.len()),
         };
         let (section, slot) = match got {
@@ -399,7 +399,7 @@ impl<'a> Conn<'a> {
         let _ = self.sh.sections[section as usize].requests.send(req);
     }
 
-    fn from_magazine(&mut self, class: u16) -> Result<(u16, u32), ErrorCode> {
+    fn take_reserved(&mut self, class: u16) -> Result<(u16, u32), ErrorCode> {
         let size = class_sizes()[class as usize] as u64;
         if self.magazines[class as usize].is_empty() {
             if let Err(e) = self.refill(class, size) {

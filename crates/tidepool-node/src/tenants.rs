@@ -158,10 +158,12 @@ pub struct OwnedList {
     pub compact_at: usize,
 }
 
+/// (tenant id, client session id) -> (session, open connections).
+type SessionMap = HashMap<(u32, u64), (Arc<Session>, usize)>;
+
 #[derive(Debug, Default)]
 pub struct Sessions {
-    /// (tenant id, client session id) -> (session, open connections).
-    map: Mutex<HashMap<(u32, u64), (Arc<Session>, usize)>>,
+    map: Mutex<SessionMap>,
     next_id: AtomicU32,
 }
 
