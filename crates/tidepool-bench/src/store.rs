@@ -166,7 +166,20 @@ impl Drop for NodeProcess {
 struct System {
     name: &'static str,
     store: Arc<dyn FarStore>,
+    /// The server process, for its CPU time.
+    pid: u32,
     _server: Box<dyn std::any::Any>,
+}
+
+/// CPU seconds (user + system) process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ is 100 on Linux.
+    Some(ticks / 100.0)
 }
 
 /// `TIDEPOOL_BENCH_SYSTEMS=tidepool-node,redis` limits a run to some systems (for profiling).
@@ -192,6 +205,7 @@ fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
         Ok((n, store)) => systems.push(System {
             name: "tidepool-node",
             store,
+            pid: n.pid(),
             _server: Box::new(n),
         }),
         Err(e) => ctx.note(format!("tidepool-node could not start: {e:#}")),
@@ -209,6 +223,7 @@ fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
         Ok((store, r)) => systems.push(System {
             name: "redis",
             store,
+            pid: r.pid(),
             _server: Box::new(r),
         }),
         Err(e) => ctx.note(format!("redis could not start: {e:#}")),
@@ -228,6 +243,7 @@ fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
         Ok((store, m)) => systems.push(System {
             name: "memcached",
             store,
+            pid: m.pid(),
             _server: Box::new(m),
         }),
         Err(e) => ctx.note(format!("memcached could not start: {e:#}")),
@@ -282,12 +298,22 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
         .iter()
         .map(|_| systems.iter().map(|_| vec![]).collect())
         .collect();
+    // Server CPU seconds and operations, summed over rounds.
+    let mut server_cpu: Vec<Vec<(f64, u64)>> = workloads
+        .iter()
+        .map(|_| systems.iter().map(|_| (0.0, 0)).collect())
+        .collect();
     for round in 0..ctx.opts.rounds() {
         for (w, &(name, kind, threads, batch)) in workloads.iter().enumerate() {
             for (si, s) in systems.iter().enumerate() {
                 ctx.step(format!("round {} {name} on {}", round + 1, s.name));
+                let cpu0 = cpu_seconds(s.pid);
                 let (hist, ops, secs) =
                     drive(&s.store, kind, threads, batch, n, d, &noise, s.name)?;
+                if let (Some(a), Some(b)) = (cpu0, cpu_seconds(s.pid)) {
+                    server_cpu[w][si].0 += b - a;
+                    server_cpu[w][si].1 += ops;
+                }
                 hists[w][si].add(&hist).expect("same bounds");
                 rates[w][si].push(ops as f64 / secs);
                 ctx.advance();
@@ -305,6 +331,18 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
             let rate = median(&mut rates[w][si]);
             ctx.report
                 .push(s.name, name, "ops_per_s", rate, "ops/s", &params);
+            // What the server itself spends per operation, whoever limited the throughput.
+            let (cpu, ops) = server_cpu[w][si];
+            if ops > 0 && !name.ends_with("unpipelined") {
+                ctx.report.push(
+                    s.name,
+                    name,
+                    "server_cpu_us_per_op",
+                    cpu * 1e6 / ops as f64,
+                    "us",
+                    &params,
+                );
+            }
             if name.ends_with("unpipelined") {
                 let us = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
                 ctx.report

@@ -15,6 +15,7 @@ use std::io::{self, Write};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 const WAKE: Token = Token(usize::MAX);
 const READ_RESERVE: usize = 128 << 10;
@@ -152,8 +153,12 @@ fn run(shared: &Shared, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>
     let mut events = Events::with_capacity(256);
     let mut clients: HashMap<usize, Client<'_>> = HashMap::new();
     let mut again: Vec<usize> = vec![];
+    // Until this instant the worker polls without sleeping: a client that sends its next request
+    // soon after an answer finds the worker awake, and neither side pays a wake-up.
+    let mut spin_until = Instant::now();
     loop {
-        let timeout = (!again.is_empty()).then_some(std::time::Duration::ZERO);
+        let spinning = Instant::now() < spin_until;
+        let timeout = (!again.is_empty() || spinning).then_some(Duration::ZERO);
         if let Err(e) = poll.poll(&mut events, timeout) {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
@@ -162,6 +167,9 @@ fn run(shared: &Shared, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>
             break;
         }
         let mut ready: Vec<usize> = std::mem::take(&mut again);
+        if !events.is_empty() && !shared.busy_poll.is_zero() {
+            spin_until = Instant::now() + shared.busy_poll;
+        }
         for event in events.iter() {
             if event.token() == WAKE {
                 if shared.stopping.load(Ordering::SeqCst) {

@@ -25,6 +25,8 @@ pub(crate) struct Shared {
     pub epoch: u16,
     pub capacity: u64,
     pub max_body: u32,
+    /// How long an I/O worker keeps polling after it last had work, before it sleeps.
+    pub busy_poll: std::time::Duration,
     max_connections: usize,
     pub connections: AtomicUsize,
     pub stopping: AtomicBool,
@@ -133,6 +135,7 @@ impl Server {
             epoch: rand::random(),
             capacity,
             max_body: cfg.max_body,
+            busy_poll: cfg.busy_poll,
             max_connections: cfg.max_connections,
             connections: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
