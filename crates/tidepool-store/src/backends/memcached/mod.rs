@@ -465,6 +465,10 @@ impl FarStore for MemcachedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     #[test]
     fn prefixes_must_make_valid_memcached_keys() {
@@ -508,5 +512,209 @@ mod tests {
     fn a_bad_prefix_is_refused_before_connecting() {
         let e = MemcachedStore::connect("127.0.0.1:1", Some("a b".into())).unwrap_err();
         assert!(matches!(e, StoreError::BadUrl { .. }), "{e:?}");
+    }
+
+    /// A scripted stand-in for memcached on loopback, for replies a real one never sends. It
+    /// answers `stats settings` and `mn` itself and every other command line as `answer` says.
+    struct FakeServer {
+        addr: String,
+        connections: Arc<AtomicUsize>,
+        commands: Arc<parking_lot::Mutex<Vec<String>>>,
+    }
+
+    /// What the fake does about one command.
+    enum Act {
+        Say(&'static [u8]),
+        SayAndClose(&'static [u8]),
+    }
+
+    type Answer = dyn Fn(&str) -> Act + Send + Sync;
+
+    impl FakeServer {
+        fn start(answer: impl Fn(&str) -> Act + Send + Sync + 'static) -> FakeServer {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let connections = Arc::new(AtomicUsize::new(0));
+            let commands = Arc::new(parking_lot::Mutex::new(Vec::new()));
+            let answer: Arc<Answer> = Arc::new(answer);
+            let (count, log) = (Arc::clone(&connections), Arc::clone(&commands));
+            std::thread::spawn(move || {
+                for stream in listener.incoming() {
+                    let Ok(stream) = stream else { return };
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let (answer, log) = (Arc::clone(&answer), Arc::clone(&log));
+                    std::thread::spawn(move || serve(stream, &*answer, &log));
+                }
+            });
+            FakeServer {
+                addr,
+                connections,
+                commands,
+            }
+        }
+
+        fn connections(&self) -> usize {
+            self.connections.load(Ordering::SeqCst)
+        }
+
+        fn commands(&self) -> Vec<String> {
+            self.commands.lock().clone()
+        }
+
+        fn open(&self) -> MemcachedStore {
+            MemcachedStore::connect(&self.addr, Some("p:".into())).unwrap()
+        }
+    }
+
+    fn serve(stream: TcpStream, answer: &Answer, log: &parking_lot::Mutex<Vec<String>>) {
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut writer = stream;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let line = line.trim_end().to_string();
+            if let Some(len) = line.strip_prefix("ms ").and_then(|r| r.split(' ').nth(1)) {
+                let mut data = vec![0; len.parse::<usize>().unwrap() + 2];
+                reader.read_exact(&mut data).unwrap();
+            }
+            let act = match line.as_str() {
+                "stats settings" => Act::Say(b"STAT item_size_max 1048576\r\nEND\r\n"),
+                "mn" => Act::Say(b"MN\r\n"),
+                other => {
+                    log.lock().push(other.to_string());
+                    answer(other)
+                }
+            };
+            match act {
+                Act::Say(bytes) if writer.write_all(bytes).is_ok() => {}
+                Act::Say(_) => return,
+                Act::SayAndClose(bytes) => {
+                    let _ = writer.write_all(bytes);
+                    return;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_malformed_reply_is_an_error_naming_the_server_and_line_not_a_miss() {
+        let fake = FakeServer::start(|_| Act::Say(b"STORED\r\n"));
+        let store = fake.open();
+        let e = store.read(1).unwrap_err();
+        assert!(matches!(e, StoreError::Protocol { .. }), "{e:?}");
+        let m = e.to_string();
+        assert!(
+            m.contains("memcached") && m.contains(&fake.addr) && m.contains("'STORED"),
+            "{m}"
+        );
+        // The connection that carried it is not reused.
+        let before = fake.connections();
+        assert!(store.read(1).is_err());
+        assert_eq!(fake.connections(), before + 1);
+    }
+
+    #[test]
+    fn a_value_cut_short_is_an_io_error_not_short_data() {
+        let fake = FakeServer::start(|_| Act::SayAndClose(b"VA 5\r\nab"));
+        let store = fake.open();
+        let e = store.read(1).unwrap_err();
+        assert!(matches!(e, StoreError::Io { .. }), "{e:?}");
+        let m = e.to_string();
+        assert!(m.contains(&fake.addr) && m.contains("5 bytes"), "{m}");
+    }
+
+    #[test]
+    fn extra_replies_are_a_protocol_error() {
+        let fake = FakeServer::start(|_| Act::Say(b"EN\r\nEN\r\n"));
+        let store = fake.open();
+        let e = store.read(1).unwrap_err();
+        assert!(matches!(e, StoreError::Protocol { .. }), "{e:?}");
+        assert!(e.to_string().contains("more than the replies"), "{e}");
+    }
+
+    #[test]
+    fn a_refused_write_keeps_the_connection_in_step() {
+        let fake = FakeServer::start(|line| match line {
+            l if l.starts_with("ms p:0000000000000002 ") => {
+                Act::Say(b"SERVER_ERROR object too large for cache\r\n")
+            }
+            l if l.starts_with("ms ") => Act::Say(b"HD\r\n"),
+            _ => Act::Say(b"EN\r\n"),
+        });
+        let store = fake.open();
+        let e = store
+            .write_many(&[(1, b"a"), (2, b"bbb"), (3, b"c")])
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::ValueTooLarge {
+                    len: 3,
+                    max: 1048576,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let before = fake.connections();
+        assert_eq!(store.read(1).unwrap(), None);
+        assert_eq!(fake.connections(), before, "the connection was not reused");
+    }
+
+    #[test]
+    fn take_deletes_only_the_version_it_read() {
+        let fake = FakeServer::start(|line| match line {
+            l if l.starts_with("mg ") => Act::Say(b"VA 2 c5\r\nhi\r\n"),
+            "md p:0000000000000001 C5" => Act::Say(b"HD\r\n"),
+            // Written anew since the read: this take still took the value it read.
+            "md p:0000000000000002 C5" => Act::Say(b"EX\r\n"),
+            // Taken by someone else since the read.
+            "md p:0000000000000003 C5" => Act::Say(b"NF\r\n"),
+            _ => Act::Say(b"ERROR\r\n"),
+        });
+        let store = fake.open();
+        let got = store.take_many(&[1, 2, 3, 1]).unwrap();
+        let hi = Some(Bytes::from_static(b"hi"));
+        assert_eq!(got, vec![hi.clone(), hi, None, None]);
+        assert_eq!(
+            fake.commands(),
+            [
+                "mg p:0000000000000001 v c",
+                "mg p:0000000000000002 v c",
+                "mg p:0000000000000003 v c",
+                "md p:0000000000000001 C5",
+                "md p:0000000000000002 C5",
+                "md p:0000000000000003 C5",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_server_without_meta_commands_is_refused_at_connect() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut writer = stream;
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).unwrap_or(0) > 0 {
+                        let reply: &[u8] = if line.starts_with("stats") {
+                            b"STAT item_size_max 1048576\r\nEND\r\n"
+                        } else {
+                            b"ERROR\r\n"
+                        };
+                        let _ = writer.write_all(reply);
+                        line.clear();
+                    }
+                });
+            }
+        });
+        let e = MemcachedStore::connect(&addr, None).unwrap_err();
+        assert!(matches!(e, StoreError::Protocol { .. }), "{e:?}");
+        assert!(e.to_string().contains("1.6 or later"), "{e}");
     }
 }
