@@ -3,7 +3,7 @@
 //!
 //! Every system is reached through the same [`FarStore`] code a Tidepool user runs, each with its
 //! best batched command (node GET_MANY / PUT_MANY, Redis MGET / pipelined SET, memcached
-//! multi-get), at the same number of requests in flight:
+//! pipelined meta `mg` / `ms`), at the same number of requests in flight:
 //!
 //! - `get-unpipelined`, `put-unpipelined`: one client, one request at a time: p50/p99 latency.
 //! - `get-batched`, `put-batched`: `threads` clients with `batch` requests in flight each:

@@ -70,6 +70,53 @@ fn duplicate_keys_in_one_batch() {
 }
 
 #[test]
+fn batches_larger_than_one_round_trip() {
+    let mc = start();
+    // The longest prefix allowed makes the longest commands, hence the most round trips.
+    let prefix = "p".repeat(234);
+    let store = open(&format!("memcached://{}?prefix={prefix}", mc.addr())).unwrap();
+    let n = 2500u64;
+    let values: Vec<Vec<u8>> = (0..n).map(|k| conformance::pattern(k, 9, 4096)).collect();
+    let items: Vec<(u64, &[u8])> = values
+        .iter()
+        .enumerate()
+        .map(|(k, v)| (k as u64, v.as_slice()))
+        .collect();
+    store.write_many(&items).unwrap();
+    let keys: Vec<u64> = (0..n).rev().collect();
+    let got = store.read_many(&keys).unwrap();
+    assert_eq!(got.len(), keys.len());
+    for (k, g) in keys.iter().zip(&got) {
+        assert_eq!(
+            g.as_deref(),
+            Some(values[*k as usize].as_slice()),
+            "key {k}"
+        );
+    }
+    // Every other key taken, with a missing key and repeats mixed in.
+    let take: Vec<u64> = (0..n).step_by(2).chain([n + 5, 0, 2]).collect();
+    let got = store.take_many(&take).unwrap();
+    for (k, g) in take.iter().zip(&got).take((n / 2) as usize) {
+        assert_eq!(
+            g.as_deref(),
+            Some(values[*k as usize].as_slice()),
+            "key {k}"
+        );
+    }
+    assert_eq!(&got[(n / 2) as usize..], &[None, None, None]);
+    let left = store.read_many(&(0..n).collect::<Vec<_>>()).unwrap();
+    for (k, g) in left.iter().enumerate() {
+        assert_eq!(g.is_some(), k % 2 == 1, "key {k}");
+    }
+    store.remove_many(&(0..n).collect::<Vec<_>>()).unwrap();
+    assert!(store
+        .read_many(&[1, 3, n - 1])
+        .unwrap()
+        .iter()
+        .all(Option::is_none));
+}
+
+#[test]
 fn a_stopped_server_is_an_error_naming_it_not_a_missing_value() {
     let mc = start();
     let addr = mc.addr();
