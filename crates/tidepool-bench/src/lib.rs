@@ -21,6 +21,10 @@ use std::time::Duration;
 /// the same placement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
+    /// Latency workloads as `Shared` (a round trip then measures the software, not the
+    /// hypervisor's price for waking another vCPU), throughput workloads as `Split` (the server
+    /// has a core of its own, as a memory node would).
+    Auto,
     /// Servers on the last CPU, clients on the others (one CPU each on a 2-vCPU machine).
     Split,
     /// Everything on CPU 0: results measure total CPU per operation, with no cross-CPU wake-up.
@@ -33,6 +37,7 @@ impl std::str::FromStr for Placement {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(Placement::Auto),
             "split" => Ok(Placement::Split),
             "shared" => Ok(Placement::Shared),
             "free" => Ok(Placement::Free),
@@ -44,15 +49,27 @@ impl std::str::FromStr for Placement {
 }
 
 impl Placement {
+    /// CPUs of the machine (not of this thread's affinity, which placement itself narrows).
     fn cpus() -> usize {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
+        tidepool_sys::online_cpus()
+    }
+
+    /// The placement for one kind of workload.
+    pub fn for_workload(self, latency: bool) -> Placement {
+        match self {
+            Placement::Auto if latency => Placement::Shared,
+            Placement::Auto => Placement::Split,
+            p => p,
+        }
     }
 
     /// CPUs for client threads and client processes, if pinned.
     pub fn client_cpus(self) -> Option<Vec<usize>> {
         match self {
-            Placement::Split if Self::cpus() > 1 => Some((0..Self::cpus() - 1).collect()),
-            Placement::Split | Placement::Shared => Some(vec![0]),
+            Placement::Split | Placement::Auto if Self::cpus() > 1 => {
+                Some((0..Self::cpus() - 1).collect())
+            }
+            Placement::Split | Placement::Auto | Placement::Shared => Some(vec![0]),
             Placement::Free => None,
         }
     }
@@ -60,7 +77,7 @@ impl Placement {
     /// CPUs for server processes, if pinned.
     pub fn server_cpus(self) -> Option<Vec<usize>> {
         match self {
-            Placement::Split => Some(vec![Self::cpus() - 1]),
+            Placement::Split | Placement::Auto => Some(vec![Self::cpus() - 1]),
             Placement::Shared => Some(vec![0]),
             Placement::Free => None,
         }
@@ -77,6 +94,7 @@ impl Placement {
 
     fn name(self) -> &'static str {
         match self {
+            Placement::Auto => "auto (latency: shared, throughput: split)",
             Placement::Split => "split",
             Placement::Shared => "shared",
             Placement::Free => "free",
@@ -97,18 +115,20 @@ impl BenchOpts {
     /// Seconds per measurement.
     pub fn measure_for(&self) -> Duration {
         if self.quick {
-            Duration::from_millis(400)
+            Duration::from_millis(300)
         } else {
-            Duration::from_secs(2)
+            Duration::from_secs(1)
         }
     }
 
     /// Rounds over all systems; results are the median (throughput) or pooled (latency).
+    /// Several short alternating rounds beat one long one on a shared VM: drift hits every
+    /// system, and the median drops the round that a neighbour disturbed.
     pub fn rounds(&self) -> usize {
         if self.quick {
-            2
-        } else {
             3
+        } else {
+            5
         }
     }
 }

@@ -307,6 +307,11 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
         for (w, &(name, kind, threads, batch)) in workloads.iter().enumerate() {
             for (si, s) in systems.iter().enumerate() {
                 ctx.step(format!("round {} {name} on {}", round + 1, s.name));
+                // Every system gets the same placement for the same workload.
+                ctx.opts
+                    .placement
+                    .for_workload(name.ends_with("unpipelined"))
+                    .pin_server(s.pid)?;
                 let cpu0 = cpu_seconds(s.pid);
                 let (hist, ops, secs) =
                     drive(&s.store, kind, threads, batch, n, d, &noise, s.name)?;
@@ -677,7 +682,7 @@ fn share_run(
 
 fn sharing(ctx: &mut Ctx) -> Result<()> {
     let objects = keys(&ctx.opts);
-    let secs = if ctx.opts.quick { 1.0 } else { 3.0 };
+    let secs = if ctx.opts.quick { 0.8 } else { 2.0 };
     for ratio in share_ratios(&ctx.opts) {
         let local = (objects as f64 * ratio) as u64;
         // [mode][topology] -> per-round results
@@ -711,6 +716,7 @@ fn sharing(ctx: &mut Ctx) -> Result<()> {
                     continue;
                 }
                 let mut ops: Vec<f64> = rs.iter().map(|r| r.ops_per_s).collect();
+                // Far bytes are the same every round (they depend on the data, not on time).
                 let last = rs[rs.len() - 1];
                 let params = [
                     ("clients", SHARE_CLIENTS as f64),

@@ -94,9 +94,10 @@ enum Cmd {
         /// List the suites.
         #[arg(long)]
         list: bool,
-        /// Where servers and clients run: split (servers on the last CPU, clients on the
-        /// others), shared (all on CPU 0) or free (unpinned). Every system gets the same.
-        #[arg(long, default_value = "split")]
+        /// Where servers and clients run, the same for every system: auto (latency workloads
+        /// on one CPU, throughput workloads with servers on the last CPU and clients on the
+        /// others), split, shared (all on CPU 0) or free (unpinned).
+        #[arg(long, default_value = "auto")]
         placement: tidepool_bench::Placement,
     },
     /// Internal: a client process of a benchmark.

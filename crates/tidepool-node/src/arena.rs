@@ -70,6 +70,16 @@ impl Arena {
         unsafe { self.copy_out(base + offset, len, out) }
     }
 
+    /// The bytes of the object a guard covers, for as long as the guard is borrowed. Used to
+    /// hand object bytes to the kernel without copying them first.
+    pub fn slice<'g>(&'g self, guard: &'g impl ReadAccess, base: u64) -> &'g [u8] {
+        let (offset, len) = guard.extent();
+        self.check(base + offset, len);
+        // SAFETY: in bounds (checked above); the guard holds read access to these bytes, so no
+        // thread writes them while the returned slice (which borrows the guard) lives.
+        unsafe { std::slice::from_raw_parts(self.base.as_ptr().add((base + offset) as usize), len) }
+    }
+
     /// Copies `data` into the object a guard covers. The guard checked that it fits.
     pub fn write(&self, guard: &impl WriteAccess, base: u64, data: &[u8]) {
         let offset = guard.writable(data.len());

@@ -3,7 +3,7 @@
 
 use crate::section::SectionRequest;
 use crate::server::Shared;
-use crate::slots::{Refusal, SlotMeta};
+use crate::slots::{ReadGuard, Refusal, SlotMeta};
 use crate::spans::{class_of, class_sizes, footprint};
 use crate::tenants::{Owned, Session, Tenant};
 use bytes::BytesMut;
@@ -24,6 +24,19 @@ const MAGAZINE_BYTES: u64 = 256 << 10;
 /// with many connections and many sizes in use does not strand its capacity in magazines.
 const MAGAZINES_TOTAL: u64 = 1 << 20;
 
+/// Objects at least this large are sent from the arena by a vectored write, not copied into the
+/// send buffer first.
+const ZERO_COPY_MIN: usize = 1024;
+
+/// Object bytes to be spliced into the send buffer at `at`, still in the arena under a read
+/// guard. The I/O worker sends them with one writev and then drops the guards.
+#[derive(Debug)]
+pub(crate) struct Splice<'a> {
+    pub at: usize,
+    pub guard: ReadGuard<'a>,
+    pub base: u64,
+}
+
 struct Auth {
     tenant: Arc<Tenant>,
     session: Arc<Session>,
@@ -31,7 +44,7 @@ struct Auth {
 }
 
 pub(crate) struct Conn<'a> {
-    sh: &'a Shared,
+    pub sh: &'a Shared,
     auth: Option<Auth>,
     /// Per size class: reserved (section, slot) pairs ready for puts.
     magazines: Vec<Vec<(u16, u32)>>,
@@ -48,6 +61,8 @@ pub(crate) struct Conn<'a> {
     reply_rx: Receiver<Vec<u32>>,
     /// Where this connection starts looking for a section with room.
     rotor: usize,
+    /// Gets answered from the arena, waiting for the next send.
+    pub splices: Vec<Splice<'a>>,
 }
 
 fn refusal(r: Refusal) -> ErrorCode {
@@ -71,7 +86,14 @@ impl<'a> Conn<'a> {
             reply_tx,
             reply_rx,
             rotor: id as usize,
+            splices: vec![],
         }
+    }
+
+    /// Bytes of answers still to be spliced in from the arena.
+    pub fn spliced_bytes(&self) -> usize {
+        use crate::slots::ReadAccess;
+        self.splices.iter().map(|s| s.guard.extent().1).sum()
     }
 
     /// Serves every complete frame in `rbuf`, appending the answers to `wbuf`. On a malformed
@@ -104,6 +126,7 @@ impl<'a> Conn<'a> {
 
     fn serve(&mut self, id: u64, req: Request, out: &mut BytesMut) {
         let op = req.op();
+        let splices_before = self.splices.len();
         let mut w = FrameWriter::begin(out, op as u8 | RESPONSE_BIT, id);
         let result = match req {
             Request::Hello {
@@ -192,6 +215,7 @@ impl<'a> Conn<'a> {
             if let Some(a) = &self.auth {
                 a.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
             }
+            self.splices.truncate(splices_before);
             w.abandon();
             let mut w = FrameWriter::begin(out, op as u8 | RESPONSE_BIT, id);
             w.put_u8(code as u8);
@@ -339,8 +363,14 @@ impl<'a> Conn<'a> {
             let len = meta.len();
             w.put_u8(0);
             w.begin_blob(len);
-            self.sh.arena.read(&guard, base, w.buf());
-            drop(guard);
+            if len >= ZERO_COPY_MIN {
+                let at = w.buf().len();
+                w.add_external(len);
+                self.splices.push(Splice { at, guard, base });
+            } else {
+                self.sh.arena.read(&guard, base, w.buf());
+                drop(guard);
+            }
             self.tenant().stats.gets.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())

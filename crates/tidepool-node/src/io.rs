@@ -11,7 +11,7 @@ use crossbeam_channel::{Receiver, Sender};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -24,6 +24,8 @@ const READ_RESERVE: usize = 128 << 10;
 const HIGH_WATER: usize = 4 << 20;
 /// Reads per connection per turn before the others get theirs.
 const READ_BUDGET: usize = 16;
+/// The most buffers one writev takes (Linux's IOV_MAX).
+const IOV_MAX: usize = 1024;
 
 /// The accept thread's side of a worker.
 #[derive(Debug)]
@@ -92,7 +94,7 @@ impl Client<'_> {
         }
         let mut outcome = Drive::Idle;
         let mut reads = 0;
-        while !self.closing && self.wbuf.len() < HIGH_WATER {
+        while !self.closing && self.wbuf.len() + self.conn.spliced_bytes() < HIGH_WATER {
             if reads == READ_BUDGET {
                 outcome = Drive::Again;
                 break;
@@ -134,8 +136,13 @@ impl Client<'_> {
         outcome
     }
 
-    /// Sends as much of the pending answers as the socket takes now.
+    /// Sends as much of the pending answers as the socket takes now. Object bytes still in the
+    /// arena go out in the same writev; whatever the socket does not take now is copied out
+    /// and its guards released, so no guard outlives this call.
     fn flush(&mut self) -> io::Result<()> {
+        if !self.conn.splices.is_empty() {
+            return self.flush_spliced();
+        }
         while !self.wbuf.is_empty() {
             match self.stream.write(&self.wbuf) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -145,6 +152,69 @@ impl Client<'_> {
                 Err(e) => return Err(e),
             }
         }
+        Ok(())
+    }
+}
+
+impl Client<'_> {
+    fn flush_spliced(&mut self) -> io::Result<()> {
+        let shared: &Shared = self.conn.sh;
+        let arena = &shared.arena;
+        let splices = std::mem::take(&mut self.conn.splices);
+        // The output in order: buffer, object, buffer, object, ..., buffer.
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(splices.len() * 2 + 1);
+        let mut at = 0;
+        for s in &splices {
+            parts.push(&self.wbuf[at..s.at]);
+            parts.push(arena.slice(&s.guard, s.base));
+            at = s.at;
+        }
+        parts.push(&self.wbuf[at..]);
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut sent = 0;
+        let mut first = 0; // first part not wholly sent
+        let mut offset = 0; // bytes of parts[first] already sent
+        while sent < total {
+            let end = (first + IOV_MAX).min(parts.len());
+            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(end - first);
+            iov.push(IoSlice::new(&parts[first][offset..]));
+            iov.extend(parts[first + 1..end].iter().map(|p| IoSlice::new(p)));
+            match self.stream.write_vectored(&iov) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(mut n) => {
+                    sent += n;
+                    while n > 0 {
+                        let left = parts[first].len() - offset;
+                        if n >= left {
+                            n -= left;
+                            first += 1;
+                            offset = 0;
+                        } else {
+                            offset += n;
+                            n = 0;
+                        }
+                    }
+                    while first < parts.len() && parts[first].len() == offset {
+                        first += 1;
+                        offset = 0;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        // Keep what was not sent as plain bytes; the guards go when `splices` drops below.
+        let mut rest = BytesMut::with_capacity(total - sent);
+        if first < parts.len() {
+            rest.extend_from_slice(&parts[first][offset..]);
+            for p in &parts[first + 1..] {
+                rest.extend_from_slice(p);
+            }
+        }
+        drop(parts);
+        drop(splices);
+        self.wbuf = rest;
         Ok(())
     }
 }

@@ -343,6 +343,8 @@ impl Reader {
 pub struct FrameWriter<'a> {
     buf: &'a mut BytesMut,
     start: usize,
+    /// Body bytes the caller sends from elsewhere (vectored writes), not in `buf`.
+    external: usize,
 }
 
 /// Writes a header whose body (of `body_len` bytes) the caller sends itself, e.g. partly from
@@ -364,7 +366,17 @@ impl<'a> FrameWriter<'a> {
         buf.put_u8(op);
         buf.put_u32_le(0);
         buf.put_u64_le(id);
-        FrameWriter { buf, start }
+        FrameWriter {
+            buf,
+            start,
+            external: 0,
+        }
+    }
+
+    /// Counts `len` body bytes that the caller will send itself, right after what is in the
+    /// buffer now (a vectored write splices them in).
+    pub fn add_external(&mut self, len: usize) {
+        self.external += len;
     }
     pub fn put_u8(&mut self, v: u8) {
         self.buf.put_u8(v);
@@ -409,9 +421,14 @@ impl<'a> FrameWriter<'a> {
     pub fn patch_u32(&mut self, at: usize, v: u32) {
         self.buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
     }
-    /// Body bytes written so far.
+    /// Body bytes written so far, external ones included.
     pub fn body_len(&self) -> usize {
-        self.buf.len() - self.start - HEADER_LEN
+        self.buf.len() - self.start - HEADER_LEN + self.external
+    }
+
+    /// Where this frame starts in the buffer.
+    pub fn start(&self) -> usize {
+        self.start
     }
     pub fn finish(self) {
         let len = self.body_len() as u32;

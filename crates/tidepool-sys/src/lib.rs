@@ -83,3 +83,14 @@ pub fn pin_process(pid: u32, cpus: &[usize]) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// CPUs online on the machine, whatever this thread's affinity allows.
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf only reads a system value.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if n > 0 {
+        n as usize
+    } else {
+        1
+    }
+}
