@@ -190,65 +190,44 @@ fn wanted(system: &str) -> bool {
     }
 }
 
+/// A started server: its pid, the store URL to reach it, and what keeps it running.
+type Started = (u32, String, Box<dyn std::any::Any>);
+
 fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
+    let candidates: [(&'static str, fn() -> Result<Started>); 3] = [
+        ("tidepool-node", || {
+            let n = NodeProcess::start("2G")?;
+            Ok((n.pid(), format!("node://bench@{}", n.addr), Box::new(n)))
+        }),
+        ("redis", || {
+            let r = tidepool_peers::RedisServer::start()?;
+            Ok((r.pid(), format!("redis://{}", r.addr()), Box::new(r)))
+        }),
+        ("memcached", || {
+            let m = tidepool_peers::Memcached::start(1024)?;
+            Ok((m.pid(), format!("memcached://{}", m.addr()), Box::new(m)))
+        }),
+    ];
     let mut systems = vec![];
-    ctx.step("starting tidepool node");
-    match wanted("tidepool-node")
-        .then_some(())
-        .ok_or_else(|| anyhow!("not selected"))
-        .and_then(|()| NodeProcess::start("2G"))
-        .and_then(|n| {
-            ctx.opts.placement.pin_server(n.pid())?;
-            let store = tidepool_store::open(&format!("node://bench@{}", n.addr))?;
-            Ok((n, store))
-        }) {
-        Ok((n, store)) => systems.push(System {
-            name: "tidepool-node",
-            store,
-            pid: n.pid(),
-            _server: Box::new(n),
-        }),
-        Err(e) => ctx.note(format!("tidepool-node could not start: {e:#}")),
+    for (name, start) in candidates {
+        ctx.step(format!("starting {name}"));
+        if wanted(name) {
+            let started = start().and_then(|(pid, url, server)| {
+                ctx.opts.placement.pin_server(pid)?;
+                Ok(System {
+                    name,
+                    store: tidepool_store::open(&url)?,
+                    pid,
+                    _server: server,
+                })
+            });
+            match started {
+                Ok(s) => systems.push(s),
+                Err(e) => ctx.note(format!("{name} could not start: {e:#}")),
+            }
+        }
+        ctx.advance();
     }
-    ctx.advance();
-    ctx.step("starting redis");
-    match wanted("redis")
-        .then_some(())
-        .ok_or_else(|| anyhow!("not selected"))
-        .and_then(|()| Ok(tidepool_peers::RedisServer::start()?))
-        .and_then(|r| {
-            ctx.opts.placement.pin_server(r.pid())?;
-            Ok((tidepool_store::open(&format!("redis://{}", r.addr()))?, r))
-        }) {
-        Ok((store, r)) => systems.push(System {
-            name: "redis",
-            store,
-            pid: r.pid(),
-            _server: Box::new(r),
-        }),
-        Err(e) => ctx.note(format!("redis could not start: {e:#}")),
-    }
-    ctx.advance();
-    ctx.step("starting memcached");
-    match wanted("memcached")
-        .then_some(())
-        .ok_or_else(|| anyhow!("not selected"))
-        .and_then(|()| Ok(tidepool_peers::Memcached::start(1024)?))
-        .and_then(|m| {
-            Ok((
-                tidepool_store::open(&format!("memcached://{}", m.addr()))?,
-                m,
-            ))
-        }) {
-        Ok((store, m)) => systems.push(System {
-            name: "memcached",
-            store,
-            pid: m.pid(),
-            _server: Box::new(m),
-        }),
-        Err(e) => ctx.note(format!("memcached could not start: {e:#}")),
-    }
-    ctx.advance();
     if systems.is_empty() {
         bail!("no system could be started");
     }

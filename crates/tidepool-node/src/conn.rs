@@ -124,8 +124,39 @@ impl<'a> Conn<'a> {
         result
     }
 
+    /// Copies every pending splice into `out` and drops its read guard. Needed before this
+    /// connection takes exclusive access to any object: it may be one whose guard it holds
+    /// itself, and would then wait for its own reader forever.
+    fn materialize_splices(&mut self, out: &mut BytesMut) {
+        if self.splices.is_empty() {
+            return;
+        }
+        let mut whole = BytesMut::with_capacity(out.len() + self.spliced_bytes());
+        let mut at = 0;
+        for s in self.splices.drain(..) {
+            whole.extend_from_slice(&out[at..s.at]);
+            self.sh.arena.read(&s.guard, s.base, &mut whole);
+            at = s.at;
+        }
+        whole.extend_from_slice(&out[at..]);
+        *out = whole;
+    }
+
     fn serve(&mut self, id: u64, req: Request, out: &mut BytesMut) {
         let op = req.op();
+        let takes_exclusive = matches!(
+            op,
+            Op::Write
+                | Op::Free
+                | Op::Take
+                | Op::WriteMany
+                | Op::FreeMany
+                | Op::TakeMany
+                | Op::EvictFetch
+        );
+        if takes_exclusive {
+            self.materialize_splices(out);
+        }
         let splices_before = self.splices.len();
         let mut w = FrameWriter::begin(out, op as u8 | RESPONSE_BIT, id);
         let result = match req {
@@ -564,6 +595,9 @@ impl<'a> Conn<'a> {
     /// Releases everything this connection holds: unused magazine blocks, pending frees and,
     /// if it was the session's last connection, every object the session still owns.
     pub fn close(&mut self) {
+        // Answers that will never be sent: their read guards must go before this connection
+        // takes objects exclusively below.
+        self.splices.clear();
         self.hand_over_owned();
         self.return_magazines();
         if let Some(auth) = self.auth.take() {

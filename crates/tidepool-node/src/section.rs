@@ -50,7 +50,8 @@ pub struct Section {
     pub free_page_bytes: AtomicU64,
     /// Bytes sitting in connections' magazines.
     pub reserved_bytes: AtomicU64,
-    /// Requests served, for the scheduler's view of load.
+    /// Requests the allocator thread has served (refills, large allocations, free batches):
+    /// against the puts, this shows how well magazines amortise the hand-offs.
     pub served: AtomicU64,
 }
 

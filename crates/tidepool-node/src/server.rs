@@ -73,6 +73,10 @@ impl Shared {
                 "node.metadata_bytes".into(),
                 sum(&|s| s.slots.metadata_bytes() as u64),
             ),
+            (
+                "node.allocator_requests".into(),
+                sum(&|s| s.served.load(Ordering::Relaxed)),
+            ),
             ("node.sections".into(), self.sections.len() as u64),
             (
                 "node.connections".into(),

@@ -30,3 +30,43 @@ fn unreachable_node_is_an_error_naming_the_address() {
     let err = open(&format!("node://t@{addr}")).unwrap_err().to_string();
     assert!(err.contains(&addr.to_string()), "{err}");
 }
+
+/// A get answered from the arena holds a read guard until its answer is sent; a free of the same
+/// object later in the same batch must not wait for it forever.
+#[test]
+fn get_then_mutate_the_same_object_in_one_batch() {
+    use bytes::Bytes;
+    use tidepool_proto::{Request, Response};
+    use tidepool_store::NodeClient;
+    let server = node(16 << 20);
+    let c = NodeClient::connect(&server.local_addr().to_string(), "t", "").unwrap();
+    let data = Bytes::from(vec![7u8; 8192]);
+    let h = c.put(data.clone()).unwrap();
+    let h2 = c.put(data.clone()).unwrap();
+    let answers = c
+        .pipeline(&[
+            Request::GetMany {
+                handles: vec![h, h2],
+            },
+            Request::Write {
+                handle: h2,
+                data: Bytes::from(vec![9u8; 8192]),
+            },
+            Request::Get { handle: h2 },
+            Request::Free { handle: h },
+            Request::Take { handle: h2 },
+        ])
+        .unwrap();
+    match &answers[0] {
+        Response::DataMany(v) => {
+            assert_eq!(v[0].as_ref().unwrap(), &data);
+            assert_eq!(v[1].as_ref().unwrap(), &data, "read before the write");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(answers[1], Response::Done);
+    assert_eq!(answers[2], Response::Data(Bytes::from(vec![9u8; 8192])));
+    assert_eq!(answers[3], Response::Done);
+    assert_eq!(answers[4], Response::Data(Bytes::from(vec![9u8; 8192])));
+    server.shutdown();
+}
