@@ -13,6 +13,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+LOWER_IS_BETTER = ("seconds", "far_bytes", "peak_rss_mib", "far_bytes_per_live_byte")
+REFERENCE = ("far_live_bytes",)
+
+
+def direction(metric):
+    if metric in REFERENCE:
+        return ", reference"
+    if metric.endswith("_us") or metric.endswith("_per_op") or metric in LOWER_IS_BETTER:
+        return ", lower is better"
+    return ", higher is better"
+
+
 def main(src, dst):
     with open(src) as f:
         data = json.load(f)
@@ -32,7 +44,8 @@ def main(src, dst):
     for ax, ((workload, metric, unit), prs) in zip(axes.flat, panels.items()):
         keys = sorted({k for r in prs for k in r["params"]})
         varying = [k for k in keys if len({r["params"].get(k) for r in prs}) > 1]
-        if len(varying) == 1:
+        # A line over a parameter only when it takes several values; bars otherwise.
+        if len(varying) == 1 and len({r["params"][varying[0]] for r in prs}) >= 3:
             k = varying[0]
             for s in systems:
                 pts = sorted((r["params"][k], r["value"]) for r in prs if r["system"] == s)
@@ -56,15 +69,14 @@ def main(src, dst):
                     ax.bar_label(bars, fmt="%.3g", fontsize=7)
             ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(points))])
             ax.set_xticklabels(points if any(points) else [""], fontsize=8)
-        better = "lower is better" if metric.endswith("_us") or metric in ("seconds", "far_bytes", "peak_rss_mib") else "higher is better"
-        ax.set_title(f"{workload}\n{metric} ({unit}), {better}", fontsize=9)
+        ax.set_title(f"{workload}\n{metric} ({unit}){direction(metric)}", fontsize=9)
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     title = f"tidepool bench {data['suite']}" + (" (quick)" if data.get("quick") else "")
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     fig.savefig(dst, dpi=110)
 
 

@@ -683,12 +683,10 @@ fn sharing(ctx: &mut Ctx) -> Result<()> {
             }
         }
         for (mi, workload) in ["share-unique", "share-keep"].into_iter().enumerate() {
-            for (ti, (system, nodes)) in [
-                ("tidepool-node-shared", 1.0),
-                ("tidepool-node-separate", SHARE_CLIENTS as f64),
-            ]
-            .into_iter()
-            .enumerate()
+            // The node count is in the system's name: shared is one node, separate one per client.
+            for (ti, system) in ["tidepool-node-shared", "tidepool-node-separate"]
+                .into_iter()
+                .enumerate()
             {
                 let rs = &runs[mi][ti];
                 if rs.is_empty() {
@@ -699,7 +697,6 @@ fn sharing(ctx: &mut Ctx) -> Result<()> {
                 let last = rs[rs.len() - 1];
                 let params = [
                     ("clients", SHARE_CLIENTS as f64),
-                    ("nodes", nodes),
                     ("local_ratio", ratio),
                     ("objects_per_client", objects as f64),
                 ];
