@@ -14,6 +14,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use tidepool_proto::{ErrorCode, FrameWriter, Op, RESPONSE_BIT};
 
+/// Send buffer asked for each connection (the kernel doubles it, up to net.core.wmem_max).
+const SEND_BUFFER: usize = 2 << 20;
+
 /// State every connection thread shares.
 #[derive(Debug)]
 pub(crate) struct Shared {
@@ -250,6 +253,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Arc<Vec<Work
             .is_err()
         {
             continue;
+        }
+        // Room for a whole batch answer (128 pages and more) in one writev, so the answer is not
+        // split across wake-ups with its tail copied out of the arena in between.
+        if let Err(e) = tidepool_sys::set_send_buffer(&stream, SEND_BUFFER) {
+            tracing::debug!("cannot enlarge a send buffer: {e}");
         }
         let id = next_id;
         next_id += 1;

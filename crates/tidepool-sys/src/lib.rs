@@ -94,3 +94,28 @@ pub fn online_cpus() -> usize {
         1
     }
 }
+
+/// Sets a socket's send buffer size (`SO_SNDBUF`). The kernel doubles the value and caps it at
+/// `net.core.wmem_max`; setting it also turns off the kernel's automatic tuning for this socket.
+pub fn set_send_buffer(sock: &impl AsRawFd, bytes: usize) -> io::Result<()> {
+    set_int_option(sock, libc::SO_SNDBUF, bytes)
+}
+
+fn set_int_option(sock: &impl AsRawFd, option: libc::c_int, value: usize) -> io::Result<()> {
+    let v: libc::c_int = value.min(libc::c_int::MAX as usize) as libc::c_int;
+    // SAFETY: passes a valid c_int and its size; the kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            option,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}

@@ -29,6 +29,8 @@ const MIN_READ: usize = 16 << 10;
 /// Payloads at least this large are sent from the caller's memory by a vectored write instead of
 /// being copied into the send buffer.
 const GATHER_MIN: usize = 1024;
+/// Send buffer asked for each connection (the kernel doubles it, up to net.core.wmem_max).
+const SEND_BUFFER: usize = 2 << 20;
 /// The most buffers one writev takes (Linux's IOV_MAX).
 const IOV_MAX: usize = 1024;
 /// A node that has not answered for this long is treated as gone.
@@ -198,6 +200,12 @@ impl NodeConn {
         stream
             .set_read_timeout(Some(READ_TIMEOUT))
             .map_err(connect_err)?;
+        // Room for a whole batch of pages in one writev rather than a write that sleeps until
+        // the node has drained the first 16 KiB. (A fixed receive buffer measured worse than the
+        // kernel's automatic tuning, so that one is left alone.)
+        if let Err(e) = tidepool_sys::set_send_buffer(&stream, SEND_BUFFER) {
+            tracing::debug!("cannot enlarge the send buffer: {e}");
+        }
         let mut conn = NodeConn {
             stream,
             rbuf: BytesMut::with_capacity(64 << 10),
