@@ -192,9 +192,10 @@ fn wanted(system: &str) -> bool {
 
 /// A started server: its pid, the store URL to reach it, and what keeps it running.
 type Started = (u32, String, Box<dyn std::any::Any>);
+type StartFn = fn() -> Result<Started>;
 
 fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
-    let candidates: [(&'static str, fn() -> Result<Started>); 3] = [
+    let candidates: [(&'static str, StartFn); 3] = [
         ("tidepool-node", || {
             let n = NodeProcess::start("2G")?;
             Ok((n.pid(), format!("node://bench@{}", n.addr), Box::new(n)))
