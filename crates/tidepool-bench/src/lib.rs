@@ -145,7 +145,8 @@ impl Ctx {
     /// Records that a peer or measurement could not run, and why; the rest still reports.
     pub fn note(&mut self, msg: impl Into<String>) {
         let msg = msg.into();
-        self.progress.println(format!("note: {msg}"));
+        // Straight to stderr: the progress bar hides its own output when not on a terminal.
+        self.progress.suspend(|| eprintln!("note: {msg}"));
         self.report.notes.push(msg);
     }
 
