@@ -194,11 +194,19 @@ pub fn run(name: &str, opts: BenchOpts) -> Result<Report> {
     if let Some(cpus) = opts.placement.client_cpus() {
         tidepool_sys::set_affinity(0, &cpus).context("cannot pin the benchmark's clients")?;
     }
+    let cpus = |c: Option<Vec<usize>>| match c {
+        Some(v) => v
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+        None => "any".into(),
+    };
     report.notes.push(format!(
-        "placement {}: clients on CPUs {:?}, servers on CPUs {:?}",
+        "placement {}: clients on CPU {}, servers on CPU {}",
         opts.placement.name(),
-        opts.placement.client_cpus(),
-        opts.placement.server_cpus()
+        cpus(opts.placement.client_cpus()),
+        cpus(opts.placement.server_cpus())
     ));
     let mut ctx = Ctx {
         report,
