@@ -49,7 +49,7 @@ fn page(noise: &[u8], key: Key) -> Vec<u8> {
 fn exercise(store: &Arc<dyn FarStore>, pages: u64) -> Result<()> {
     let name = store.describe();
     let bytes = pages * PAGE as u64;
-    println!("{name}: {} in {pages} pages of 4 KiB", format_size(bytes));
+    println!("{name}  ({} in {pages} pages of 4 KiB)", format_size(bytes));
     let bar = ProgressBar::new(pages * 3);
     bar.set_style(ProgressStyle::with_template("  {msg:8} {bar:40} {percent}%").expect("template"));
     let noise = noise();

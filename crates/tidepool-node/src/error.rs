@@ -3,13 +3,15 @@ use std::path::PathBuf;
 /// Why the node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
-    #[error("cannot listen on {addr}: {source}; is another server using that port?")]
+    #[error("cannot listen on {addr} (is another server using that port?)")]
     Listen {
         addr: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot reserve {capacity} bytes of address space for the node: {source}; try a smaller --capacity")]
+    #[error(
+        "cannot reserve {capacity} bytes of address space for the node (try a smaller --capacity)"
+    )]
     Map {
         capacity: u64,
         #[source]
@@ -19,7 +21,7 @@ pub enum NodeError {
         "--capacity {capacity} is too small: each of {sections} sections needs at least 64 KiB"
     )]
     CapacityTooSmall { capacity: u64, sections: usize },
-    #[error("cannot read tokens file {path}: {source}")]
+    #[error("cannot read tokens file {path}")]
     TokensRead {
         path: PathBuf,
         #[source]
@@ -27,6 +29,6 @@ pub enum NodeError {
     },
     #[error("tokens file {path} is invalid: {reason}")]
     TokensInvalid { path: PathBuf, reason: String },
-    #[error("cannot start a node thread: {0}")]
+    #[error("cannot start a node thread")]
     Thread(#[source] std::io::Error),
 }

@@ -36,20 +36,20 @@ pub enum PeerError {
         package: &'static str,
     },
 
-    #[error("cannot create a temporary directory under {parent}: {source}; check that it exists and is writable (or set TMPDIR)")]
+    #[error("cannot create a temporary directory under {parent} (check that it exists and is writable, or set TMPDIR)")]
     TempDir {
         parent: PathBuf,
         #[source]
         source: io::Error,
     },
 
-    #[error("cannot find a free port on 127.0.0.1: {source}")]
+    #[error("cannot find a free port on 127.0.0.1")]
     NoFreePort {
         #[source]
         source: io::Error,
     },
 
-    #[error("cannot run {binary}: {source}")]
+    #[error("cannot run {binary}")]
     Spawn {
         binary: &'static str,
         #[source]

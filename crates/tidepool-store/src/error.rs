@@ -6,22 +6,22 @@ pub enum StoreError {
     #[error("bad store URL '{url}': {reason}")]
     BadUrl { url: String, reason: String },
 
+    // The cause is part of these messages (callers often print only the top level), so it is
+    // not also exposed as source(), which would print it twice in a chain.
     #[error(
-        "cannot reach {backend} at {addr}: {source}; is the server running and listening there?"
+        "cannot reach {backend} at {addr}: {cause} (is the server running and listening there?)"
     )]
     Connect {
         backend: &'static str,
         addr: String,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
-    #[error("{backend} connection failed during {op}: {source}")]
+    #[error("{backend} connection failed during {op}: {cause}")]
     Io {
         backend: &'static str,
         op: &'static str,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 
     #[error("{backend} sent something this client cannot understand: {detail}")]

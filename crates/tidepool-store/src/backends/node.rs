@@ -193,7 +193,7 @@ impl NodeConn {
         let connect_err = |source| StoreError::Connect {
             backend: BACKEND,
             addr: addr.to_string(),
-            source,
+            cause: source,
         };
         let stream = TcpStream::connect(addr).map_err(connect_err)?;
         stream.set_nodelay(true).map_err(connect_err)?;
@@ -255,7 +255,7 @@ impl NodeConn {
         self.send(batch).map_err(|source| StoreError::Io {
             backend: BACKEND,
             op: "send",
-            source,
+            cause: source,
         })?;
         let mut answers: Vec<Option<Response>> = vec![None; batch.ops.len()];
         for _ in 0..batch.ops.len() {
@@ -330,13 +330,13 @@ impl NodeConn {
             .map_err(|source| StoreError::Io {
                 backend: BACKEND,
                 op: "receive",
-                source,
+                cause: source,
             })?;
             if n == 0 {
                 return Err(StoreError::Io {
                     backend: BACKEND,
                     op: "receive",
-                    source: std::io::Error::new(
+                    cause: std::io::Error::new(
                         std::io::ErrorKind::UnexpectedEof,
                         "the node closed the connection",
                     ),

@@ -110,7 +110,7 @@ impl RedisStore {
         let connect_error = |e: RedisError| StoreError::Connect {
             backend: SINGLE,
             addr: addr.to_string(),
-            source: to_io_error(&e, format!("{e}")),
+            cause: to_io_error(&e, format!("{e}")),
         };
         let client = redis::Client::open(format!("redis://{addr}/")).map_err(connect_error)?;
         // Open the first connection now, so that a wrong address fails here and not at the
@@ -136,7 +136,7 @@ impl RedisStore {
         let connect_error = |e: RedisError| StoreError::Connect {
             backend: CLUSTER,
             addr: joined.clone(),
-            source: to_io_error(&e, format!("{e}")),
+            cause: to_io_error(&e, format!("{e}")),
         };
         let client = ClusterClient::builder(nodes.iter().map(|n| format!("redis://{n}/")))
             .connection_timeout(CONNECT_TIMEOUT)
@@ -227,7 +227,7 @@ impl RedisStore {
         StoreError::Connect {
             backend: self.backend(),
             addr: self.where_().to_string(),
-            source: to_io_error(&e, format!("{e}")),
+            cause: to_io_error(&e, format!("{e}")),
         }
     }
 
@@ -238,7 +238,7 @@ impl RedisStore {
             StoreError::Io {
                 backend: self.backend(),
                 op,
-                source: to_io_error(&e, format!("{}: {e}; {}", self.where_(), self.hint())),
+                cause: to_io_error(&e, format!("{}: {e}; {}", self.where_(), self.hint())),
             }
         } else {
             StoreError::Backend {

@@ -100,7 +100,7 @@ impl MemcachedStore {
         let connect_error = |source| StoreError::Connect {
             backend: BACKEND,
             addr: addr.to_string(),
-            source,
+            cause: source,
         };
         // Asking for the settings proves the server is there (so a wrong address fails now,
         // not at the first page fault) and tells the item size limit.
@@ -155,7 +155,7 @@ impl MemcachedStore {
             None => Conn::open(&self.addr).map_err(|source| StoreError::Connect {
                 backend: BACKEND,
                 addr: self.addr.clone(),
-                source,
+                cause: source,
             })?,
         };
         conn.send(batch).map_err(|e| io_error(&self.addr, op, e))?;
@@ -308,7 +308,7 @@ fn io_error(addr: &str, op: &'static str, e: io::Error) -> StoreError {
     StoreError::Io {
         backend: BACKEND,
         op,
-        source: io::Error::new(e.kind(), message),
+        cause: io::Error::new(e.kind(), message),
     }
 }
 
@@ -446,7 +446,7 @@ impl FarStore for MemcachedStore {
         let stats = conn::ask_stats(&self.addr, "stats").map_err(|e| StoreError::Io {
             backend: BACKEND,
             op: "stats",
-            source: io::Error::new(
+            cause: io::Error::new(
                 e.kind(),
                 format!("{}: {e}; is the server still running?", self.addr),
             ),
