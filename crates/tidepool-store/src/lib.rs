@@ -33,6 +33,15 @@ pub use backends::redis::RedisStore;
 pub use error::StoreError;
 pub use url::StoreUrl;
 
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Parses memcached replies until the input ends or one is refused; returns how many.
+    pub fn memcached_replies(data: &[u8], max_value: usize) -> usize {
+        crate::backends::memcached::parse_replies(data, max_value)
+    }
+}
+
 /// A caller-chosen name for one far value.
 pub type Key = u64;
 

@@ -462,6 +462,21 @@ impl FarStore for MemcachedStore {
     }
 }
 
+/// Reads memcached replies from `data` until the input ends or one is refused; returns how many
+/// were read. Used by the fuzz target: any input must end in an error, never a panic, and no
+/// value longer than `max_value` may come back.
+pub(crate) fn parse_replies(data: &[u8], max_value: usize) -> usize {
+    let mut r = std::io::BufReader::new(data);
+    let mut n = 0;
+    while let Ok(reply) = protocol::read_reply(&mut r, max_value) {
+        if let Reply::Value { data, .. } = &reply {
+            assert!(data.len() <= max_value, "a value over the limit came back");
+        }
+        n += 1;
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
