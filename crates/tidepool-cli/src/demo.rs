@@ -73,32 +73,28 @@ fn exercise(store: &Arc<dyn FarStore>, pages: u64) -> Result<()> {
     }
     let write_s = t.elapsed().as_secs_f64();
 
-    bar.set_message("read");
-    let t = Instant::now();
-    for keys in &batches {
-        let got = store.read_many(keys)?;
-        for (k, g) in keys.iter().zip(got) {
-            if g.as_deref() != Some(page(&noise, *k).as_slice()) {
-                bail!("{name}: page {k} came back wrong");
+    // Read back keeping the far copies, then take them (unique copy): every page verified.
+    let fetch_all =
+        |what: &str,
+         fetch: &dyn Fn(
+            &[Key],
+        )
+            -> Result<Vec<Option<bytes::Bytes>>, tidepool_store::StoreError>|
+         -> Result<f64> {
+            bar.set_message(what.to_string());
+            let t = Instant::now();
+            for keys in &batches {
+                for (k, g) in keys.iter().zip(fetch(keys)?) {
+                    if g.as_deref() != Some(page(&noise, *k).as_slice()) {
+                        bail!("{name}: page {k} came back wrong on {what}");
+                    }
+                }
+                bar.inc(keys.len() as u64);
             }
-        }
-        bar.inc(keys.len() as u64);
-    }
-    let read_s = t.elapsed().as_secs_f64();
-
-    // Unique copy: take every page back; the store must then be empty of them.
-    bar.set_message("take");
-    let t = Instant::now();
-    for keys in &batches {
-        let got = store.take_many(keys)?;
-        for (k, g) in keys.iter().zip(got) {
-            if g.as_deref() != Some(page(&noise, *k).as_slice()) {
-                bail!("{name}: page {k} taken back wrong");
-            }
-        }
-        bar.inc(keys.len() as u64);
-    }
-    let take_s = t.elapsed().as_secs_f64();
+            Ok(t.elapsed().as_secs_f64())
+        };
+    let read_s = fetch_all("read", &|keys| store.read_many(keys))?;
+    let take_s = fetch_all("take", &|keys| store.take_many(keys))?;
     bar.finish_and_clear();
     if store.read_many(&batches[0])?.iter().any(Option::is_some) {
         bail!("{name}: taken pages are still stored");
