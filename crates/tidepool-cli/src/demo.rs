@@ -8,6 +8,10 @@ use tidepool_node::{format_size, NodeConfig, Server};
 use tidepool_store::{FarStore, Key};
 
 const PAGE: usize = 4096;
+
+/// One way of bringing pages back: read (keep the far copies) or take.
+type Fetch<'a> =
+    &'a dyn Fn(&[Key]) -> Result<Vec<Option<bytes::Bytes>>, tidepool_store::StoreError>;
 const BATCH: usize = 64;
 
 pub fn run(backend: Option<&str>, size: u64) -> Result<()> {
@@ -74,25 +78,19 @@ fn exercise(store: &Arc<dyn FarStore>, pages: u64) -> Result<()> {
     let write_s = t.elapsed().as_secs_f64();
 
     // Read back keeping the far copies, then take them (unique copy): every page verified.
-    let fetch_all =
-        |what: &str,
-         fetch: &dyn Fn(
-            &[Key],
-        )
-            -> Result<Vec<Option<bytes::Bytes>>, tidepool_store::StoreError>|
-         -> Result<f64> {
-            bar.set_message(what.to_string());
-            let t = Instant::now();
-            for keys in &batches {
-                for (k, g) in keys.iter().zip(fetch(keys)?) {
-                    if g.as_deref() != Some(page(&noise, *k).as_slice()) {
-                        bail!("{name}: page {k} came back wrong on {what}");
-                    }
+    let fetch_all = |what: &str, fetch: Fetch<'_>| -> Result<f64> {
+        bar.set_message(what.to_string());
+        let t = Instant::now();
+        for keys in &batches {
+            for (k, g) in keys.iter().zip(fetch(keys)?) {
+                if g.as_deref() != Some(page(&noise, *k).as_slice()) {
+                    bail!("{name}: page {k} came back wrong on {what}");
                 }
-                bar.inc(keys.len() as u64);
             }
-            Ok(t.elapsed().as_secs_f64())
-        };
+            bar.inc(keys.len() as u64);
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
     let read_s = fetch_all("read", &|keys| store.read_many(keys))?;
     let take_s = fetch_all("take", &|keys| store.take_many(keys))?;
     bar.finish_and_clear();
