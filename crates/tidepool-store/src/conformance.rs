@@ -2,7 +2,7 @@
 //! on loopback, opens the store by URL, and calls [`run_all`]. The checks panic with a message
 //! naming the backend and the property that failed.
 
-use crate::{FarStore, FetchMode, Key};
+use crate::{FarStore, FetchMode, Key, StoreError};
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use std::sync::Arc;
@@ -265,5 +265,27 @@ pub fn concurrent_writers_and_readers(store: &Arc<dyn FarStore>) {
         .collect();
     for t in threads {
         t.join().expect("a conformance thread failed");
+    }
+}
+
+/// Writes a value, stops the backend's server(s) with `stop`, then reads it twice: each read must
+/// fail with an I/O or connect error naming one of `addrs`, never read as `None`. Twice, because
+/// the first read finds a pooled connection dead and the second must try a new one.
+pub fn stopped_server_is_an_error(store: &dyn FarStore, addrs: &[String], stop: impl FnOnce()) {
+    store.write(7, b"seven").unwrap();
+    stop();
+    for attempt in 0..2 {
+        let e = store
+            .read(7)
+            .expect_err("a read from a stopped server must fail");
+        let msg = e.to_string();
+        assert!(
+            addrs.iter().any(|a| msg.contains(a.as_str())),
+            "attempt {attempt}: {msg}"
+        );
+        assert!(
+            matches!(e, StoreError::Io { .. } | StoreError::Connect { .. }),
+            "attempt {attempt}: {e:?}"
+        );
     }
 }

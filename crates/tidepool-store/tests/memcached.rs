@@ -121,19 +121,7 @@ fn a_stopped_server_is_an_error_naming_it_not_a_missing_value() {
     let mc = start();
     let addr = mc.addr();
     let store = open(&format!("memcached://{addr}")).unwrap();
-    store.write(7, b"seven").unwrap();
-    drop(mc);
-    for attempt in 0..2 {
-        // The first read finds the pooled connection dead; the second must open a new one.
-        let e = store
-            .read(7)
-            .expect_err("a read from a stopped server must fail");
-        assert!(e.to_string().contains(&addr), "attempt {attempt}: {e}");
-        assert!(
-            matches!(e, StoreError::Io { .. } | StoreError::Connect { .. }),
-            "attempt {attempt}: {e:?}"
-        );
-    }
+    conformance::stopped_server_is_an_error(store.as_ref(), &[addr], || drop(mc));
     assert!(store.take_many(&[7, 8]).is_err());
     assert!(store.write(9, b"nine").is_err());
     assert!(store.stats().is_err());
