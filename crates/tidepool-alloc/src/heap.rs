@@ -1,0 +1,811 @@
+//! Arenas, the per-thread arena table, and the paths between them.
+//!
+//! # Arena states
+//!
+//! * **Current** for one thread (its `owner` is that thread's table). Only the owner touches the
+//!   bitmap, `used`, `hint` and `hwm`, with plain loads and stores. Other threads free into it by
+//!   pushing the object onto the lock-free `remote` list; the owner folds that list into the
+//!   bitmap ("collects") when the arena looks full.
+//! * **Detached**: the owner found it full and moved on (or exited). `owner` is zero, so every
+//!   free goes through `remote`. The free that brings the uncollected count to the arena's queue
+//!   threshold sets `QUEUED` and pushes the arena onto its class's *reusable* stack.
+//! * **Reusable** (detached and queued): waiting to be adopted by any thread whose current
+//!   arena is full; adoption takes the remote list and clears both flags in one swap.
+//! * **Empty** (on its class's *empty* stack): no live objects. Up to `RETAIN_BYTES` of empty
+//!   arenas stay resident; beyond that their pages past the header are given back to the OS, so
+//!   RSS follows the live set.
+//!
+//! `remote` packs the list head (objects are 16-byte aligned) with the `DETACHED` and `QUEUED`
+//! flags, so the owner's detach (empty list, no flags -> `DETACHED`), a free's push and its
+//! decision to queue all hinge on one compare-and-swap.
+//!
+//! # The empty table
+//!
+//! A thread's table starts as zeroes; a zero entry means the static [`EMPTY`] arena, whose only
+//! bitmap word is full. The fast path therefore needs no "initialised?" branch: a new thread's
+//! first allocation in a class finds a full arena and takes the slow path like any other refill.
+//!
+//! # Stacks
+//!
+//! Both per-class stacks are Treiber stacks: pushes are lock-free from any thread; pops take a
+//! per-class try-lock, which makes the single popper immune to ABA. A busy lock is skipped, never
+//! waited on, so no malloc ever blocks on another thread.
+
+use crate::classes::{
+    bitmap_words, capacity, class_size, first_slot, reciprocal, slots, slots_in_header_page,
+    ARENA_BYTES, CLASSES, HEADER_FIXED, PAGE,
+};
+use crate::os;
+use crate::region::{self, RETAIN_BYTES};
+use crate::tls::ThreadTable;
+use core::ffi::c_void;
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+
+const DETACHED: usize = 1;
+const QUEUED: usize = 2;
+const FLAGS: usize = DETACHED | QUEUED;
+/// Periodic trim of reusable arenas, at most this often.
+const TRIM_INTERVAL_MS: u64 = 50;
+
+/// Header at the start of every arena; the allocation bitmap follows at [`HEADER_FIXED`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct ArenaHeader {
+    // First cache line: the owner's.
+    /// Lowest bitmap word that may have a free bit.
+    hint: u32,
+    /// Objects handed out and not yet collected back.
+    used: u32,
+    /// Slots at or above this index have not been handed out since the arena's pages were last
+    /// zero, so they read as zero (calloc skips clearing them).
+    hwm: u32,
+    size: u32,
+    recip: u32,
+    class: u32,
+    words: u32,
+    first_slot: u32,
+    capacity: u32,
+    /// On the empty stack: its pages are still resident (counted in `RESIDENT_EMPTY`).
+    resident: u32,
+    _pad0: [u32; 2],
+    /// Address of the owning thread's table; zero when detached.
+    owner: AtomicUsize,
+    _pad1: [u64; 1],
+    // Second cache line: shared with freeing threads.
+    /// Remote-free list head | `DETACHED` | `QUEUED`.
+    remote: AtomicUsize,
+    /// Remote frees not yet collected.
+    remote_count: AtomicU32,
+    /// Uncollected frees at which a detached arena is worth queueing for reuse.
+    queue_threshold: AtomicU32,
+    /// Link in the reusable or empty stack.
+    next: AtomicUsize,
+    _pad2: [u64; 5],
+}
+
+const _: () = assert!(core::mem::size_of::<ArenaHeader>() == HEADER_FIXED);
+
+impl ArenaHeader {
+    const fn sentinel() -> Self {
+        ArenaHeader {
+            hint: 0,
+            used: 0,
+            hwm: 0,
+            size: 16,
+            recip: 0,
+            class: 0,
+            words: 1,
+            first_slot: 0,
+            capacity: 0,
+            resident: 0,
+            _pad0: [0; 2],
+            owner: AtomicUsize::new(0),
+            _pad1: [0; 1],
+            remote: AtomicUsize::new(0),
+            remote_count: AtomicU32::new(0),
+            queue_threshold: AtomicU32::new(0),
+            next: AtomicUsize::new(0),
+            _pad2: [0; 5],
+        }
+    }
+}
+
+/// The arena every table entry starts at: one bitmap word, full, so allocation always misses.
+#[repr(C, align(64))]
+#[derive(Debug)]
+struct EmptyArena {
+    header: ArenaHeader,
+    bitmap: [u64; 1],
+}
+
+static EMPTY: EmptyArena = EmptyArena {
+    header: ArenaHeader::sentinel(),
+    bitmap: [u64::MAX],
+};
+
+#[inline(always)]
+fn empty_addr() -> usize {
+    &EMPTY as *const EmptyArena as usize
+}
+
+/// Per-class shared state.
+#[repr(C, align(64))]
+#[derive(Debug)]
+struct ClassState {
+    /// Offset of the next never-used arena in the class's span.
+    bump: AtomicUsize,
+    reusable: AtomicUsize,
+    reusable_lock: AtomicBool,
+    empty: AtomicUsize,
+    empty_lock: AtomicBool,
+    allocs: AtomicU64,
+    frees: AtomicU64,
+}
+
+impl ClassState {
+    const fn new() -> Self {
+        ClassState {
+            bump: AtomicUsize::new(0),
+            reusable: AtomicUsize::new(0),
+            reusable_lock: AtomicBool::new(false),
+            empty: AtomicUsize::new(0),
+            empty_lock: AtomicBool::new(false),
+            allocs: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+        }
+    }
+}
+
+static CLASS: [ClassState; CLASSES] = [const { ClassState::new() }; CLASSES];
+/// Bytes of empty arenas kept resident.
+static RESIDENT_EMPTY: AtomicUsize = AtomicUsize::new(0);
+static LAST_TRIM_MS: AtomicU64 = AtomicU64::new(0);
+static THREAD_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// An allocation and whether its bytes are known to be zero.
+#[derive(Debug, Clone, Copy)]
+pub struct Block {
+    pub ptr: *mut u8,
+    pub fresh: bool,
+}
+
+impl Block {
+    pub const NULL_BLOCK: Block = Block {
+        ptr: core::ptr::null_mut(),
+        fresh: false,
+    };
+}
+
+#[inline(always)]
+fn header(arena: usize) -> *mut ArenaHeader {
+    arena as *mut ArenaHeader
+}
+
+#[inline(always)]
+fn bitmap_word(arena: usize, word: usize) -> *mut u64 {
+    (arena + HEADER_FIXED + word * 8) as *mut u64
+}
+
+/// Allocates one object of class `c` for the thread owning `tbl`.
+///
+/// # Safety
+/// `tbl` is the calling thread's table and `c < CLASSES`.
+#[inline(always)]
+pub unsafe fn alloc(tbl: *mut ThreadTable, c: usize) -> Block {
+    // SAFETY: `c < CLASSES` (caller); table entries are offsets of live arenas or zero, and
+    // arena memory is ours for the life of the process.
+    unsafe {
+        let arena = empty_addr().wrapping_add(*(*tbl).cur.get_unchecked(c));
+        let h = header(arena);
+        let wi = (*h).hint as usize;
+        let word = bitmap_word(arena, wi);
+        let w = *word;
+        if w == u64::MAX {
+            return alloc_slow(tbl, c);
+        }
+        let bit = (!w).trailing_zeros() as usize;
+        *word = w | (1u64 << bit);
+        let idx = (wi * 64 + bit) as u32;
+        (*h).used += 1;
+        let fresh = idx >= (*h).hwm;
+        if fresh {
+            (*h).hwm = idx + 1;
+        }
+        let count = (*tbl).allocs.get_unchecked_mut(c);
+        *count = count.wrapping_add(1);
+        Block {
+            ptr: (arena + idx as usize * (*h).size as usize) as *mut u8,
+            fresh,
+        }
+    }
+}
+
+/// Frees a pointer inside the region.
+///
+/// # Safety
+/// `p` is in the region and `tbl` is the calling thread's table.
+#[inline(always)]
+pub unsafe fn free(tbl: *mut ThreadTable, p: usize) {
+    let arena = p & !(ARENA_BYTES - 1);
+    let h = header(arena);
+    // SAFETY: every region address below a bumped arena's end lies in an initialised arena;
+    // a foreign pointer fails the checks in `clear_bit` before anything is written.
+    unsafe {
+        if (*h).owner.load(Relaxed) != tbl as usize {
+            return free_remote(h, p);
+        }
+        clear_bit(arena, p);
+        let count = (*tbl).frees.get_unchecked_mut((*h).class as usize);
+        *count = count.wrapping_add(1);
+    }
+}
+
+/// Usable bytes of a region pointer.
+///
+/// # Safety
+/// `p` is a live allocation in the region.
+#[inline]
+pub unsafe fn usable_size(p: usize) -> usize {
+    // SAFETY: guaranteed by the caller.
+    unsafe { (*header(p & !(ARENA_BYTES - 1))).size as usize }
+}
+
+/// Marks `p`'s slot free in the bitmap of the arena at `arena`, which the caller owns.
+#[inline(always)]
+unsafe fn clear_bit(arena: usize, p: usize) {
+    let h = header(arena);
+    // SAFETY: the caller owns the arena, so nobody else writes its bitmap or counters.
+    unsafe {
+        let off = p - arena;
+        let idx = ((off as u64 * (*h).recip as u64) >> 32) as usize;
+        let wi = idx >> 6;
+        let bit = 1u64 << (idx & 63);
+        if idx * (*h).size as usize != off || idx < (*h).first_slot as usize {
+            os::fatal(b"free(): invalid pointer (not the start of an allocation)");
+        }
+        let word = bitmap_word(arena, wi);
+        let w = *word;
+        if w & bit == 0 {
+            os::fatal(b"free(): double free detected");
+        }
+        *word = w & !bit;
+        (*h).used -= 1;
+        if (wi as u32) < (*h).hint {
+            (*h).hint = wi as u32;
+        }
+    }
+}
+
+/// A free into an arena this thread does not own: push onto its remote list.
+#[inline(never)]
+unsafe fn free_remote(h: *mut ArenaHeader, p: usize) {
+    // SAFETY: `h` is an initialised arena header; `p` is a dead object of at least 16 bytes in
+    // it, so its first word can carry the list link.
+    unsafe {
+        let pending = (*h).remote_count.fetch_add(1, Relaxed) + 1;
+        let mut old = (*h).remote.load(Relaxed);
+        loop {
+            *(p as *mut usize) = old & !FLAGS;
+            match (*h)
+                .remote
+                .compare_exchange_weak(old, p | (old & FLAGS), AcqRel, Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => old = now,
+            }
+        }
+        if old & FLAGS == DETACHED && pending >= (*h).queue_threshold.load(Relaxed) {
+            try_queue(h);
+        }
+    }
+}
+
+/// Marks a detached arena queued and pushes it onto its class's reusable stack, unless someone
+/// already did or it was adopted meanwhile.
+unsafe fn try_queue(h: *mut ArenaHeader) {
+    // SAFETY: `h` is an initialised arena header.
+    unsafe {
+        let mut old = (*h).remote.load(Relaxed);
+        loop {
+            if old & FLAGS != DETACHED {
+                return;
+            }
+            match (*h)
+                .remote
+                .compare_exchange_weak(old, old | QUEUED, AcqRel, Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => old = now,
+            }
+        }
+        let c = (*h).class as usize;
+        push(&CLASS[c].reusable, h);
+    }
+}
+
+/// Folds the remote list into the bitmap; returns how many objects came back.
+/// The caller owns the arena (so its flags are clear).
+unsafe fn collect(arena: usize) -> u32 {
+    // SAFETY: the caller owns the arena; the Acquire swap pairs with the Release CAS of every
+    // `free_remote` that pushed onto the list.
+    unsafe {
+        let list = (*header(arena)).remote.swap(0, Acquire) & !FLAGS;
+        fold(arena, list)
+    }
+}
+
+/// Clears the bits of every object on a taken remote list.
+unsafe fn fold(arena: usize, list: usize) -> u32 {
+    let h = header(arena);
+    // SAFETY: the caller owns the arena; list nodes are dead objects whose first word links
+    // to the next.
+    unsafe {
+        let mut node = list;
+        let mut n = 0u32;
+        while node != 0 {
+            let next = *(node as *const usize);
+            clear_bit(arena, node);
+            node = next;
+            n += 1;
+        }
+        if n > 0 {
+            (*h).remote_count.fetch_sub(n, Relaxed);
+            CLASS[(*h).class as usize]
+                .frees
+                .fetch_add(n as u64, Relaxed);
+        }
+        n
+    }
+}
+
+/// Takes the lowest free slot at or after the hint; `None` when the arena is full.
+unsafe fn take_scanning(arena: usize) -> Option<Block> {
+    let h = header(arena);
+    // SAFETY: the caller owns the arena.
+    unsafe {
+        let words = (*h).words;
+        let mut wi = (*h).hint;
+        while wi < words {
+            let word = bitmap_word(arena, wi as usize);
+            let w = *word;
+            if w != u64::MAX {
+                let bit = (!w).trailing_zeros();
+                *word = w | (1u64 << bit);
+                (*h).hint = wi;
+                (*h).used += 1;
+                let idx = wi * 64 + bit;
+                let fresh = idx >= (*h).hwm;
+                if fresh {
+                    (*h).hwm = idx + 1;
+                }
+                return Some(Block {
+                    ptr: (arena + idx as usize * (*h).size as usize) as *mut u8,
+                    fresh,
+                });
+            }
+            wi += 1;
+        }
+        // Park the hint on a full word so the fast path misses until a free lowers it.
+        (*h).hint = words - 1;
+        None
+    }
+}
+
+enum Detach {
+    Done,
+    /// Collected frees arrived during the detach; the arena is still ours and has room.
+    HasRoom,
+    /// Everything came back; the arena went to the empty stack.
+    Emptied,
+}
+
+/// Gives up ownership of a current arena. `threshold`: uncollected frees that make it worth
+/// queueing for reuse. With `keep_if_room`, frees that arrive meanwhile and make room keep it.
+unsafe fn detach(arena: usize, tbl: usize, threshold: u32, keep_if_room: bool) -> Detach {
+    let h = header(arena);
+    // SAFETY: the caller owns the arena until the CAS below succeeds.
+    unsafe {
+        (*h).queue_threshold.store(threshold.max(1), Relaxed);
+        (*h).owner.store(0, Relaxed);
+        loop {
+            if (*h)
+                .remote
+                .compare_exchange(0, DETACHED, Release, Relaxed)
+                .is_ok()
+            {
+                return Detach::Done;
+            }
+            collect(arena);
+            if (*h).used == 0 {
+                retire_empty(arena);
+                return Detach::Emptied;
+            }
+            if keep_if_room && (*h).used < (*h).capacity {
+                (*h).owner.store(tbl, Relaxed);
+                return Detach::HasRoom;
+            }
+        }
+    }
+}
+
+/// Takes ownership of an arena popped from the reusable stack.
+unsafe fn adopt(arena: usize, tbl: usize) {
+    let h = header(arena);
+    // SAFETY: popping gave us the arena exclusively; the swap takes the list and clears
+    // DETACHED|QUEUED at once, after which frees see an owned arena and only push.
+    unsafe {
+        (*h).owner.store(tbl, Relaxed);
+        let list = (*h).remote.swap(0, Acquire) & !FLAGS;
+        fold(arena, list);
+    }
+}
+
+/// Moves an arena with no live objects to its class's empty stack, giving its pages back to the
+/// OS once more than `RETAIN_BYTES` of empty arenas are resident.
+unsafe fn retire_empty(arena: usize) {
+    let h = header(arena);
+    // SAFETY: the arena has no live objects and we own it.
+    unsafe {
+        let c = (*h).class as usize;
+        (*h).owner.store(0, Relaxed);
+        (*h).hint = first_slot(c) as u32 / 64;
+        let kept = RESIDENT_EMPTY.fetch_add(ARENA_BYTES, Relaxed) + ARENA_BYTES;
+        if kept <= RETAIN_BYTES.load(Relaxed) {
+            (*h).resident = 1;
+        } else {
+            RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
+            (region::source().discard)(arena + PAGE, ARENA_BYTES - PAGE);
+            (*h).resident = 0;
+            (*h).hwm = slots_in_header_page(c) as u32;
+        }
+        push(&CLASS[c].empty, h);
+    }
+}
+
+/// Prepares a never-used arena (its memory reads as zero).
+unsafe fn init_fresh(arena: usize, c: usize, tbl: usize) {
+    let h = header(arena);
+    let first = first_slot(c);
+    // SAFETY: the arena was just bumped out of the class span: ours alone, zero-filled.
+    unsafe {
+        (*h).size = class_size(c) as u32;
+        (*h).recip = reciprocal(c);
+        (*h).class = c as u32;
+        (*h).words = bitmap_words(c) as u32;
+        (*h).first_slot = first as u32;
+        (*h).capacity = capacity(c) as u32;
+        (*h).hint = (first / 64) as u32;
+        (*h).hwm = first as u32;
+        // Header slots and the tail beyond the last whole slot are permanently "allocated".
+        for idx in (0..first).chain(slots(c)..bitmap_words(c) * 64) {
+            *bitmap_word(arena, idx / 64) |= 1u64 << (idx % 64);
+        }
+        (*h).owner.store(tbl, Relaxed);
+    }
+}
+
+fn push(stack: &AtomicUsize, h: *mut ArenaHeader) {
+    let mut old = stack.load(Relaxed);
+    loop {
+        // SAFETY: `h` is an arena we hold exclusively until the CAS publishes it.
+        unsafe { (*h).next.store(old, Relaxed) };
+        match stack.compare_exchange_weak(old, h as usize, Release, Relaxed) {
+            Ok(_) => return,
+            Err(now) => old = now,
+        }
+    }
+}
+
+fn pop(stack: &AtomicUsize, lock: &AtomicBool) -> Option<usize> {
+    if lock.swap(true, Acquire) {
+        return None;
+    }
+    let mut top = stack.load(Acquire);
+    let popped = loop {
+        if top == 0 {
+            break None;
+        }
+        // SAFETY: `top` is on the stack, so it is an initialised arena; only we pop.
+        let next = unsafe { (*header(top)).next.load(Relaxed) };
+        match stack.compare_exchange_weak(top, next, Acquire, Acquire) {
+            Ok(_) => break Some(top),
+            Err(now) => top = now,
+        }
+    };
+    lock.store(false, Release);
+    popped
+}
+
+/// Finds a new current arena for class `c`: reusable first, then empty, then a fresh one.
+unsafe fn acquire(c: usize, tbl: usize) -> Option<usize> {
+    let class = &CLASS[c];
+    if let Some(arena) = pop(&class.reusable, &class.reusable_lock) {
+        // SAFETY: popped, so ours.
+        unsafe { adopt(arena, tbl) };
+        return Some(arena);
+    }
+    if let Some(arena) = pop(&class.empty, &class.empty_lock) {
+        let h = header(arena);
+        // SAFETY: popped, so ours.
+        unsafe {
+            if (*h).resident == 1 {
+                RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
+                (*h).resident = 0;
+            }
+            (*h).owner.store(tbl, Relaxed);
+        }
+        return Some(arena);
+    }
+    let (span_start, span_len) = region::class_span(c);
+    let offset = class.bump.fetch_add(ARENA_BYTES, Relaxed);
+    if offset + ARENA_BYTES > span_len {
+        return None;
+    }
+    let arena = span_start + offset;
+    // SAFETY: fresh from the bump pointer.
+    unsafe { init_fresh(arena, c, tbl) };
+    Some(arena)
+}
+
+/// The slow path: the current arena's hint word is full.
+#[cold]
+#[inline(never)]
+unsafe fn alloc_slow(tbl: *mut ThreadTable, c: usize) -> Block {
+    // SAFETY: as `refill`; the table is the calling thread's.
+    unsafe {
+        let b = refill(tbl, c);
+        if !b.ptr.is_null() {
+            (*tbl).allocs[c] = (*tbl).allocs[c].wrapping_add(1);
+        }
+        b
+    }
+}
+
+/// Finds room in class `c`: further along the current arena, in frees other threads sent
+/// back, or in another arena.
+unsafe fn refill(tbl: *mut ThreadTable, c: usize) -> Block {
+    if !region::ensure_init(on_region_ready) {
+        os::set_errno(libc::ENOMEM);
+        return Block::NULL_BLOCK;
+    }
+    // SAFETY: `tbl` is the calling thread's table; arenas it names are owned by this thread.
+    unsafe {
+        if (*tbl).registered == 0 {
+            register_thread(tbl);
+        }
+        flush_class(tbl, c);
+        let me = tbl as usize;
+        let current = empty_addr().wrapping_add((*tbl).cur[c]);
+        if current != empty_addr() {
+            loop {
+                if let Some(b) = take_scanning(current) {
+                    return b;
+                }
+                if collect(current) > 0 {
+                    continue;
+                }
+                match detach(current, me, (capacity(c) / 8) as u32, true) {
+                    Detach::HasRoom => continue,
+                    Detach::Done | Detach::Emptied => break,
+                }
+            }
+            (*tbl).cur[c] = 0;
+        }
+        maybe_trim(me);
+        let Some(arena) = acquire(c, me) else {
+            // The class's span is exhausted: serve this one from the large-object path.
+            return crate::large::alloc(class_size(c), 16);
+        };
+        (*tbl).cur[c] = arena.wrapping_sub(empty_addr());
+        match take_scanning(arena) {
+            Some(b) => b,
+            None => os::fatal(b"internal error: a newly acquired arena is full"),
+        }
+    }
+}
+
+fn flush_class(tbl: *mut ThreadTable, c: usize) {
+    // SAFETY: the calling thread's own table.
+    unsafe {
+        let a = core::mem::take(&mut (*tbl).allocs[c]);
+        let f = core::mem::take(&mut (*tbl).frees[c]);
+        if a != 0 {
+            CLASS[c].allocs.fetch_add(a as u64, Relaxed);
+        }
+        if f != 0 {
+            CLASS[c].frees.fetch_add(f as u64, Relaxed);
+        }
+    }
+}
+
+/// Flushes all of the calling thread's counters into the global statistics.
+pub fn flush_counters(tbl: *mut ThreadTable) {
+    for c in 0..CLASSES {
+        flush_class(tbl, c);
+    }
+}
+
+fn on_region_ready() {
+    if let Some(key) = os::thread_key(thread_exit) {
+        THREAD_KEY.store(key as usize, Release);
+    }
+    // May allocate inside glibc; the allocator is ready by now.
+    os::at_fork(fork_prepare, fork_release, fork_release);
+}
+
+unsafe fn register_thread(tbl: *mut ThreadTable) {
+    let key = THREAD_KEY.load(Acquire);
+    // SAFETY: the calling thread's own table.
+    unsafe { (*tbl).registered = 1 };
+    if key != usize::MAX {
+        os::set_thread_value(key as libc::pthread_key_t, tbl.cast());
+    }
+}
+
+/// Thread-exit destructor: hand every current arena back (detached, or empty).
+unsafe extern "C" fn thread_exit(value: *mut c_void) {
+    let tbl = value as *mut ThreadTable;
+    // SAFETY: glibc passes back the exiting thread's own table, still mapped while key
+    // destructors run.
+    unsafe { release_thread(tbl) }
+}
+
+/// Gives up all of a thread's current arenas.
+///
+/// # Safety
+/// `tbl` is the calling thread's table.
+pub unsafe fn release_thread(tbl: *mut ThreadTable) {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        let me = tbl as usize;
+        for c in 0..CLASSES {
+            let arena = empty_addr().wrapping_add((*tbl).cur[c]);
+            if arena == empty_addr() {
+                continue;
+            }
+            (*tbl).cur[c] = 0;
+            collect(arena);
+            let h = header(arena);
+            if (*h).used == 0 {
+                retire_empty(arena);
+            } else {
+                let threshold = (capacity(c) as u32 / 8).min((*h).used);
+                if let Detach::HasRoom = detach(arena, me, threshold, false) {
+                    os::fatal(b"internal error: detach at thread exit kept the arena");
+                }
+            }
+        }
+        flush_counters(tbl);
+        (*tbl).registered = 0;
+    }
+}
+
+fn maybe_trim(me: usize) {
+    let now = os::coarse_millis();
+    let last = LAST_TRIM_MS.load(Relaxed);
+    if now.saturating_sub(last) < TRIM_INTERVAL_MS
+        || LAST_TRIM_MS
+            .compare_exchange(last, now, Relaxed, Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    trim(me, false);
+}
+
+/// Adopts every queued arena, retires those that turned out empty and queues the rest again.
+/// With `release_all` (malloc_trim), also gives back the pages of every retained empty arena.
+pub fn trim(me: usize, release_all: bool) {
+    for class in CLASS.iter() {
+        trim_reusable(class, me);
+        if release_all {
+            release_retained(class);
+        }
+    }
+}
+
+fn release_retained(class: &ClassState) {
+    if class.empty_lock.swap(true, Acquire) {
+        return;
+    }
+    let mut chain = class.empty.swap(0, Acquire);
+    class.empty_lock.store(false, Release);
+    while chain != 0 {
+        let arena = chain;
+        let h = header(arena);
+        // SAFETY: the swap gave us the chain; each arena is empty and ours until pushed.
+        unsafe {
+            chain = (*h).next.load(Relaxed);
+            if (*h).resident == 1 {
+                RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
+                (region::source().discard)(arena + PAGE, ARENA_BYTES - PAGE);
+                (*h).resident = 0;
+                (*h).hwm = slots_in_header_page((*h).class as usize) as u32;
+            }
+            push(&class.empty, h);
+        }
+    }
+}
+
+fn trim_reusable(class: &ClassState, me: usize) {
+    {
+        if class.reusable_lock.swap(true, Acquire) {
+            return;
+        }
+        let mut chain = class.reusable.swap(0, Acquire);
+        class.reusable_lock.store(false, Release);
+        while chain != 0 {
+            let arena = chain;
+            let h = header(arena);
+            // SAFETY: the swap gave us the whole chain; each arena in it is ours until pushed.
+            unsafe {
+                chain = (*h).next.load(Relaxed);
+                adopt(arena, me);
+                if (*h).used == 0 {
+                    retire_empty(arena);
+                    continue;
+                }
+                // Queue again: detached and queued at once, with an empty list.
+                (*h).owner.store(0, Relaxed);
+                loop {
+                    if (*h)
+                        .remote
+                        .compare_exchange(0, DETACHED | QUEUED, Release, Relaxed)
+                        .is_ok()
+                    {
+                        push(&class.reusable, h);
+                        break;
+                    }
+                    collect(arena);
+                    if (*h).used == 0 {
+                        retire_empty(arena);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn lock_all() {
+    for class in CLASS.iter() {
+        for lock in [&class.reusable_lock, &class.empty_lock] {
+            while lock.swap(true, Acquire) {
+                os::yield_now();
+            }
+        }
+    }
+}
+
+fn unlock_all() {
+    for class in CLASS.iter() {
+        class.reusable_lock.store(false, Release);
+        class.empty_lock.store(false, Release);
+    }
+}
+
+unsafe extern "C" fn fork_prepare() {
+    lock_all();
+    crate::large::lock_cache();
+}
+
+unsafe extern "C" fn fork_release() {
+    crate::large::unlock_cache();
+    unlock_all();
+}
+
+/// Per-class counters for [`crate::stats`].
+pub fn class_counters(c: usize) -> (u64, u64, usize) {
+    let class = &CLASS[c];
+    let (_, span) = region::class_span(c);
+    (
+        class.allocs.load(Relaxed),
+        class.frees.load(Relaxed),
+        class.bump.load(Relaxed).min(span) / ARENA_BYTES,
+    )
+}
+
+/// Bytes of empty arenas currently kept resident.
+pub fn resident_empty_bytes() -> usize {
+    RESIDENT_EMPTY.load(Relaxed)
+}

@@ -1,0 +1,124 @@
+//! tidepool-alloc: Memento's object allocator, in software.
+//!
+//! Memento (MICRO 2023) found that serverless functions spend up to a third of their time
+//! managing memory: allocations are mostly under 512 bytes, 71% are freed within 16 further
+//! allocations, the rest die together at exit, and the kernel's page management costs as much
+//! as malloc itself. Its hardware keeps one arena per size class in an on-chip table, allocates
+//! from a bitmap, and populates an arena's pages one at a time. This crate does the same with
+//! ordinary instructions:
+//!
+//! * one reserved region, split evenly across size classes ([`classes`]), each class bumping
+//!   256 KiB arenas out of its span; pages appear only when the program touches them;
+//! * arenas aligned to their size, so a pointer's arena header is one mask away, and an
+//!   allocation bitmap in that header (lowest free slot first, so hot slots are reused and
+//!   untouched pages stay untouched);
+//! * a per-thread table of current arenas (the object table) in initial-exec TLS, starting as
+//!   zeroes that mean "the static empty arena", so the fast path has no initialisation branch;
+//! * frees from other threads pushed onto a lock-free list in the arena; full arenas detached
+//!   and queued for reuse by whichever thread needs one; empty arenas given back to the OS
+//!   beyond a small retained budget, so RSS follows the live set;
+//! * objects over 32 KiB on their own mappings, with a small cache of freed ones;
+//! * calloc trusts fresh zero pages: a slot never handed out since its pages were last zero is
+//!   not cleared again.
+//!
+//! Two faces: [`TidepoolAlloc`], a Rust `GlobalAlloc`, and `libtidepool_malloc.so` (crate
+//! `tidepool-malloc`), the whole C malloc family for LD_PRELOAD. Nothing on an allocation path
+//! allocates, formats, logs or panics: broken invariants (a double free, a foreign pointer) write
+//! a fixed message and abort, like glibc.
+//!
+//! A pager can supply the region's pages through [`PageSource`] before the first allocation.
+
+pub mod api;
+pub mod classes;
+mod heap;
+mod large;
+mod os;
+mod region;
+pub mod stats;
+mod tls;
+
+pub use region::{
+    parse_size, region, set_page_source, AlreadyInitialized, PageSource, KERNEL_PAGES,
+};
+pub use stats::{snapshot as stats, ClassStats, Stats};
+
+use core::alloc::{GlobalAlloc, Layout};
+
+/// The allocator as Rust's global allocator:
+///
+/// ```ignore
+/// #[global_allocator]
+/// static ALLOC: tidepool_alloc::TidepoolAlloc = tidepool_alloc::TidepoolAlloc;
+/// ```
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TidepoolAlloc;
+
+// SAFETY: every method returns memory of at least the layout's size and alignment (or null) and
+// accepts back exactly what it returned; the arena and large paths never hand out a block twice.
+unsafe impl GlobalAlloc for TidepoolAlloc {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            api::malloc(layout.size()).cast()
+        } else {
+            api::aligned_block(layout.align(), layout.size()).ptr
+        }
+    }
+
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
+        // SAFETY: `ptr` came from `alloc` (GlobalAlloc contract).
+        unsafe { api::free(ptr.cast()) }
+    }
+
+    #[inline]
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.align() <= 16 {
+            api::calloc(1, layout.size()).cast()
+        } else {
+            let b = api::aligned_block(layout.align(), layout.size());
+            if !b.ptr.is_null() && !b.fresh {
+                // SAFETY: the block holds `layout.size()` writable bytes.
+                unsafe { core::ptr::write_bytes(b.ptr, 0, layout.size()) };
+            }
+            b.ptr
+        }
+    }
+
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if layout.align() <= 16 {
+            // SAFETY: `ptr` came from `alloc`; new_size > 0 (GlobalAlloc contract).
+            return unsafe { api::realloc(ptr.cast(), new_size) }.cast();
+        }
+        let new_layout = Layout::from_size_align(new_size, layout.align());
+        let Ok(new_layout) = new_layout else {
+            return core::ptr::null_mut();
+        };
+        // SAFETY: as GlobalAlloc::realloc's contract; the blocks are distinct.
+        unsafe {
+            let fresh = self.alloc(new_layout);
+            if !fresh.is_null() {
+                core::ptr::copy_nonoverlapping(ptr, fresh, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+            fresh
+        }
+    }
+}
+
+/// Writes per-class statistics to standard error (no allocation).
+pub fn print_stats() {
+    stats::print();
+}
+
+/// Whether `TIDEPOOL_ALLOC_STATS` asked for statistics at exit (read at initialisation).
+pub fn stats_requested() -> bool {
+    region::STATS_AT_EXIT.load(core::sync::atomic::Ordering::Relaxed) != 0
+}
+
+/// Gives up the calling thread's current arenas now, as its exit would.
+pub fn release_thread_arenas() {
+    // SAFETY: the calling thread's own table.
+    unsafe { heap::release_thread(tls::table()) }
+}

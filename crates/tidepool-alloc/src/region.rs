@@ -1,0 +1,208 @@
+//! The reserved region, where arena pages come from, and one-time initialisation.
+//!
+//! At first use the allocator reserves one span of address space per size class (64 GiB each
+//! by default; smaller if the address space is limited), backed by nothing until touched. Each
+//! class then hands out arenas from its own span with a bump pointer: Memento's page allocator.
+//! Pages appear one at a time as the program first touches them.
+//!
+//! Where those pages come from is a [`PageSource`] hook, so that a pager can back the region
+//! with far memory (register it with userfaultfd, serve its faults) instead of the kernel's
+//! anonymous memory. It must be installed before the first allocation.
+
+use crate::classes::{ARENA_BYTES, CLASSES};
+use crate::os;
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering::*};
+
+/// Grows or moves a large mapping: `(addr, old_len, new_len) -> new address`.
+pub type RemapFn = unsafe fn(addr: usize, old_len: usize, new_len: usize) -> Option<usize>;
+
+/// Where the allocator's memory comes from.
+#[derive(Debug, Clone, Copy)]
+pub struct PageSource {
+    /// Reserves `len` bytes of readable, writable address space whose untouched pages read as
+    /// zero. Called once, for the small-object region.
+    pub reserve: fn(len: usize) -> Option<usize>,
+    /// Gives back the pages of `[addr, addr + len)` inside the region; the next touch of any of
+    /// them must read zero.
+    ///
+    /// # Safety
+    /// Callers pass only ranges of the region that hold no live objects.
+    pub discard: unsafe fn(addr: usize, len: usize),
+    /// Maps `len` fresh zeroed bytes for one large object.
+    pub map_large: fn(len: usize) -> Option<usize>,
+    /// Unmaps a range `map_large` returned.
+    ///
+    /// # Safety
+    /// Callers pass only whole ranges from `map_large` that nothing references any more.
+    pub unmap_large: unsafe fn(addr: usize, len: usize),
+    /// Grows or moves a range from `map_large`, keeping its contents; `None` where the source
+    /// cannot, in which case the allocator copies.
+    pub remap_large: Option<RemapFn>,
+}
+
+/// The default: anonymous memory from the kernel.
+pub static KERNEL_PAGES: PageSource = PageSource {
+    reserve: os::reserve,
+    discard: os::discard,
+    map_large: os::map,
+    unmap_large: os::unmap,
+    remap_large: Some(os::remap),
+};
+
+static SOURCE: AtomicPtr<PageSource> = AtomicPtr::new(core::ptr::null_mut());
+
+/// The page source in use.
+#[inline]
+pub fn source() -> &'static PageSource {
+    let p = SOURCE.load(Acquire);
+    if p.is_null() {
+        &KERNEL_PAGES
+    } else {
+        // SAFETY: only `set_page_source` stores here, and only `&'static` references.
+        unsafe { &*p }
+    }
+}
+
+/// The allocator was already in use, so its memory can no longer change hands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AlreadyInitialized;
+
+impl core::fmt::Display for AlreadyInitialized {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(
+            "the allocator has already reserved its region; install the page source before the first allocation",
+        )
+    }
+}
+
+/// Installs where arenas and large objects get their memory. Fails once the allocator has
+/// served its first allocation.
+pub fn set_page_source(source: &'static PageSource) -> Result<(), AlreadyInitialized> {
+    if STATE.load(Acquire) != UNINIT {
+        return Err(AlreadyInitialized);
+    }
+    SOURCE.store(source as *const PageSource as *mut PageSource, Release);
+    Ok(())
+}
+
+const UNINIT: u32 = 0;
+const BUSY: u32 = 1;
+const READY: u32 = 2;
+const FAILED: u32 = 3;
+
+static STATE: AtomicU32 = AtomicU32::new(UNINIT);
+static BASE: AtomicUsize = AtomicUsize::new(0);
+static LEN: AtomicUsize = AtomicUsize::new(0);
+static SPAN_SHIFT: AtomicU32 = AtomicU32::new(0);
+/// Empty arenas kept resident (not given back) up to this many bytes.
+pub static RETAIN_BYTES: AtomicUsize = AtomicUsize::new(16 << 20);
+/// Whether `TIDEPOOL_ALLOC_STATS` asked for statistics at exit.
+pub static STATS_AT_EXIT: AtomicU32 = AtomicU32::new(0);
+
+/// Whether `addr` lies in the small-object region (false before initialisation).
+#[inline(always)]
+pub fn in_region(addr: usize) -> bool {
+    addr.wrapping_sub(BASE.load(Relaxed)) < LEN.load(Relaxed)
+}
+
+/// The region as `(base, len)`, once reserved: what a pager registers.
+pub fn region() -> Option<(usize, usize)> {
+    (STATE.load(Acquire) == READY).then(|| (BASE.load(Relaxed), LEN.load(Relaxed)))
+}
+
+/// Start of class `c`'s span and its length.
+#[inline]
+pub fn class_span(c: usize) -> (usize, usize) {
+    let shift = SPAN_SHIFT.load(Relaxed);
+    (BASE.load(Relaxed) + (c << shift), 1usize << shift)
+}
+
+/// Makes sure the region exists; false if it could not be reserved.
+#[inline]
+pub fn ensure_init(on_ready: fn()) -> bool {
+    match STATE.load(Acquire) {
+        READY => true,
+        FAILED => false,
+        _ => init_slow(on_ready),
+    }
+}
+
+#[cold]
+fn init_slow(on_ready: fn()) -> bool {
+    if STATE
+        .compare_exchange(UNINIT, BUSY, Acquire, Acquire)
+        .is_err()
+    {
+        // Another thread is reserving; nothing it calls can re-enter malloc on this thread.
+        while STATE.load(Acquire) == BUSY {
+            os::yield_now();
+        }
+        return STATE.load(Acquire) == READY;
+    }
+    read_environment();
+    let src = source();
+    // Largest span the address space allows, down to 1 GiB per class.
+    for shift in [36u32, 34, 32, 30] {
+        let len = CLASSES << shift;
+        if let Some(raw) = (src.reserve)(len + ARENA_BYTES) {
+            let base = (raw + ARENA_BYTES - 1) & !(ARENA_BYTES - 1);
+            BASE.store(base, Relaxed);
+            SPAN_SHIFT.store(shift, Relaxed);
+            LEN.store(len, Relaxed);
+            STATE.store(READY, Release);
+            on_ready();
+            return true;
+        }
+    }
+    STATE.store(FAILED, Release);
+    false
+}
+
+fn read_environment() {
+    if let Some(v) = os::getenv(c"TIDEPOOL_ALLOC_RETAIN").and_then(parse_size) {
+        RETAIN_BYTES.store(v, Relaxed);
+    }
+    if let Some(v) = os::getenv(c"TIDEPOOL_ALLOC_STATS") {
+        if !v.is_empty() && v != b"0" {
+            STATS_AT_EXIT.store(1, Relaxed);
+        }
+    }
+}
+
+/// Parses `123`, `64K`, `16M`, `1G` (binary units). No allocation.
+pub fn parse_size(s: &[u8]) -> Option<usize> {
+    let (digits, unit) = match s.last()? {
+        b'k' | b'K' => (&s[..s.len() - 1], 1usize << 10),
+        b'm' | b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'g' | b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: usize = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add((d - b'0') as usize)?;
+    }
+    n.checked_mul(unit)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size(b"0"), Some(0));
+        assert_eq!(parse_size(b"64K"), Some(64 << 10));
+        assert_eq!(parse_size(b"16m"), Some(16 << 20));
+        assert_eq!(parse_size(b"2G"), Some(2 << 30));
+        assert_eq!(parse_size(b""), None);
+        assert_eq!(parse_size(b"M"), None);
+        assert_eq!(parse_size(b"1x"), None);
+        assert_eq!(parse_size(b"99999999999999999999999"), None);
+    }
+}

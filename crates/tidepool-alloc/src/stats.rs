@@ -1,0 +1,163 @@
+//! Counters and their report. The report is formatted into a stack buffer and written with
+//! write(2): it runs at exit inside programs whose malloc we are, so it must not allocate.
+
+use crate::classes::{class_size, ARENA_BYTES, CLASSES};
+use crate::heap;
+use crate::large;
+use crate::os;
+use crate::tls;
+
+/// One size class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Object size.
+    pub size: usize,
+    /// Allocations served (flushed counts: other threads' last few are added when they refill
+    /// or exit).
+    pub allocs: u64,
+    /// Frees, by the owner and by other threads.
+    pub frees: u64,
+    /// Arenas ever taken from the class's span.
+    pub arenas: usize,
+}
+
+/// A snapshot of the allocator's counters.
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    /// Per size class.
+    pub classes: [ClassStats; CLASSES],
+    /// Large objects allocated and freed.
+    pub large_allocs: u64,
+    pub large_frees: u64,
+    /// Bytes mapped for large objects, the cache included.
+    pub large_mapped: usize,
+    /// Bytes of freed large mappings kept for reuse.
+    pub large_cached: usize,
+    /// Address space handed to arenas (pages appear only when touched).
+    pub arena_bytes: usize,
+    /// Empty arenas kept resident for reuse.
+    pub empty_resident: usize,
+}
+
+/// Current counters, with the calling thread's pending counts flushed first.
+pub fn snapshot() -> Stats {
+    heap::flush_counters(tls::table());
+    let mut classes = [ClassStats::default(); CLASSES];
+    let mut arena_bytes = 0;
+    for (c, slot) in classes.iter_mut().enumerate() {
+        let (allocs, frees, arenas) = heap::class_counters(c);
+        *slot = ClassStats {
+            size: class_size(c),
+            allocs,
+            frees,
+            arenas,
+        };
+        arena_bytes += arenas * ARENA_BYTES;
+    }
+    let (large_allocs, large_frees, large_mapped, large_cached) = large::counters();
+    Stats {
+        classes,
+        large_allocs,
+        large_frees,
+        large_mapped,
+        large_cached,
+        arena_bytes,
+        empty_resident: heap::resident_empty_bytes(),
+    }
+}
+
+/// A fixed-capacity line that formats without allocating.
+struct Line {
+    buf: [u8; 160],
+    len: usize,
+}
+
+impl Line {
+    fn new() -> Self {
+        Line {
+            buf: [0; 160],
+            len: 0,
+        }
+    }
+
+    fn text(&mut self, s: &[u8]) -> &mut Self {
+        let n = s.len().min(self.buf.len() - self.len);
+        self.buf[self.len..self.len + n].copy_from_slice(&s[..n]);
+        self.len += n;
+        self
+    }
+
+    /// `v` right-aligned in `width` columns.
+    fn num(&mut self, mut v: u64, width: usize) -> &mut Self {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        let n = digits.len() - i;
+        for _ in n..width {
+            self.text(b" ");
+        }
+        let d = digits;
+        self.text(&d[i..])
+    }
+
+    fn flush(&mut self) {
+        self.text(b"\n");
+        os::write_stderr(&self.buf[..self.len]);
+        self.len = 0;
+    }
+}
+
+/// Writes the per-class table and totals to standard error.
+pub fn print() {
+    let s = snapshot();
+    let mut line = Line::new();
+    line.text(b"tidepool-alloc statistics").flush();
+    line.text(b"   size       allocs        frees  arenas")
+        .flush();
+    for c in s.classes.iter().filter(|c| c.allocs > 0 || c.arenas > 0) {
+        line.num(c.size as u64, 7)
+            .num(c.allocs, 13)
+            .num(c.frees, 13)
+            .num(c.arenas as u64, 8)
+            .flush();
+    }
+    line.text(b"  large")
+        .num(s.large_allocs, 13)
+        .num(s.large_frees, 13)
+        .flush();
+    line.text(b"arena address space: ")
+        .num((s.arena_bytes >> 20) as u64, 0)
+        .text(b" MiB; empty arenas kept resident: ")
+        .num((s.empty_resident >> 10) as u64, 0)
+        .text(b" KiB")
+        .flush();
+    line.text(b"large objects mapped: ")
+        .num((s.large_mapped >> 10) as u64, 0)
+        .text(b" KiB (")
+        .num((s.large_cached >> 10) as u64, 0)
+        .text(b" KiB cached for reuse)")
+        .flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Line;
+
+    #[test]
+    fn numbers_format_right_aligned() {
+        let mut l = Line::new();
+        l.num(0, 3)
+            .text(b"|")
+            .num(1234567, 0)
+            .text(b"|")
+            .num(u64::MAX, 0);
+        assert_eq!(&l.buf[..l.len], b"  0|1234567|18446744073709551615");
+    }
+}

@@ -1,0 +1,427 @@
+//! The malloc family's contract, through `tidepool_alloc::api` (the functions the preload
+//! library exports). This test binary keeps glibc as its own allocator, so a bug here shows up
+//! as a failed assertion rather than a crash of the test harness.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::ptr;
+use tidepool_alloc::api;
+use tidepool_alloc::classes::{MAX_SMALL, PAGE};
+
+fn fill(p: *mut c_void, n: usize, seed: u8) {
+    // SAFETY: callers pass a live block of at least `n` bytes.
+    unsafe { ptr::write_bytes(p as *mut u8, seed, n) };
+}
+
+fn check(p: *const c_void, n: usize, seed: u8) -> bool {
+    // SAFETY: callers pass a live block of at least `n` bytes.
+    let s = unsafe { std::slice::from_raw_parts(p as *const u8, n) };
+    s.iter().all(|&b| b == seed)
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+#[test]
+fn zero_sizes_give_unique_freeable_pointers() {
+    let a = api::malloc(0);
+    let b = api::malloc(0);
+    assert!(!a.is_null() && !b.is_null());
+    assert_ne!(a, b, "malloc(0) must return distinct pointers");
+    let c = api::calloc(0, 8);
+    let d = api::calloc(8, 0);
+    assert!(!c.is_null() && !d.is_null());
+    // SAFETY: all four are live allocations of ours.
+    unsafe {
+        assert!(api::usable_size(a) >= 1);
+        for p in [a, b, c, d] {
+            api::free(p);
+        }
+        api::free(ptr::null_mut());
+        assert_eq!(api::usable_size(ptr::null()), 0);
+    }
+}
+
+#[test]
+fn every_alignment_up_to_a_page_and_beyond() {
+    let mut live = Vec::new();
+    for shift in 0..=16 {
+        let align = 1usize << shift;
+        for n in [
+            0usize,
+            1,
+            7,
+            16,
+            100,
+            align,
+            align + 1,
+            5000,
+            MAX_SMALL,
+            MAX_SMALL + 1,
+            300_000,
+        ] {
+            let mut out: *mut c_void = ptr::null_mut();
+            // SAFETY: `out` is a valid out-parameter.
+            let rc = unsafe { api::posix_memalign(&mut out, align, n) };
+            if align < std::mem::size_of::<usize>() {
+                assert_eq!(
+                    rc,
+                    libc::EINVAL,
+                    "posix_memalign must reject alignment {align}"
+                );
+                continue;
+            }
+            assert_eq!(rc, 0, "posix_memalign({align}, {n})");
+            assert_eq!(
+                out as usize % align,
+                0,
+                "posix_memalign({align}, {n}) misaligned"
+            );
+            let q = api::aligned_alloc(align, n);
+            assert_eq!(
+                q as usize % align,
+                0,
+                "aligned_alloc({align}, {n}) misaligned"
+            );
+            let m = api::memalign(align, n);
+            assert_eq!(m as usize % align, 0, "memalign({align}, {n}) misaligned");
+            for (i, p) in [out, q, m].into_iter().enumerate() {
+                // SAFETY: live allocation.
+                assert!(unsafe { api::usable_size(p) } >= n);
+                fill(p, n, (shift * 3 + i) as u8);
+                live.push((p, n, (shift * 3 + i) as u8));
+            }
+        }
+    }
+    for &(p, n, seed) in &live {
+        assert!(check(p, n, seed), "an aligned block was overwritten");
+        // SAFETY: live allocation, freed once.
+        unsafe { api::free(p) };
+    }
+}
+
+#[test]
+fn bad_alignments_are_refused() {
+    let mut out: *mut c_void = ptr::null_mut();
+    // SAFETY: valid out-parameter.
+    unsafe {
+        assert_eq!(api::posix_memalign(&mut out, 24, 10), libc::EINVAL);
+        assert_eq!(api::posix_memalign(&mut out, 0, 10), libc::EINVAL);
+    }
+    assert!(api::aligned_alloc(48, 10).is_null());
+    assert_eq!(errno(), libc::EINVAL);
+    // memalign rounds a non-power-of-two alignment up, like glibc.
+    let p = api::memalign(48, 10);
+    assert_eq!(p as usize % 64, 0);
+    // SAFETY: live allocation.
+    unsafe { api::free(p) };
+}
+
+#[test]
+fn page_allocators() {
+    let v = api::valloc(10);
+    assert_eq!(v as usize % PAGE, 0);
+    let pv = api::pvalloc(10);
+    assert_eq!(pv as usize % PAGE, 0);
+    // SAFETY: live allocations.
+    unsafe {
+        assert!(
+            api::usable_size(pv) >= PAGE,
+            "pvalloc rounds up to a whole page"
+        );
+        api::free(v);
+        api::free(pv);
+    }
+    let z = api::pvalloc(0);
+    assert!(!z.is_null());
+    // SAFETY: live allocation.
+    unsafe { api::free(z) };
+}
+
+#[test]
+fn calloc_overflow_and_zeroing() {
+    assert!(api::calloc(usize::MAX, 2).is_null());
+    assert_eq!(errno(), libc::ENOMEM);
+    assert!(api::calloc(1 << 33, 1 << 33).is_null());
+    // Dirty a slot, free it, and calloc the same size: the reused slot must come back zeroed.
+    for n in [8usize, 100, 1000, 20_000, 100_000] {
+        let mut dirty = Vec::new();
+        for _ in 0..64 {
+            let p = api::malloc(n);
+            fill(p, n, 0xAB);
+            dirty.push(p);
+        }
+        for p in dirty {
+            // SAFETY: live allocation.
+            unsafe { api::free(p) };
+        }
+        for _ in 0..64 {
+            let p = api::calloc(1, n);
+            assert!(check(p, n, 0), "calloc({n}) returned non-zero bytes");
+            fill(p, n, 0xCD);
+            // SAFETY: live allocation.
+            unsafe { api::free(p) };
+        }
+    }
+}
+
+#[test]
+fn realloc_grows_shrinks_and_stays_in_place() {
+    // SAFETY: every pointer passed is live and used once.
+    unsafe {
+        // NULL acts as malloc; size 0 frees and returns NULL (glibc).
+        let p = api::realloc(ptr::null_mut(), 40);
+        assert!(!p.is_null());
+        fill(p, 40, 7);
+        // Within the class: same pointer.
+        let q = api::realloc(p, 45);
+        assert_eq!(p, q, "realloc within the size class should not move");
+        assert!(check(q, 40, 7));
+        // Grow through small sizes into the large path and back, keeping the prefix.
+        let mut p = q;
+        let mut len = 40;
+        for n in [
+            100usize,
+            1000,
+            10_000,
+            MAX_SMALL,
+            MAX_SMALL + 1,
+            200_000,
+            5 << 20,
+            70_000,
+            500,
+            3,
+        ] {
+            p = api::realloc(p, n);
+            assert!(!p.is_null());
+            let keep = len.min(n);
+            assert!(
+                check(p, keep, 7),
+                "realloc to {n} lost the first {keep} bytes"
+            );
+            fill(p, n, 7);
+            len = n;
+        }
+        assert!(api::realloc(p, 0).is_null());
+        // Overflowing reallocarray fails and leaves the block alone.
+        let r = api::malloc(16);
+        fill(r, 16, 9);
+        assert!(api::reallocarray(r, usize::MAX, 3).is_null());
+        assert_eq!(errno(), libc::ENOMEM);
+        assert!(check(r, 16, 9));
+        let r2 = api::reallocarray(r, 4, 100);
+        assert!(check(r2, 16, 9));
+        api::free(r2);
+    }
+}
+
+#[test]
+fn usable_size_covers_the_request() {
+    for n in (0..70_000).step_by(37) {
+        let p = api::malloc(n);
+        // SAFETY: live allocation.
+        let u = unsafe { api::usable_size(p) };
+        assert!(u >= n, "usable {u} < requested {n}");
+        fill(p, u, 1);
+        // SAFETY: live allocation.
+        unsafe { api::free(p) };
+    }
+}
+
+#[test]
+fn frees_from_other_threads_come_back() {
+    // A producer allocates, consumers free: memory must be reused, not leaked.
+    let before = tidepool_alloc::stats();
+    for _round in 0..20 {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
+        let consumer = std::thread::spawn(move || {
+            for batch in rx {
+                for p in batch {
+                    assert!(check(p as *const c_void, 48, (p >> 4) as u8));
+                    // SAFETY: the producer handed these over and never touches them again.
+                    unsafe { api::free(p as *mut c_void) };
+                }
+            }
+        });
+        for _ in 0..50 {
+            let batch: Vec<usize> = (0..1000)
+                .map(|_| {
+                    let p = api::malloc(48);
+                    fill(p, 48, (p as usize >> 4) as u8);
+                    p as usize
+                })
+                .collect();
+            tx.send(batch).unwrap();
+        }
+        drop(tx);
+        consumer.join().unwrap();
+    }
+    let after = tidepool_alloc::stats();
+    let c = tidepool_alloc::classes::class_of(48);
+    let new_arenas = after.classes[c].arenas - before.classes[c].arenas;
+    // 1M allocations of 48 bytes, at most 50k live at once (2.4 MB, ~10 arenas).
+    assert!(
+        new_arenas < 40,
+        "{new_arenas} new arenas for a small live set: remote frees leak"
+    );
+}
+
+#[test]
+fn thread_exit_hands_arenas_back() {
+    let c = tidepool_alloc::classes::class_of(700);
+    let before = tidepool_alloc::stats().classes[c].arenas;
+    for _ in 0..200 {
+        std::thread::spawn(|| {
+            // Some survive the thread (freed by the main thread later), some do not.
+            let keep: Vec<usize> = (0..10).map(|_| api::malloc(700) as usize).collect();
+            for _ in 0..100 {
+                let p = api::malloc(700);
+                fill(p, 700, 3);
+                // SAFETY: live allocation.
+                unsafe { api::free(p) };
+            }
+            keep
+        })
+        .join()
+        .unwrap()
+        .into_iter()
+        // SAFETY: allocations of the exited thread, freed once here.
+        .for_each(|p| unsafe { api::free(p as *mut c_void) });
+    }
+    let after = tidepool_alloc::stats().classes[c].arenas;
+    assert!(
+        after - before < 10,
+        "200 short-lived threads took {} arenas: exiting threads strand them",
+        after - before
+    );
+}
+
+#[test]
+fn fork_child_can_allocate_and_free() {
+    // Another thread is allocating hard while we fork.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let churn = std::thread::spawn(move || {
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            let v: Vec<usize> = (0..100).map(|i| api::malloc(i * 8) as usize).collect();
+            // SAFETY: live allocations.
+            v.into_iter()
+                .for_each(|p| unsafe { api::free(p as *mut c_void) });
+        }
+    });
+    for _ in 0..20 {
+        let parent_block = api::malloc(64);
+        fill(parent_block, 64, 5);
+        // SAFETY: the child only calls the allocator and _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let mut ok = check(parent_block, 64, 5);
+            let mut blocks = Vec::with_capacity(0);
+            for i in 0..10_000usize {
+                let p = api::malloc(i % 3000);
+                fill(p, i % 3000, 1);
+                blocks.push(p);
+                if blocks.len() > 64 {
+                    // SAFETY: live allocation.
+                    unsafe { api::free(blocks.swap_remove(i % 64)) };
+                }
+            }
+            ok &= blocks.iter().all(|&p| !p.is_null());
+            // SAFETY: the parent's block is ours in the child too.
+            unsafe { api::free(parent_block) };
+            // SAFETY: _exit skips atexit handlers that could touch the parent's state.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child failed: {status}"
+        );
+        // SAFETY: live allocation.
+        unsafe { api::free(parent_block) };
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+}
+
+#[test]
+fn empty_arenas_go_back_to_the_os() {
+    // Allocate ~64 MiB of small objects, free them all, trim: RSS must drop back.
+    let rss = || -> usize {
+        let s = std::fs::read_to_string("/proc/self/statm").unwrap();
+        s.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+            * 4096
+    };
+    let base = rss();
+    let blocks: Vec<usize> = (0..400_000)
+        .map(|i| {
+            let n = 96 + (i % 5) * 16;
+            let p = api::malloc(n);
+            fill(p, n, 2);
+            p as usize
+        })
+        .collect();
+    let peak = rss();
+    assert!(
+        peak > base + (40 << 20),
+        "the blocks should have cost RSS ({base} -> {peak})"
+    );
+    // SAFETY: live allocations, each freed once.
+    blocks
+        .into_iter()
+        .for_each(|p| unsafe { api::free(p as *mut c_void) });
+    tidepool_alloc::release_thread_arenas();
+    api::trim();
+    let after = rss();
+    let retained = (peak - base) / 4;
+    assert!(
+        after < base + retained,
+        "RSS stayed at {} MiB after freeing everything (baseline {} MiB, peak {} MiB)",
+        after >> 20,
+        base >> 20,
+        peak >> 20
+    );
+}
+
+#[test]
+fn mixed_sizes_keep_their_contents() {
+    let mut live: HashMap<usize, (usize, u8)> = HashMap::new();
+    let mut seed = 1u64;
+    for i in 0..200_000u64 {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        if seed >> 62 == 0 && !live.is_empty() {
+            let k = *live.keys().next().unwrap();
+            let (n, v) = live.remove(&k).unwrap();
+            assert!(check(k as *const c_void, n, v));
+            // SAFETY: live allocation.
+            unsafe { api::free(k as *mut c_void) };
+        } else {
+            let n = match seed % 100 {
+                0..=79 => (seed >> 20) as usize % 512,
+                80..=97 => (seed >> 20) as usize % 8192,
+                _ => (seed >> 20) as usize % 300_000,
+            };
+            let p = api::malloc(n);
+            let v = i as u8;
+            fill(p, n, v);
+            assert!(
+                live.insert(p as usize, (n, v)).is_none(),
+                "pointer handed out twice"
+            );
+        }
+    }
+    for (p, (n, v)) in live {
+        assert!(check(p as *const c_void, n, v));
+        // SAFETY: live allocation.
+        unsafe { api::free(p as *mut c_void) };
+    }
+}
