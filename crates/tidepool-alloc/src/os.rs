@@ -68,10 +68,34 @@ pub unsafe fn discard(addr: usize, len: usize) {
 
 /// Writes all of `bytes` to standard error, ignoring failures (there is nowhere to report them).
 pub fn write_stderr(bytes: &[u8]) {
+    write_all(2, bytes)
+}
+
+/// Opens a file for appending (creating it), without allocating.
+pub fn open_append(path: &CStr) -> Option<i32> {
+    // SAFETY: a NUL-terminated path; open allocates nothing in user space.
+    let fd = unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC,
+            0o644,
+        )
+    };
+    (fd >= 0).then_some(fd)
+}
+
+/// Closes a descriptor from [`open_append`].
+pub fn close(fd: i32) {
+    // SAFETY: closing a descriptor we opened.
+    unsafe { libc::close(fd) };
+}
+
+/// Writes all of `bytes` to `fd`, ignoring failures.
+pub fn write_all(fd: i32, bytes: &[u8]) {
     let mut rest = bytes;
     while !rest.is_empty() {
         // SAFETY: `rest` is a valid readable slice.
-        let n = unsafe { libc::write(2, rest.as_ptr().cast(), rest.len()) };
+        let n = unsafe { libc::write(fd, rest.as_ptr().cast(), rest.len()) };
         if n <= 0 {
             return;
         }

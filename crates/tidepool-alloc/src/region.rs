@@ -11,7 +11,7 @@
 
 use crate::classes::{ARENA_BYTES, CLASSES};
 use crate::os;
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
 
 /// Grows or moves a large mapping: `(addr, old_len, new_len) -> new address`.
 pub type RemapFn = unsafe fn(addr: usize, old_len: usize, new_len: usize) -> Option<usize>;
@@ -96,8 +96,13 @@ static LEN: AtomicUsize = AtomicUsize::new(0);
 static SPAN_SHIFT: AtomicU32 = AtomicU32::new(0);
 /// Empty arenas kept resident (not given back) up to this many bytes.
 pub static RETAIN_BYTES: AtomicUsize = AtomicUsize::new(16 << 20);
-/// Whether `TIDEPOOL_ALLOC_STATS` asked for statistics at exit.
+/// Whether `TIDEPOOL_ALLOC_STATS` asked for statistics at exit: 0 no, 1 to standard error,
+/// 2 appended to the file named in [`STATS_PATH`].
 pub static STATS_AT_EXIT: AtomicU32 = AtomicU32::new(0);
+/// Longest statistics path accepted.
+pub const STATS_PATH_MAX: usize = 256;
+/// NUL-terminated statistics file path.
+pub static STATS_PATH: [AtomicU8; STATS_PATH_MAX] = [const { AtomicU8::new(0) }; STATS_PATH_MAX];
 
 /// Whether `addr` lies in the small-object region (false before initialisation).
 #[inline(always)]
@@ -163,7 +168,13 @@ fn read_environment() {
         RETAIN_BYTES.store(v, Relaxed);
     }
     if let Some(v) = os::getenv(c"TIDEPOOL_ALLOC_STATS") {
-        if !v.is_empty() && v != b"0" {
+        if v.contains(&b'/') && v.len() < STATS_PATH_MAX {
+            // A path: keep a NUL-terminated copy (the environment block may be replaced later).
+            for (i, &b) in v.iter().enumerate() {
+                STATS_PATH[i].store(b, Relaxed);
+            }
+            STATS_AT_EXIT.store(2, Relaxed);
+        } else if !v.is_empty() && v != b"0" {
             STATS_AT_EXIT.store(1, Relaxed);
         }
     }

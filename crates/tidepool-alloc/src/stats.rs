@@ -5,7 +5,10 @@ use crate::classes::{class_size, ARENA_BYTES, CLASSES};
 use crate::heap;
 use crate::large;
 use crate::os;
+use crate::region::{STATS_AT_EXIT, STATS_PATH, STATS_PATH_MAX};
 use crate::tls;
+use core::ffi::CStr;
+use core::sync::atomic::Ordering::Relaxed;
 
 /// One size class.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -70,13 +73,15 @@ pub fn snapshot() -> Stats {
 struct Line {
     buf: [u8; 160],
     len: usize,
+    fd: i32,
 }
 
 impl Line {
-    fn new() -> Self {
+    fn new(fd: i32) -> Self {
         Line {
             buf: [0; 160],
             len: 0,
+            fd,
         }
     }
 
@@ -109,15 +114,36 @@ impl Line {
 
     fn flush(&mut self) {
         self.text(b"\n");
-        os::write_stderr(&self.buf[..self.len]);
+        os::write_all(self.fd, &self.buf[..self.len]);
         self.len = 0;
     }
 }
 
-/// Writes the per-class table and totals to standard error.
+/// Writes the report where `TIDEPOOL_ALLOC_STATS` asked (standard error, or appended to the
+/// file it names), or to standard error when called directly.
 pub fn print() {
+    let mut path = [0u8; STATS_PATH_MAX];
+    let mut fd = 2;
+    if STATS_AT_EXIT.load(Relaxed) == 2 {
+        for (dst, src) in path.iter_mut().zip(STATS_PATH.iter()) {
+            *dst = src.load(Relaxed);
+        }
+        if let Some(f) = CStr::from_bytes_until_nul(&path)
+            .ok()
+            .and_then(os::open_append)
+        {
+            fd = f;
+        }
+    }
+    write_report(fd);
+    if fd != 2 {
+        os::close(fd);
+    }
+}
+
+fn write_report(fd: i32) {
     let s = snapshot();
-    let mut line = Line::new();
+    let mut line = Line::new(fd);
     line.text(b"tidepool-alloc statistics").flush();
     line.text(b"   size       allocs        frees  arenas")
         .flush();
@@ -152,7 +178,7 @@ mod tests {
 
     #[test]
     fn numbers_format_right_aligned() {
-        let mut l = Line::new();
+        let mut l = Line::new(2);
         l.num(0, 3)
             .text(b"|")
             .num(1234567, 0)
