@@ -44,8 +44,6 @@ use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering
 const DETACHED: usize = 1;
 const QUEUED: usize = 2;
 const FLAGS: usize = DETACHED | QUEUED;
-/// Periodic trim of reusable arenas, at most this often.
-const TRIM_INTERVAL_MS: u64 = 50;
 
 /// Header at the start of every arena; the allocation bitmap follows at [`HEADER_FIXED`].
 #[repr(C)]
@@ -204,19 +202,71 @@ pub unsafe fn alloc(tbl: *mut ThreadTable, c: usize) -> Block {
             return alloc_slow(tbl, c);
         }
         let bit = (!w).trailing_zeros() as usize;
-        *word = w | (1u64 << bit);
         let idx = (wi * 64 + bit) as u32;
-        (*h).used += 1;
-        let fresh = idx >= (*h).hwm;
-        if fresh {
-            (*h).hwm = idx + 1;
+        if idx >= (*h).hwm {
+            return alloc_fresh(tbl, c);
         }
+        *word = w | (1u64 << bit);
+        (*h).used += 1;
         let count = (*tbl).allocs.get_unchecked_mut(c);
         *count = count.wrapping_add(1);
         Block {
             ptr: (arena + idx as usize * (*h).size as usize) as *mut u8,
-            fresh,
+            fresh: false,
         }
+    }
+}
+
+/// The lowest free slot of the current arena has never been handed out. Before it touches a
+/// new page, prefer memory that is already resident: frees other threads sent back to this
+/// arena, then an arena of the class queued for reuse. Only then touch the fresh page. This is
+/// what keeps RSS at the live set when a class has a half-used current arena and reusable ones
+/// (each would otherwise be filled to the end), and a producer from filling whole arenas before
+/// it looks at what its consumers freed.
+#[cold]
+#[inline(never)]
+unsafe fn alloc_fresh(tbl: *mut ThreadTable, c: usize) -> Block {
+    // SAFETY: the current arena of class `c` is a real arena owned by this thread (the empty
+    // sentinel never gets here: its only word is full).
+    unsafe {
+        let arena = empty_addr().wrapping_add((*tbl).cur[c]);
+        let h = header(arena);
+        let size = (*h).size as usize;
+        let touched_end = ((*h).hwm as usize * size).next_multiple_of(PAGE);
+        let next_end = ((*h).hwm as usize + 1) * size;
+        if next_end > touched_end {
+            if (*h).remote.load(Relaxed) & !FLAGS != 0 {
+                collect(arena);
+            } else if CLASS[c].reusable.load(Relaxed) != 0 {
+                let class = &CLASS[c];
+                if let Some(other) = pop(&class.reusable, &class.reusable_lock) {
+                    let me = tbl as usize;
+                    let threshold = (capacity(c) as u32 / 8).min((*h).used);
+                    // The fresh tail stays untouched (address space only) until frees make
+                    // the arena worth queueing again.
+                    (*tbl).cur[c] = 0;
+                    if let Detach::HasRoom = detach(arena, me, threshold, false) {
+                        os::fatal(b"internal error: detach without keep_if_room kept the arena");
+                    }
+                    adopt(other, me);
+                    (*tbl).cur[c] = other.wrapping_sub(empty_addr());
+                    return counted(tbl, c, take_scanning(other));
+                }
+            }
+        }
+        counted(tbl, c, take_scanning(arena))
+    }
+}
+
+/// Counts a slow-path allocation.
+unsafe fn counted(tbl: *mut ThreadTable, c: usize, b: Option<Block>) -> Block {
+    match b {
+        // SAFETY: the calling thread's table.
+        Some(b) => unsafe {
+            (*tbl).allocs[c] = (*tbl).allocs[c].wrapping_add(1);
+            b
+        },
+        None => os::fatal(b"internal error: an arena with a free slot has none"),
     }
 }
 
@@ -531,11 +581,15 @@ unsafe fn acquire(c: usize, tbl: usize) -> Option<usize> {
             if (*h).resident == 1 {
                 RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
                 (*h).resident = 0;
+            } else {
+                // Its pages were given back: taking it grows RSS like a new arena.
+                offset_new_arena(tbl);
             }
             (*h).owner.store(tbl, Relaxed);
         }
         return Some(arena);
     }
+    offset_new_arena(tbl);
     let (span_start, span_len) = region::class_span(c);
     let offset = class.bump.fetch_add(ARENA_BYTES, Relaxed);
     if offset + ARENA_BYTES > span_len {
@@ -545,6 +599,57 @@ unsafe fn acquire(c: usize, tbl: usize) -> Option<usize> {
     // SAFETY: fresh from the bump pointer.
     unsafe { init_fresh(arena, c, tbl) };
     Some(arena)
+}
+
+/// A class is about to take a never-used arena, whose pages will add to RSS: give back the
+/// pages of one empty arena of any class first. Size classes keep their arenas apart, so
+/// without this the peak RSS of a phased program would be the sum of every class's own peak
+/// rather than the peak of the sum. Empty arenas still queued for reuse are retired first.
+fn offset_new_arena(me: usize) {
+    if RESIDENT_EMPTY.load(Relaxed) < ARENA_BYTES {
+        for class in CLASS.iter() {
+            trim_reusable(class, me);
+        }
+    }
+    if RESIDENT_EMPTY.load(Relaxed) < ARENA_BYTES {
+        return;
+    }
+    for class in CLASS.iter() {
+        if class.empty.load(Relaxed) == 0 || class.empty_lock.swap(true, Acquire) {
+            continue;
+        }
+        let mut chain = class.empty.swap(0, Acquire);
+        class.empty_lock.store(false, Release);
+        let mut released = false;
+        while chain != 0 {
+            let arena = chain;
+            let h = header(arena);
+            // SAFETY: the swap gave us the chain; each arena is empty and ours until pushed.
+            unsafe {
+                chain = (*h).next.load(Relaxed);
+                if !released && (*h).resident == 1 {
+                    release_pages(arena);
+                    released = true;
+                }
+                push(&class.empty, h);
+            }
+        }
+        if released {
+            return;
+        }
+    }
+}
+
+/// Gives back the pages of a resident empty arena we hold, past its header page.
+unsafe fn release_pages(arena: usize) {
+    let h = header(arena);
+    // SAFETY: the caller holds the arena, which has no live objects.
+    unsafe {
+        RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
+        (region::source().discard)(arena + PAGE, ARENA_BYTES - PAGE);
+        (*h).resident = 0;
+        (*h).hwm = slots_in_header_page((*h).class as usize) as u32;
+    }
 }
 
 /// The slow path: the current arena's hint word is full.
@@ -683,7 +788,7 @@ pub unsafe fn release_thread(tbl: *mut ThreadTable) {
 fn maybe_trim(me: usize) {
     let now = os::coarse_millis();
     let last = LAST_TRIM_MS.load(Relaxed);
-    if now.saturating_sub(last) < TRIM_INTERVAL_MS
+    if now.saturating_sub(last) < region::TRIM_INTERVAL_MS.load(Relaxed) as u64
         || LAST_TRIM_MS
             .compare_exchange(last, now, Relaxed, Relaxed)
             .is_err()
@@ -717,10 +822,7 @@ fn release_retained(class: &ClassState) {
         unsafe {
             chain = (*h).next.load(Relaxed);
             if (*h).resident == 1 {
-                RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
-                (region::source().discard)(arena + PAGE, ARENA_BYTES - PAGE);
-                (*h).resident = 0;
-                (*h).hwm = slots_in_header_page((*h).class as usize) as u32;
+                release_pages(arena);
             }
             push(&class.empty, h);
         }
@@ -803,6 +905,15 @@ pub fn class_counters(c: usize) -> (u64, u64, usize) {
         class.frees.load(Relaxed),
         class.bump.load(Relaxed).min(span) / ARENA_BYTES,
     )
+}
+
+/// Resident bytes of class `c`'s arenas (mincore over every arena the class has taken).
+pub fn class_resident_bytes(c: usize) -> usize {
+    let (start, span) = region::class_span(c);
+    let arenas = CLASS[c].bump.load(Relaxed).min(span) / ARENA_BYTES;
+    (0..arenas)
+        .map(|i| os::resident_pages(start + i * ARENA_BYTES, ARENA_BYTES / PAGE) * PAGE)
+        .sum()
 }
 
 /// Bytes of empty arenas currently kept resident.

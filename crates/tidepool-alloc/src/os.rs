@@ -66,6 +66,18 @@ pub unsafe fn discard(addr: usize, len: usize) {
     unsafe { libc::madvise(addr as *mut c_void, len, libc::MADV_DONTNEED) };
 }
 
+/// Pages of `[addr, addr + pages * PAGE)` that are resident, for up to 64 pages.
+pub fn resident_pages(addr: usize, pages: usize) -> usize {
+    let mut vec = [0u8; 64];
+    let pages = pages.min(vec.len());
+    // SAFETY: `vec` has room for one byte per page asked about; mincore only reads the mapping.
+    let rc = unsafe { libc::mincore(addr as *mut c_void, pages * 4096, vec.as_mut_ptr()) };
+    if rc != 0 {
+        return 0;
+    }
+    vec[..pages].iter().filter(|&&b| b & 1 != 0).count()
+}
+
 /// Writes all of `bytes` to standard error, ignoring failures (there is nowhere to report them).
 pub fn write_stderr(bytes: &[u8]) {
     write_all(2, bytes)

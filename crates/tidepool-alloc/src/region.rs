@@ -95,7 +95,10 @@ static BASE: AtomicUsize = AtomicUsize::new(0);
 static LEN: AtomicUsize = AtomicUsize::new(0);
 static SPAN_SHIFT: AtomicU32 = AtomicU32::new(0);
 /// Empty arenas kept resident (not given back) up to this many bytes.
-pub static RETAIN_BYTES: AtomicUsize = AtomicUsize::new(16 << 20);
+pub static RETAIN_BYTES: AtomicUsize = AtomicUsize::new(4 << 20);
+/// Empty arenas beyond the retained budget are given back at most this often
+/// (`TIDEPOOL_ALLOC_TRIM_MS`).
+pub static TRIM_INTERVAL_MS: AtomicU32 = AtomicU32::new(50);
 /// Whether `TIDEPOOL_ALLOC_STATS` asked for statistics at exit: 0 no, 1 to standard error,
 /// 2 appended to the file named in [`STATS_PATH`].
 pub static STATS_AT_EXIT: AtomicU32 = AtomicU32::new(0);
@@ -166,6 +169,9 @@ fn init_slow(on_ready: fn()) -> bool {
 fn read_environment() {
     if let Some(v) = os::getenv(c"TIDEPOOL_ALLOC_RETAIN").and_then(parse_size) {
         RETAIN_BYTES.store(v, Relaxed);
+    }
+    if let Some(v) = os::getenv(c"TIDEPOOL_ALLOC_TRIM_MS").and_then(parse_size) {
+        TRIM_INTERVAL_MS.store(v.min(u32::MAX as usize) as u32, Relaxed);
     }
     if let Some(v) = os::getenv(c"TIDEPOOL_ALLOC_STATS") {
         if v.contains(&b'/') && v.len() < STATS_PATH_MAX {

@@ -22,6 +22,8 @@ pub struct ClassStats {
     pub frees: u64,
     /// Arenas ever taken from the class's span.
     pub arenas: usize,
+    /// Bytes of those arenas resident now (headers included).
+    pub resident: usize,
 }
 
 /// A snapshot of the allocator's counters.
@@ -54,6 +56,7 @@ pub fn snapshot() -> Stats {
             allocs,
             frees,
             arenas,
+            resident: heap::class_resident_bytes(c),
         };
         arena_bytes += arenas * ARENA_BYTES;
     }
@@ -145,13 +148,14 @@ fn write_report(fd: i32) {
     let s = snapshot();
     let mut line = Line::new(fd);
     line.text(b"tidepool-alloc statistics").flush();
-    line.text(b"   size       allocs        frees  arenas")
+    line.text(b"   size       allocs        frees  arenas  resident KiB")
         .flush();
     for c in s.classes.iter().filter(|c| c.allocs > 0 || c.arenas > 0) {
         line.num(c.size as u64, 7)
             .num(c.allocs, 13)
             .num(c.frees, 13)
             .num(c.arenas as u64, 8)
+            .num((c.resident >> 10) as u64, 14)
             .flush();
     }
     line.text(b"  large")

@@ -425,3 +425,37 @@ fn mixed_sizes_keep_their_contents() {
         unsafe { api::free(p as *mut c_void) };
     }
 }
+
+#[test]
+fn freed_arenas_are_reused_before_new_ones() {
+    // Rounds of: allocate a batch (some short-lived, most kept), then free the kept ones
+    // together. After the first round, no round may need more arenas than the first.
+    for n in [32768usize, 4000, 300, 24] {
+        let c = tidepool_alloc::classes::class_of(n);
+        let arenas = || tidepool_alloc::stats().classes[c].arenas;
+        let mut after_first = 0;
+        for round in 0..6 {
+            let mut kept = Vec::new();
+            for i in 0..3000 {
+                let p = api::malloc(n);
+                fill(p, n, 1);
+                if i % 3 == 0 {
+                    // SAFETY: live allocation.
+                    unsafe { api::free(p) };
+                } else {
+                    kept.push(p);
+                }
+            }
+            // SAFETY: live allocations.
+            kept.into_iter().for_each(|p| unsafe { api::free(p) });
+            if round == 0 {
+                after_first = arenas();
+            }
+        }
+        assert!(
+            arenas() <= after_first + 1,
+            "size {n}: {} arenas after 6 rounds, {after_first} after one",
+            arenas()
+        );
+    }
+}

@@ -7,6 +7,7 @@
 //! `DIR/SUITE.png` with matplotlib, prints a table, and shows a progress bar while it runs.
 #![forbid(unsafe_code)]
 
+pub mod alloc;
 pub mod report;
 pub mod store;
 
@@ -170,7 +171,7 @@ pub trait Suite {
 
 /// Every suite `tidepool bench` knows.
 pub fn suites() -> Vec<Box<dyn Suite>> {
-    vec![Box::new(store::StoreSuite)]
+    vec![Box::new(store::StoreSuite), Box::new(alloc::AllocSuite)]
 }
 
 /// Runs one suite end to end and writes its JSON and PNG. Returns the report.

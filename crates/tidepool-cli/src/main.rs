@@ -212,6 +212,7 @@ fn run(cli: Cli) -> Result<()> {
             "share" => {
                 tidepool_bench::store::share_worker(tidepool_bench::store::ShareArgs::parse(&args)?)
             }
+            "alloc" => tidepool_bench::alloc::worker(&args),
             other => anyhow::bail!("unknown bench worker '{other}'"),
         },
     }

@@ -7,34 +7,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// The preload library, built in release mode into a target directory of its own: cargo builds
-/// only the rlib of this package for its tests, and a nested build in the outer target directory
-/// would wait on the outer cargo's lock.
+/// The preload library, built in release mode into a target directory of its own (cargo builds
+/// only the rlib of this package for its tests).
 fn library() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
         let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
-        let out = Command::new(env!("CARGO"))
-            .args([
-                "build",
-                "--release",
-                "--quiet",
-                "-p",
-                "tidepool-malloc",
-                "--target-dir",
-            ])
-            .arg(&target)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .output()
-            .expect("running cargo to build libtidepool_malloc.so");
-        assert!(
-            out.status.success(),
-            "building libtidepool_malloc.so failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lib = target.join("release/libtidepool_malloc.so");
-        assert!(lib.exists(), "{} missing after the build", lib.display());
-        lib
+        tidepool_bench::alloc::build_library_into(&target, Path::new(env!("CARGO_MANIFEST_DIR")))
+            .expect("libtidepool_malloc.so")
     })
     .clone()
 }
