@@ -15,9 +15,9 @@
 //!   arenas stay resident; beyond that their pages past the header are given back to the OS, so
 //!   RSS follows the live set.
 //!
-//! `remote` packs the list head (objects are 16-byte aligned) with the `DETACHED` and `QUEUED`
-//! flags, so the owner's detach (empty list, no flags -> `DETACHED`), a free's push and its
-//! decision to queue all hinge on one compare-and-swap.
+//! `remote` packs the list head (objects are 16-byte aligned), the uncollected count and the
+//! `DETACHED` and `QUEUED` flags, so the owner's detach (empty list, no flags -> `DETACHED`), a
+//! free's push, its count and its decision to queue all hinge on one compare-and-swap.
 //!
 //! # The empty table
 //!
@@ -44,6 +44,10 @@ use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering
 const DETACHED: usize = 1;
 const QUEUED: usize = 2;
 const FLAGS: usize = DETACHED | QUEUED;
+/// Remote-list head bits: objects are 16-byte aligned and user addresses fit in 47 bits.
+const LIST: usize = 0x0000_ffff_ffff_fff0;
+/// Uncollected remote frees, in the top 16 bits (an arena has at most 16 384 slots).
+const COUNT_SHIFT: u32 = 48;
 
 /// Header at the start of every arena; the allocation bitmap follows at [`HEADER_FIXED`].
 #[repr(C)]
@@ -70,10 +74,9 @@ pub struct ArenaHeader {
     owner: AtomicUsize,
     _pad1: [u64; 1],
     // Second cache line: shared with freeing threads.
-    /// Remote-free list head | `DETACHED` | `QUEUED`.
+    /// Uncollected remote frees (top 16 bits) | list head | `DETACHED` | `QUEUED`.
     remote: AtomicUsize,
-    /// Remote frees not yet collected.
-    remote_count: AtomicU32,
+    _pad_count: u32,
     /// Uncollected frees at which a detached arena is worth queueing for reuse.
     queue_threshold: AtomicU32,
     /// Link in the reusable or empty stack.
@@ -100,7 +103,7 @@ impl ArenaHeader {
             owner: AtomicUsize::new(0),
             _pad1: [0; 1],
             remote: AtomicUsize::new(0),
-            remote_count: AtomicU32::new(0),
+            _pad_count: 0,
             queue_threshold: AtomicU32::new(0),
             next: AtomicUsize::new(0),
             _pad2: [0; 5],
@@ -235,7 +238,7 @@ unsafe fn alloc_fresh(tbl: *mut ThreadTable, c: usize) -> Block {
         let touched_end = ((*h).hwm as usize * size).next_multiple_of(PAGE);
         let next_end = ((*h).hwm as usize + 1) * size;
         if next_end > touched_end {
-            if (*h).remote.load(Relaxed) & !FLAGS != 0 {
+            if (*h).remote.load(Relaxed) & LIST != 0 {
                 collect(arena);
             } else if CLASS[c].reusable.load(Relaxed) != 0 {
                 let class = &CLASS[c];
@@ -326,50 +329,39 @@ unsafe fn clear_bit(arena: usize, p: usize) {
     }
 }
 
-/// A free into an arena this thread does not own: push onto its remote list.
+/// A free into an arena this thread does not own: push onto its remote list. One CAS pushes the
+/// object, counts it, and (for a detached arena reaching its threshold) marks the arena queued;
+/// the free that queued it then pushes it onto the class's reusable stack.
 #[inline(never)]
 unsafe fn free_remote(h: *mut ArenaHeader, p: usize) {
     // SAFETY: `h` is an initialised arena header; `p` is a dead object of at least 16 bytes in
     // it, so its first word can carry the list link.
     unsafe {
-        let pending = (*h).remote_count.fetch_add(1, Relaxed) + 1;
-        let mut old = (*h).remote.load(Relaxed);
+        let mut old = (*h).remote.load(Acquire);
         loop {
-            *(p as *mut usize) = old & !FLAGS;
-            match (*h)
-                .remote
-                .compare_exchange_weak(old, p | (old & FLAGS), AcqRel, Relaxed)
-            {
-                Ok(_) => break,
+            *(p as *mut usize) = old & LIST;
+            let count = (old >> COUNT_SHIFT) + 1;
+            let mut flags = old & FLAGS;
+            // The Acquire load that saw DETACHED makes the detaching owner's threshold visible.
+            let queue = flags == DETACHED && count as u32 >= (*h).queue_threshold.load(Relaxed);
+            if queue {
+                flags |= QUEUED;
+            }
+            match (*h).remote.compare_exchange_weak(
+                old,
+                p | (count << COUNT_SHIFT) | flags,
+                AcqRel,
+                Acquire,
+            ) {
+                Ok(_) => {
+                    if queue {
+                        push(&CLASS[(*h).class as usize].reusable, h);
+                    }
+                    return;
+                }
                 Err(now) => old = now,
             }
         }
-        if old & FLAGS == DETACHED && pending >= (*h).queue_threshold.load(Relaxed) {
-            try_queue(h);
-        }
-    }
-}
-
-/// Marks a detached arena queued and pushes it onto its class's reusable stack, unless someone
-/// already did or it was adopted meanwhile.
-unsafe fn try_queue(h: *mut ArenaHeader) {
-    // SAFETY: `h` is an initialised arena header.
-    unsafe {
-        let mut old = (*h).remote.load(Relaxed);
-        loop {
-            if old & FLAGS != DETACHED {
-                return;
-            }
-            match (*h)
-                .remote
-                .compare_exchange_weak(old, old | QUEUED, AcqRel, Relaxed)
-            {
-                Ok(_) => break,
-                Err(now) => old = now,
-            }
-        }
-        let c = (*h).class as usize;
-        push(&CLASS[c].reusable, h);
     }
 }
 
@@ -379,7 +371,7 @@ unsafe fn collect(arena: usize) -> u32 {
     // SAFETY: the caller owns the arena; the Acquire swap pairs with the Release CAS of every
     // `free_remote` that pushed onto the list.
     unsafe {
-        let list = (*header(arena)).remote.swap(0, Acquire) & !FLAGS;
+        let list = (*header(arena)).remote.swap(0, Acquire) & LIST;
         fold(arena, list)
     }
 }
@@ -399,7 +391,6 @@ unsafe fn fold(arena: usize, list: usize) -> u32 {
             n += 1;
         }
         if n > 0 {
-            (*h).remote_count.fetch_sub(n, Relaxed);
             CLASS[(*h).class as usize]
                 .frees
                 .fetch_add(n as u64, Relaxed);
@@ -485,7 +476,7 @@ unsafe fn adopt(arena: usize, tbl: usize) {
     // DETACHED|QUEUED at once, after which frees see an owned arena and only push.
     unsafe {
         (*h).owner.store(tbl, Relaxed);
-        let list = (*h).remote.swap(0, Acquire) & !FLAGS;
+        let list = (*h).remote.swap(0, Acquire) & LIST;
         fold(arena, list);
     }
 }

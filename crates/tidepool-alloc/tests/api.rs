@@ -230,74 +230,6 @@ fn usable_size_covers_the_request() {
 }
 
 #[test]
-fn frees_from_other_threads_come_back() {
-    // A producer allocates, consumers free: memory must be reused, not leaked.
-    let before = tidepool_alloc::stats();
-    for _round in 0..20 {
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<usize>>();
-        let consumer = std::thread::spawn(move || {
-            for batch in rx {
-                for p in batch {
-                    assert!(check(p as *const c_void, 48, (p >> 4) as u8));
-                    // SAFETY: the producer handed these over and never touches them again.
-                    unsafe { api::free(p as *mut c_void) };
-                }
-            }
-        });
-        for _ in 0..50 {
-            let batch: Vec<usize> = (0..1000)
-                .map(|_| {
-                    let p = api::malloc(48);
-                    fill(p, 48, (p as usize >> 4) as u8);
-                    p as usize
-                })
-                .collect();
-            tx.send(batch).unwrap();
-        }
-        drop(tx);
-        consumer.join().unwrap();
-    }
-    let after = tidepool_alloc::stats();
-    let c = tidepool_alloc::classes::class_of(48);
-    let new_arenas = after.classes[c].arenas - before.classes[c].arenas;
-    // 1M allocations of 48 bytes, at most 50k live at once (2.4 MB, ~10 arenas).
-    assert!(
-        new_arenas < 40,
-        "{new_arenas} new arenas for a small live set: remote frees leak"
-    );
-}
-
-#[test]
-fn thread_exit_hands_arenas_back() {
-    let c = tidepool_alloc::classes::class_of(700);
-    let before = tidepool_alloc::stats().classes[c].arenas;
-    for _ in 0..200 {
-        std::thread::spawn(|| {
-            // Some survive the thread (freed by the main thread later), some do not.
-            let keep: Vec<usize> = (0..10).map(|_| api::malloc(700) as usize).collect();
-            for _ in 0..100 {
-                let p = api::malloc(700);
-                fill(p, 700, 3);
-                // SAFETY: live allocation.
-                unsafe { api::free(p) };
-            }
-            keep
-        })
-        .join()
-        .unwrap()
-        .into_iter()
-        // SAFETY: allocations of the exited thread, freed once here.
-        .for_each(|p| unsafe { api::free(p as *mut c_void) });
-    }
-    let after = tidepool_alloc::stats().classes[c].arenas;
-    assert!(
-        after - before < 10,
-        "200 short-lived threads took {} arenas: exiting threads strand them",
-        after - before
-    );
-}
-
-#[test]
 fn fork_child_can_allocate_and_free() {
     // Another thread is allocating hard while we fork.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -348,49 +280,6 @@ fn fork_child_can_allocate_and_free() {
 }
 
 #[test]
-fn empty_arenas_go_back_to_the_os() {
-    // Allocate ~64 MiB of small objects, free them all, trim: RSS must drop back.
-    let rss = || -> usize {
-        let s = std::fs::read_to_string("/proc/self/statm").unwrap();
-        s.split_whitespace()
-            .nth(1)
-            .unwrap()
-            .parse::<usize>()
-            .unwrap()
-            * 4096
-    };
-    let base = rss();
-    let blocks: Vec<usize> = (0..400_000)
-        .map(|i| {
-            let n = 96 + (i % 5) * 16;
-            let p = api::malloc(n);
-            fill(p, n, 2);
-            p as usize
-        })
-        .collect();
-    let peak = rss();
-    assert!(
-        peak > base + (40 << 20),
-        "the blocks should have cost RSS ({base} -> {peak})"
-    );
-    // SAFETY: live allocations, each freed once.
-    blocks
-        .into_iter()
-        .for_each(|p| unsafe { api::free(p as *mut c_void) });
-    tidepool_alloc::release_thread_arenas();
-    api::trim();
-    let after = rss();
-    let retained = (peak - base) / 4;
-    assert!(
-        after < base + retained,
-        "RSS stayed at {} MiB after freeing everything (baseline {} MiB, peak {} MiB)",
-        after >> 20,
-        base >> 20,
-        peak >> 20
-    );
-}
-
-#[test]
 fn mixed_sizes_keep_their_contents() {
     let mut live: HashMap<usize, (usize, u8)> = HashMap::new();
     let mut seed = 1u64;
@@ -423,39 +312,5 @@ fn mixed_sizes_keep_their_contents() {
         assert!(check(p as *const c_void, n, v));
         // SAFETY: live allocation.
         unsafe { api::free(p as *mut c_void) };
-    }
-}
-
-#[test]
-fn freed_arenas_are_reused_before_new_ones() {
-    // Rounds of: allocate a batch (some short-lived, most kept), then free the kept ones
-    // together. After the first round, no round may need more arenas than the first.
-    for n in [32768usize, 4000, 300, 24] {
-        let c = tidepool_alloc::classes::class_of(n);
-        let arenas = || tidepool_alloc::stats().classes[c].arenas;
-        let mut after_first = 0;
-        for round in 0..6 {
-            let mut kept = Vec::new();
-            for i in 0..3000 {
-                let p = api::malloc(n);
-                fill(p, n, 1);
-                if i % 3 == 0 {
-                    // SAFETY: live allocation.
-                    unsafe { api::free(p) };
-                } else {
-                    kept.push(p);
-                }
-            }
-            // SAFETY: live allocations.
-            kept.into_iter().for_each(|p| unsafe { api::free(p) });
-            if round == 0 {
-                after_first = arenas();
-            }
-        }
-        assert!(
-            arenas() <= after_first + 1,
-            "size {n}: {} arenas after 6 rounds, {after_first} after one",
-            arenas()
-        );
     }
 }
