@@ -69,10 +69,13 @@ pub struct ArenaHeader {
     capacity: u32,
     /// On the empty stack: its pages are still resident (counted in `RESIDENT_EMPTY`).
     resident: u32,
-    _pad0: [u32; 2],
+    /// Where its owner keeps it: [`CURRENT`], [`FULL`], [`PARTIAL`] or [`UNLISTED`].
+    state: u32,
+    _pad0: u32,
     /// Address of the owning thread's table; zero when detached.
     owner: AtomicUsize,
-    _pad1: [u64; 1],
+    /// Links in the owner's full or partial list of the class.
+    local_next: usize,
     // Second cache line: shared with freeing threads.
     /// Uncollected remote frees (top 16 bits) | list head | `DETACHED` | `QUEUED`.
     remote: AtomicUsize,
@@ -81,8 +84,18 @@ pub struct ArenaHeader {
     queue_threshold: AtomicU32,
     /// Link in the reusable or empty stack.
     next: AtomicUsize,
-    _pad2: [u64; 5],
+    local_prev: usize,
+    _pad2: [u64; 4],
 }
+
+/// Not in any of its owner's lists (detached, on a stack, or being moved).
+const UNLISTED: u32 = 0;
+/// Its owner's current arena of the class.
+const CURRENT: u32 = 1;
+/// Owned, full when last looked at, on the owner's full list.
+const FULL: u32 = 2;
+/// Owned, with free slots, on the owner's partial list.
+const PARTIAL: u32 = 3;
 
 const _: () = assert!(core::mem::size_of::<ArenaHeader>() == HEADER_FIXED);
 
@@ -99,14 +112,16 @@ impl ArenaHeader {
             first_slot: 0,
             capacity: 0,
             resident: 0,
-            _pad0: [0; 2],
+            state: UNLISTED,
+            _pad0: 0,
             owner: AtomicUsize::new(0),
-            _pad1: [0; 1],
+            local_next: 0,
             remote: AtomicUsize::new(0),
             _pad_count: 0,
             queue_threshold: AtomicU32::new(0),
             next: AtomicUsize::new(0),
-            _pad2: [0; 5],
+            local_prev: 0,
+            _pad2: [0; 4],
         }
     }
 }
@@ -240,24 +255,49 @@ unsafe fn alloc_fresh(tbl: *mut ThreadTable, c: usize) -> Block {
         if next_end > touched_end {
             if (*h).remote.load(Relaxed) & LIST != 0 {
                 collect(arena);
-            } else if CLASS[c].reusable.load(Relaxed) != 0 {
+                return counted(tbl, c, take_scanning(arena));
+            }
+            // A partial arena of ours with a hole in touched memory.
+            let mut p = (*tbl).partial[c];
+            for _ in 0..4 {
+                if p == 0 {
+                    break;
+                }
+                if lowest_free(p).is_some_and(|idx| idx < (*header(p)).hwm) {
+                    list_remove(tbl, c, PARTIAL, p);
+                    return switch_current(tbl, c, arena, p);
+                }
+                p = (*header(p)).local_next;
+            }
+            // An arena other threads queued for reuse.
+            if CLASS[c].reusable.load(Relaxed) != 0 {
                 let class = &CLASS[c];
                 if let Some(other) = pop(&class.reusable, &class.reusable_lock) {
-                    let me = tbl as usize;
-                    let threshold = (capacity(c) as u32 / 8).min((*h).used);
-                    // The fresh tail stays untouched (address space only) until frees make
-                    // the arena worth queueing again.
-                    (*tbl).cur[c] = 0;
-                    if let Detach::HasRoom = detach(arena, me, threshold, false) {
-                        os::fatal(b"internal error: detach without keep_if_room kept the arena");
-                    }
-                    adopt(other, me);
-                    (*tbl).cur[c] = other.wrapping_sub(empty_addr());
-                    return counted(tbl, c, take_scanning(other));
+                    adopt(other, tbl as usize);
+                    return switch_current(tbl, c, arena, other);
                 }
             }
         }
         counted(tbl, c, take_scanning(arena))
+    }
+}
+
+/// Parks the current arena (it has room, in its fresh tail) on the partial list and makes
+/// `next`, which this thread owns, current.
+unsafe fn switch_current(tbl: *mut ThreadTable, c: usize, current: usize, next: usize) -> Block {
+    // SAFETY: both arenas are owned by the calling thread.
+    unsafe {
+        list_push(tbl, c, PARTIAL, current);
+        make_current(tbl, c, next);
+        counted(tbl, c, take_scanning(next))
+    }
+}
+
+unsafe fn make_current(tbl: *mut ThreadTable, c: usize, arena: usize) {
+    // SAFETY: the calling thread's table and an arena it owns.
+    unsafe {
+        (*header(arena)).state = CURRENT;
+        (*tbl).cur[c] = arena.wrapping_sub(empty_addr());
     }
 }
 
@@ -290,6 +330,119 @@ pub unsafe fn free(tbl: *mut ThreadTable, p: usize) {
         clear_bit(arena, p);
         let count = (*tbl).frees.get_unchecked_mut((*h).class as usize);
         *count = count.wrapping_add(1);
+        if (*h).state == FULL {
+            unfull(tbl, arena);
+        }
+    }
+}
+
+/// A free made room in one of this thread's full arenas: move it to the partial list.
+#[cold]
+#[inline(never)]
+unsafe fn unfull(tbl: *mut ThreadTable, arena: usize) {
+    // SAFETY: the arena is owned by the calling thread, whose table this is.
+    unsafe {
+        let c = (*header(arena)).class as usize;
+        list_remove(tbl, c, FULL, arena);
+        list_push(tbl, c, PARTIAL, arena);
+    }
+}
+
+/// The owner's list head for `state` in class `c`.
+unsafe fn list_head(tbl: *mut ThreadTable, c: usize, state: u32) -> *mut usize {
+    // SAFETY: the calling thread's table; `c < CLASSES`.
+    unsafe {
+        if state == FULL {
+            &mut (*tbl).full[c]
+        } else {
+            &mut (*tbl).partial[c]
+        }
+    }
+}
+
+/// Pushes an owned arena onto the front of its owner's full or partial list.
+unsafe fn list_push(tbl: *mut ThreadTable, c: usize, state: u32, arena: usize) {
+    // SAFETY: owner-only fields of arenas the calling thread owns.
+    unsafe {
+        let head = list_head(tbl, c, state);
+        let h = header(arena);
+        (*h).state = state;
+        (*h).local_prev = 0;
+        (*h).local_next = *head;
+        if *head != 0 {
+            (*header(*head)).local_prev = arena;
+        }
+        *head = arena;
+    }
+}
+
+/// Unlinks an owned arena from the list its state names.
+unsafe fn list_remove(tbl: *mut ThreadTable, c: usize, state: u32, arena: usize) {
+    // SAFETY: owner-only fields of arenas the calling thread owns.
+    unsafe {
+        let head = list_head(tbl, c, state);
+        let h = header(arena);
+        let (prev, next) = ((*h).local_prev, (*h).local_next);
+        if prev != 0 {
+            (*header(prev)).local_next = next;
+        } else {
+            *head = next;
+        }
+        if next != 0 {
+            (*header(next)).local_prev = prev;
+        }
+        if state == FULL && (*tbl).full_cursor[c] == arena {
+            (*tbl).full_cursor[c] = next;
+        }
+        (*h).state = UNLISTED;
+        (*h).local_next = 0;
+        (*h).local_prev = 0;
+    }
+}
+
+/// Lowest free slot of an owned arena, without taking it.
+unsafe fn lowest_free(arena: usize) -> Option<u32> {
+    let h = header(arena);
+    // SAFETY: the caller owns the arena.
+    unsafe {
+        for wi in (*h).hint..(*h).words {
+            let w = *bitmap_word(arena, wi as usize);
+            if w != u64::MAX {
+                return Some(wi * 64 + (!w).trailing_zeros());
+            }
+        }
+    }
+    None
+}
+
+/// One of this thread's own arenas of class `c` with room: the partial list first, then a few
+/// full arenas (round robin) that other threads have freed into.
+unsafe fn take_owned(tbl: *mut ThreadTable, c: usize) -> Option<usize> {
+    // SAFETY: the calling thread's table and arenas.
+    unsafe {
+        let p = (*tbl).partial[c];
+        if p != 0 {
+            list_remove(tbl, c, PARTIAL, p);
+            return Some(p);
+        }
+        for _ in 0..8 {
+            let mut f = (*tbl).full_cursor[c];
+            if f == 0 {
+                f = (*tbl).full[c];
+                if f == 0 {
+                    return None;
+                }
+            }
+            (*tbl).full_cursor[c] = (*header(f)).local_next;
+            if (*header(f)).remote.load(Relaxed) & LIST != 0 {
+                collect(f);
+                if (*header(f)).used < (*header(f)).capacity {
+                    list_remove(tbl, c, FULL, f);
+                    return Some(f);
+                }
+            }
+        }
+        None
     }
 }
 
@@ -598,8 +751,11 @@ unsafe fn acquire(c: usize, tbl: usize) -> Option<usize> {
 /// rather than the peak of the sum. Empty arenas still queued for reuse are retired first.
 fn offset_new_arena(me: usize) {
     if RESIDENT_EMPTY.load(Relaxed) < ARENA_BYTES {
-        for class in CLASS.iter() {
-            trim_reusable(class, me);
+        // SAFETY: `me` is the calling thread's table.
+        if unsafe { retire_own_empties(me as *mut ThreadTable, 1) } == 0 {
+            for class in CLASS.iter() {
+                trim_reusable(class, me);
+            }
         }
     }
     if RESIDENT_EMPTY.load(Relaxed) < ARENA_BYTES {
@@ -677,22 +833,24 @@ unsafe fn refill(tbl: *mut ThreadTable, c: usize) -> Block {
                 if let Some(b) = take_scanning(current) {
                     return b;
                 }
-                if collect(current) > 0 {
-                    continue;
-                }
-                match detach(current, me, (capacity(c) / 8) as u32, true) {
-                    Detach::HasRoom => continue,
-                    Detach::Done | Detach::Emptied => break,
+                if collect(current) == 0 {
+                    break;
                 }
             }
+            // Full: it stays ours, on the full list, so our own frees into it stay local.
             (*tbl).cur[c] = 0;
+            list_push(tbl, c, FULL, current);
         }
-        maybe_trim(me);
-        let Some(arena) = acquire(c, me) else {
-            // The class's span is exhausted: serve this one from the large-object path.
-            return crate::large::alloc(class_size(c), 16);
+        maybe_trim(tbl);
+        let arena = match take_owned(tbl, c) {
+            Some(a) => a,
+            None => match acquire(c, me) {
+                Some(a) => a,
+                // The class's span is exhausted: serve this one from the large-object path.
+                None => return crate::large::alloc(class_size(c), 16),
+            },
         };
-        (*tbl).cur[c] = arena.wrapping_sub(empty_addr());
+        make_current(tbl, c, arena);
         match take_scanning(arena) {
             Some(b) => b,
             None => os::fatal(b"internal error: a newly acquired arena is full"),
@@ -756,27 +914,47 @@ pub unsafe fn release_thread(tbl: *mut ThreadTable) {
         let me = tbl as usize;
         for c in 0..CLASSES {
             let arena = empty_addr().wrapping_add((*tbl).cur[c]);
-            if arena == empty_addr() {
-                continue;
+            if arena != empty_addr() {
+                (*tbl).cur[c] = 0;
+                (*header(arena)).state = UNLISTED;
+                give_up(arena, me);
             }
-            (*tbl).cur[c] = 0;
-            collect(arena);
-            let h = header(arena);
-            if (*h).used == 0 {
-                retire_empty(arena);
-            } else {
-                let threshold = (capacity(c) as u32 / 8).min((*h).used);
-                if let Detach::HasRoom = detach(arena, me, threshold, false) {
-                    os::fatal(b"internal error: detach at thread exit kept the arena");
+            for state in [FULL, PARTIAL] {
+                loop {
+                    let a = *list_head(tbl, c, state);
+                    if a == 0 {
+                        break;
+                    }
+                    list_remove(tbl, c, state, a);
+                    give_up(a, me);
                 }
             }
+            (*tbl).full_cursor[c] = 0;
         }
         flush_counters(tbl);
         (*tbl).registered = 0;
     }
 }
 
-fn maybe_trim(me: usize) {
+/// Hands an unlisted arena of ours to whoever needs it: empty ones to the empty stack, others
+/// detached (queued for reuse once enough of their objects are freed).
+unsafe fn give_up(arena: usize, me: usize) {
+    // SAFETY: the calling thread owns the arena, which is on none of its lists.
+    unsafe {
+        collect(arena);
+        let h = header(arena);
+        if (*h).used == 0 {
+            retire_empty(arena);
+        } else {
+            let threshold = (capacity((*h).class as usize) as u32 / 8).min((*h).used);
+            if let Detach::HasRoom = detach(arena, me, threshold, false) {
+                os::fatal(b"internal error: detach without keep_if_room kept the arena");
+            }
+        }
+    }
+}
+
+fn maybe_trim(tbl: *mut ThreadTable) {
     let now = os::coarse_millis();
     let last = LAST_TRIM_MS.load(Relaxed);
     if now.saturating_sub(last) < region::TRIM_INTERVAL_MS.load(Relaxed) as u64
@@ -786,12 +964,43 @@ fn maybe_trim(me: usize) {
     {
         return;
     }
-    trim(me, false);
+    // SAFETY: the calling thread's table.
+    unsafe { retire_own_empties(tbl, usize::MAX) };
+    trim(tbl as usize, false);
+}
+
+/// Moves up to `limit` of this thread's empty partial arenas to the empty stacks; returns how
+/// many it moved.
+///
+/// # Safety
+/// `tbl` is the calling thread's table.
+unsafe fn retire_own_empties(tbl: *mut ThreadTable, limit: usize) -> usize {
+    let mut moved = 0;
+    // SAFETY: the calling thread's table and arenas.
+    unsafe {
+        for c in 0..CLASSES {
+            let mut a = (*tbl).partial[c];
+            while a != 0 && moved < limit {
+                let next = (*header(a)).local_next;
+                if (*header(a)).used == 0 {
+                    list_remove(tbl, c, PARTIAL, a);
+                    retire_empty(a);
+                    moved += 1;
+                }
+                a = next;
+            }
+        }
+    }
+    moved
 }
 
 /// Adopts every queued arena, retires those that turned out empty and queues the rest again.
 /// With `release_all` (malloc_trim), also gives back the pages of every retained empty arena.
 pub fn trim(me: usize, release_all: bool) {
+    if release_all {
+        // SAFETY: `me` is the calling thread's table.
+        unsafe { retire_own_empties(me as *mut ThreadTable, usize::MAX) };
+    }
     for class in CLASS.iter() {
         trim_reusable(class, me);
         if release_all {

@@ -16,6 +16,12 @@ pub struct ThreadTable {
     pub allocs: [u32; CLASSES],
     /// Frees by this thread into its own arenas, per class, since the last flush.
     pub frees: [u32; CLASSES],
+    /// This thread's full arenas per class (a list through the arena headers).
+    pub full: [usize; CLASSES],
+    /// Where the next look for frees into full arenas starts.
+    pub full_cursor: [usize; CLASSES],
+    /// This thread's arenas with room that are not current, per class.
+    pub partial: [usize; CLASSES],
     /// Whether this thread's exit destructor is armed.
     pub registered: u32,
 }
