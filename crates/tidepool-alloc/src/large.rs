@@ -14,9 +14,9 @@ use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 const HEADER: usize = 64;
 const MAGIC: u64 = 0x7469_6465_706f_6f6c; // "tidepool"
-const CACHE_SLOTS: usize = 16;
+const CACHE_SLOTS: usize = 32;
 const CACHE_ENTRY_MAX: usize = 32 << 20;
-const CACHE_BYTES: usize = 64 << 20;
+const CACHE_BYTES: usize = 128 << 20;
 
 #[repr(C)]
 struct LargeHeader {
@@ -46,26 +46,59 @@ fn round_up(n: usize, to: usize) -> Option<usize> {
     Some(n.checked_add(to - 1)? & !(to - 1))
 }
 
-/// Takes a cached mapping of at least `len` bytes and at most half again as much.
+/// Takes the cached mapping that best fits `len` bytes: the smallest at least as large (its
+/// tail given back if it is more than twice the size), or else the largest at least half as
+/// large, grown in place or moved by the page source. Reused pages are resident already: no
+/// page faults, which is the point (Memento's kernel-cost finding).
 fn cache_take(len: usize) -> Option<(usize, usize)> {
     if CACHED_BYTES.load(Relaxed) == 0 || CACHE_LOCK.swap(true, Acquire) {
         return None;
     }
-    let mut best: Option<usize> = None;
+    let mut fit: Option<(usize, usize)> = None; // (slot, len) smallest >= len
+    let mut grow: Option<(usize, usize)> = None; // (slot, len) largest >= len / 2
     for (i, slot) in CACHE.iter().enumerate() {
         let l = slot.len.load(Relaxed);
-        if l >= len && l - len <= len / 2 && best.is_none_or(|b| l < CACHE[b].len.load(Relaxed)) {
-            best = Some(i);
+        if l >= len {
+            if fit.is_none_or(|(_, b)| l < b) {
+                fit = Some((i, l));
+            }
+        } else if l >= len / 2 && grow.is_none_or(|(_, b)| l > b) {
+            grow = Some((i, l));
         }
     }
-    let found = best.map(|i| {
+    let src = region::source();
+    let chosen = fit.or(grow.filter(|_| src.remap_large.is_some()));
+    let found = chosen.map(|(i, _)| {
         let base = CACHE[i].base.swap(0, Relaxed);
         let l = CACHE[i].len.swap(0, Relaxed);
         CACHED_BYTES.fetch_sub(l, Relaxed);
         (base, l)
     });
     CACHE_LOCK.store(false, Release);
-    found
+    let (base, l) = found?;
+    if l >= len && l / 2 > len {
+        // SAFETY: the tail past `len` is part of a whole cached mapping that nobody references.
+        unsafe { (src.unmap_large)(base + len, l - len) };
+        MAPPED.fetch_sub(l - len, Relaxed);
+        return Some((base, len));
+    }
+    if l < len {
+        let remap = src.remap_large.expect("checked when choosing");
+        // SAFETY: a whole cached mapping; on success the old range is gone.
+        return match unsafe { remap(base, l, len) } {
+            Some(new_base) => {
+                MAPPED.fetch_add(len - l, Relaxed);
+                Some((new_base, len))
+            }
+            None => {
+                MAPPED.fetch_sub(l, Relaxed);
+                // SAFETY: still a whole mapping of ours that nobody references.
+                unsafe { (src.unmap_large)(base, l) };
+                None
+            }
+        };
+    }
+    Some((base, l))
 }
 
 /// Keeps a freed mapping for reuse; false if the cache is busy or full.
