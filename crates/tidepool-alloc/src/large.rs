@@ -83,7 +83,7 @@ fn cache_take(len: usize) -> Option<(usize, usize)> {
         return Some((base, len));
     }
     if l < len {
-        let remap = src.remap_large.expect("checked when choosing");
+        let remap = src.remap_large?;
         // SAFETY: a whole cached mapping; on success the old range is gone.
         return match unsafe { remap(base, l, len) } {
             Some(new_base) => {

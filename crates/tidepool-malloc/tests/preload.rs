@@ -259,3 +259,73 @@ fn sort_identical() -> Result<()> {
         "sort",
     )
 }
+
+/// "Nothing on a malloc path panics": no function of the allocator in the release library calls
+/// into Rust's panic machinery (bounds checks and the like must all have been proven away).
+#[test]
+fn no_allocator_function_can_panic() -> Result<()> {
+    if !have("objdump") {
+        eprintln!("objdump not installed; skipped");
+        return Ok(());
+    }
+    let out = Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn", "-C"])
+        .arg(library())
+        .output()?;
+    ensure!(out.status.success(), "objdump failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    const EXPORTS: [&str; 13] = [
+        "malloc",
+        "free",
+        "calloc",
+        "realloc",
+        "reallocarray",
+        "posix_memalign",
+        "aligned_alloc",
+        "memalign",
+        "valloc",
+        "pvalloc",
+        "malloc_usable_size",
+        "free_sized",
+        "malloc_trim",
+    ];
+    const PANICS: [&str; 5] = [
+        "panic",
+        "unwrap_failed",
+        "expect_failed",
+        "slice_index",
+        "slice_end_index",
+    ];
+    let is_allocator = |header: &str| {
+        let name = header
+            .split_once('<')
+            .map_or("", |(_, n)| n)
+            .trim_end_matches(">:");
+        name.starts_with("tidepool_alloc::")
+            || name.starts_with("tidepool_malloc::")
+            || EXPORTS.contains(&name)
+    };
+    let mut function = "";
+    let mut checked = 0;
+    let mut offenders = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if line.ends_with(">:") {
+            function = line;
+            checked += usize::from(is_allocator(function));
+        } else if (line.contains("call") || line.contains("jmp"))
+            && PANICS.iter().any(|p| line.contains(p))
+            && is_allocator(function)
+        {
+            offenders.insert(function.to_string());
+        }
+    }
+    ensure!(
+        checked >= EXPORTS.len(),
+        "found only {checked} allocator functions to check"
+    );
+    ensure!(
+        offenders.is_empty(),
+        "allocator functions with panic paths: {offenders:#?}"
+    );
+    Ok(())
+}
