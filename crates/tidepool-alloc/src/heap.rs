@@ -822,13 +822,10 @@ unsafe fn refill(tbl: *mut ThreadTable, c: usize) -> Block {
     }
     // SAFETY: `tbl` is the calling thread's table; arenas it names are owned by this thread.
     unsafe {
-        if (*tbl).registered == 0 {
-            register_thread(tbl);
-        }
-        flush_class(tbl, c);
         let me = tbl as usize;
         let current = empty_addr().wrapping_add((*tbl).cur[c]);
         if current != empty_addr() {
+            // The common case, once per 64 slots: the next bitmap word has room.
             loop {
                 if let Some(b) = take_scanning(current) {
                     return b;
@@ -841,6 +838,10 @@ unsafe fn refill(tbl: *mut ThreadTable, c: usize) -> Block {
             (*tbl).cur[c] = 0;
             list_push(tbl, c, FULL, current);
         }
+        if (*tbl).registered == 0 {
+            register_thread(tbl);
+        }
+        flush_class(tbl, c);
         maybe_trim(tbl);
         let arena = match take_owned(tbl, c) {
             Some(a) => a,
