@@ -762,11 +762,10 @@ fn offset_new_arena(me: usize) {
         return;
     }
     for class in CLASS.iter() {
-        if class.empty.load(Relaxed) == 0 || class.empty_lock.swap(true, Acquire) {
+        if class.empty.load(Relaxed) == 0 {
             continue;
         }
-        let mut chain = class.empty.swap(0, Acquire);
-        class.empty_lock.store(false, Release);
+        let mut chain = take_all(&class.empty, &class.empty_lock);
         let mut released = false;
         while chain != 0 {
             let arena = chain;
@@ -1010,12 +1009,19 @@ pub fn trim(me: usize, release_all: bool) {
     }
 }
 
-fn release_retained(class: &ClassState) {
-    if class.empty_lock.swap(true, Acquire) {
-        return;
+/// Takes a whole stack (under its pop lock, so no single pop is in flight); 0 if the lock is
+/// busy or the stack empty.
+fn take_all(stack: &AtomicUsize, lock: &AtomicBool) -> usize {
+    if lock.swap(true, Acquire) {
+        return 0;
     }
-    let mut chain = class.empty.swap(0, Acquire);
-    class.empty_lock.store(false, Release);
+    let chain = stack.swap(0, Acquire);
+    lock.store(false, Release);
+    chain
+}
+
+fn release_retained(class: &ClassState) {
+    let mut chain = take_all(&class.empty, &class.empty_lock);
     while chain != 0 {
         let arena = chain;
         let h = header(arena);
@@ -1031,39 +1037,33 @@ fn release_retained(class: &ClassState) {
 }
 
 fn trim_reusable(class: &ClassState, me: usize) {
-    {
-        if class.reusable_lock.swap(true, Acquire) {
-            return;
-        }
-        let mut chain = class.reusable.swap(0, Acquire);
-        class.reusable_lock.store(false, Release);
-        while chain != 0 {
-            let arena = chain;
-            let h = header(arena);
-            // SAFETY: the swap gave us the whole chain; each arena in it is ours until pushed.
-            unsafe {
-                chain = (*h).next.load(Relaxed);
-                adopt(arena, me);
+    let mut chain = take_all(&class.reusable, &class.reusable_lock);
+    while chain != 0 {
+        let arena = chain;
+        let h = header(arena);
+        // SAFETY: the swap gave us the whole chain; each arena in it is ours until pushed.
+        unsafe {
+            chain = (*h).next.load(Relaxed);
+            adopt(arena, me);
+            if (*h).used == 0 {
+                retire_empty(arena);
+                continue;
+            }
+            // Queue again: detached and queued at once, with an empty list.
+            (*h).owner.store(0, Relaxed);
+            loop {
+                if (*h)
+                    .remote
+                    .compare_exchange(0, DETACHED | QUEUED, Release, Relaxed)
+                    .is_ok()
+                {
+                    push(&class.reusable, h);
+                    break;
+                }
+                collect(arena);
                 if (*h).used == 0 {
                     retire_empty(arena);
-                    continue;
-                }
-                // Queue again: detached and queued at once, with an empty list.
-                (*h).owner.store(0, Relaxed);
-                loop {
-                    if (*h)
-                        .remote
-                        .compare_exchange(0, DETACHED | QUEUED, Release, Relaxed)
-                        .is_ok()
-                    {
-                        push(&class.reusable, h);
-                        break;
-                    }
-                    collect(arena);
-                    if (*h).used == 0 {
-                        retire_empty(arena);
-                        break;
-                    }
+                    break;
                 }
             }
         }

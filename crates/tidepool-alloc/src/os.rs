@@ -7,6 +7,15 @@ use core::ptr;
 /// Reserves `len` bytes of address space, readable and writable, backed by nothing until touched
 /// (`MAP_NORESERVE`: untouched pages are not charged against overcommit).
 pub fn reserve(len: usize) -> Option<usize> {
+    map_anonymous(len, libc::MAP_NORESERVE)
+}
+
+/// Maps `len` fresh zeroed bytes.
+pub fn map(len: usize) -> Option<usize> {
+    map_anonymous(len, 0)
+}
+
+fn map_anonymous(len: usize, extra_flags: i32) -> Option<usize> {
     // SAFETY: an anonymous private mapping at an address of the kernel's choosing touches no
     // existing memory.
     let p = unsafe {
@@ -14,23 +23,7 @@ pub fn reserve(len: usize) -> Option<usize> {
             ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    (p != libc::MAP_FAILED).then_some(p as usize)
-}
-
-/// Maps `len` fresh zeroed bytes.
-pub fn map(len: usize) -> Option<usize> {
-    // SAFETY: as in `reserve`.
-    let p = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
             -1,
             0,
         )

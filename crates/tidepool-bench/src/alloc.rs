@@ -390,15 +390,25 @@ pub fn worker(args: &[String]) -> Result<()> {
 
 /// VmHWM of this process.
 fn peak_rss_kib() -> Result<u64> {
+    status_kib("VmHWM:")
+}
+
+/// VmRSS of this process.
+fn current_rss_kib() -> Result<u64> {
+    status_kib("VmRSS:")
+}
+
+/// A kB field of /proc/self/status.
+fn status_kib(field: &str) -> Result<u64> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let line = status
         .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .context("no VmHWM in /proc/self/status")?;
+        .find(|l| l.starts_with(field))
+        .with_context(|| format!("no {field} in /proc/self/status"))?;
     Ok(line
         .split_whitespace()
         .nth(1)
-        .context("malformed VmHWM")?
+        .with_context(|| format!("malformed {field}"))?
         .parse()?)
 }
 
@@ -712,20 +722,6 @@ fn stress(seconds: u64) -> Result<()> {
         bail!("RSS grew from {early} KiB to {late} KiB over the run");
     }
     Ok(())
-}
-
-/// VmRSS of this process.
-fn current_rss_kib() -> Result<u64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .context("no VmRSS in /proc/self/status")?;
-    Ok(line
-        .split_whitespace()
-        .nth(1)
-        .context("malformed VmRSS")?
-        .parse()?)
 }
 
 #[cfg(test)]
