@@ -165,28 +165,28 @@ fn systems(ctx: &mut Ctx) -> Result<Vec<(String, Option<PathBuf>)>> {
     Ok(systems)
 }
 
-/// libtidepool_malloc.so next to this executable; built with cargo if missing and cargo is
-/// around (as under `cargo run`).
+/// libtidepool_malloc.so next to this executable. Under `cargo run` (CARGO set) it is built or
+/// brought up to date first, so the suite never measures a stale library.
 pub fn tidepool_library() -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("executable has no directory")?;
     let lib = dir.join("libtidepool_malloc.so");
+    if let Ok(cargo) = std::env::var("CARGO") {
+        let profile = if dir.ends_with("release") {
+            "--release"
+        } else {
+            "--profile=dev"
+        };
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", profile, "-p", "tidepool-malloc"])
+            .status()
+            .context("running cargo to build libtidepool_malloc.so")?;
+        if !status.success() {
+            bail!("building libtidepool_malloc.so failed (see cargo's output above)");
+        }
+    }
     if lib.exists() {
         return Ok(lib);
-    }
-    let profile = if dir.ends_with("release") {
-        "--release"
-    } else {
-        "--profile=dev"
-    };
-    if let Ok(cargo) = std::env::var("CARGO") {
-        eprintln!("building libtidepool_malloc.so ({cargo} build {profile} -p tidepool-malloc)");
-        let status = Command::new(cargo)
-            .args(["build", profile, "-p", "tidepool-malloc"])
-            .status()?;
-        if status.success() && lib.exists() {
-            return Ok(lib);
-        }
     }
     bail!(
         "{} not found; build it with `cargo build --release -p tidepool-malloc`",
