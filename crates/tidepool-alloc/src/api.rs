@@ -13,7 +13,10 @@ use core::ffi::c_void;
 #[inline(always)]
 fn alloc_block(n: usize) -> Block {
     let tbl = tls::table();
-    let c = if n <= LUT_MAX {
+    let c = if n <= 128 {
+        // The dense classes, by arithmetic: no table to load.
+        (n.max(1) - 1) >> 4
+    } else if n <= LUT_MAX {
         // SAFETY: (n + 15) >> 4 <= LUT_MAX / 16 for n <= LUT_MAX.
         unsafe { *CLASS_LUT.get_unchecked((n + 15) >> 4) as usize }
     } else if n <= MAX_SMALL {
@@ -38,9 +41,12 @@ pub fn malloc(n: usize) -> *mut c_void {
 #[inline(always)]
 pub unsafe fn free(p: *mut c_void) {
     let addr = p as usize;
-    if region::in_region(addr) {
+    let tbl = tls::table();
+    // SAFETY: the calling thread's table; its region copy is zero until the thread registers.
+    let (base, len) = unsafe { ((*tbl).region_base, (*tbl).region_len) };
+    if addr.wrapping_sub(base) < len || region::in_region(addr) {
         // SAFETY: a region pointer, per the caller live.
-        unsafe { heap::free(tls::table(), addr) }
+        unsafe { heap::free(tbl, addr) }
     } else if addr != 0 {
         // SAFETY: per the caller, a large allocation of ours.
         unsafe { large::free(addr) }

@@ -21,8 +21,8 @@
 //!
 //! # The empty table
 //!
-//! A thread's table starts as zeroes; a zero entry means the static [`EMPTY`] arena, whose only
-//! bitmap word is full. The fast path therefore needs no "initialised?" branch: a new thread's
+//! A thread's table starts as zeroes; a zero entry means the thread's own empty sentinel arena
+//! (right after the table in TLS, see `shim/thread_table.c`), whose only bitmap word is full. The fast path therefore needs no "initialised?" branch: a new thread's
 //! first allocation in a class finds a full arena and takes the slow path like any other refill.
 //!
 //! # Stacks
@@ -37,7 +37,7 @@ use crate::classes::{
 };
 use crate::os;
 use crate::region::{self, RETAIN_BYTES};
-use crate::tls::ThreadTable;
+use crate::tls::{sentinel, ThreadTable};
 use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
@@ -98,51 +98,6 @@ const FULL: u32 = 2;
 const PARTIAL: u32 = 3;
 
 const _: () = assert!(core::mem::size_of::<ArenaHeader>() == HEADER_FIXED);
-
-impl ArenaHeader {
-    const fn sentinel() -> Self {
-        ArenaHeader {
-            hint: 0,
-            used: 0,
-            hwm: 0,
-            size: 16,
-            recip: 0,
-            class: 0,
-            words: 1,
-            first_slot: 0,
-            capacity: 0,
-            resident: 0,
-            state: UNLISTED,
-            _pad0: 0,
-            owner: AtomicUsize::new(0),
-            local_next: 0,
-            remote: AtomicUsize::new(0),
-            _pad_count: 0,
-            queue_threshold: AtomicU32::new(0),
-            next: AtomicUsize::new(0),
-            local_prev: 0,
-            _pad2: [0; 4],
-        }
-    }
-}
-
-/// The arena every table entry starts at: one bitmap word, full, so allocation always misses.
-#[repr(C, align(64))]
-#[derive(Debug)]
-struct EmptyArena {
-    header: ArenaHeader,
-    bitmap: [u64; 1],
-}
-
-static EMPTY: EmptyArena = EmptyArena {
-    header: ArenaHeader::sentinel(),
-    bitmap: [u64::MAX],
-};
-
-#[inline(always)]
-fn empty_addr() -> usize {
-    &EMPTY as *const EmptyArena as usize
-}
 
 /// Per-class shared state.
 #[repr(C, align(64))]
@@ -211,7 +166,7 @@ pub unsafe fn alloc(tbl: *mut ThreadTable, c: usize) -> Block {
     // SAFETY: `c < CLASSES` (caller); table entries are offsets of live arenas or zero, and
     // arena memory is ours for the life of the process.
     unsafe {
-        let arena = empty_addr().wrapping_add(*(*tbl).cur.get_unchecked(c));
+        let arena = sentinel(tbl).wrapping_add(*(*tbl).cur.get_unchecked(c));
         let h = header(arena);
         let wi = (*h).hint as usize;
         let word = bitmap_word(arena, wi);
@@ -247,7 +202,7 @@ unsafe fn alloc_fresh(tbl: *mut ThreadTable, c: usize) -> Block {
     // SAFETY: the current arena of class `c` is a real arena owned by this thread (the empty
     // sentinel never gets here: its only word is full).
     unsafe {
-        let arena = empty_addr().wrapping_add((*tbl).cur[c]);
+        let arena = sentinel(tbl).wrapping_add((*tbl).cur[c]);
         let h = header(arena);
         let size = (*h).size as usize;
         let touched_end = ((*h).hwm as usize * size).next_multiple_of(PAGE);
@@ -297,7 +252,7 @@ unsafe fn make_current(tbl: *mut ThreadTable, c: usize, arena: usize) {
     // SAFETY: the calling thread's table and an arena it owns.
     unsafe {
         (*header(arena)).state = CURRENT;
-        (*tbl).cur[c] = arena.wrapping_sub(empty_addr());
+        (*tbl).cur[c] = arena.wrapping_sub(sentinel(tbl));
     }
 }
 
@@ -467,12 +422,12 @@ unsafe fn clear_bit(arena: usize, p: usize) {
         let wi = idx >> 6;
         let bit = 1u64 << (idx & 63);
         if idx * (*h).size as usize != off || idx < (*h).first_slot as usize {
-            os::fatal(b"free(): invalid pointer (not the start of an allocation)");
+            invalid_free();
         }
         let word = bitmap_word(arena, wi);
         let w = *word;
         if w & bit == 0 {
-            os::fatal(b"free(): double free detected");
+            double_free();
         }
         *word = w & !bit;
         (*h).used -= 1;
@@ -480,6 +435,19 @@ unsafe fn clear_bit(arena: usize, p: usize) {
             (*h).hint = wi as u32;
         }
     }
+}
+
+// Out of line and argument-free, so the fast path does not set up their messages.
+#[cold]
+#[inline(never)]
+fn invalid_free() -> ! {
+    os::fatal(b"free(): invalid pointer (not the start of an allocation)")
+}
+
+#[cold]
+#[inline(never)]
+fn double_free() -> ! {
+    os::fatal(b"free(): double free detected")
 }
 
 /// A free into an arena this thread does not own: push onto its remote list. One CAS pushes the
@@ -822,8 +790,8 @@ unsafe fn refill(tbl: *mut ThreadTable, c: usize) -> Block {
     // SAFETY: `tbl` is the calling thread's table; arenas it names are owned by this thread.
     unsafe {
         let me = tbl as usize;
-        let current = empty_addr().wrapping_add((*tbl).cur[c]);
-        if current != empty_addr() {
+        let current = sentinel(tbl).wrapping_add((*tbl).cur[c]);
+        if current != sentinel(tbl) {
             // The common case, once per 64 slots: the next bitmap word has room.
             loop {
                 if let Some(b) = take_scanning(current) {
@@ -890,7 +858,13 @@ fn on_region_ready() {
 unsafe fn register_thread(tbl: *mut ThreadTable) {
     let key = THREAD_KEY.load(Acquire);
     // SAFETY: the calling thread's own table.
-    unsafe { (*tbl).registered = 1 };
+    unsafe {
+        (*tbl).registered = 1;
+        if let Some((base, len)) = region::region() {
+            (*tbl).region_base = base;
+            (*tbl).region_len = len;
+        }
+    }
     if key != usize::MAX {
         os::set_thread_value(key as libc::pthread_key_t, tbl.cast());
     }
@@ -913,8 +887,8 @@ pub unsafe fn release_thread(tbl: *mut ThreadTable) {
     unsafe {
         let me = tbl as usize;
         for c in 0..CLASSES {
-            let arena = empty_addr().wrapping_add((*tbl).cur[c]);
-            if arena != empty_addr() {
+            let arena = sentinel(tbl).wrapping_add((*tbl).cur[c]);
+            if arena != sentinel(tbl) {
                 (*tbl).cur[c] = 0;
                 (*header(arena)).state = UNLISTED;
                 give_up(arena, me);

@@ -22,8 +22,21 @@ pub struct ThreadTable {
     pub full_cursor: [usize; CLASSES],
     /// This thread's arenas with room that are not current, per class.
     pub partial: [usize; CLASSES],
+    /// The small-object region, copied here when the thread registers, so that `free` tells
+    /// small pointers from large ones without loading globals (zero length: check the globals).
+    pub region_base: usize,
+    pub region_len: usize,
     /// Whether this thread's exit destructor is armed.
     pub registered: u32,
+}
+
+/// Offset of the thread's empty sentinel arena from its table (see the C shim).
+pub const SENTINEL_OFFSET: usize = include!("table_bytes.rs");
+
+/// Address of the calling thread's empty sentinel arena.
+#[inline(always)]
+pub fn sentinel(tbl: *mut ThreadTable) -> usize {
+    tbl as usize + SENTINEL_OFFSET
 }
 
 const _: () = assert!(core::mem::size_of::<ThreadTable>() <= include!("table_bytes.rs"));
