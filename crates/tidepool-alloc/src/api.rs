@@ -13,15 +13,7 @@ use core::ffi::c_void;
 #[inline(always)]
 fn alloc_block(n: usize) -> Block {
     let tbl = tls::table();
-    let c = if n <= 128 {
-        // The dense classes, by arithmetic: no table to load.
-        (n.max(1) - 1) >> 4
-    } else if n <= LUT_MAX {
-        // SAFETY: (n + 15) >> 4 <= LUT_MAX / 16 for n <= LUT_MAX.
-        unsafe { *CLASS_LUT.get_unchecked((n + 15) >> 4) as usize }
-    } else if n <= MAX_SMALL {
-        class_of(n)
-    } else {
+    let Some(c) = small_class(n) else {
         return large::alloc(n, 16);
     };
     // SAFETY: `tbl` is this thread's table and `c` a valid class.
@@ -31,7 +23,34 @@ fn alloc_block(n: usize) -> Block {
 /// `malloc`.
 #[inline(always)]
 pub fn malloc(n: usize) -> *mut c_void {
-    alloc_block(n).ptr.cast()
+    let tbl = tls::table();
+    let Some(c) = small_class(n) else {
+        return large_ptr(n);
+    };
+    // SAFETY: `tbl` is this thread's table and `c` a valid class.
+    unsafe { heap::alloc_ptr(tbl, c) }.cast()
+}
+
+#[cold]
+#[inline(never)]
+fn large_ptr(n: usize) -> *mut c_void {
+    large::alloc(n, 16).ptr.cast()
+}
+
+/// The class of a small request; `None` for the large-object path.
+#[inline(always)]
+fn small_class(n: usize) -> Option<usize> {
+    Some(if n <= 128 {
+        // The dense classes, by arithmetic: no table to load.
+        (n.max(1) - 1) >> 4
+    } else if n <= LUT_MAX {
+        // SAFETY: (n + 15) >> 4 <= LUT_MAX / 16 for n <= LUT_MAX.
+        unsafe { *CLASS_LUT.get_unchecked((n + 15) >> 4) as usize }
+    } else if n <= MAX_SMALL {
+        class_of(n)
+    } else {
+        return None;
+    })
 }
 
 /// `free`.

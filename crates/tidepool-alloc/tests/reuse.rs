@@ -140,6 +140,9 @@ fn empty_arenas_go_back_to_the_os() {
             .unwrap()
             * 4096
     };
+    // Start from a trimmed process: earlier tests leave memory this one would otherwise reuse.
+    tidepool_alloc::release_thread_arenas();
+    api::trim();
     let base = rss();
     let blocks: Vec<usize> = (0..400_000)
         .map(|i| {
