@@ -314,3 +314,63 @@ fn mixed_sizes_keep_their_contents() {
         unsafe { api::free(p as *mut c_void) };
     }
 }
+
+/// Runs `f` in a forked child and returns how the child ended.
+fn in_child(f: impl FnOnce()) -> i32 {
+    // SAFETY: the child runs only allocator calls and then _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // Keep the expected abort message out of the test output.
+        // SAFETY: closing our own stderr in the child.
+        unsafe { libc::close(2) };
+        f();
+        // SAFETY: _exit ends the child without running the parent's handlers.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    status
+}
+
+#[test]
+fn double_frees_and_foreign_pointers_abort() {
+    let aborted =
+        |status: i32| libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGABRT;
+    // Freed twice in a row (its arena still current).
+    assert!(aborted(in_child(|| {
+        let p = api::malloc(40);
+        // SAFETY: deliberately wrong, in a throwaway child.
+        unsafe {
+            api::free(p);
+            api::free(p);
+        }
+    })));
+    // Freed twice with other frees between, after its arena stopped being current: the bitmap
+    // bit is already clear.
+    assert!(aborted(in_child(|| {
+        let first = api::malloc(40);
+        let rest: Vec<usize> = (0..20_000).map(|_| api::malloc(40) as usize).collect();
+        // SAFETY: deliberately wrong, in a throwaway child.
+        unsafe {
+            api::free(first);
+            rest.iter().for_each(|&p| api::free(p as *mut c_void));
+            api::free(first);
+        }
+    })));
+    // A pointer into the middle of an object.
+    assert!(aborted(in_child(|| {
+        let keep: Vec<usize> = (0..20_000).map(|_| api::malloc(48) as usize).collect();
+        // SAFETY: deliberately wrong, in a throwaway child.
+        unsafe { api::free((keep[0] + 8) as *mut c_void) };
+    })));
+    // And a correct program in the same harness exits cleanly.
+    assert_eq!(
+        in_child(|| {
+            let p = api::malloc(40);
+            // SAFETY: a live allocation, freed once.
+            unsafe { api::free(p) };
+        }),
+        0
+    );
+}
