@@ -25,16 +25,10 @@ fn alloc_block(n: usize) -> Block {
 pub fn malloc(n: usize) -> *mut c_void {
     let tbl = tls::table();
     let Some(c) = small_class(n) else {
-        return large_ptr(n);
+        return large::alloc(n, 16).ptr.cast();
     };
     // SAFETY: `tbl` is this thread's table and `c` a valid class.
-    unsafe { heap::alloc_ptr(tbl, c) }.cast()
-}
-
-#[cold]
-#[inline(never)]
-fn large_ptr(n: usize) -> *mut c_void {
-    large::alloc(n, 16).ptr.cast()
+    unsafe { heap::alloc(tbl, c) }.ptr.cast()
 }
 
 /// The class of a small request; `None` for the large-object path.

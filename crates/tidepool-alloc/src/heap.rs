@@ -190,51 +190,6 @@ pub unsafe fn alloc(tbl: *mut ThreadTable, c: usize) -> Block {
     }
 }
 
-/// [`alloc`] for callers that need only the pointer (malloc): its slow paths return just the
-/// pointer too, so the compiler can jump to them instead of calling, and the fast path needs no
-/// stack frame.
-///
-/// # Safety
-/// As [`alloc`].
-#[inline(always)]
-pub unsafe fn alloc_ptr(tbl: *mut ThreadTable, c: usize) -> *mut u8 {
-    // SAFETY: as in `alloc`.
-    unsafe {
-        let arena = sentinel(tbl).wrapping_add(*(*tbl).cur.get_unchecked(c));
-        let h = header(arena);
-        let wi = (*h).hint as usize;
-        let word = bitmap_word(arena, wi);
-        let w = *word;
-        if w == u64::MAX {
-            return alloc_slow_ptr(tbl, c);
-        }
-        let bit = (!w).trailing_zeros() as usize;
-        let idx = (wi * 64 + bit) as u32;
-        if idx >= (*h).hwm {
-            return alloc_fresh_ptr(tbl, c);
-        }
-        *word = w | (1u64 << bit);
-        (*h).used += 1;
-        let count = (*tbl).allocs.get_unchecked_mut(c);
-        *count = count.wrapping_add(1);
-        (arena + idx as usize * (*h).size as usize) as *mut u8
-    }
-}
-
-#[cold]
-#[inline(never)]
-unsafe fn alloc_slow_ptr(tbl: *mut ThreadTable, c: usize) -> *mut u8 {
-    // SAFETY: as the caller's.
-    unsafe { alloc_slow(tbl, c).ptr }
-}
-
-#[cold]
-#[inline(never)]
-unsafe fn alloc_fresh_ptr(tbl: *mut ThreadTable, c: usize) -> *mut u8 {
-    // SAFETY: as the caller's.
-    unsafe { alloc_fresh(tbl, c).ptr }
-}
-
 /// The lowest free slot of the current arena has never been handed out. Before it touches a
 /// new page, prefer memory that is already resident: frees other threads sent back to this
 /// arena, then an arena of the class queued for reuse. Only then touch the fresh page. This is
