@@ -2,28 +2,32 @@
 //!
 //! # Arena states
 //!
-//! * **Current** for one thread (its `owner` is that thread's table). Only the owner touches the
-//!   bitmap, `used`, `hint` and `hwm`, with plain loads and stores. Other threads free into it by
-//!   pushing the object onto the lock-free `remote` list; the owner folds that list into the
-//!   bitmap ("collects") when the arena looks full.
-//! * **Detached**: the owner found it full and moved on (or exited). `owner` is zero, so every
-//!   free goes through `remote`. The free that brings the uncollected count to the arena's queue
-//!   threshold sets `QUEUED` and pushes the arena onto its class's *reusable* stack.
-//! * **Reusable** (detached and queued): waiting to be adopted by any thread whose current
-//!   arena is full; adoption takes the remote list and clears both flags in one swap.
+//! * **Owned** by one thread (its `owner` is that thread's table): the thread's *current* arena
+//!   of the class, or on its *full* or *partial* list (links in the headers). Only the owner
+//!   touches the bitmap, `used`, `hint`, `hwm` and the list links, with plain loads and stores,
+//!   so its own frees into any of its arenas are plain bit clears. Other threads free by pushing
+//!   the object onto the arena's lock-free `remote` list; the owner folds that list into the
+//!   bitmap ("collects") when it needs room.
+//! * **Detached**: its owner exited. `owner` is zero, so every free goes through `remote`. The
+//!   free that brings the uncollected count to the arena's queue threshold sets `QUEUED` and
+//!   pushes the arena onto its class's *reusable* stack.
+//! * **Reusable** (detached and queued): waiting to be adopted by any thread that needs an arena
+//!   of the class; adoption takes the remote list and clears both flags in one swap.
 //! * **Empty** (on its class's *empty* stack): no live objects. Up to `RETAIN_BYTES` of empty
 //!   arenas stay resident; beyond that their pages past the header are given back to the OS, so
 //!   RSS follows the live set.
 //!
 //! `remote` packs the list head (objects are 16-byte aligned), the uncollected count and the
-//! `DETACHED` and `QUEUED` flags, so the owner's detach (empty list, no flags -> `DETACHED`), a
-//! free's push, its count and its decision to queue all hinge on one compare-and-swap.
+//! `DETACHED` and `QUEUED` flags, so the exiting owner's detach (empty list, no flags ->
+//! `DETACHED`), a free's push, its count and its decision to queue all hinge on one
+//! compare-and-swap.
 //!
 //! # The empty table
 //!
 //! A thread's table starts as zeroes; a zero entry means the thread's own empty sentinel arena
-//! (right after the table in TLS, see `shim/thread_table.c`), whose only bitmap word is full. The fast path therefore needs no "initialised?" branch: a new thread's
-//! first allocation in a class finds a full arena and takes the slow path like any other refill.
+//! (right after the table in TLS, see `shim/thread_table.c`), whose only bitmap word is full.
+//! The fast path therefore needs no "initialised?" branch: a new thread's first allocation in a
+//! class finds a full arena and takes the slow path like any other refill.
 //!
 //! # Stacks
 //!
@@ -553,17 +557,10 @@ unsafe fn take_scanning(arena: usize) -> Option<Block> {
     }
 }
 
-enum Detach {
-    Done,
-    /// Collected frees arrived during the detach; the arena is still ours and has room.
-    HasRoom,
-    /// Everything came back; the arena went to the empty stack.
-    Emptied,
-}
-
-/// Gives up ownership of a current arena. `threshold`: uncollected frees that make it worth
-/// queueing for reuse. With `keep_if_room`, frees that arrive meanwhile and make room keep it.
-unsafe fn detach(arena: usize, tbl: usize, threshold: u32, keep_if_room: bool) -> Detach {
+/// Gives up ownership of an arena (its owner is exiting). `threshold`: uncollected frees that
+/// make it worth queueing for reuse. Frees racing with the detach are collected; if they empty
+/// the arena, it goes to the empty stack instead.
+unsafe fn detach(arena: usize, threshold: u32) {
     let h = header(arena);
     // SAFETY: the caller owns the arena until the CAS below succeeds.
     unsafe {
@@ -575,16 +572,12 @@ unsafe fn detach(arena: usize, tbl: usize, threshold: u32, keep_if_room: bool) -
                 .compare_exchange(0, DETACHED, Release, Relaxed)
                 .is_ok()
             {
-                return Detach::Done;
+                return;
             }
             collect(arena);
             if (*h).used == 0 {
                 retire_empty(arena);
-                return Detach::Emptied;
-            }
-            if keep_if_room && (*h).used < (*h).capacity {
-                (*h).owner.store(tbl, Relaxed);
-                return Detach::HasRoom;
+                return;
             }
         }
     }
@@ -885,13 +878,12 @@ unsafe extern "C" fn thread_exit(value: *mut c_void) {
 pub unsafe fn release_thread(tbl: *mut ThreadTable) {
     // SAFETY: guaranteed by the caller.
     unsafe {
-        let me = tbl as usize;
         for c in 0..CLASSES {
             let arena = sentinel(tbl).wrapping_add((*tbl).cur[c]);
             if arena != sentinel(tbl) {
                 (*tbl).cur[c] = 0;
                 (*header(arena)).state = UNLISTED;
-                give_up(arena, me);
+                give_up(arena);
             }
             for state in [FULL, PARTIAL] {
                 loop {
@@ -900,7 +892,7 @@ pub unsafe fn release_thread(tbl: *mut ThreadTable) {
                         break;
                     }
                     list_remove(tbl, c, state, a);
-                    give_up(a, me);
+                    give_up(a);
                 }
             }
             (*tbl).full_cursor[c] = 0;
@@ -912,7 +904,7 @@ pub unsafe fn release_thread(tbl: *mut ThreadTable) {
 
 /// Hands an unlisted arena of ours to whoever needs it: empty ones to the empty stack, others
 /// detached (queued for reuse once enough of their objects are freed).
-unsafe fn give_up(arena: usize, me: usize) {
+unsafe fn give_up(arena: usize) {
     // SAFETY: the calling thread owns the arena, which is on none of its lists.
     unsafe {
         collect(arena);
@@ -921,9 +913,7 @@ unsafe fn give_up(arena: usize, me: usize) {
             retire_empty(arena);
         } else {
             let threshold = (capacity((*h).class as usize) as u32 / 8).min((*h).used);
-            if let Detach::HasRoom = detach(arena, me, threshold, false) {
-                os::fatal(b"internal error: detach without keep_if_room kept the arena");
-            }
+            detach(arena, threshold);
         }
     }
 }
