@@ -1,7 +1,7 @@
 //! The C malloc family's semantics (glibc's where C leaves room), over the arena and large paths.
 //! `libtidepool_malloc.so` exports these under their C names; the Rust face uses them too.
 
-use crate::classes::{aligned_class, class_of, class_size, CLASS_LUT, LUT_MAX, MAX_SMALL, PAGE};
+use crate::classes::{aligned_class, class_of, CLASS_LUT, LUT_MAX, MAX_SMALL, PAGE};
 use crate::heap::{self, Block};
 use crate::large;
 use crate::os;
@@ -217,13 +217,4 @@ pub fn trim() -> i32 {
     heap::trim(tls::table() as usize, true);
     large::trim();
     1
-}
-
-/// Size of the class a request lands in (for tests and tools).
-pub fn rounded_size(n: usize) -> usize {
-    if n <= MAX_SMALL {
-        class_size(class_of(n))
-    } else {
-        n
-    }
 }

@@ -723,25 +723,7 @@ fn offset_new_arena(me: usize) {
         return;
     }
     for class in CLASS.iter() {
-        if class.empty.load(Relaxed) == 0 {
-            continue;
-        }
-        let mut chain = take_all(&class.empty, &class.empty_lock);
-        let mut released = false;
-        while chain != 0 {
-            let arena = chain;
-            let h = header(arena);
-            // SAFETY: the swap gave us the chain; each arena is empty and ours until pushed.
-            unsafe {
-                chain = (*h).next.load(Relaxed);
-                if !released && (*h).resident == 1 {
-                    release_pages(arena);
-                    released = true;
-                }
-                push(&class.empty, h);
-            }
-        }
-        if released {
+        if class.empty.load(Relaxed) != 0 && release_resident(class, 1) > 0 {
             return;
         }
     }
@@ -968,7 +950,7 @@ pub fn trim(me: usize, release_all: bool) {
     for class in CLASS.iter() {
         trim_reusable(class, me);
         if release_all {
-            release_retained(class);
+            release_resident(class, usize::MAX);
         }
     }
 }
@@ -984,20 +966,25 @@ fn take_all(stack: &AtomicUsize, lock: &AtomicBool) -> usize {
     chain
 }
 
-fn release_retained(class: &ClassState) {
+/// Gives back the pages of up to `limit` resident arenas on the class's empty stack; returns
+/// how many it released.
+fn release_resident(class: &ClassState, limit: usize) -> usize {
     let mut chain = take_all(&class.empty, &class.empty_lock);
+    let mut released = 0;
     while chain != 0 {
         let arena = chain;
         let h = header(arena);
         // SAFETY: the swap gave us the chain; each arena is empty and ours until pushed.
         unsafe {
             chain = (*h).next.load(Relaxed);
-            if (*h).resident == 1 {
+            if released < limit && (*h).resident == 1 {
                 release_pages(arena);
+                released += 1;
             }
             push(&class.empty, h);
         }
     }
+    released
 }
 
 fn trim_reusable(class: &ClassState, me: usize) {
