@@ -228,16 +228,31 @@ unsafe fn alloc_fresh(tbl: *mut ThreadTable, c: usize) -> Block {
                 }
                 p = (*header(p)).local_next;
             }
+            let class = &CLASS[c];
             // An arena other threads queued for reuse.
-            if CLASS[c].reusable.load(Relaxed) != 0 {
-                let class = &CLASS[c];
+            if class.reusable.load(Relaxed) != 0 {
                 if let Some(other) = pop(&class.reusable, &class.reusable_lock) {
                     adopt(other, tbl as usize);
                     return switch_current(tbl, c, arena, other);
                 }
             }
+            // An empty arena of the class whose pages are still resident.
+            if class.empty.load(Relaxed) != 0 {
+                if let Some(other) = pop(&class.empty, &class.empty_lock) {
+                    if (*header(other)).resident == 1 {
+                        take_empty(other, tbl as usize);
+                        return switch_current(tbl, c, arena, other);
+                    }
+                    push(&class.empty, header(other));
+                }
+            }
         }
-        counted(tbl, c, take_scanning(arena))
+        let b = counted(tbl, c, take_scanning(arena));
+        // The rest of the slots in pages now touched take the fast path: it treats them as
+        // used before (calloc clears them), so this runs once per page, not once per slot.
+        let touched = ((*h).hwm as usize * size).next_multiple_of(PAGE);
+        (*h).hwm = (*h).hwm.max((touched / size) as u32);
+        b
     }
 }
 
@@ -680,17 +695,13 @@ unsafe fn acquire(c: usize, tbl: usize) -> Option<usize> {
         return Some(arena);
     }
     if let Some(arena) = pop(&class.empty, &class.empty_lock) {
-        let h = header(arena);
         // SAFETY: popped, so ours.
         unsafe {
-            if (*h).resident == 1 {
-                RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
-                (*h).resident = 0;
-            } else {
+            if (*header(arena)).resident == 0 {
                 // Its pages were given back: taking it grows RSS like a new arena.
                 offset_new_arena(tbl);
             }
-            (*h).owner.store(tbl, Relaxed);
+            take_empty(arena, tbl);
         }
         return Some(arena);
     }
@@ -704,6 +715,19 @@ unsafe fn acquire(c: usize, tbl: usize) -> Option<usize> {
     // SAFETY: fresh from the bump pointer.
     unsafe { init_fresh(arena, c, tbl) };
     Some(arena)
+}
+
+/// Takes ownership of an arena popped from the empty stack.
+unsafe fn take_empty(arena: usize, tbl: usize) {
+    let h = header(arena);
+    // SAFETY: popping gave us the arena exclusively.
+    unsafe {
+        if (*h).resident == 1 {
+            RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
+            (*h).resident = 0;
+        }
+        (*h).owner.store(tbl, Relaxed);
+    }
 }
 
 /// A class is about to take a never-used arena, whose pages will add to RSS: give back the
