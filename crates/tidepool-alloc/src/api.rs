@@ -4,6 +4,7 @@
 use crate::classes::{aligned_class, class_of, CLASS_LUT, LUT_MAX, MAX_SMALL, PAGE};
 use crate::heap::{self, Block};
 use crate::large;
+use crate::medium::{self, MEDIUM_MIN};
 use crate::os;
 use crate::region;
 use crate::tls;
@@ -14,7 +15,7 @@ use core::ffi::c_void;
 fn alloc_block(n: usize) -> Block {
     let tbl = tls::table();
     let Some(c) = small_class(n) else {
-        return large::alloc(n, 16);
+        return alloc_big(n);
     };
     // SAFETY: `tbl` is this thread's table and `c` a valid class.
     unsafe { heap::alloc(tbl, c) }
@@ -25,13 +26,13 @@ fn alloc_block(n: usize) -> Block {
 pub fn malloc(n: usize) -> *mut c_void {
     let tbl = tls::table();
     let Some(c) = small_class(n) else {
-        return large::alloc(n, 16).ptr.cast();
+        return alloc_big(n).ptr.cast();
     };
     // SAFETY: `tbl` is this thread's table and `c` a valid class.
     unsafe { heap::alloc(tbl, c) }.ptr.cast()
 }
 
-/// The class of a small request; `None` for the large-object path.
+/// The class of a request for the arenas; `None` for the medium and large paths.
 #[inline(always)]
 fn small_class(n: usize) -> Option<usize> {
     Some(if n <= 128 {
@@ -40,11 +41,25 @@ fn small_class(n: usize) -> Option<usize> {
     } else if n <= LUT_MAX {
         // SAFETY: (n + 15) >> 4 <= LUT_MAX / 16 for n <= LUT_MAX.
         unsafe { *CLASS_LUT.get_unchecked((n + 15) >> 4) as usize }
-    } else if n <= MAX_SMALL {
+    } else if n <= MEDIUM_MIN {
         class_of(n)
     } else {
         return None;
     })
+}
+
+/// Requests above [`MEDIUM_MIN`]: the medium heap up to [`MAX_SMALL`] (its class if the medium
+/// span is exhausted), their own mapping beyond.
+#[inline(never)]
+fn alloc_big(n: usize) -> Block {
+    if n <= MAX_SMALL {
+        if let Some((ptr, fresh)) = medium::alloc(n) {
+            return Block { ptr, fresh };
+        }
+        // SAFETY: this thread's table and a valid class.
+        return unsafe { heap::alloc(tls::table(), class_of(n)) };
+    }
+    large::alloc(n, 16)
 }
 
 /// `free`.
@@ -61,8 +76,20 @@ pub unsafe fn free(p: *mut c_void) {
         // SAFETY: a region pointer, per the caller live.
         unsafe { heap::free(tbl, addr) }
     } else if addr != 0 {
-        // SAFETY: per the caller, a large allocation of ours.
-        unsafe { large::free(addr) }
+        // SAFETY: per the caller, a medium or large allocation of ours.
+        unsafe { free_big(addr) }
+    }
+}
+
+#[inline(never)]
+unsafe fn free_big(addr: usize) {
+    // SAFETY: per the caller.
+    unsafe {
+        if medium::contains(addr) {
+            medium::free(addr)
+        } else {
+            large::free(addr)
+        }
     }
 }
 
@@ -91,6 +118,9 @@ pub unsafe fn usable_size(p: *const c_void) -> usize {
         unsafe { heap::usable_size(addr) }
     } else if addr == 0 {
         0
+    } else if medium::contains(addr) {
+        // SAFETY: per the caller.
+        unsafe { medium::usable_size(addr) }
     } else {
         // SAFETY: per the caller.
         unsafe { large::usable_size(addr) }
@@ -112,7 +142,7 @@ pub unsafe fn realloc(p: *mut c_void, n: usize) -> *mut c_void {
         return core::ptr::null_mut();
     }
     let addr = p as usize;
-    let small = region::in_region(addr);
+    let small = region::in_region(addr) || medium::contains(addr);
     // SAFETY: per the caller.
     let usable = unsafe { usable_size(p) };
     if small && n <= usable && (n > usable / 2 || usable <= 64) {

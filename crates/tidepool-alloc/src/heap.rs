@@ -846,7 +846,7 @@ pub fn flush_counters(tbl: *mut ThreadTable) {
     }
 }
 
-fn on_region_ready() {
+pub(crate) fn on_region_ready() {
     if let Some(key) = os::thread_key(thread_exit) {
         THREAD_KEY.store(key as usize, Release);
     }
@@ -859,10 +859,9 @@ unsafe fn register_thread(tbl: *mut ThreadTable) {
     // SAFETY: the calling thread's own table.
     unsafe {
         (*tbl).registered = 1;
-        if let Some((base, len)) = region::region() {
-            (*tbl).region_base = base;
-            (*tbl).region_len = len;
-        }
+        let (base, len) = region::small_region();
+        (*tbl).region_base = base;
+        (*tbl).region_len = len;
     }
     if key != usize::MAX {
         os::set_thread_value(key as libc::pthread_key_t, tbl.cast());
@@ -977,6 +976,11 @@ pub fn trim(me: usize, release_all: bool) {
             release_resident(class, usize::MAX);
         }
     }
+    crate::medium::trim(if release_all {
+        0
+    } else {
+        RETAIN_BYTES.load(Relaxed)
+    });
 }
 
 /// Takes a whole stack (under its pop lock, so no single pop is in flight); 0 if the lock is
@@ -1065,9 +1069,11 @@ fn unlock_all() {
 unsafe extern "C" fn fork_prepare() {
     lock_all();
     crate::large::lock_cache();
+    crate::medium::lock_for_fork();
 }
 
 unsafe extern "C" fn fork_release() {
+    crate::medium::unlock_after_fork();
     crate::large::unlock_cache();
     unlock_all();
 }

@@ -32,6 +32,7 @@ pub mod api;
 pub mod classes;
 mod heap;
 mod large;
+mod medium;
 mod os;
 mod region;
 pub mod stats;

@@ -113,9 +113,29 @@ pub fn in_region(addr: usize) -> bool {
     addr.wrapping_sub(BASE.load(Relaxed)) < LEN.load(Relaxed)
 }
 
-/// The region as `(base, len)`, once reserved: what a pager registers.
+/// The whole reservation as `(base, len)`, class spans and medium span, once reserved: what a
+/// pager registers.
 pub fn region() -> Option<(usize, usize)> {
-    (STATE.load(Acquire) == READY).then(|| (BASE.load(Relaxed), LEN.load(Relaxed)))
+    (STATE.load(Acquire) == READY).then(|| {
+        let (medium, span) = medium_span();
+        (BASE.load(Relaxed), medium + span - BASE.load(Relaxed))
+    })
+}
+
+/// The class spans as `(base, len)`: where small pointers live (zero length before the
+/// reservation).
+pub fn small_region() -> (usize, usize) {
+    (BASE.load(Relaxed), LEN.load(Relaxed))
+}
+
+/// The medium heap's span, right after the class spans (zero length before the reservation).
+#[inline]
+pub fn medium_span() -> (usize, usize) {
+    let shift = SPAN_SHIFT.load(Relaxed);
+    if shift == 0 {
+        return (0, 0);
+    }
+    (BASE.load(Relaxed) + LEN.load(Relaxed), 1usize << shift)
 }
 
 /// Start of class `c`'s span and its length.
@@ -152,7 +172,8 @@ fn init_slow(on_ready: fn()) -> bool {
     // Largest span the address space allows, down to 1 GiB per class.
     for shift in [36u32, 34, 32, 30] {
         let len = CLASSES << shift;
-        if let Some(raw) = (src.reserve)(len + ARENA_BYTES) {
+        // One more span past the classes' for the medium heap.
+        if let Some(raw) = (src.reserve)(len + (1 << shift) + ARENA_BYTES) {
             let base = (raw + ARENA_BYTES - 1) & !(ARENA_BYTES - 1);
             BASE.store(base, Relaxed);
             SPAN_SHIFT.store(shift, Relaxed);

@@ -4,6 +4,7 @@
 use crate::classes::{class_size, ARENA_BYTES, CLASSES};
 use crate::heap;
 use crate::large;
+use crate::medium;
 use crate::os;
 use crate::region::{STATS_AT_EXIT, STATS_PATH, STATS_PATH_MAX};
 use crate::tls;
@@ -42,6 +43,13 @@ pub struct Stats {
     pub arena_bytes: usize,
     /// Empty arenas kept resident for reuse.
     pub empty_resident: usize,
+    /// Medium-heap allocations and frees.
+    pub medium_allocs: u64,
+    pub medium_frees: u64,
+    /// Bytes in live medium chunks (tags included).
+    pub medium_in_use: usize,
+    /// Bytes of the medium span ever carved (its high-water mark).
+    pub medium_carved: usize,
 }
 
 /// Current counters, with the calling thread's pending counts flushed first.
@@ -61,7 +69,12 @@ pub fn snapshot() -> Stats {
         arena_bytes += arenas * ARENA_BYTES;
     }
     let (large_allocs, large_frees, large_mapped, large_cached) = large::counters();
+    let (medium_allocs, medium_frees, medium_in_use, medium_carved) = medium::counters();
     Stats {
+        medium_allocs,
+        medium_frees,
+        medium_in_use,
+        medium_carved,
         classes,
         large_allocs,
         large_frees,
@@ -158,6 +171,10 @@ fn write_report(fd: i32) {
             .num((c.resident >> 10) as u64, 14)
             .flush();
     }
+    line.text(b" medium")
+        .num(s.medium_allocs, 13)
+        .num(s.medium_frees, 13)
+        .flush();
     line.text(b"  large")
         .num(s.large_allocs, 13)
         .num(s.large_frees, 13)
@@ -167,6 +184,12 @@ fn write_report(fd: i32) {
         .text(b" MiB; empty arenas kept resident: ")
         .num((s.empty_resident >> 10) as u64, 0)
         .text(b" KiB")
+        .flush();
+    line.text(b"medium heap: ")
+        .num((s.medium_in_use >> 10) as u64, 0)
+        .text(b" KiB in use, ")
+        .num((s.medium_carved >> 10) as u64, 0)
+        .text(b" KiB carved at most")
         .flush();
     line.text(b"large objects mapped: ")
         .num((s.large_mapped >> 10) as u64, 0)

@@ -364,6 +364,33 @@ fn double_frees_and_foreign_pointers_abort() {
         // SAFETY: deliberately wrong, in a throwaway child.
         unsafe { api::free((keep[0] + 8) as *mut c_void) };
     })));
+    // The medium heap: freed twice in a row, freed again after a neighbour absorbed it, and a
+    // pointer into the middle of a medium object.
+    assert!(aborted(in_child(|| {
+        let p = api::malloc(5000);
+        // SAFETY: deliberately wrong, in a throwaway child.
+        unsafe {
+            api::free(p);
+            api::free(p);
+        }
+    })));
+    assert!(aborted(in_child(|| {
+        let a = api::malloc(5000);
+        let b = api::malloc(6000);
+        let guard = api::malloc(7000);
+        // SAFETY: deliberately wrong, in a throwaway child: `b` merges into `a` when `a` is freed.
+        unsafe {
+            api::free(b);
+            api::free(a);
+            api::free(b);
+            api::free(guard);
+        }
+    })));
+    assert!(aborted(in_child(|| {
+        let p = api::malloc(9000) as usize;
+        // SAFETY: deliberately wrong, in a throwaway child.
+        unsafe { api::free((p + 4096) as *mut c_void) };
+    })));
     // And a correct program in the same harness exits cleanly.
     assert_eq!(
         in_child(|| {
