@@ -3,7 +3,8 @@
 //! At first use the allocator reserves one span of address space per size class (64 GiB each
 //! by default; smaller if the address space is limited), backed by nothing until touched. Each
 //! class then hands out arenas from its own span with a bump pointer: Memento's page allocator.
-//! Pages appear one at a time as the program first touches them.
+//! Pages appear one at a time as the program first touches them. One more span of the same size
+//! follows the class spans: the medium heap's (`medium.rs`).
 //!
 //! Where those pages come from is a [`PageSource`] hook, so that a pager can back the region
 //! with far memory (register it with userfaultfd, serve its faults) instead of the kernel's
@@ -20,7 +21,7 @@ pub type RemapFn = unsafe fn(addr: usize, old_len: usize, new_len: usize) -> Opt
 #[derive(Debug, Clone, Copy)]
 pub struct PageSource {
     /// Reserves `len` bytes of readable, writable address space whose untouched pages read as
-    /// zero. Called once, for the small-object region.
+    /// zero. Called once, for the whole region (the class spans and the medium heap's span).
     pub reserve: fn(len: usize) -> Option<usize>,
     /// Gives back the pages of `[addr, addr + len)` inside the region; the next touch of any of
     /// them must read zero.
