@@ -1069,11 +1069,11 @@ fn unlock_all() {
 unsafe extern "C" fn fork_prepare() {
     lock_all();
     crate::large::lock_cache();
-    crate::medium::lock_for_fork();
+    crate::medium::lock();
 }
 
 unsafe extern "C" fn fork_release() {
-    crate::medium::unlock_after_fork();
+    crate::medium::unlock();
     crate::large::unlock_cache();
     unlock_all();
 }

@@ -47,8 +47,6 @@ struct Heap {
     dirty: usize,
     bins: [usize; BINS],
     nonempty: [u64; BIN_WORDS],
-    /// Bytes in live chunks, tags included.
-    in_use: usize,
 }
 
 struct Locked {
@@ -66,17 +64,17 @@ static HEAP: Locked = Locked {
         dirty: 0,
         bins: [0; BINS],
         nonempty: [0; BIN_WORDS],
-        in_use: 0,
     }),
 };
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static FREES: AtomicU64 = AtomicU64::new(0);
-/// Bytes in live chunks, for the statistics (mirrors `Heap::in_use`).
+/// Bytes in live chunks, tags included (changed under the heap lock).
 static IN_USE: AtomicUsize = AtomicUsize::new(0);
 /// Bytes of the span ever carved (high-water mark of `top`).
 static HIGH: AtomicUsize = AtomicUsize::new(0);
 
-fn lock() {
+/// Takes the heap lock (also held across fork, so the child's heap is consistent).
+pub(crate) fn lock() {
     let mut spins = 0u32;
     while HEAP.lock.swap(true, Acquire) {
         while HEAP.lock.load(Relaxed) {
@@ -90,7 +88,7 @@ fn lock() {
     }
 }
 
-fn unlock() {
+pub(crate) fn unlock() {
     HEAP.lock.store(false, Release);
 }
 
@@ -102,16 +100,6 @@ fn with_heap<R>(f: impl FnOnce(&mut Heap, usize, usize) -> R) -> R {
     let r = f(unsafe { &mut *HEAP.heap.get() }, start, len);
     unlock();
     r
-}
-
-/// Holds the lock across fork, so the child's heap is consistent.
-pub fn lock_for_fork() {
-    lock();
-}
-
-/// Releases the lock taken by [`lock_for_fork`] (in parent and child).
-pub fn unlock_after_fork() {
-    unlock();
 }
 
 /// Whether `addr` lies in the medium span.
@@ -270,8 +258,7 @@ pub fn alloc(n: usize) -> Option<(*mut u8, bool)> {
                 }
                 size
             };
-            h.in_use += used;
-            IN_USE.store(h.in_use, Relaxed);
+            IN_USE.fetch_add(used, Relaxed);
             Some(((c + TAG) as *mut u8, fresh))
         }
     });
@@ -311,8 +298,7 @@ pub unsafe fn free(p: usize) {
         unsafe {
             let mut c = chunk_of(h, start, p);
             let mut size = size_of(c);
-            h.in_use -= size;
-            IN_USE.store(h.in_use, Relaxed);
+            IN_USE.fetch_sub(size, Relaxed);
             // Merge with a free successor, then a free predecessor.
             // An absorbed chunk's tag keeps saying "freed", so freeing it again still aborts.
             let next = c + size;
