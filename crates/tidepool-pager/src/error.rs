@@ -1,0 +1,15 @@
+use std::io;
+
+/// What can go wrong setting up the pager. Failures while it runs (the far store becoming
+/// unreachable) stop the program instead: its memory cannot be given back to it.
+#[derive(Debug, thiserror::Error)]
+pub enum PagerError {
+    #[error("cannot open a userfaultfd object: {0}")]
+    Userfaultfd(#[source] io::Error),
+    #[error("cannot reserve address space for far memory: {0}")]
+    Reserve(#[source] io::Error),
+    #[error("cannot register the region with userfaultfd: {0}")]
+    Register(#[source] io::Error),
+    #[error("cannot start a pager thread: {0}")]
+    Thread(#[source] io::Error),
+}

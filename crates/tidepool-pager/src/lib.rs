@@ -1,0 +1,40 @@
+//! Transparent far memory through userfaultfd.
+//!
+//! A [`Pager`] owns a local-memory budget and a far store ([`tidepool_store::FarStore`]).
+//! Regions registered with it ([`Region`] for Rust programs, or the allocator's whole heap
+//! under `tidepool run`) behave as ordinary memory: at most the budget of their pages is
+//! mapped at a time, and the rest is fetched back from the store on the next touch.
+//!
+//! - **Faults** are served by one handler thread per CPU, pinned, so the fault and its
+//!   handler share a CPU (a wake-up across vCPUs costs tens of microseconds on small VMs).
+//!   The userfaultfd object is a full one (opened through /dev/userfaultfd), so faults taken
+//!   by the kernel on the program's behalf (a `read(2)` into an evicted buffer) are served too.
+//! - **Eviction** is CLOCK with second chances for pages written or re-faulted soon after
+//!   being evicted, in batches of runs: write-protect the run, keep clean pages' far copies,
+//!   copy dirty pages to a write-back buffer, `MADV_DONTNEED`, wake waiters.
+//! - **Dirty tracking.** Pages fetched for reading are installed write-protected, and a first
+//!   write costs one write-protect fault that marks them dirty. Pages installed writable are
+//!   hashed (XXH3) at eviction and compared with the hash of their far copy, which is exact
+//!   where write-protect-based tracking has a window between the check and the unmap. Clean
+//!   pages are dropped, zero pages are never stored.
+//! - **Write-back** is asynchronous and batched, applied in order by one thread; a fault on a
+//!   page still waiting to be written is served from the buffer.
+//! - **Prefetch**: a Leap-style majority vote over recent fault strides, with an adaptive
+//!   window, mapping pages straight into the region (see [`prefetch`](crate::prefetch)).
+//! - **Failure**: if the far store fails, the program is stopped with a message and exit status
+//!   [`FATAL_EXIT_CODE`]; it never reads zeros in place of its data.
+
+mod error;
+mod pager;
+pub mod prefetch;
+mod region;
+mod stats;
+mod sys;
+mod table;
+pub mod verify;
+
+pub use error::PagerError;
+pub use pager::{Config, Pager, FATAL_EXIT_CODE};
+pub use region::Region;
+pub use stats::PagerStats;
+pub use sys::PAGE;

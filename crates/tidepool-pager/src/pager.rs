@@ -1,0 +1,970 @@
+//! The pager: fault handlers, the prefetcher, the evictor and the write-back thread, sharing
+//! one userfaultfd object, one far store and one local-memory budget.
+//!
+//! ```text
+//!  program thread ──fault──► handler (pinned to that CPU) ── zero page / write-back slot / store read ──► UFFDIO_COPY
+//!                                 │ stride vote                                           ▲
+//!                                 └──────────► prefetcher ── batched store read ──────────┘
+//!  evictor: CLOCK over mapped pages ─► write-protect run ─► clean? drop : copy to slot ─► MADV_DONTNEED ─► wake
+//!  write-back thread: slots ─► store.write_many (in order) ─► page becomes FAR, slot freed
+//! ```
+//!
+//! Fault handling runs on one thread per CPU, each pinned: on the VMs we run on, a wake-up across
+//! vCPUs costs 25-160 us against ~8 us for a handler on the faulting CPU.
+
+use crate::prefetch::{Detector, Plan};
+use crate::stats::{snapshot, Counters, PagerStats};
+use crate::sys::{self, page_bytes, Fault, Mapping, Uffd, PAGE};
+use crate::table::*;
+use crate::PagerError;
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tidepool_store::{FarStore, Key};
+
+/// The exit status of a program whose far memory became unreachable.
+pub const FATAL_EXIT_CODE: i32 = 70;
+/// Pages evicted in one batch.
+const EVICT_BATCH: usize = 64;
+/// Pages fetched by the prefetcher in one store round trip.
+const PREFETCH_BATCH: usize = 64;
+/// Pages of write-back buffer (counted in the local budget).
+const WRITEBACK_SLOTS: usize = 1024;
+/// Bits of a key that number pages within a region.
+const REGION_SHIFT: u32 = 40;
+
+fn hash_page(bytes: &[u8]) -> u64 {
+    twox_hash::XxHash3_64::oneshot(bytes)
+}
+
+static ZERO_PAGE: [u8; PAGE] = [0; PAGE];
+
+/// How to build a pager.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Local memory the pager may map, in bytes (rounded down to pages, at least 64 pages).
+    pub local_budget: usize,
+    /// Largest prefetch window in pages.
+    pub prefetch_window_max: u32,
+    /// CPUs to run fault handlers on, one pinned handler each (default: every CPU this process
+    /// may run on, at most 8).
+    pub handler_cpus: Option<Vec<usize>>,
+}
+
+impl Config {
+    pub fn new(local_budget: usize) -> Config {
+        Config {
+            local_budget,
+            prefetch_window_max: 512,
+            handler_cpus: None,
+        }
+    }
+}
+
+pub(crate) struct RegionInner {
+    pub id: u32,
+    pub base: usize,
+    pub len: usize,
+    pub table: PageTable,
+    detector: Mutex<Detector>,
+    /// Highest page index ever mapped + 1 (bounds the walk when the region is dropped).
+    touched_end: AtomicUsize,
+    dead: AtomicBool,
+    /// The reservation, if the pager made it.
+    _mapping: Option<Mapping>,
+}
+
+impl std::fmt::Debug for RegionInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.id)
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl RegionInner {
+    #[inline]
+    fn key(&self, page: usize) -> Key {
+        ((self.id as u64) << REGION_SHIFT) | page as u64
+    }
+    #[inline]
+    fn addr(&self, page: usize) -> usize {
+        self.base + page * PAGE
+    }
+    fn note_touched(&self, page: usize) {
+        self.touched_end.fetch_max(page + 1, Relaxed);
+    }
+}
+
+struct Slots {
+    buf: Mapping,
+    free: Mutex<Vec<u32>>,
+    freed: Condvar,
+    in_use: AtomicUsize,
+}
+
+impl Slots {
+    fn slot_addr(&self, slot: u32) -> usize {
+        self.buf.addr() + slot as usize * PAGE
+    }
+    fn bytes(&self, slot: u32) -> &[u8] {
+        // SAFETY: slot buffers are pager-private memory (never registered), each slot owned by
+        // exactly one page in WRITEBACK state until freed.
+        unsafe { std::slice::from_raw_parts(self.slot_addr(slot) as *const u8, PAGE) }
+    }
+    fn fill(&self, slot: u32, src: &[u8]) {
+        assert_eq!(src.len(), PAGE);
+        // SAFETY: the evictor fills a slot it just took from the free list, which nobody else
+        // references; the slot is PAGE writable bytes of pager-private memory.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.slot_addr(slot) as *mut u8, PAGE)
+        }
+    }
+    fn take(&self) -> u32 {
+        let mut free = self.free.lock();
+        loop {
+            if let Some(s) = free.pop() {
+                self.in_use.fetch_add(1, Relaxed);
+                return s;
+            }
+            self.freed.wait_for(&mut free, Duration::from_millis(50));
+        }
+    }
+    fn give(&self, slot: u32) {
+        self.free.lock().push(slot);
+        self.in_use.fetch_sub(1, Relaxed);
+        self.freed.notify_all();
+    }
+}
+
+enum StoreJob {
+    Write(Vec<(Arc<RegionInner>, usize, u32)>),
+    Remove(Vec<Key>),
+}
+
+pub(crate) struct Inner {
+    uffd: Uffd,
+    store: Arc<dyn FarStore>,
+    regions: RwLock<Vec<Arc<RegionInner>>>,
+    next_region: AtomicU32,
+    budget_pages: AtomicUsize,
+    resident: AtomicUsize,
+    clock: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
+    evict_seq: AtomicU32,
+    evictor_kick: (Mutex<bool>, Condvar),
+    slots: Slots,
+    store_tx: Sender<StoreJob>,
+    prefetch_tx: Sender<(Arc<RegionInner>, Plan)>,
+    counters: Counters,
+    shutdown: AtomicBool,
+    window_max: u32,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pager")
+            .field("store", &self.store.describe())
+            .field("budget_pages", &self.budget_pages.load(Relaxed))
+            .field("resident", &self.resident.load(Relaxed))
+            .finish()
+    }
+}
+
+/// Owns the pager's threads; dropping the last handle stops them.
+#[derive(Debug)]
+struct Shared {
+    inner: Arc<Inner>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.inner.shutdown.store(true, Release);
+        self.inner.kick_evictor();
+        for t in self.threads.lock().drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A userfaultfd pager: regions whose pages live in a far store, with at most a budget of them
+/// mapped locally. Cheap to clone; the threads stop when the last clone and the last region
+/// are dropped.
+#[derive(Debug, Clone)]
+pub struct Pager {
+    shared: Arc<Shared>,
+}
+
+impl Pager {
+    /// Starts a pager over `store`.
+    pub fn start(config: Config, store: Arc<dyn FarStore>) -> Result<Pager, PagerError> {
+        let uffd = Uffd::open().map_err(PagerError::Userfaultfd)?;
+        let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
+        let (store_tx, store_rx) = crossbeam_channel::unbounded();
+        let (prefetch_tx, prefetch_rx) = crossbeam_channel::bounded(64);
+        let inner = Arc::new(Inner {
+            uffd,
+            store,
+            regions: RwLock::new(Vec::new()),
+            next_region: AtomicU32::new(1),
+            budget_pages: AtomicUsize::new(budget_pages(config.local_budget)),
+            resident: AtomicUsize::new(0),
+            clock: Mutex::new(VecDeque::new()),
+            evict_seq: AtomicU32::new(1),
+            evictor_kick: (Mutex::new(false), Condvar::new()),
+            slots: Slots {
+                buf: slots_buf,
+                free: Mutex::new((0..WRITEBACK_SLOTS as u32).rev().collect()),
+                freed: Condvar::new(),
+                in_use: AtomicUsize::new(0),
+            },
+            store_tx,
+            prefetch_tx,
+            counters: Counters::default(),
+            shutdown: AtomicBool::new(false),
+            window_max: config.prefetch_window_max,
+        });
+        let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
+        let mut threads = Vec::new();
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(f)
+                .map_err(PagerError::Thread)
+        };
+        for &cpu in cpus.iter().take(8) {
+            let i = inner.clone();
+            threads.push(spawn(
+                format!("tp-fault-{cpu}"),
+                Box::new(move || {
+                    let _ = tidepool_sys::set_affinity(0, &[cpu]);
+                    i.handler_loop();
+                }),
+            )?);
+        }
+        if cpus.is_empty() {
+            let i = inner.clone();
+            threads.push(spawn(
+                "tp-fault".into(),
+                Box::new(move || i.handler_loop()),
+            )?);
+        }
+        let i = inner.clone();
+        threads.push(spawn(
+            "tp-evict".into(),
+            Box::new(move || i.evictor_loop()),
+        )?);
+        let i = inner.clone();
+        threads.push(spawn(
+            "tp-writeback".into(),
+            Box::new(move || i.store_loop(store_rx)),
+        )?);
+        let i = inner.clone();
+        threads.push(spawn(
+            "tp-prefetch".into(),
+            Box::new(move || i.prefetch_loop(prefetch_rx)),
+        )?);
+        Ok(Pager {
+            shared: Arc::new(Shared {
+                inner,
+                threads: Mutex::new(threads),
+            }),
+        })
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<Inner> {
+        &self.shared.inner
+    }
+
+    /// Changes the local-memory budget of a running pager; shrinking evicts at once.
+    pub fn set_local_budget(&self, bytes: usize) {
+        self.inner()
+            .budget_pages
+            .store(budget_pages(bytes), Relaxed);
+        self.inner().kick_evictor();
+    }
+
+    /// The local-memory budget in bytes.
+    pub fn local_budget(&self) -> usize {
+        self.inner().budget_pages.load(Relaxed) * PAGE
+    }
+
+    /// What the pager has done so far.
+    pub fn stats(&self) -> PagerStats {
+        let i = self.inner();
+        snapshot(
+            &i.counters,
+            i.resident.load(Relaxed) as u64,
+            i.budget_pages.load(Relaxed) as u64,
+        )
+    }
+
+    /// A description of the far store, for messages.
+    pub fn store_description(&self) -> String {
+        self.inner().store.describe()
+    }
+
+    /// Reserves `len` bytes (rounded up to pages) of address space and registers it.
+    pub(crate) fn create_region(&self, len: usize) -> Result<Arc<RegionInner>, PagerError> {
+        let len = len.div_ceil(PAGE).max(1) * PAGE;
+        let mapping = Mapping::reserve(len).map_err(PagerError::Reserve)?;
+        let base = mapping.addr();
+        self.adopt(base, len, Some(mapping))
+    }
+
+    /// Registers `[base, base + len)`, a reservation whose pages are all untouched.
+    pub(crate) fn adopt(
+        &self,
+        base: usize,
+        len: usize,
+        mapping: Option<Mapping>,
+    ) -> Result<Arc<RegionInner>, PagerError> {
+        let i = self.inner();
+        let table = PageTable::new(len / PAGE).map_err(PagerError::Reserve)?;
+        i.uffd.register(base, len).map_err(PagerError::Register)?;
+        let region = Arc::new(RegionInner {
+            id: i.next_region.fetch_add(1, Relaxed),
+            base,
+            len,
+            table,
+            detector: Mutex::new(Detector::new(i.window_max)),
+            touched_end: AtomicUsize::new(0),
+            dead: AtomicBool::new(false),
+            _mapping: mapping,
+        });
+        let mut regions = i.regions.write();
+        regions.push(region.clone());
+        regions.sort_by_key(|r| r.base);
+        Ok(region)
+    }
+
+    /// Unregisters a region and forgets its far pages.
+    pub(crate) fn remove_region(&self, region: &Arc<RegionInner>) {
+        let i = self.inner();
+        i.discard(region, 0, region.touched_end.load(Relaxed));
+        region.dead.store(true, Release);
+        let _ = i.uffd.unregister(region.base, region.len);
+        i.regions.write().retain(|r| !Arc::ptr_eq(r, region));
+    }
+}
+
+fn budget_pages(bytes: usize) -> usize {
+    (bytes / PAGE).max(64)
+}
+
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-parameter of the size passed.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return (0..tidepool_sys::online_cpus()).collect();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `c` is below CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+impl Inner {
+    fn region_of(&self, addr: usize) -> Option<Arc<RegionInner>> {
+        let regions = self.regions.read();
+        let i = regions.partition_point(|r| r.base <= addr);
+        let r = regions.get(i.checked_sub(1)?)?;
+        (addr < r.base + r.len).then(|| r.clone())
+    }
+
+    fn kick_evictor(&self) {
+        let (m, cv) = &self.evictor_kick;
+        *m.lock() = true;
+        cv.notify_one();
+    }
+
+    fn local_pages(&self) -> usize {
+        self.resident.load(Relaxed) + self.slots.in_use.load(Relaxed)
+    }
+
+    /// Pages kept free below the budget so that faults rarely wait for eviction.
+    fn margin(&self) -> usize {
+        (self.budget_pages.load(Relaxed) / 32).clamp(EVICT_BATCH, 4096)
+    }
+
+    /// The far store failed: the program cannot get its memory back, so it must stop rather
+    /// than read zeros in place of its data.
+    fn fatal(&self, what: &str, err: &dyn std::fmt::Display) -> ! {
+        let msg = format!(
+            "tidepool pager: {what} failed on far store {}: {err}\n\
+             tidepool pager: the program's memory is unreachable; stopping it (exit status {FATAL_EXIT_CODE}) rather than let it read zeros\n",
+            self.store.describe()
+        );
+        // SAFETY: writing a buffer to standard error, then exiting without running the
+        // program's handlers (its memory cannot be trusted).
+        unsafe {
+            libc::write(2, msg.as_ptr().cast(), msg.len());
+            libc::_exit(FATAL_EXIT_CODE)
+        }
+    }
+
+    // ---- fault handling -------------------------------------------------------------------
+
+    fn handler_loop(self: Arc<Self>) {
+        let mut faults = Vec::with_capacity(32);
+        while !self.shutdown.load(Acquire) {
+            if !self.uffd.wait(100) {
+                continue;
+            }
+            if let Err(e) = self.uffd.read_faults(&mut faults) {
+                self.fatal("reading fault events", &e);
+            }
+            for f in faults.drain(..) {
+                self.serve(f);
+            }
+        }
+    }
+
+    fn serve(&self, f: Fault) {
+        let Some(region) = self.region_of(f.page_addr) else {
+            self.uffd.wake(f.page_addr, PAGE);
+            return;
+        };
+        let page = (f.page_addr - region.base) / PAGE;
+        if f.wp {
+            self.serve_write_protect(&region, page);
+            return;
+        }
+        Counters::add(&self.counters.missing_faults, 1);
+        let Some(word) = region
+            .table
+            .try_lock(page, &[UNTOUCHED, FAR, WRITEBACK, RESIDENT])
+        else {
+            // Another thread is moving the page and wakes us when done.
+            return;
+        };
+        if kind(word) == RESIDENT {
+            self.refill_resident(&region, page, word);
+            return;
+        }
+        self.install_demand(&region, page, word, f.write);
+        let budget = self.budget_pages.load(Relaxed);
+        if self.local_pages() + self.margin() > budget {
+            self.kick_evictor();
+            // Far over budget (the evictor is behind): reclaim here before going on.
+            while self.local_pages() > budget + self.margin() && self.evict_batch() > 0 {}
+        }
+        let (plan, credited) = {
+            let mut d = region.detector.lock();
+            let before = d.credited;
+            let plan = d.on_fault(page as i64);
+            (plan, d.credited - before)
+        };
+        Counters::add(&self.counters.prefetch_credited, credited);
+        if let Some(plan) = plan {
+            Counters::add(&self.counters.prefetch_planned, plan.count as u64);
+            let _ = self.prefetch_tx.try_send((region, plan));
+        }
+    }
+
+    /// A missing fault on a page we think is mapped: either a stale event (a second thread
+    /// faulted on the page before it was installed) or the program dropped the page behind our
+    /// back (a direct MADV_DONTNEED system call), which reads as zeros.
+    fn refill_resident(&self, region: &Arc<RegionInner>, page: usize, word: u64) {
+        if self.copy_in(region.addr(page), &ZERO_PAGE, false) {
+            if word & FAR_VALID != 0 {
+                let _ = self.store_tx.send(StoreJob::Remove(vec![region.key(page)]));
+            }
+            region
+                .table
+                .unlock(page, RESIDENT | DIRTY | (word & HISTORY));
+        } else {
+            region.table.unlock(page, word);
+        }
+    }
+
+    /// Maps one page a thread is waiting for; `word` is its state before the lock.
+    fn install_demand(&self, region: &Arc<RegionInner>, page: usize, word: u64, write: bool) {
+        let addr = region.addr(page);
+        let history = word & HISTORY;
+        let referenced = self.recently_evicted(region, page);
+        let new = match kind(word) {
+            UNTOUCHED => {
+                Counters::add(&self.counters.zero_fills, 1);
+                if write {
+                    self.copy_in(addr, &ZERO_PAGE, false);
+                    RESIDENT | DIRTY | history
+                } else {
+                    // The shared zero page: no memory until written; a write is a private
+                    // copy the kernel makes without us, so the page's state is "unknown"
+                    // and eviction hashes it.
+                    if let Err(e) = self.uffd.zeropage(addr) {
+                        if e.raw_os_error() != Some(libc::EEXIST) {
+                            self.fatal("mapping a zero page", &e);
+                        }
+                    }
+                    RESIDENT | history
+                }
+            }
+            WRITEBACK => {
+                Counters::add(&self.counters.writeback_hits, 1);
+                let slot = (word >> SLOT_SHIFT) as u32;
+                self.copy_in(addr, self.slots.bytes(slot), false);
+                // The write in flight will land; the page is written again at next eviction.
+                RESIDENT | DIRTY | history
+            }
+            _ => {
+                Counters::add(&self.counters.far_fetches, 1);
+                let data = match self.store.read(region.key(page)) {
+                    Ok(Some(d)) if d.len() == PAGE => d,
+                    Ok(Some(d)) => self.fatal(
+                        "reading a page",
+                        &format!("the store returned {} bytes for a 4096-byte page", d.len()),
+                    ),
+                    Ok(None) => self.fatal("reading a page", &"the store lost the page"),
+                    Err(e) => self.fatal("reading a page", &e),
+                };
+                Counters::add(&self.counters.bytes_read, PAGE as u64);
+                let predicted_write = write || history & WAS_DIRTY != 0;
+                self.copy_in(addr, &data, !predicted_write);
+                let clean = if predicted_write {
+                    if write {
+                        DIRTY
+                    } else {
+                        0
+                    }
+                } else {
+                    WP_CLEAN
+                };
+                RESIDENT | FAR_VALID | clean | history
+            }
+        };
+        let new = if referenced { new | REFERENCED } else { new };
+        self.resident.fetch_add(1, Relaxed);
+        region.note_touched(page);
+        region.table.unlock(page, new);
+        self.clock.lock().push_back((region.clone(), page));
+    }
+
+    /// Installs pages; false if a page was already present (EEXIST, left as it is) or the
+    /// range is gone.
+    fn copy_in(&self, addr: usize, src: &[u8], write_protect: bool) -> bool {
+        let mut done = 0;
+        while done < src.len() {
+            match self.uffd.copy(addr + done, &src[done..], write_protect) {
+                Ok(n) => done += n,
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return false,
+                // The program unmapped the range (or is exiting): nothing to install into.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
+                    return false
+                }
+                Err(e) => self.fatal("installing a page", &e),
+            }
+        }
+        true
+    }
+
+    /// A page evicted within the last half budget of evictions that is wanted again is hot.
+    fn recently_evicted(&self, region: &RegionInner, page: usize) -> bool {
+        let at = region.table.evicted_at(page).load(Relaxed);
+        at != 0
+            && self.evict_seq.load(Relaxed).wrapping_sub(at) as usize
+                <= self.budget_pages.load(Relaxed) / 2
+    }
+
+    /// The first write to a page installed write-protected: it is dirty from now on.
+    fn serve_write_protect(&self, region: &Arc<RegionInner>, page: usize) {
+        Counters::add(&self.counters.wp_faults, 1);
+        let addr = region.addr(page);
+        let Some(word) = region.table.try_lock(page, &[RESIDENT]) else {
+            // Being evicted: the evictor wakes the writer once the page is gone, and the
+            // retried write faults it back in.
+            return;
+        };
+        if let Err(e) = self.uffd.write_protect(addr, PAGE, false) {
+            if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) {
+                self.fatal("lifting a write protection", &e);
+            }
+        }
+        let word =
+            (word & !(WP_CLEAN | BUSY | KIND_MASK)) | RESIDENT | DIRTY | WAS_DIRTY | REFERENCED;
+        region.table.unlock(page, word);
+    }
+
+    // ---- prefetch ---------------------------------------------------------------------------
+
+    fn prefetch_loop(self: Arc<Self>, rx: Receiver<(Arc<RegionInner>, Plan)>) {
+        while !self.shutdown.load(Acquire) {
+            let Ok((region, plan)) = rx.recv_timeout(Duration::from_millis(100)) else {
+                continue;
+            };
+            self.prefetch(&region, plan);
+        }
+    }
+
+    fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan) {
+        let pages = region.table.pages() as i64;
+        let mut batch: Vec<(usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
+        let mut i = 0;
+        while i < plan.count as i64 {
+            // Never prefetch past the budget: that would evict pages to make room for guesses.
+            let room = self
+                .budget_pages
+                .load(Relaxed)
+                .saturating_sub(self.local_pages() + EVICT_BATCH);
+            if room < PREFETCH_BATCH / 4 {
+                self.kick_evictor();
+                std::thread::sleep(Duration::from_micros(200));
+                if self.shutdown.load(Acquire) {
+                    return;
+                }
+                let room = self
+                    .budget_pages
+                    .load(Relaxed)
+                    .saturating_sub(self.local_pages() + EVICT_BATCH);
+                if room < PREFETCH_BATCH / 4 {
+                    return;
+                }
+            }
+            batch.clear();
+            while i < plan.count as i64 && batch.len() < PREFETCH_BATCH {
+                let p = plan.start + i * plan.stride;
+                i += 1;
+                if p < 0 || p >= pages || p == plan.trigger {
+                    continue;
+                }
+                if let Some(w) = region.table.try_lock(p as usize, &[FAR, UNTOUCHED]) {
+                    batch.push((p as usize, w));
+                }
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            self.install_prefetched(region, &batch);
+            if self.local_pages() + self.margin() > self.budget_pages.load(Relaxed) {
+                self.kick_evictor();
+            }
+        }
+    }
+
+    fn install_prefetched(&self, region: &Arc<RegionInner>, batch: &[(usize, u64)]) {
+        let keys: Vec<Key> = batch
+            .iter()
+            .filter(|(_, w)| kind(*w) == FAR)
+            .map(|(p, _)| region.key(*p))
+            .collect();
+        let mut fetched = if keys.is_empty() {
+            Vec::new()
+        } else {
+            match self.store.read_many(&keys) {
+                Ok(v) => v,
+                Err(e) => self.fatal("prefetching pages", &e),
+            }
+        }
+        .into_iter();
+        let mut installed = 0u64;
+        let mut list = Vec::with_capacity(batch.len());
+        for &(p, w) in batch {
+            let addr = region.addr(p);
+            let history = w & HISTORY;
+            let new = if kind(w) == FAR {
+                let data = match fetched.next().flatten() {
+                    Some(d) if d.len() == PAGE => d,
+                    _ => self.fatal("prefetching pages", &"the store lost a page"),
+                };
+                Counters::add(&self.counters.bytes_read, PAGE as u64);
+                let wp = history & WAS_DIRTY == 0;
+                self.copy_in(addr, &data, wp);
+                RESIDENT | FAR_VALID | PREFETCHED | if wp { WP_CLEAN } else { 0 } | history
+            } else {
+                // A stream over fresh memory: map zero pages ahead so the program does not
+                // fault on each one.
+                self.copy_in(addr, &ZERO_PAGE, false);
+                RESIDENT | PREFETCHED | history
+            };
+            installed += 1;
+            region.note_touched(p);
+            region.table.unlock(p, new);
+            list.push((region.clone(), p));
+        }
+        self.resident.fetch_add(installed as usize, Relaxed);
+        Counters::add(&self.counters.prefetched, installed);
+        self.clock.lock().extend(list);
+    }
+
+    // ---- eviction ---------------------------------------------------------------------------
+
+    fn evictor_loop(self: Arc<Self>) {
+        loop {
+            {
+                let (m, cv) = &self.evictor_kick;
+                let mut kicked = m.lock();
+                if !*kicked {
+                    cv.wait_for(&mut kicked, Duration::from_millis(20));
+                }
+                *kicked = false;
+            }
+            if self.shutdown.load(Acquire) {
+                return;
+            }
+            while self.local_pages() + self.margin() > self.budget_pages.load(Relaxed)
+                && !self.shutdown.load(Acquire)
+            {
+                if self.evict_batch() == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Chooses victims with CLOCK (second chance for referenced pages) and evicts them.
+    /// Returns how many pages were evicted.
+    fn evict_batch(&self) -> usize {
+        let mut victims: Vec<(Arc<RegionInner>, usize, u64)> = Vec::with_capacity(EVICT_BATCH);
+        {
+            let mut clock = self.clock.lock();
+            let mut budget = clock.len().min(EVICT_BATCH * 8);
+            while victims.len() < EVICT_BATCH && budget > 0 {
+                budget -= 1;
+                let Some((region, page)) = clock.pop_front() else {
+                    break;
+                };
+                if region.dead.load(Acquire) {
+                    continue;
+                }
+                let s = region.table.state(page);
+                let word = s.load(Acquire);
+                if kind(word) != RESIDENT {
+                    continue; // stale entry: evicted or discarded already
+                }
+                if word & REFERENCED != 0
+                    && s.compare_exchange(word, word & !REFERENCED, AcqRel, Relaxed)
+                        .is_ok()
+                {
+                    clock.push_back((region, page));
+                    continue;
+                }
+                if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
+                    victims.push((region, page, w));
+                } else {
+                    clock.push_back((region, page));
+                }
+            }
+        }
+        if victims.is_empty() {
+            return 0;
+        }
+        victims.sort_by_key(|(r, p, _)| (r.id, *p));
+        let n = victims.len();
+        let mut start = 0;
+        while start < n {
+            let mut end = start + 1;
+            while end < n
+                && victims[end].0.id == victims[start].0.id
+                && victims[end].1 == victims[end - 1].1 + 1
+            {
+                end += 1;
+            }
+            self.evict_run(&victims[start..end]);
+            start = end;
+        }
+        n
+    }
+
+    /// Evicts consecutive locked pages of one region.
+    fn evict_run(&self, run: &[(Arc<RegionInner>, usize, u64)]) {
+        let region = &run[0].0;
+        let first = run[0].1;
+        let addr = region.addr(first);
+        let len = run.len() * PAGE;
+        // Freeze the contents: a write from now on waits in a write-protect fault until the
+        // page is gone, then faults it back in. Pages installed write-protected and never
+        // written need nothing.
+        if run.iter().any(|(_, _, w)| w & WP_CLEAN == 0) {
+            if let Err(e) = self.uffd.write_protect(addr, len, true) {
+                if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) {
+                    self.fatal("write-protecting pages for eviction", &e);
+                }
+            }
+        }
+        let seq = self.evict_seq.fetch_add(1, Relaxed);
+        let mut new_words = Vec::with_capacity(run.len());
+        let mut writes = Vec::new();
+        let mut removes = Vec::new();
+        let (mut clean, mut zero) = (0u64, 0u64);
+        for (_, page, w) in run {
+            let page = *page;
+            let history = w & HISTORY;
+            let far_valid = w & FAR_VALID != 0;
+            let new = if w & WP_CLEAN != 0 {
+                clean += 1;
+                if far_valid {
+                    FAR | history
+                } else {
+                    zero += 1;
+                    UNTOUCHED | history
+                }
+            } else {
+                // SAFETY: the page is RESIDENT and locked by us, so mapped (only lock holders
+                // unmap pages), and write-protected above, so nobody writes it meanwhile.
+                let bytes = unsafe { page_bytes(region.addr(page)) };
+                let h = hash_page(bytes);
+                let was_written = w & DIRTY != 0;
+                if h == zero_hash() && bytes.iter().all(|&b| b == 0) {
+                    zero += 1;
+                    if far_valid {
+                        removes.push(region.key(page));
+                    }
+                    UNTOUCHED | if was_written { WAS_DIRTY } else { history }
+                } else if far_valid && h == region.table.hash(page).load(Relaxed) {
+                    clean += 1;
+                    FAR | history
+                } else {
+                    let slot = self.slots.take();
+                    self.slots.fill(slot, bytes);
+                    region.table.hash(page).store(h, Relaxed);
+                    writes.push((region.clone(), page, slot));
+                    WRITEBACK | ((slot as u64) << SLOT_SHIFT) | WAS_DIRTY
+                }
+            };
+            new_words.push(new);
+            region.table.evicted_at(page).store(seq.max(1), Relaxed);
+        }
+        sys::discard(addr, len);
+        for ((_, page, _), new) in run.iter().zip(new_words) {
+            region.table.unlock(*page, new);
+        }
+        self.resident.fetch_sub(run.len(), Relaxed);
+        // Writers that hit the write protection, and readers that faulted after the discard,
+        // retry now and find the pages' new states.
+        self.uffd.wake(addr, len);
+        let c = &self.counters;
+        Counters::add(&c.evicted, run.len() as u64);
+        Counters::add(&c.evicted_clean, clean);
+        Counters::add(&c.evicted_zero, zero);
+        if !removes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Remove(removes));
+        }
+        if !writes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Write(writes));
+        }
+    }
+
+    // ---- write-back -------------------------------------------------------------------------
+
+    /// Applies writes and removes in the order they were queued (so a page's far copy is
+    /// never overtaken by an older one).
+    fn store_loop(self: Arc<Self>, rx: Receiver<StoreJob>) {
+        loop {
+            let job = match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(j) => j,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    if self.shutdown.load(Acquire) {
+                        return;
+                    }
+                    continue;
+                }
+                Err(_) => return,
+            };
+            match job {
+                StoreJob::Remove(keys) => {
+                    if let Err(e) = self.store.remove_many(&keys) {
+                        self.fatal("removing pages", &e);
+                    }
+                }
+                StoreJob::Write(mut pages) => {
+                    // Gather whatever else is queued into the same round trip.
+                    while pages.len() < 256 {
+                        match rx.try_recv() {
+                            Ok(StoreJob::Write(more)) => pages.extend(more),
+                            Ok(StoreJob::Remove(keys)) => {
+                                self.write_pages(&pages);
+                                pages.clear();
+                                if let Err(e) = self.store.remove_many(&keys) {
+                                    self.fatal("removing pages", &e);
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    self.write_pages(&pages);
+                }
+            }
+        }
+    }
+
+    fn write_pages(&self, pages: &[(Arc<RegionInner>, usize, u32)]) {
+        if pages.is_empty() {
+            return;
+        }
+        let items: Vec<(Key, &[u8])> = pages
+            .iter()
+            .map(|(r, p, s)| (r.key(*p), self.slots.bytes(*s)))
+            .collect();
+        if let Err(e) = self.store.write_many(&items) {
+            self.fatal("writing pages back", &e);
+        }
+        Counters::add(&self.counters.written_back, pages.len() as u64);
+        Counters::add(&self.counters.bytes_written, (pages.len() * PAGE) as u64);
+        for (region, page, slot) in pages {
+            let expected = WRITEBACK | ((*slot as u64) << SLOT_SHIFT) | WAS_DIRTY;
+            let s = region.table.state(*page);
+            loop {
+                match s.compare_exchange(expected, FAR | WAS_DIRTY, AcqRel, Acquire) {
+                    Ok(_) => break,
+                    // A fault handler is copying out of the slot right now.
+                    Err(now) if kind(now) == BUSY => std::hint::spin_loop(),
+                    // Faulted back in (or discarded) meanwhile: the slot is no longer needed.
+                    Err(_) => break,
+                }
+            }
+            self.slots.give(*slot);
+        }
+    }
+
+    // ---- the program gives memory back ------------------------------------------------------
+
+    /// Forgets pages `[first, end)` of a region: their contents are no longer needed and the
+    /// next touch reads zeros.
+    pub(crate) fn discard(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
+        let end = end.min(region.table.pages());
+        let mut removes = Vec::new();
+        let mut page = first;
+        while page < end {
+            let chunk_end = (page + 512).min(end);
+            let mut resident = 0;
+            for p in page..chunk_end {
+                let w = region.table.lock_any(p);
+                match kind(w) {
+                    RESIDENT => {
+                        resident += 1;
+                        if w & FAR_VALID != 0 {
+                            removes.push(region.key(p));
+                        }
+                    }
+                    FAR | WRITEBACK => removes.push(region.key(p)),
+                    _ => {}
+                }
+            }
+            sys::discard(region.addr(page), (chunk_end - page) * PAGE);
+            for p in page..chunk_end {
+                region.table.unlock(p, UNTOUCHED);
+            }
+            self.resident.fetch_sub(resident, Relaxed);
+            Counters::add(&self.counters.discarded, resident as u64);
+            self.uffd.wake(region.addr(page), (chunk_end - page) * PAGE);
+            page = chunk_end;
+        }
+        if !removes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Remove(removes));
+        }
+    }
+}
+
+fn zero_hash() -> u64 {
+    static H: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *H.get_or_init(|| hash_page(&ZERO_PAGE))
+}

@@ -1,0 +1,234 @@
+//! Which pages to fetch before they are asked for: a Leap-style majority vote over the strides
+//! of recent faults, with a window that doubles while the stream holds and collapses when it
+//! breaks.
+//!
+//! Prefetched pages are mapped straight into the region, so a program walking a stream does
+//! not fault on them at all. That also hides whether it used them, so each window leaves its
+//! middle page unmapped as a trigger (Linux readahead's marker): the program's fault there
+//! proves it walked half the window, pulls the next, larger window, and credits the pages it
+//! passed as used. Prefetch accuracy is pages credited over pages prefetched.
+
+/// Faults remembered for the vote.
+const HISTORY: usize = 8;
+/// First window, in pages.
+const WINDOW_MIN: u32 = 8;
+/// Strides beyond this many pages are not streams worth following.
+const STRIDE_MAX: i64 = 64;
+
+/// What to fetch: `count` pages from `start`, `stride` pages apart, leaving `trigger` unmapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    pub start: i64,
+    pub stride: i64,
+    pub count: u32,
+    pub trigger: i64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Stream {
+    stride: i64,
+    /// Where the current window began (pages before it are already credited).
+    window_start: i64,
+    /// The first page not yet planned.
+    next: i64,
+    window: u32,
+}
+
+/// The stride detector of one region.
+#[derive(Debug)]
+pub struct Detector {
+    history: [i64; HISTORY],
+    len: usize,
+    stream: Option<Stream>,
+    window_max: u32,
+    /// Pages planned so far.
+    pub planned: u64,
+    /// Planned pages the program has since walked past.
+    pub credited: u64,
+}
+
+impl Detector {
+    pub fn new(window_max: u32) -> Detector {
+        Detector {
+            history: [0; HISTORY],
+            len: 0,
+            stream: None,
+            window_max: window_max.max(WINDOW_MIN),
+            planned: 0,
+            credited: 0,
+        }
+    }
+
+    /// Records a demand fault on `page`; returns what to prefetch, if anything.
+    pub fn on_fault(&mut self, page: i64) -> Option<Plan> {
+        if let Some(s) = self.stream {
+            let offset = page - s.window_start;
+            let planned_end = (s.next - s.window_start) / s.stride;
+            if offset % s.stride == 0 && offset / s.stride > 0 && offset / s.stride <= planned_end {
+                let ahead = offset / s.stride;
+                if ahead < planned_end - s.window as i64 / 2 {
+                    // A page of the window not mapped yet: the program caught up with the
+                    // prefetcher. Nothing new to plan.
+                    return None;
+                }
+                // The trigger (or beyond): the program walked half the window. Credit what it
+                // passed and plan the next, larger window.
+                self.credited += ahead as u64;
+                let window = (s.window * 2).min(self.window_max);
+                let from = if ahead >= planned_end {
+                    page + s.stride
+                } else {
+                    s.next
+                };
+                return Some(self.plan(s.stride, page, from, window));
+            }
+        }
+        self.push(page);
+        match self.majority_stride() {
+            Some(stride) => {
+                let window = self
+                    .stream
+                    .map_or(WINDOW_MIN, |s| (s.window / 2).max(WINDOW_MIN));
+                Some(self.plan(stride, page, page + stride, window))
+            }
+            None => {
+                self.stream = None;
+                None
+            }
+        }
+    }
+
+    fn plan(&mut self, stride: i64, fault: i64, from: i64, window: u32) -> Plan {
+        let trigger = from + stride * (window as i64 / 2);
+        self.stream = Some(Stream {
+            stride,
+            window_start: fault,
+            next: from + stride * window as i64,
+            window,
+        });
+        self.planned += window as u64;
+        Plan {
+            start: from,
+            stride,
+            count: window,
+            trigger,
+        }
+    }
+
+    fn push(&mut self, page: i64) {
+        if self.len == HISTORY {
+            self.history.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.history[self.len] = page;
+        self.len += 1;
+    }
+
+    /// The stride shared by a strict majority of the recent deltas (Boyer-Moore vote), if one
+    /// exists and is a plausible stream.
+    fn majority_stride(&self) -> Option<i64> {
+        if self.len < 3 {
+            return None;
+        }
+        let deltas: Vec<i64> = self.history[..self.len]
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .collect();
+        let (mut cand, mut votes) = (0i64, 0usize);
+        for &d in &deltas {
+            if votes == 0 {
+                cand = d;
+                votes = 1;
+            } else if d == cand {
+                votes += 1;
+            } else {
+                votes -= 1;
+            }
+        }
+        let count = deltas.iter().filter(|&&d| d == cand).count();
+        (count * 2 > deltas.len() && cand != 0 && cand.abs() <= STRIDE_MAX).then_some(cand)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Simulates a program walking pages with `stride`; a page is faulted on only if it was
+    /// not prefetched (or is a trigger).
+    fn walk(stride: i64, pages: i64) -> (u64, Detector) {
+        let mut d = Detector::new(256);
+        let mut mapped = std::collections::HashSet::new();
+        let mut faults = 0;
+        let mut p = 1000;
+        for _ in 0..pages {
+            if !mapped.contains(&p) {
+                faults += 1;
+                mapped.insert(p);
+                if let Some(plan) = d.on_fault(p) {
+                    for i in 0..plan.count as i64 {
+                        let q = plan.start + i * plan.stride;
+                        if q != plan.trigger {
+                            mapped.insert(q);
+                        }
+                    }
+                }
+            }
+            p += stride;
+        }
+        (faults, d)
+    }
+
+    #[test]
+    fn a_sequential_walk_faults_rarely() {
+        let (faults, d) = walk(1, 100_000);
+        // Three faults to find the stream, then one per half window of up to 256 pages.
+        assert!(faults < 100_000 / 100, "{faults} faults");
+        assert!(
+            d.credited * 10 >= d.planned * 9,
+            "{} of {}",
+            d.credited,
+            d.planned
+        );
+    }
+
+    #[test]
+    fn strided_and_backward_walks_are_followed() {
+        for stride in [3, -1, -8] {
+            let (faults, _) = walk(stride, 20_000);
+            assert!(faults < 20_000 / 50, "stride {stride}: {faults} faults");
+        }
+    }
+
+    #[test]
+    fn random_faults_prefetch_nothing() {
+        let mut d = Detector::new(256);
+        let mut x: u64 = 12345;
+        let mut plans = 0;
+        for _ in 0..10_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            if d.on_fault((x >> 20) as i64 % 1_000_000).is_some() {
+                plans += 1;
+            }
+        }
+        assert!(plans < 10, "{plans} plans for random faults");
+    }
+
+    #[test]
+    fn the_window_is_capped() {
+        let mut d = Detector::new(64);
+        let mut biggest = 0;
+        let mut p = 0;
+        for _ in 0..200 {
+            if let Some(plan) = d.on_fault(p) {
+                biggest = biggest.max(plan.count);
+                p = plan.trigger;
+            } else {
+                p += 1;
+            }
+        }
+        assert_eq!(biggest, 64);
+    }
+}

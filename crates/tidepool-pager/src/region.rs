@@ -1,0 +1,80 @@
+//! [`Region`]: memory whose pages the pager keeps, for any Rust program.
+
+use crate::pager::{Pager, RegionInner};
+use crate::sys::PAGE;
+use crate::PagerError;
+use std::sync::Arc;
+
+/// A range of memory backed by far memory: at most the pager's local budget of it (shared with
+/// the pager's other regions) is mapped at a time; the rest lives in the far store and comes
+/// back on the next touch. Reads and writes are ordinary memory accesses.
+///
+/// ```no_run
+/// use tidepool_pager::{Config, Pager, Region};
+/// let store = tidepool_store::open("local:").unwrap();
+/// let pager = Pager::start(Config::new(64 << 20), store).unwrap();
+/// let mut region = Region::new(&pager, 1 << 30).unwrap(); // 1 GiB, 64 MiB of it local
+/// region.as_mut_slice()[123_456_789] = 7;
+/// assert_eq!(region.as_slice()[123_456_789], 7);
+/// ```
+#[derive(Debug)]
+pub struct Region {
+    pager: Pager,
+    inner: Arc<RegionInner>,
+}
+
+impl Region {
+    /// Reserves `len` bytes (rounded up to whole pages), reading as zeros until written.
+    pub fn new(pager: &Pager, len: usize) -> Result<Region, PagerError> {
+        let inner = pager.create_region(len)?;
+        Ok(Region {
+            pager: pager.clone(),
+            inner,
+        })
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.inner.base as *const u8
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.inner.base as *mut u8
+    }
+
+    /// Length in bytes (a whole number of pages).
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: the range is a live, readable and writable reservation owned by this region
+        // for its whole life; pages that are not mapped are faulted in by the pager, so every
+        // byte is readable. Shared borrows of self exclude writes through the region.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and the exclusive borrow of self excludes other access.
+        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) }
+    }
+
+    /// Forgets the contents of `[offset, offset + len)` (whole pages inside it): they read as
+    /// zeros afterwards, and their far copies are freed.
+    pub fn discard(&mut self, offset: usize, len: usize) {
+        let first = offset.div_ceil(PAGE);
+        let end = (offset.saturating_add(len) / PAGE).min(self.inner.len / PAGE);
+        if first < end {
+            self.pager.inner().discard(&self.inner, first, end);
+        }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.pager.remove_region(&self.inner);
+    }
+}

@@ -1,0 +1,144 @@
+//! Counters the pager keeps, and the report `tidepool run --stats` prints.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub missing_faults: AtomicU64,
+    pub wp_faults: AtomicU64,
+    pub zero_fills: AtomicU64,
+    pub far_fetches: AtomicU64,
+    pub writeback_hits: AtomicU64,
+    pub prefetched: AtomicU64,
+    pub prefetch_planned: AtomicU64,
+    pub prefetch_credited: AtomicU64,
+    pub evicted: AtomicU64,
+    pub evicted_clean: AtomicU64,
+    pub evicted_zero: AtomicU64,
+    pub written_back: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub discarded: AtomicU64,
+}
+
+impl Counters {
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Relaxed);
+    }
+}
+
+/// A snapshot of what the pager has done.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PagerStats {
+    /// Faults on pages that were not mapped.
+    pub missing_faults: u64,
+    /// First writes to pages installed write-protected (clean tracking).
+    pub wp_faults: u64,
+    /// Missing faults served with a zero page (first touch, nothing fetched).
+    pub zero_fills: u64,
+    /// Missing faults served by a read from the far store.
+    pub far_fetches: u64,
+    /// Missing faults served from the write-back buffer.
+    pub writeback_hits: u64,
+    /// Pages the prefetcher mapped before they were asked for.
+    pub prefetched: u64,
+    /// Pages in prefetch windows, and those the program was later seen to walk past.
+    pub prefetch_planned: u64,
+    pub prefetch_credited: u64,
+    /// Pages evicted; of them clean (dropped, far copy valid) and zero (never stored).
+    pub evicted: u64,
+    pub evicted_clean: u64,
+    pub evicted_zero: u64,
+    /// Dirty pages written to the far store.
+    pub written_back: u64,
+    /// Bytes fetched from and written to the far store.
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    /// Pages given back by the program (freed memory, munmap, MADV_DONTNEED).
+    pub discarded: u64,
+    /// Pages mapped now, and the budget in pages.
+    pub resident_pages: u64,
+    pub budget_pages: u64,
+}
+
+impl PagerStats {
+    /// Faults served without a round trip to the far store, over all missing faults.
+    pub fn local_hit_ratio(&self) -> f64 {
+        if self.missing_faults == 0 {
+            return 1.0;
+        }
+        1.0 - self.far_fetches as f64 / self.missing_faults as f64
+    }
+
+    /// Prefetched pages the program was seen to use, over pages planned.
+    pub fn prefetch_accuracy(&self) -> Option<f64> {
+        (self.prefetch_planned > 0)
+            .then(|| (self.prefetch_credited as f64 / self.prefetch_planned as f64).min(1.0))
+    }
+}
+
+pub(crate) fn snapshot(c: &Counters, resident: u64, budget: u64) -> PagerStats {
+    PagerStats {
+        missing_faults: c.missing_faults.load(Relaxed),
+        wp_faults: c.wp_faults.load(Relaxed),
+        zero_fills: c.zero_fills.load(Relaxed),
+        far_fetches: c.far_fetches.load(Relaxed),
+        writeback_hits: c.writeback_hits.load(Relaxed),
+        prefetched: c.prefetched.load(Relaxed),
+        prefetch_planned: c.prefetch_planned.load(Relaxed),
+        prefetch_credited: c.prefetch_credited.load(Relaxed),
+        evicted: c.evicted.load(Relaxed),
+        evicted_clean: c.evicted_clean.load(Relaxed),
+        evicted_zero: c.evicted_zero.load(Relaxed),
+        written_back: c.written_back.load(Relaxed),
+        bytes_read: c.bytes_read.load(Relaxed),
+        bytes_written: c.bytes_written.load(Relaxed),
+        discarded: c.discarded.load(Relaxed),
+        resident_pages: resident,
+        budget_pages: budget,
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+impl fmt::Display for PagerStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "faults       {} missing ({} zero-filled, {} from far memory, {} from the write-back buffer), {} first writes",
+            self.missing_faults, self.zero_fills, self.far_fetches, self.writeback_hits, self.wp_faults
+        )?;
+        writeln!(
+            f,
+            "hits         {:.1}% of missing faults served without a far read",
+            self.local_hit_ratio() * 100.0
+        )?;
+        match self.prefetch_accuracy() {
+            Some(a) => writeln!(
+                f,
+                "prefetch     {} pages mapped ahead, accuracy {:.1}% ({} of {} planned pages used)",
+                self.prefetched,
+                a * 100.0,
+                self.prefetch_credited,
+                self.prefetch_planned
+            )?,
+            None => writeln!(f, "prefetch     no streams detected")?,
+        }
+        writeln!(
+            f,
+            "evictions    {} pages ({} clean dropped, {} zero, {} written back), {} discarded by the program",
+            self.evicted, self.evicted_clean, self.evicted_zero, self.written_back, self.discarded
+        )?;
+        write!(
+            f,
+            "moved        {:.1} MiB read from far memory, {:.1} MiB written; resident {:.1} of {:.1} MiB",
+            mib(self.bytes_read),
+            mib(self.bytes_written),
+            mib(self.resident_pages * 4096),
+            mib(self.budget_pages * 4096)
+        )
+    }
+}

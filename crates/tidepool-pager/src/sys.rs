@@ -1,0 +1,361 @@
+//! The system calls the pager makes, each behind a small safe function: the userfaultfd object
+//! and its ioctls, address-space reservations, and reads of pages the pager has pinned in place.
+//!
+//! Everything unsafe in the crate lives here. The invariant that makes the page reads sound is
+//! stated once, at [`page_bytes`].
+
+use linux_raw_sys::general as uapi;
+use linux_raw_sys::ioctl as ioc;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// Bytes in a page (x86-64 and arm64 with 4 KiB pages; checked against the kernel at startup).
+pub const PAGE: usize = 4096;
+
+/// `USERFAULTFD_IOC_NEW`: `_IO(0xAA, 0x00)` on /dev/userfaultfd.
+const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
+
+/// The features the pager asks for.
+///
+/// Faults raised by the kernel itself (a `read(2)` into an evicted buffer) must reach us, so the
+/// object is a full one (not `UFFD_USER_MODE_ONLY`): opened through /dev/userfaultfd, which
+/// grants that without `CAP_SYS_PTRACE`, or the system call as a fallback.
+const FEATURES: u64 = uapi::UFFD_FEATURE_THREAD_ID as u64;
+
+/// A userfaultfd object, non-blocking, close-on-exec.
+#[derive(Debug)]
+pub struct Uffd {
+    fd: OwnedFd,
+}
+
+/// One page-fault event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    /// The faulting address, rounded down to its page.
+    pub page_addr: usize,
+    /// The access was a write.
+    pub write: bool,
+    /// A write to a write-protected page (not a missing page).
+    pub wp: bool,
+}
+
+fn last_err() -> io::Error {
+    io::Error::last_os_error()
+}
+
+impl Uffd {
+    /// Opens a userfaultfd object through /dev/userfaultfd (or the system call).
+    pub fn open() -> io::Result<Uffd> {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        if page != PAGE as libc::c_long {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("the pager needs 4 KiB pages; this kernel uses {page}-byte pages"),
+            ));
+        }
+        let fd = Self::open_device().or_else(|dev_err| {
+            // SAFETY: the userfaultfd system call takes only flags.
+            let fd = unsafe {
+                libc::syscall(
+                    libc::SYS_userfaultfd,
+                    (libc::O_CLOEXEC | libc::O_NONBLOCK) as libc::c_long,
+                )
+            };
+            if fd < 0 {
+                let e = last_err();
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "neither /dev/userfaultfd ({dev_err}) nor the userfaultfd system call ({e}) \
+                         is usable; run as root, or give this user read-write access to \
+                         /dev/userfaultfd"
+                    ),
+                ));
+            }
+            // SAFETY: the kernel returned a new descriptor that nothing else owns.
+            Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+        })?;
+        // SAFETY: uffdio_api is plain data; all-zero is a valid starting value.
+        let mut api: uapi::uffdio_api = unsafe { std::mem::zeroed() };
+        api.api = uapi::UFFD_API as u64;
+        api.features = FEATURES;
+        // SAFETY: UFFDIO_API reads and writes one uffdio_api, which `api` is.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), ioc::UFFDIO_API as _, &mut api) } != 0 {
+            return Err(last_err());
+        }
+        Ok(Uffd { fd })
+    }
+
+    fn open_device() -> io::Result<OwnedFd> {
+        // SAFETY: a NUL-terminated path.
+        let dev =
+            unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if dev < 0 {
+            return Err(last_err());
+        }
+        // SAFETY: `dev` is a descriptor we just opened.
+        let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+        // SAFETY: USERFAULTFD_IOC_NEW takes the new object's flags by value.
+        let fd = unsafe {
+            libc::ioctl(
+                dev.as_raw_fd(),
+                USERFAULTFD_IOC_NEW as _,
+                (libc::O_CLOEXEC | libc::O_NONBLOCK) as libc::c_long,
+            )
+        };
+        if fd < 0 {
+            return Err(last_err());
+        }
+        // SAFETY: the kernel returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Registers `[addr, addr + len)` for missing-page and write-protect faults.
+    pub fn register(&self, addr: usize, len: usize) -> io::Result<()> {
+        // SAFETY: plain data.
+        let mut reg: uapi::uffdio_register = unsafe { std::mem::zeroed() };
+        reg.range.start = addr as u64;
+        reg.range.len = len as u64;
+        reg.mode = (uapi::UFFDIO_REGISTER_MODE_MISSING | uapi::UFFDIO_REGISTER_MODE_WP) as u64;
+        // SAFETY: UFFDIO_REGISTER reads and writes one uffdio_register.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_REGISTER as _, &mut reg) } != 0 {
+            return Err(last_err());
+        }
+        Ok(())
+    }
+
+    /// Unregisters a range; faults there become ordinary anonymous-memory faults.
+    pub fn unregister(&self, addr: usize, len: usize) -> io::Result<()> {
+        let mut range = uapi::uffdio_range {
+            start: addr as u64,
+            len: len as u64,
+        };
+        // SAFETY: UFFDIO_UNREGISTER reads one uffdio_range.
+        if unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_UNREGISTER as _, &mut range) } != 0
+        {
+            return Err(last_err());
+        }
+        Ok(())
+    }
+
+    /// Installs `src` (any alignment, a whole number of pages) at the registered `dst` and wakes
+    /// whoever waits there. `write_protect` installs the pages write-protected, so that the
+    /// first write raises a fault we see. Returns the bytes installed; `EEXIST` (a page already
+    /// present) is an error the caller decides about.
+    pub fn copy(&self, dst: usize, src: &[u8], write_protect: bool) -> io::Result<usize> {
+        debug_assert!(dst.is_multiple_of(PAGE) && src.len().is_multiple_of(PAGE));
+        // SAFETY: plain data.
+        let mut c: uapi::uffdio_copy = unsafe { std::mem::zeroed() };
+        c.dst = dst as u64;
+        c.src = src.as_ptr() as u64;
+        c.len = src.len() as u64;
+        c.mode = if write_protect {
+            uapi::UFFDIO_COPY_MODE_WP as u64
+        } else {
+            0
+        };
+        loop {
+            // SAFETY: UFFDIO_COPY reads `len` bytes at `src`, which `src` is valid for, and
+            // writes only pages of our own registered range; it reads and writes one
+            // uffdio_copy.
+            let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_COPY as _, &mut c) };
+            if rc == 0 {
+                return Ok(c.copy as usize);
+            }
+            let e = last_err();
+            if e.raw_os_error() == Some(libc::EAGAIN) && c.copy > 0 {
+                // Partial progress (the mapping changed under us): the caller retries the rest.
+                return Ok(c.copy as usize);
+            }
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                continue;
+            }
+            return Err(e);
+        }
+    }
+
+    /// Maps the shared zero page at `dst` (one page) and wakes waiters.
+    pub fn zeropage(&self, dst: usize) -> io::Result<()> {
+        // SAFETY: plain data.
+        let mut z: uapi::uffdio_zeropage = unsafe { std::mem::zeroed() };
+        z.range.start = dst as u64;
+        z.range.len = PAGE as u64;
+        loop {
+            // SAFETY: UFFDIO_ZEROPAGE maps into our own registered range; reads and writes one
+            // uffdio_zeropage.
+            let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_ZEROPAGE as _, &mut z) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = last_err();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                continue;
+            }
+            return Err(e);
+        }
+    }
+
+    /// Write-protects `[addr, addr + len)` (`on`), or lifts the protection and wakes writers.
+    pub fn write_protect(&self, addr: usize, len: usize, on: bool) -> io::Result<()> {
+        // SAFETY: plain data.
+        let mut w: uapi::uffdio_writeprotect = unsafe { std::mem::zeroed() };
+        w.range.start = addr as u64;
+        w.range.len = len as u64;
+        w.mode = if on { 1 } else { 0 }; // UFFDIO_WRITEPROTECT_MODE_WP
+        loop {
+            // SAFETY: UFFDIO_WRITEPROTECT changes protections of our own registered range only.
+            let rc =
+                unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_WRITEPROTECT as _, &mut w) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = last_err();
+            if e.raw_os_error() == Some(libc::EAGAIN) {
+                continue;
+            }
+            return Err(e);
+        }
+    }
+
+    /// Wakes threads waiting on faults in `[addr, addr + len)`, so they retry their access.
+    pub fn wake(&self, addr: usize, len: usize) {
+        let mut range = uapi::uffdio_range {
+            start: addr as u64,
+            len: len as u64,
+        };
+        // SAFETY: UFFDIO_WAKE reads one uffdio_range. It can fail only for a bad range, which
+        // leaves nothing to wake.
+        unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_WAKE as _, &mut range) };
+    }
+
+    /// Waits up to `timeout_ms` for events; true if some may be ready.
+    pub fn wait(&self, timeout_ms: i32) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+    }
+
+    /// Reads the pending page-fault events into `out`; returns how many (0 if none).
+    /// Other events (none are asked for) are skipped.
+    pub fn read_faults(&self, out: &mut Vec<Fault>) -> io::Result<()> {
+        out.clear();
+        // SAFETY: uffd_msg is plain data; all-zero is valid.
+        let mut msgs: [uapi::uffd_msg; 32] = unsafe { std::mem::zeroed() };
+        // SAFETY: `msgs` is writable for its whole size; read writes whole messages.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr().cast(),
+                std::mem::size_of_val(&msgs),
+            )
+        };
+        if n < 0 {
+            let e = last_err();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(()),
+                _ => Err(e),
+            };
+        }
+        let count = n as usize / std::mem::size_of::<uapi::uffd_msg>();
+        for m in &msgs[..count] {
+            if m.event as u32 != uapi::UFFD_EVENT_PAGEFAULT {
+                continue;
+            }
+            // SAFETY: for UFFD_EVENT_PAGEFAULT the kernel fills the `pagefault` member.
+            let pf = unsafe { m.arg.pagefault };
+            out.push(Fault {
+                page_addr: pf.address as usize & !(PAGE - 1),
+                write: pf.flags & uapi::UFFD_PAGEFAULT_FLAG_WRITE as u64 != 0,
+                wp: pf.flags & uapi::UFFD_PAGEFAULT_FLAG_WP as u64 != 0,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A reservation of address space (or a pager-private table), unmapped on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+impl Mapping {
+    /// Reserves `len` bytes, readable and writable, backed by nothing until touched and not
+    /// charged against overcommit.
+    pub fn reserve(len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(last_err());
+        }
+        Ok(Mapping {
+            addr: p as usize,
+            len,
+        })
+    }
+
+    pub fn addr(&self) -> usize {
+        self.addr
+    }
+
+    /// A pager-private table of `T` viewed as a slice (zero-initialised, populated on touch).
+    pub fn as_table<T: ZeroIsValid>(&self) -> &[T] {
+        // SAFETY: the mapping is readable and writable for `len` bytes, page aligned (so
+        // aligned for any T up to 4 KiB), zero-filled by the kernel, and T is valid when all
+        // zero (the ZeroIsValid contract). It lives as long as `self`.
+        unsafe {
+            std::slice::from_raw_parts(self.addr as *const T, self.len / std::mem::size_of::<T>())
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the range is a mapping this value owns; nothing references it past drop.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Types for which the all-zero bit pattern is a valid value (atomics of integers).
+///
+/// # Safety
+/// Implement only for types whose every field is valid when zero.
+pub unsafe trait ZeroIsValid: Sync {}
+// SAFETY: an atomic integer is valid when zero.
+unsafe impl ZeroIsValid for std::sync::atomic::AtomicU64 {}
+// SAFETY: an atomic integer is valid when zero.
+unsafe impl ZeroIsValid for std::sync::atomic::AtomicU32 {}
+
+/// Drops the pages of `[addr, addr + len)`: the next touch faults as missing.
+pub fn discard(addr: usize, len: usize) {
+    // SAFETY: MADV_DONTNEED on a range is defined for any range; callers pass ranges of
+    // regions the pager owns, whose contents they have saved or no longer need.
+    unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+}
+
+/// The contents of a resident page of a registered region.
+///
+/// # Safety
+/// The page at `addr` must be present (installed by the pager and not discarded since) and
+/// write-protected or otherwise not written concurrently, for as long as the slice is used.
+/// Pager threads must never read a page that could be missing: the fault would wait for a
+/// pager thread.
+pub unsafe fn page_bytes<'a>(addr: usize) -> &'a [u8] {
+    // SAFETY: guaranteed by the caller.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) }
+}

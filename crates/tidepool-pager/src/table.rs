@@ -1,0 +1,140 @@
+//! Per-page state: one atomic word per page of a region, plus the hash of its far copy and the
+//! moment it was last evicted.
+//!
+//! A page is in exactly one of these states:
+//!
+//! ```text
+//!             first touch                 eviction (clean)
+//!  UNTOUCHED ─────────────► RESIDENT ─────────────────────────► FAR / UNTOUCHED (zero)
+//!      ▲   (zero-filled)     ▲   │ eviction (dirty)                │
+//!      │                     │   └────────► WRITEBACK ──write done─┘
+//!      │ discard             │                 │
+//!      └─────────────────────┴─── fault ◄──────┘ (served from the write-back buffer)
+//! ```
+//!
+//! Every transition is made by the one thread that moved the word to `BUSY` with a
+//! compare-and-swap; that thread writes the final word and then wakes any thread that faulted
+//! on the page meanwhile. A fault handler that finds a page `BUSY` leaves the fault alone: the
+//! owner's install (UFFDIO_COPY wakes waiters) or its explicit wake-up retries the access.
+
+use crate::sys::Mapping;
+use std::io;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+pub const KIND_MASK: u64 = 0b111;
+/// Never written, or known to hold zeroes: a fault maps a zero page, nothing is fetched.
+pub const UNTOUCHED: u64 = 0;
+/// Mapped in the region.
+pub const RESIDENT: u64 = 1;
+/// Not mapped; the far store holds the page (its hash in the hash table).
+pub const FAR: u64 = 2;
+/// A thread is moving the page between states.
+pub const BUSY: u64 = 3;
+/// Not mapped; the page sits in write-back slot `word >> SLOT_SHIFT` on its way to the store.
+pub const WRITEBACK: u64 = 4;
+
+/// RESIDENT: the far store holds a copy whose hash is in the hash table.
+pub const FAR_VALID: u64 = 1 << 3;
+/// RESIDENT: installed write-protected and not written since, so identical to its far copy
+/// (or to zero if there is none). Eviction needs neither a hash nor a write.
+pub const WP_CLEAN: u64 = 1 << 4;
+/// RESIDENT: known to have been written since it was installed.
+pub const DIRTY: u64 = 1 << 5;
+/// RESIDENT: used again since the clock hand last passed (CLOCK's second chance).
+pub const REFERENCED: u64 = 1 << 6;
+/// RESIDENT: installed by the prefetcher.
+pub const PREFETCHED: u64 = 1 << 7;
+/// Written during its last residency: installed writable next time, saving a write-protect
+/// fault for pages that are written whenever they are used.
+pub const WAS_DIRTY: u64 = 1 << 8;
+/// Flags that survive eviction (history), the rest describe one residency.
+pub const HISTORY: u64 = WAS_DIRTY;
+pub const SLOT_SHIFT: u32 = 32;
+
+#[inline]
+pub fn kind(word: u64) -> u64 {
+    word & KIND_MASK
+}
+
+/// The state of every page of one region.
+#[derive(Debug)]
+pub struct PageTable {
+    states: Mapping,
+    hashes: Mapping,
+    evicted_at: Mapping,
+    pages: usize,
+}
+
+impl PageTable {
+    pub fn new(pages: usize) -> io::Result<PageTable> {
+        Ok(PageTable {
+            states: Mapping::reserve(pages * 8)?,
+            hashes: Mapping::reserve(pages * 8)?,
+            evicted_at: Mapping::reserve(pages * 4)?,
+            pages,
+        })
+    }
+
+    pub fn pages(&self) -> usize {
+        self.pages
+    }
+
+    #[inline]
+    pub fn state(&self, page: usize) -> &AtomicU64 {
+        &self.states.as_table::<AtomicU64>()[page]
+    }
+
+    #[inline]
+    pub fn hash(&self, page: usize) -> &AtomicU64 {
+        &self.hashes.as_table::<AtomicU64>()[page]
+    }
+
+    #[inline]
+    pub fn evicted_at(&self, page: usize) -> &AtomicU32 {
+        &self.evicted_at.as_table::<AtomicU32>()[page]
+    }
+
+    /// Moves `page` to BUSY if its kind is one of `from`; returns the word it had.
+    #[inline]
+    pub fn try_lock(&self, page: usize, from: &[u64]) -> Option<u64> {
+        let s = self.state(page);
+        let mut cur = s.load(Acquire);
+        loop {
+            if !from.contains(&kind(cur)) {
+                return None;
+            }
+            match s.compare_exchange_weak(cur, BUSY | (cur & HISTORY), AcqRel, Acquire) {
+                Ok(_) => return Some(cur),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Moves `page` to BUSY whatever its state, waiting out another owner; returns the word.
+    pub fn lock_any(&self, page: usize) -> u64 {
+        let s = self.state(page);
+        let mut spins = 0u32;
+        loop {
+            let cur = s.load(Acquire);
+            if kind(cur) != BUSY
+                && s.compare_exchange_weak(cur, BUSY | (cur & HISTORY), AcqRel, Acquire)
+                    .is_ok()
+            {
+                return cur;
+            }
+            spins += 1;
+            if spins > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Ends a transition: publishes the page's new word.
+    #[inline]
+    pub fn unlock(&self, page: usize, word: u64) {
+        debug_assert!(kind(word) != BUSY);
+        self.state(page).store(word, Release);
+    }
+}

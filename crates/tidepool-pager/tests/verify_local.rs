@@ -1,0 +1,47 @@
+//! The verification workload under the in-process store, with the working set eight times the
+//! local budget and four threads.
+
+use tidepool_pager::{verify, Config, Pager, Region};
+
+#[test]
+fn every_byte_survives_eviction_with_the_local_store() {
+    let store = tidepool_store::open("local:").unwrap();
+    let pager = Pager::start(Config::new(8 << 20), store).unwrap();
+    let mut region = Region::new(&pager, 64 << 20).unwrap();
+    let report = verify::run(region.as_mut_slice(), 4, 3);
+    let stats = pager.stats();
+    eprintln!("{report:?}\n{stats}");
+    assert_eq!(
+        report.wrong_words, 0,
+        "first wrong word: {:?}",
+        report.first_wrong
+    );
+    assert!(report.bytes_checked >= 3 * (64 << 20));
+    // The working set really went far and came back.
+    assert!(stats.written_back > 0 && stats.far_fetches > 0, "{stats:?}");
+    assert!(stats.evicted_zero > 0, "zero pages were stored: {stats:?}");
+    assert!(stats.resident_pages <= stats.budget_pages + 4096);
+}
+
+#[test]
+fn discarded_pages_read_zero_and_untouched_pages_are_never_fetched() {
+    let store = tidepool_store::open("local:").unwrap();
+    let pager = Pager::start(Config::new(1 << 20), store).unwrap();
+    let mut region = Region::new(&pager, 16 << 20).unwrap();
+    let mem = region.as_mut_slice();
+    for (i, b) in mem.iter_mut().enumerate().step_by(4096) {
+        *b = (i / 4096) as u8 | 1;
+    }
+    region.discard(4096 * 10, 4096 * 20);
+    let mem = region.as_slice();
+    for p in 0..mem.len() / 4096 {
+        let expect = if (10..30).contains(&p) {
+            0
+        } else {
+            p as u8 | 1
+        };
+        assert_eq!(mem[p * 4096], expect, "page {p}");
+    }
+    let stats = pager.stats();
+    assert!(stats.far_fetches > 0);
+}
