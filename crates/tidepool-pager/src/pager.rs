@@ -164,6 +164,8 @@ pub(crate) struct Inner {
     counters: Counters,
     shutdown: AtomicBool,
     window_max: u32,
+    /// Pages the prefetcher is waiting to have room for.
+    room_wanted: AtomicUsize,
 }
 
 impl std::fmt::Debug for Inner {
@@ -228,6 +230,7 @@ impl Pager {
             prefetch_tx,
             counters: Counters::default(),
             shutdown: AtomicBool::new(false),
+            room_wanted: AtomicUsize::new(0),
             window_max: config.prefetch_window_max,
         });
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
@@ -452,7 +455,7 @@ impl Inner {
         }
         self.install_demand(&region, page, word, f.write);
         let budget = self.budget_pages.load(Relaxed);
-        if self.local_pages() + self.margin() > budget {
+        if self.local_pages() > budget {
             self.kick_evictor();
             // Far over budget (the evictor is behind): reclaim here before going on.
             while self.local_pages() > budget + self.margin() && self.evict_batch() > 0 {}
@@ -611,24 +614,6 @@ impl Inner {
         let mut i = 0;
         while i < plan.count as i64 {
             // Never prefetch past the budget: that would evict pages to make room for guesses.
-            let room = self
-                .budget_pages
-                .load(Relaxed)
-                .saturating_sub(self.local_pages() + EVICT_BATCH);
-            if room < PREFETCH_BATCH / 4 {
-                self.kick_evictor();
-                std::thread::sleep(Duration::from_micros(200));
-                if self.shutdown.load(Acquire) {
-                    return;
-                }
-                let room = self
-                    .budget_pages
-                    .load(Relaxed)
-                    .saturating_sub(self.local_pages() + EVICT_BATCH);
-                if room < PREFETCH_BATCH / 4 {
-                    return;
-                }
-            }
             batch.clear();
             while i < plan.count as i64 && batch.len() < PREFETCH_BATCH {
                 let p = plan.start + i * plan.stride;
@@ -643,11 +628,36 @@ impl Inner {
             if batch.is_empty() {
                 continue;
             }
+            if !self.make_room(batch.len()) {
+                // The evictor cannot keep up: drop the rest of the plan.
+                for &(p, w) in &batch {
+                    region.table.unlock(p, w);
+                    // A thread that faulted meanwhile found the page BUSY and waits for us.
+                    self.uffd.wake(region.addr(p), PAGE);
+                }
+                return;
+            }
             self.install_prefetched(region, &batch);
-            if self.local_pages() + self.margin() > self.budget_pages.load(Relaxed) {
+            if self.local_pages() > self.budget_pages.load(Relaxed) {
                 self.kick_evictor();
             }
         }
+    }
+
+    /// Waits briefly for room for `pages` more pages under the budget; false if there is none.
+    fn make_room(&self, pages: usize) -> bool {
+        for _ in 0..10 {
+            if self.local_pages() + pages <= self.budget_pages.load(Relaxed) {
+                return true;
+            }
+            self.room_wanted.fetch_max(pages, Relaxed);
+            self.kick_evictor();
+            std::thread::sleep(Duration::from_micros(100));
+            if self.shutdown.load(Acquire) {
+                return false;
+            }
+        }
+        false
     }
 
     fn install_prefetched(&self, region: &Arc<RegionInner>, batch: &[(usize, u64)]) {
@@ -710,11 +720,17 @@ impl Inner {
             if self.shutdown.load(Acquire) {
                 return;
             }
-            while self.local_pages() + self.margin() > self.budget_pages.load(Relaxed)
-                && !self.shutdown.load(Acquire)
-            {
-                if self.evict_batch() == 0 {
-                    break;
+            // Over budget: evict down to a margin below it, so that the next faults find room
+            // without waiting. At or under budget nothing is evicted, so a working set that
+            // fits the budget never churns.
+            let wanted = self.room_wanted.swap(0, Relaxed);
+            if self.local_pages() + wanted > self.budget_pages.load(Relaxed) {
+                while self.local_pages() + self.margin() > self.budget_pages.load(Relaxed)
+                    && !self.shutdown.load(Acquire)
+                {
+                    if self.evict_batch() == 0 {
+                        break;
+                    }
                 }
             }
         }
