@@ -21,10 +21,14 @@
 //!   page still waiting to be written is served from the buffer.
 //! - **Prefetch**: a Leap-style majority vote over recent fault strides, with an adaptive
 //!   window, mapping pages straight into the region (see [`prefetch`](crate::prefetch)).
+//! - **fork**: the child serves zero pages and write-back buffers itself and stops with a
+//!   message if it touches a page that lives only in far memory (see `fork.rs`).
 //! - **Failure**: if the far store fails, the program is stopped with a message and exit status
 //!   [`FATAL_EXIT_CODE`]; it never reads zeros in place of its data.
 
+pub mod control;
 mod error;
+mod fork;
 mod pager;
 pub mod prefetch;
 mod region;
@@ -34,7 +38,8 @@ mod table;
 pub mod verify;
 
 pub use error::PagerError;
+pub use fork::in_forked_child;
 pub use pager::{Config, Pager, FATAL_EXIT_CODE};
-pub use region::Region;
+pub use region::{AdoptedRegion, Region};
 pub use stats::PagerStats;
 pub use sys::PAGE;

@@ -258,6 +258,7 @@ impl Pager {
                 Box::new(move || i.handler_loop()),
             )?);
         }
+        crate::fork::install();
         let i = inner.clone();
         threads.push(spawn(
             "tp-evict".into(),
@@ -318,11 +319,20 @@ impl Pager {
         let len = len.div_ceil(PAGE).max(1) * PAGE;
         let mapping = Mapping::reserve(len).map_err(PagerError::Reserve)?;
         let base = mapping.addr();
-        self.adopt(base, len, Some(mapping))
+        self.register_region(base, len, Some(mapping))
     }
 
-    /// Registers `[base, base + len)`, a reservation whose pages are all untouched.
-    pub(crate) fn adopt(
+    /// Registers someone else's reservation (see [`Pager::adopt`]).
+    pub(crate) fn adopt_range(
+        &self,
+        base: usize,
+        len: usize,
+    ) -> Result<Arc<RegionInner>, PagerError> {
+        self.register_region(base, len / PAGE * PAGE, None)
+    }
+
+    /// Registers `[base, base + len)`.
+    fn register_region(
         &self,
         base: usize,
         len: usize,
@@ -344,6 +354,7 @@ impl Pager {
         let mut regions = i.regions.write();
         regions.push(region.clone());
         regions.sort_by_key(|r| r.base);
+        i.publish_for_fork(&regions);
         Ok(region)
     }
 
@@ -353,7 +364,9 @@ impl Pager {
         i.discard(region, 0, region.touched_end.load(Relaxed));
         region.dead.store(true, Release);
         let _ = i.uffd.unregister(region.base, region.len);
-        i.regions.write().retain(|r| !Arc::ptr_eq(r, region));
+        let mut regions = i.regions.write();
+        regions.retain(|r| !Arc::ptr_eq(r, region));
+        i.publish_for_fork(&regions);
     }
 }
 
@@ -381,6 +394,14 @@ impl Inner {
         let i = regions.partition_point(|r| r.base <= addr);
         let r = regions.get(i.checked_sub(1)?)?;
         (addr < r.base + r.len).then(|| r.clone())
+    }
+
+    fn publish_for_fork(&self, regions: &[Arc<RegionInner>]) {
+        let list: Vec<(usize, usize, usize)> = regions
+            .iter()
+            .map(|r| (r.base, r.len, r.table.states_addr()))
+            .collect();
+        crate::fork::publish(&list, self.slots.buf.addr());
     }
 
     fn kick_evictor(&self) {
@@ -947,6 +968,15 @@ impl Inner {
     /// next touch reads zeros.
     pub(crate) fn discard(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
         let end = end.min(region.table.pages());
+        if crate::fork::in_forked_child() {
+            // No pager threads here and the parent's locks may be held by threads that were
+            // not copied: just forget the pages (their far copies belong to the parent).
+            for p in first..end {
+                region.table.state(p).store(UNTOUCHED, Release);
+            }
+            sys::discard(region.addr(first), (end - first) * PAGE);
+            return;
+        }
         let mut removes = Vec::new();
         let mut page = first;
         while page < end {

@@ -78,3 +78,68 @@ impl Drop for Region {
         self.pager.remove_region(&self.inner);
     }
 }
+
+/// A reservation made by someone else (an allocator's heap, say) whose pages the pager
+/// serves from now on. Pages the owner touched before adoption stay mapped and are managed
+/// from their first eviction on.
+#[derive(Debug)]
+pub struct AdoptedRegion {
+    pager: Pager,
+    inner: Arc<RegionInner>,
+}
+
+impl Pager {
+    /// Registers `[base, base + len)` with this pager.
+    ///
+    /// # Safety
+    /// The range must be page aligned, a private anonymous mapping (or several) made readable
+    /// and writable, registered with no other userfaultfd object, and stay mapped for as long
+    /// as the returned value lives.
+    pub unsafe fn adopt(&self, base: usize, len: usize) -> Result<AdoptedRegion, PagerError> {
+        let inner = self.adopt_range(base, len)?;
+        Ok(AdoptedRegion {
+            pager: self.clone(),
+            inner,
+        })
+    }
+}
+
+impl AdoptedRegion {
+    pub fn base(&self) -> usize {
+        self.inner.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    pub fn contains(&self, addr: usize) -> bool {
+        addr.wrapping_sub(self.inner.base) < self.inner.len
+    }
+
+    /// Forgets the whole pages inside `[addr, addr + len)`: they read as zeros afterwards and
+    /// their far copies are freed.
+    ///
+    /// # Safety
+    /// Nothing may reference the bytes of those pages (they change to zero).
+    pub unsafe fn discard(&self, addr: usize, len: usize) {
+        let Some(offset) = addr.checked_sub(self.inner.base) else {
+            return;
+        };
+        let first = offset.div_ceil(PAGE);
+        let end = (offset.saturating_add(len) / PAGE).min(self.inner.len / PAGE);
+        if first < end {
+            self.pager.inner().discard(&self.inner, first, end);
+        }
+    }
+}
+
+impl Drop for AdoptedRegion {
+    fn drop(&mut self) {
+        self.pager.remove_region(&self.inner);
+    }
+}

@@ -75,6 +75,11 @@ impl PageTable {
         })
     }
 
+    /// Where the state words live (for the fork handler, which may not take locks).
+    pub fn states_addr(&self) -> usize {
+        self.states.addr()
+    }
+
     pub fn pages(&self) -> usize {
         self.pages
     }

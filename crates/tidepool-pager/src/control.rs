@@ -1,0 +1,73 @@
+//! Memory as a service, operator side: a running program's budget changes live.
+//!
+//! A pager started for an unmodified program listens on the Unix socket `tidepool-run-PID` in
+//! the abstract namespace (no file to clean up; gone when the process is). One request line,
+//! one reply:
+//!
+//! ```text
+//! budget 536870912      ->  ok budget 536870912
+//! stats                 ->  ok <the statistics report, several lines>
+//! ```
+
+use crate::Pager;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+
+fn address(pid: u32) -> io::Result<SocketAddr> {
+    SocketAddr::from_abstract_name(format!("tidepool-run-{pid}"))
+}
+
+/// Serves control requests for `pager` on a background thread.
+pub fn serve(pager: &Pager, pid: u32) -> io::Result<()> {
+    let listener = UnixListener::bind_addr(&address(pid)?)?;
+    let pager = pager.clone();
+    std::thread::Builder::new()
+        .name("tp-control".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let _ = answer(&pager, conn);
+            }
+        })?;
+    Ok(())
+}
+
+fn answer(pager: &Pager, conn: UnixStream) -> io::Result<()> {
+    let mut line = String::new();
+    BufReader::new(&conn).take(4096).read_line(&mut line)?;
+    let mut words = line.split_whitespace();
+    let reply = match (words.next(), words.next()) {
+        (Some("budget"), Some(n)) => match n.parse::<usize>() {
+            Ok(bytes) if bytes >= 1 << 20 => {
+                pager.set_local_budget(bytes);
+                format!("ok budget {}\n", pager.local_budget())
+            }
+            _ => "error budget must be a number of bytes, at least 1 MiB\n".to_string(),
+        },
+        (Some("stats"), None) => format!("ok {}\n", pager.stats()),
+        _ => "error unknown request; use 'budget BYTES' or 'stats'\n".to_string(),
+    };
+    (&conn).write_all(reply.as_bytes())
+}
+
+/// Sends one request to the pager of process `pid`; returns its reply without the leading
+/// "ok ", or the pager's error as an error.
+pub fn request(pid: u32, line: &str) -> io::Result<String> {
+    let mut conn = UnixStream::connect_addr(&address(pid)?).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!(
+                "no tidepool pager answers for process {pid} ({e}); is it running under `tidepool run`?"
+            ),
+        )
+    })?;
+    conn.write_all(format!("{line}\n").as_bytes())?;
+    let mut reply = String::new();
+    conn.read_to_string(&mut reply)?;
+    match reply.strip_prefix("ok ") {
+        Some(r) => Ok(r.trim_end().to_string()),
+        None => Err(io::Error::other(
+            reply.trim_start_matches("error ").trim_end().to_string(),
+        )),
+    }
+}
