@@ -65,11 +65,7 @@ impl Region {
     /// Forgets the contents of `[offset, offset + len)` (whole pages inside it): they read as
     /// zeros afterwards, and their far copies are freed.
     pub fn discard(&mut self, offset: usize, len: usize) {
-        let first = offset.div_ceil(PAGE);
-        let end = (offset.saturating_add(len) / PAGE).min(self.inner.len / PAGE);
-        if first < end {
-            self.pager.inner().discard(&self.inner, first, end);
-        }
+        discard_pages_within(&self.pager, &self.inner, offset, len);
     }
 }
 
@@ -127,13 +123,8 @@ impl AdoptedRegion {
     /// # Safety
     /// Nothing may reference the bytes of those pages (they change to zero).
     pub unsafe fn discard(&self, addr: usize, len: usize) {
-        let Some(offset) = addr.checked_sub(self.inner.base) else {
-            return;
-        };
-        let first = offset.div_ceil(PAGE);
-        let end = (offset.saturating_add(len) / PAGE).min(self.inner.len / PAGE);
-        if first < end {
-            self.pager.inner().discard(&self.inner, first, end);
+        if let Some(offset) = addr.checked_sub(self.inner.base) {
+            discard_pages_within(&self.pager, &self.inner, offset, len);
         }
     }
 }
@@ -141,5 +132,14 @@ impl AdoptedRegion {
 impl Drop for AdoptedRegion {
     fn drop(&mut self) {
         self.pager.remove_region(&self.inner);
+    }
+}
+
+/// Discards the whole pages inside `[offset, offset + len)` of a region.
+fn discard_pages_within(pager: &Pager, region: &Arc<RegionInner>, offset: usize, len: usize) {
+    let first = offset.div_ceil(PAGE);
+    let end = (offset.saturating_add(len) / PAGE).min(region.len / PAGE);
+    if first < end {
+        pager.inner().discard(region, first, end);
     }
 }

@@ -43,6 +43,19 @@ fn last_err() -> io::Error {
     io::Error::last_os_error()
 }
 
+/// Repeats an ioctl while it fails with EAGAIN (the mapping changed under it).
+fn retry_eagain(mut call: impl FnMut() -> libc::c_int) -> io::Result<()> {
+    loop {
+        if call() == 0 {
+            return Ok(());
+        }
+        let e = last_err();
+        if e.raw_os_error() != Some(libc::EAGAIN) {
+            return Err(e);
+        }
+    }
+}
+
 impl Uffd {
     /// Opens a userfaultfd object through /dev/userfaultfd (or the system call).
     pub fn open() -> io::Result<Uffd> {
@@ -181,19 +194,11 @@ impl Uffd {
         let mut z: uapi::uffdio_zeropage = unsafe { std::mem::zeroed() };
         z.range.start = dst as u64;
         z.range.len = PAGE as u64;
-        loop {
+        retry_eagain(|| {
             // SAFETY: UFFDIO_ZEROPAGE maps into our own registered range; reads and writes one
             // uffdio_zeropage.
-            let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_ZEROPAGE as _, &mut z) };
-            if rc == 0 {
-                return Ok(());
-            }
-            let e = last_err();
-            if e.raw_os_error() == Some(libc::EAGAIN) {
-                continue;
-            }
-            return Err(e);
-        }
+            unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_ZEROPAGE as _, &mut z) }
+        })
     }
 
     /// Write-protects `[addr, addr + len)` (`on`), or lifts the protection and wakes writers.
@@ -203,19 +208,10 @@ impl Uffd {
         w.range.start = addr as u64;
         w.range.len = len as u64;
         w.mode = if on { 1 } else { 0 }; // UFFDIO_WRITEPROTECT_MODE_WP
-        loop {
+        retry_eagain(|| {
             // SAFETY: UFFDIO_WRITEPROTECT changes protections of our own registered range only.
-            let rc =
-                unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_WRITEPROTECT as _, &mut w) };
-            if rc == 0 {
-                return Ok(());
-            }
-            let e = last_err();
-            if e.raw_os_error() == Some(libc::EAGAIN) {
-                continue;
-            }
-            return Err(e);
-        }
+            unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_WRITEPROTECT as _, &mut w) }
+        })
     }
 
     /// Wakes threads waiting on faults in `[addr, addr + len)`, so they retry their access.
