@@ -31,23 +31,8 @@ impl Arena {
                 "capacity is zero",
             ));
         }
-        // SAFETY: a fresh anonymous mapping at an address the kernel picks; no existing memory
-        // is affected. The result is checked before use.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base =
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap gave null"))?;
+        let p = tidepool_sys::map_noreserve(len)?;
+        let base = NonNull::new(p as *mut u8).ok_or_else(|| io::Error::other("mmap gave null"))?;
         Ok(Arena { base, len })
     }
 

@@ -130,12 +130,10 @@ impl Detector {
         if self.len < 3 {
             return None;
         }
-        let deltas: Vec<i64> = self.history[..self.len]
-            .windows(2)
-            .map(|w| w[1] - w[0])
-            .collect();
+        // Deltas between consecutive faults, without allocating (this runs on every fault).
+        let deltas = || self.history[..self.len].windows(2).map(|w| w[1] - w[0]);
         let (mut cand, mut votes) = (0i64, 0usize);
-        for &d in &deltas {
+        for d in deltas() {
             if votes == 0 {
                 cand = d;
                 votes = 1;
@@ -145,8 +143,8 @@ impl Detector {
                 votes -= 1;
             }
         }
-        let count = deltas.iter().filter(|&&d| d == cand).count();
-        (count * 2 > deltas.len() && cand != 0 && cand.abs() <= STRIDE_MAX).then_some(cand)
+        let count = deltas().filter(|&d| d == cand).count();
+        (count * 2 > self.len - 1 && cand != 0 && cand.abs() <= STRIDE_MAX).then_some(cand)
     }
 }
 

@@ -285,24 +285,8 @@ impl Mapping {
     /// Reserves `len` bytes, readable and writable, backed by nothing until touched and not
     /// charged against overcommit.
     pub fn reserve(len: usize) -> io::Result<Mapping> {
-        // SAFETY: a fresh anonymous mapping at an address of the kernel's choosing.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(last_err());
-        }
-        Ok(Mapping {
-            addr: p as usize,
-            len,
-        })
+        let addr = tidepool_sys::map_noreserve(len)?;
+        Ok(Mapping { addr, len })
     }
 
     pub fn addr(&self) -> usize {

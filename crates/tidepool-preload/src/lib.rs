@@ -22,6 +22,7 @@ mod libc_alloc;
 
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::env::var as env_var;
 use std::sync::OnceLock;
 use tidepool_alloc::PageSource;
 use tidepool_pager::{AdoptedRegion, Config, Pager, PAGE};
@@ -141,17 +142,13 @@ fn fail(msg: &str) -> ! {
     unsafe { libc::_exit(tidepool_pager::FATAL_EXIT_CODE) }
 }
 
-fn take_env(name: &str) -> Option<String> {
-    std::env::var(name).ok()
-}
-
 /// Starts the pager and hands it the allocator's heap. Runs before ordinary constructors.
 extern "C" fn start() {
-    let Some(local) = take_env("TIDEPOOL_RUN_LOCAL") else {
+    let Some(local) = env_var("TIDEPOOL_RUN_LOCAL").ok() else {
         return;
     };
-    let backend = take_env("TIDEPOOL_RUN_BACKEND").unwrap_or_else(|| "local:".into());
-    let stats_at_exit = take_env("TIDEPOOL_RUN_STATS").is_some_and(|v| !v.is_empty() && v != "0");
+    let backend = env_var("TIDEPOOL_RUN_BACKEND").unwrap_or_else(|_| "local:".into());
+    let stats_at_exit = env_var("TIDEPOOL_RUN_STATS").is_ok_and(|v| !v.is_empty() && v != "0");
     let Some(budget) = tidepool_alloc::parse_size(local.as_bytes()) else {
         fail(&format!(
             "TIDEPOOL_RUN_LOCAL={local} is not a size (use e.g. 256M or 2G)"

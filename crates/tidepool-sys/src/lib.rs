@@ -3,6 +3,8 @@
 //! [`set_affinity`], [`pin_process`]: CPU placement, which on small VMs decides latency more
 //! than code does (a wake-up across vCPUs costs tens of microseconds).
 //!
+//! [`map_noreserve`]: address-space reservations (memory-node arena, pager tables).
+//!
 //! [`recv_into`]: socket reads straight into the unused capacity of a receive buffer, so
 //! received bytes are neither zero-filled first nor copied afterwards (decoded payloads are
 //! slices of this buffer). The standard library offers no stable way to read into
@@ -41,6 +43,27 @@ pub fn recv_into(stream: &impl AsRawFd, buf: &mut BytesMut) -> io::Result<usize>
         unsafe { buf.set_len(buf.len() + n) };
         return Ok(n);
     }
+}
+
+/// Reserves `len` bytes of fresh anonymous memory, readable and writable, populated only as
+/// it is touched and not charged against overcommit (`MAP_NORESERVE`). Returns its address.
+pub fn map_noreserve(len: usize) -> io::Result<usize> {
+    // SAFETY: a fresh anonymous mapping at an address the kernel picks; no existing memory is
+    // affected. The result is checked before use.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p as usize)
 }
 
 /// Restricts thread `tid` (0: the calling thread) to `cpus`.
