@@ -52,7 +52,7 @@ fn small_class(n: usize) -> Option<usize> {
 /// span is exhausted), their own mapping beyond.
 #[inline(never)]
 fn alloc_big(n: usize) -> Block {
-    if n <= MAX_SMALL {
+    if n <= MAX_SMALL && !tls::unpaged() {
         if let Some((ptr, fresh)) = medium::alloc(n) {
             return Block { ptr, fresh };
         }

@@ -782,6 +782,12 @@ unsafe fn alloc_slow(tbl: *mut ThreadTable, c: usize) -> Block {
 /// Finds room in class `c`: further along the current arena, in frees other threads sent
 /// back, or in another arena.
 unsafe fn refill(tbl: *mut ThreadTable, c: usize) -> Block {
+    // SAFETY: the calling thread's table.
+    if unsafe { (*tbl).unpaged } != 0 {
+        // Aligned as the class is, so that aligned requests served by it stay aligned.
+        let size = class_size(c);
+        return crate::large::alloc(size, 1 << size.trailing_zeros());
+    }
     if !region::ensure_init(on_region_ready) {
         os::set_errno(libc::ENOMEM);
         return Block::NULL_BLOCK;

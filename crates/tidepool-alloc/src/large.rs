@@ -10,6 +10,7 @@ use crate::classes::PAGE;
 use crate::heap::Block;
 use crate::os;
 use crate::region;
+use crate::tls;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 const HEADER: usize = 64;
@@ -23,6 +24,26 @@ struct LargeHeader {
     magic: u64,
     base: usize,
     map_len: usize,
+    /// Non-zero: mapped from the kernel for an unpaged thread, whatever the page source.
+    kernel: usize,
+}
+
+/// Where the pages of objects allocated by the calling thread come from.
+fn thread_source() -> (&'static region::PageSource, bool) {
+    if tls::unpaged() {
+        (&region::KERNEL_PAGES, true)
+    } else {
+        (region::source(), false)
+    }
+}
+
+fn source_of(h: *const LargeHeader) -> &'static region::PageSource {
+    // SAFETY: the caller passes a checked header.
+    if unsafe { (*h).kernel } != 0 {
+        &region::KERNEL_PAGES
+    } else {
+        region::source()
+    }
 }
 
 struct CacheSlot {
@@ -135,8 +156,10 @@ pub fn alloc(n: usize, align: usize) -> Block {
         os::set_errno(libc::ENOMEM);
         return Block::NULL_BLOCK;
     };
-    let src = region::source();
-    let (base, map_len, fresh) = match (extra == 0).then(|| cache_take(len)).flatten() {
+    let (src, kernel) = thread_source();
+    // The cache holds the page source's mappings: not for unpaged threads.
+    let cacheable = extra == 0 && !kernel;
+    let (base, map_len, fresh) = match cacheable.then(|| cache_take(len)).flatten() {
         Some((base, l)) => (base, l, false),
         None => match (src.map_large)(len) {
             Some(base) => {
@@ -161,6 +184,7 @@ pub fn alloc(n: usize, align: usize) -> Block {
             magic: MAGIC,
             base,
             map_len,
+            kernel: kernel as usize,
         })
     };
     ALLOCS.fetch_add(1, Relaxed);
@@ -198,13 +222,14 @@ pub unsafe fn free(p: usize) {
         let h = header_of(p);
         let base = (*h).base;
         let len = (*h).map_len;
+        let src = source_of(h);
         (*h).magic = 0;
         FREES.fetch_add(1, Relaxed);
-        if p - base == HEADER && cache_put(base, len) {
+        if p - base == HEADER && (*h).kernel == 0 && cache_put(base, len) {
             return;
         }
         MAPPED.fetch_sub(len, Relaxed);
-        (region::source().unmap_large)(base, len);
+        (src.unmap_large)(base, len);
     }
 }
 
@@ -234,7 +259,7 @@ pub unsafe fn realloc(p: usize, n: usize) -> *mut u8 {
         if n <= usable && n >= usable / 2 {
             return p as *mut u8;
         }
-        let src = region::source();
+        let src = source_of(h);
         if let (Some(remap), true) = (src.remap_large, p - base == HEADER) {
             let Some(len) = n.checked_add(HEADER).and_then(|l| round_up(l, PAGE)) else {
                 os::set_errno(libc::ENOMEM);

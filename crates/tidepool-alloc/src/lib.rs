@@ -118,6 +118,25 @@ pub fn stats_requested() -> bool {
     region::STATS_AT_EXIT.load(core::sync::atomic::Ordering::Relaxed) != 0
 }
 
+/// Makes the calling thread allocate only from the kernel (`true`) or from the allocator's
+/// region and page source again (`false`).
+///
+/// A pager that supplies the region's pages ([`PageSource`]) must not fault on memory it pages
+/// itself: its threads would wait for themselves. Its threads call this first, so whatever
+/// allocates on them (glibc's own thread bookkeeping, say) gets memory of its own from the
+/// kernel: page-sized and slow, which such rare allocations can afford. Arenas the thread
+/// already holds are given up.
+pub fn set_thread_unpaged(on: bool) {
+    let tbl = tls::table();
+    // SAFETY: the calling thread's own table.
+    unsafe {
+        if on && (*tbl).registered != 0 {
+            heap::release_thread(tbl);
+        }
+        (*tbl).unpaged = on as u32;
+    }
+}
+
 /// Gives up the calling thread's current arenas now, as its exit would.
 pub fn release_thread_arenas() {
     // SAFETY: the calling thread's own table.

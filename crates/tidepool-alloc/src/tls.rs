@@ -28,6 +28,17 @@ pub struct ThreadTable {
     pub region_len: usize,
     /// Whether this thread's exit destructor is armed.
     pub registered: u32,
+    /// Non-zero: this thread allocates only from the kernel, never from the region or the page
+    /// source (see [`crate::set_thread_unpaged`]). It never gets an arena, so its every
+    /// allocation takes the slow path, where this is checked.
+    pub unpaged: u32,
+}
+
+/// Whether the calling thread allocates only from the kernel.
+#[inline]
+pub fn unpaged() -> bool {
+    // SAFETY: the calling thread's own table.
+    unsafe { (*table()).unpaged != 0 }
 }
 
 /// Offset of the thread's empty sentinel arena from its table (see the C shim).

@@ -22,9 +22,13 @@ fn address(pid: u32) -> io::Result<SocketAddr> {
 pub fn serve(pager: &Pager, pid: u32) -> io::Result<()> {
     let listener = UnixListener::bind_addr(&address(pid)?)?;
     let pager = pager.clone();
+    let thread_start = pager.thread_start();
     std::thread::Builder::new()
         .name("tp-control".into())
         .spawn(move || {
+            if let Some(hook) = thread_start {
+                hook();
+            }
             for conn in listener.incoming().flatten() {
                 let _ = answer(&pager, conn);
             }

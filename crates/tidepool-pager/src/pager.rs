@@ -53,6 +53,9 @@ pub struct Config {
     /// CPUs to run fault handlers on, one pinned handler each (default: every CPU this process
     /// may run on, at most 8).
     pub handler_cpus: Option<Vec<usize>>,
+    /// Runs first on every thread the pager starts (the preload library uses it to keep those
+    /// threads' allocations out of the memory they page).
+    pub thread_start: Option<fn()>,
 }
 
 impl Config {
@@ -61,6 +64,7 @@ impl Config {
             local_budget,
             prefetch_window_max: 512,
             handler_cpus: None,
+            thread_start: None,
         }
     }
 }
@@ -183,6 +187,7 @@ impl std::fmt::Debug for Inner {
 struct Shared {
     inner: Arc<Inner>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    thread_start: Option<fn()>,
 }
 
 impl Drop for Shared {
@@ -235,10 +240,16 @@ impl Pager {
         });
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
         let mut threads = Vec::new();
+        let thread_start = config.thread_start;
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name)
-                .spawn(f)
+                .spawn(move || {
+                    if let Some(hook) = thread_start {
+                        hook();
+                    }
+                    f()
+                })
                 .map_err(PagerError::Thread)
         };
         for &cpu in cpus.iter().take(8) {
@@ -278,8 +289,14 @@ impl Pager {
             shared: Arc::new(Shared {
                 inner,
                 threads: Mutex::new(threads),
+                thread_start,
             }),
         })
+    }
+
+    /// The hook every pager thread runs first ([`Config::thread_start`]).
+    pub(crate) fn thread_start(&self) -> Option<fn()> {
+        self.shared.thread_start
     }
 
     pub(crate) fn inner(&self) -> &Arc<Inner> {

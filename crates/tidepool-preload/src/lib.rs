@@ -157,13 +157,19 @@ extern "C" fn start() {
     // Fails only if something allocated before this constructor; the heap is adopted anyway
     // and large objects made before now stay ordinary memory.
     let _ = tidepool_alloc::set_page_source(&SOURCE);
-    let store = tidepool_store::open(&backend)
-        .unwrap_or_else(|e| fail(&format!("cannot open far store {backend}: {e}")));
-    let pager = Pager::start(Config::new(budget), store)
-        .unwrap_or_else(|e| fail(&format!("cannot start the pager: {e}")));
-    // Make sure the heap is reserved, then register it.
+    // Make sure the heap is reserved.
     // SAFETY: a zero-byte allocation and its release.
     unsafe { tidepool_alloc::api::free(tidepool_alloc::api::malloc(0)) };
+    // What glibc allocates while the pager starts (the DTVs of the threads it creates, for
+    // one) is read by pager threads, so it must not be paged: this thread allocates from the
+    // kernel until the pager runs, and pager threads always do.
+    tidepool_alloc::set_thread_unpaged(true);
+    let store = tidepool_store::open(&backend)
+        .unwrap_or_else(|e| fail(&format!("cannot open far store {backend}: {e}")));
+    let mut config = Config::new(budget);
+    config.thread_start = Some(|| tidepool_alloc::set_thread_unpaged(true));
+    let pager = Pager::start(config, store)
+        .unwrap_or_else(|e| fail(&format!("cannot start the pager: {e}")));
     let heap = tidepool_alloc::region().map(|(base, len)| {
         // SAFETY: the allocator's reservation: private, anonymous, read-write, never unmapped,
         // and registered nowhere else.
@@ -182,14 +188,14 @@ extern "C" fn start() {
         large_free: Mutex::new(LargeRanges::default()),
         stats_at_exit,
     };
-    if RUNTIME.set(rt).is_err() {
-        return;
-    }
-    if let Some(rt) = RUNTIME.get() {
-        if let Err(e) = tidepool_pager::control::serve(&rt.pager, std::process::id()) {
-            eprintln!("tidepool run: live resizing is unavailable: {e}");
+    if RUNTIME.set(rt).is_ok() {
+        if let Some(rt) = RUNTIME.get() {
+            if let Err(e) = tidepool_pager::control::serve(&rt.pager, std::process::id()) {
+                eprintln!("tidepool run: live resizing is unavailable: {e}");
+            }
         }
     }
+    tidepool_alloc::set_thread_unpaged(false);
 }
 
 /// The pager of this process, once started.
