@@ -137,6 +137,11 @@ pub fn set_thread_unpaged(on: bool) {
     }
 }
 
+/// Whether the calling thread is unpaged ([`set_thread_unpaged`]).
+pub fn thread_unpaged() -> bool {
+    tls::unpaged()
+}
+
 /// Gives up the calling thread's current arenas now, as its exit would.
 pub fn release_thread_arenas() {
     // SAFETY: the calling thread's own table.

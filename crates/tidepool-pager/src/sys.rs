@@ -307,7 +307,8 @@ impl Mapping {
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: the range is a mapping this value owns; nothing references it past drop.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+        // A raw system call: a preloaded library may interpose munmap (tidepool run does).
+        unsafe { libc::syscall(libc::SYS_munmap, self.addr, self.len) };
     }
 }
 
@@ -324,8 +325,9 @@ unsafe impl ZeroIsValid for std::sync::atomic::AtomicU32 {}
 /// Drops the pages of `[addr, addr + len)`: the next touch faults as missing.
 pub fn discard(addr: usize, len: usize) {
     // SAFETY: MADV_DONTNEED on a range is defined for any range; callers pass ranges of
-    // regions the pager owns, whose contents they have saved or no longer need.
-    unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) };
+    // regions the pager owns, whose contents they have saved or no longer need. A raw system
+    // call: the preload library interposes madvise and sends discards in its regions here.
+    unsafe { libc::syscall(libc::SYS_madvise, addr, len, libc::MADV_DONTNEED) };
 }
 
 /// The contents of a resident page of a registered region.

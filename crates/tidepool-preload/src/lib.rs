@@ -3,8 +3,9 @@
 //! It is `libtidepool_malloc.so` (the whole malloc family) plus a pager: at load, before the
 //! program's own constructors, it starts a [`tidepool_pager::Pager`] with the budget and far
 //! store named by the environment `tidepool run` sets, registers the allocator's heap region
-//! with it, and serves objects larger than the heap's classes from a second registered region.
-//! So every byte the program allocates lives in far memory, with at most the budget mapped.
+//! with it, and serves objects larger than the heap's classes, and the program's own private
+//! anonymous mmaps (see [`mmap`]), from a second registered region. So every byte the program
+//! allocates lives in far memory, with at most the budget mapped.
 //!
 //! | variable | meaning |
 //! |---|---|
@@ -19,9 +20,11 @@
 //! in the abstract namespace, `tidepool-run-PID` (see `tidepool_pager::control`).
 
 mod libc_alloc;
+mod mmap;
+mod ranges;
 
 use parking_lot::Mutex;
-use std::collections::BTreeMap;
+use ranges::Ranges;
 use std::env::var as env_var;
 use std::sync::OnceLock;
 use tidepool_alloc::PageSource;
@@ -33,25 +36,74 @@ use tidepool_malloc as _;
 #[global_allocator]
 static LIBC: libc_alloc::LibcAlloc = libc_alloc::LibcAlloc;
 
-/// Address space for objects too large for the heap's classes (and reused after free).
+/// Address space for objects too large for the heap's classes and for the program's own
+/// anonymous mappings (reused after free).
 const LARGE_SPAN: usize = 1 << 40;
 
 struct Runtime {
     pager: Pager,
     heap: Option<AdoptedRegion>,
     large: AdoptedRegion,
-    large_free: Mutex<LargeRanges>,
+    ranges: Mutex<Ranges>,
     stats_at_exit: bool,
 }
 
-/// First-fit ranges of the large-object region, coalesced on free.
-#[derive(Default)]
-struct LargeRanges {
-    free: BTreeMap<usize, usize>,
-    top: usize,
+impl Runtime {
+    /// Takes `len` bytes (rounded up to pages) of the large region: its address. The pages read
+    /// as zero (released ranges were discarded).
+    fn take(&self, len: usize) -> Option<usize> {
+        let len = len.checked_next_multiple_of(PAGE)?;
+        let offset = self.ranges.lock().take(len)?;
+        Some(self.large.base() + offset)
+    }
+
+    /// Gives back whatever part of `[addr, addr + len)` in the large region is in use, dropping
+    /// its pages. In a forked child the pages are dropped but the ranges stay taken: the list
+    /// belongs to the parent (and its lock may be held by a thread the child does not have).
+    ///
+    /// # Safety
+    /// Nothing may use the range any more.
+    unsafe fn release(&self, addr: usize, len: usize) {
+        let end = addr
+            .saturating_add(len.next_multiple_of(PAGE))
+            .min(self.large.base() + self.large.len());
+        let Some(len) = end.checked_sub(addr) else {
+            return;
+        };
+        if tidepool_pager::in_forked_child() {
+            // SAFETY: per the caller.
+            return unsafe { self.large.discard(addr, len) };
+        }
+        // The lock is held while the pages are dropped, so that nobody takes a range whose old
+        // contents are still there.
+        let mut ranges = self.ranges.lock();
+        for (offset, l) in ranges.release(addr - self.large.base(), len) {
+            // SAFETY: per the caller; these parts were in use until now.
+            unsafe { self.large.discard(self.large.base() + offset, l) };
+        }
+    }
+
+    /// Grows a range of the large region in place; false if the bytes after it are taken.
+    fn grow_in_place(&self, addr: usize, old: usize, new: usize) -> bool {
+        let offset = addr - self.large.base();
+        self.ranges.lock().grow_in_place(offset, old, new)
+    }
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+
+/// The runtime, if memory the calling thread maps now should be paged: the pager runs, this is
+/// not a forked child (which has no pager threads) and not a pager thread.
+fn paging() -> Option<&'static Runtime> {
+    RUNTIME
+        .get()
+        .filter(|_| !tidepool_pager::in_forked_child() && !tidepool_alloc::thread_unpaged())
+}
+
+/// The runtime, if `addr` lies in its large region.
+fn owning(addr: usize) -> Option<&'static Runtime> {
+    RUNTIME.get().filter(|rt| rt.large.contains(addr))
+}
 
 static SOURCE: PageSource = PageSource {
     reserve: tidepool_alloc::KERNEL_PAGES.reserve,
@@ -71,68 +123,18 @@ unsafe fn discard_pages(addr: usize, len: usize) {
 }
 
 fn map_large(len: usize) -> Option<usize> {
-    let rt = match RUNTIME.get() {
-        // A forked child has no pager (and the parent's locks may be held by threads that
-        // were not copied): ordinary memory.
-        Some(rt) if !tidepool_pager::in_forked_child() => rt,
-        _ => return (tidepool_alloc::KERNEL_PAGES.map_large)(len),
-    };
-    let len = len.div_ceil(PAGE) * PAGE;
-    let mut ranges = rt.large_free.lock();
-    let fit = ranges
-        .free
-        .iter()
-        .find(|(_, &l)| l >= len)
-        .map(|(&a, &l)| (a, l));
-    let offset = match fit {
-        Some((a, l)) => {
-            ranges.free.remove(&a);
-            if l > len {
-                ranges.free.insert(a + len, l - len);
-            }
-            a
-        }
-        None => {
-            if ranges.top + len > rt.large.len() {
-                return None;
-            }
-            ranges.top += len;
-            ranges.top - len
-        }
-    };
-    Some(rt.large.base() + offset)
+    match paging() {
+        Some(rt) => rt.take(len),
+        None => (tidepool_alloc::KERNEL_PAGES.map_large)(len),
+    }
 }
 
 unsafe fn unmap_large(addr: usize, len: usize) {
-    let rt = match RUNTIME.get() {
-        Some(rt) if rt.large.contains(addr) => rt,
+    match owning(addr) {
+        // SAFETY: the allocator unmaps only objects nobody references any more.
+        Some(rt) => unsafe { rt.release(addr, len) },
         // SAFETY: a whole mapping from the kernel source (made before the pager started).
-        _ => return unsafe { (tidepool_alloc::KERNEL_PAGES.unmap_large)(addr, len) },
-    };
-    let len = len.div_ceil(PAGE) * PAGE;
-    // SAFETY: the allocator unmaps only objects nobody references any more.
-    unsafe { rt.large.discard(addr, len) };
-    if tidepool_pager::in_forked_child() {
-        return; // the range stays reserved; the free list belongs to the parent
-    }
-    let mut ranges = rt.large_free.lock();
-    let mut start = addr - rt.large.base();
-    let mut len = len;
-    if let Some((&a, &l)) = ranges.free.range(..start).next_back() {
-        if a + l == start {
-            ranges.free.remove(&a);
-            start = a;
-            len += l;
-        }
-    }
-    if let Some(&l) = ranges.free.get(&(start + len)) {
-        ranges.free.remove(&(start + len));
-        len += l;
-    }
-    if start + len == ranges.top {
-        ranges.top = start;
-    } else {
-        ranges.free.insert(start, len);
+        None => unsafe { (tidepool_alloc::KERNEL_PAGES.unmap_large)(addr, len) },
     }
 }
 
@@ -185,7 +187,7 @@ extern "C" fn start() {
         pager,
         heap,
         large,
-        large_free: Mutex::new(LargeRanges::default()),
+        ranges: Mutex::new(Ranges::new(LARGE_SPAN)),
         stats_at_exit,
     };
     if RUNTIME.set(rt).is_ok() {
