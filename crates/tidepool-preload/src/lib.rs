@@ -4,7 +4,7 @@
 //! program's own constructors, it starts a [`tidepool_pager::Pager`] with the budget and far
 //! store named by the environment `tidepool run` sets, registers the allocator's heap region
 //! with it, and serves objects larger than the heap's classes, and the program's own private
-//! anonymous mmaps (see [`mmap`]), from a second registered region. So every byte the program
+//! anonymous mmaps (see `mmap.rs`), from a second registered region. So every byte the program
 //! allocates lives in far memory, with at most the budget mapped.
 //!
 //! | variable | meaning |
