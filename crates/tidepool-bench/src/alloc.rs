@@ -165,64 +165,19 @@ fn systems(ctx: &mut Ctx) -> Result<Vec<(String, Option<PathBuf>)>> {
     Ok(systems)
 }
 
-/// libtidepool_malloc.so next to this executable. Under `cargo run` (CARGO set) it is built or
-/// brought up to date first, so the suite never measures a stale library.
+/// libtidepool_malloc.so next to this executable (built first under `cargo run`).
 pub fn tidepool_library() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().context("executable has no directory")?;
-    let lib = dir.join("libtidepool_malloc.so");
-    if let Ok(cargo) = std::env::var("CARGO") {
-        let profile = if dir.ends_with("release") {
-            "--release"
-        } else {
-            "--profile=dev"
-        };
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", profile, "-p", "tidepool-malloc"])
-            .status()
-            .context("running cargo to build libtidepool_malloc.so")?;
-        if !status.success() {
-            bail!("building libtidepool_malloc.so failed (see cargo's output above)");
-        }
-    }
-    if lib.exists() {
-        return Ok(lib);
-    }
-    bail!(
-        "{} not found; build it with `cargo build --release -p tidepool-malloc`",
-        lib.display()
-    )
+    crate::libs::next_to_exe("tidepool-malloc", "libtidepool_malloc.so")
 }
 
-/// Builds libtidepool_malloc.so in release mode into `target_dir` (a directory of its own: a
-/// nested cargo in the outer target directory would wait on the outer cargo's lock) and
-/// returns its path. For tests, which cargo builds without the cdylib.
+/// Builds libtidepool_malloc.so in release mode into `target_dir`, for tests.
 pub fn build_library_into(target_dir: &Path, workspace_dir: &Path) -> Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "--quiet",
-            "-p",
-            "tidepool-malloc",
-            "--target-dir",
-        ])
-        .arg(target_dir)
-        .current_dir(workspace_dir)
-        .output()
-        .context("running cargo to build libtidepool_malloc.so")?;
-    if !out.status.success() {
-        bail!(
-            "building libtidepool_malloc.so failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let lib = target_dir.join("release/libtidepool_malloc.so");
-    if !lib.exists() {
-        bail!("{} missing after the build", lib.display());
-    }
-    Ok(lib)
+    crate::libs::build_into(
+        target_dir,
+        workspace_dir,
+        "tidepool-malloc",
+        "libtidepool_malloc.so",
+    )
 }
 
 fn python3() -> Option<PathBuf> {

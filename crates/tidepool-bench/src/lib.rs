@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod alloc;
+pub mod libs;
 pub mod report;
 pub mod store;
 

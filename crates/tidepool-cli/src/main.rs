@@ -2,9 +2,11 @@
 #![forbid(unsafe_code)]
 
 mod demo;
+mod run;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
 use tidepool_node::{format_size, parse_size, NodeConfig, Server, TokensFile};
@@ -79,6 +81,48 @@ enum Cmd {
         /// How much data to move.
         #[arg(long, default_value = "256M", value_parser = parse_size_arg)]
         size: u64,
+    },
+    /// Run an unmodified program with its heap in far memory.
+    ///
+    /// Everything the program allocates (malloc, C++ new, and its own private anonymous mmaps,
+    /// such as CPython's object arenas) lives in a region paged over the far store, with at most
+    /// --local bytes of it in local memory. The program must be dynamically linked: the pager
+    /// comes in through LD_PRELOAD (libtidepool_preload.so, found next to this executable or
+    /// named by TIDEPOOL_PRELOAD). Its exit status is tidepool's. If the far store becomes
+    /// unreachable the program stops with status 70 and a message; it never reads zeros in
+    /// place of its data. Programs it starts get pagers of their own. `tidepool resize PID SIZE`
+    /// changes the budget while it runs.
+    ///
+    /// Example: tidepool run --local 256M --stats -- python3 script.py
+    Run {
+        /// Local memory for the program's heap, e.g. 256M; the rest lives in far memory.
+        #[arg(long, value_parser = parse_size_arg)]
+        local: u64,
+        /// Far store URL: local: (in this process, the default), node://tenant[:token]@host:port,
+        /// redis://host:port, redis+cluster://host:port,..., memcached://host:port.
+        #[arg(long, default_value = "local:")]
+        backend: String,
+        /// Print faults, hits, prefetch accuracy and bytes moved when the program exits.
+        #[arg(long)]
+        stats: bool,
+        /// The program and its arguments, after `--`.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<OsString>,
+    },
+    /// Change the local memory of a program running under `tidepool run`, without restarting it.
+    ///
+    /// Shrinking evicts at once; growing lets the program keep more of its heap local.
+    Resize {
+        /// The program's process id.
+        pid: u32,
+        /// The new local budget, e.g. 512M.
+        #[arg(value_parser = parse_size_arg)]
+        local: u64,
+    },
+    /// Print the pager statistics of a program running under `tidepool run`.
+    Status {
+        /// The program's process id.
+        pid: u32,
     },
     /// Run a benchmark suite side by side with its peers; writes SUITE.json and SUITE.png.
     Bench {
@@ -208,7 +252,16 @@ fn run(cli: Cli) -> Result<()> {
             )?;
             Ok(())
         }
+        Cmd::Run {
+            local,
+            backend,
+            stats,
+            program,
+        } => run::run(local, &backend, stats, &program),
+        Cmd::Resize { pid, local } => run::resize(pid, local),
+        Cmd::Status { pid } => run::status(pid),
         Cmd::BenchWorker { kind, args } => match kind.as_str() {
+            "verify" => run::verify_worker(&args),
             "share" => {
                 tidepool_bench::store::share_worker(tidepool_bench::store::ShareArgs::parse(&args)?)
             }

@@ -35,6 +35,12 @@ pub struct Report {
 /// writes the next; between rounds every thread reads pages from all shares in a scattered
 /// order and checks them too. Returns what was checked.
 pub fn run(mem: &mut [u8], threads: usize, rounds: u64) -> Report {
+    run_rounds(mem, threads, 0, rounds)
+}
+
+/// Runs rounds `done + 1 ..= done + rounds` over memory that has been through `done` rounds
+/// already (zero: fresh memory), so a long run can report progress between calls.
+pub fn run_rounds(mem: &mut [u8], threads: usize, done: u64, rounds: u64) -> Report {
     assert!(mem.len().is_multiple_of(4096) && (mem.as_ptr() as usize).is_multiple_of(4096));
     let pages = mem.len() / 4096;
     let threads = threads.max(1);
@@ -59,7 +65,7 @@ pub fn run(mem: &mut [u8], threads: usize, rounds: u64) -> Report {
         checked.fetch_add(4096, Relaxed);
         wrong.fetch_add(bad, Relaxed);
     };
-    for round in 1..=rounds {
+    for round in done + 1..=done + rounds {
         std::thread::scope(|s| {
             for t in 0..threads {
                 let check = &check;

@@ -1,0 +1,123 @@
+//! `tidepool run`, `tidepool resize` and `tidepool status`: unmodified programs with their heap
+//! in far memory, and their budgets changed while they run.
+
+use anyhow::{bail, Context, Result};
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+use tidepool_node::format_size;
+
+/// Where `tidepool run` finds libtidepool_preload.so: `TIDEPOOL_PRELOAD` if set, else next to
+/// this executable.
+fn preload_library() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os("TIDEPOOL_PRELOAD") {
+        let path = PathBuf::from(path);
+        if !path.exists() {
+            bail!(
+                "TIDEPOOL_PRELOAD names {}, which does not exist",
+                path.display()
+            );
+        }
+        return Ok(path);
+    }
+    tidepool_bench::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")
+}
+
+/// Replaces this process with `program`, its heap paged over `backend` with `local` bytes
+/// mapped. Returns only on failure.
+pub fn run(local: u64, backend: &str, stats: bool, program: &[OsString]) -> Result<()> {
+    let (name, args) = program.split_first().context("no program given")?;
+    if local < 1 << 20 {
+        bail!("--local {local} is too small: give the program at least 1M of local memory");
+    }
+    // Fail here, with the URL in the message, rather than inside the program.
+    let store = tidepool_store::open(backend)
+        .with_context(|| format!("the far store {backend} is not usable"))?;
+    drop(store);
+    let lib = preload_library()?;
+    let mut preload = lib.into_os_string();
+    if let Some(existing) = std::env::var_os("LD_PRELOAD").filter(|v| !v.is_empty()) {
+        preload.push(":");
+        preload.push(existing);
+    }
+    let mut cmd = Command::new(name);
+    cmd.args(args)
+        .env("LD_PRELOAD", preload)
+        .env("TIDEPOOL_RUN_LOCAL", local.to_string())
+        .env("TIDEPOOL_RUN_BACKEND", backend);
+    if stats {
+        cmd.env("TIDEPOOL_RUN_STATS", "1");
+    } else {
+        cmd.env_remove("TIDEPOOL_RUN_STATS");
+    }
+    // exec: the program takes this process's place, so its exit status and signals are the
+    // caller's directly.
+    let err = cmd.exec();
+    Err(err).with_context(|| format!("cannot run {}", name.to_string_lossy()))
+}
+
+/// Changes the local budget of the program `pid` runs under `tidepool run`.
+pub fn resize(pid: u32, local: u64) -> Result<()> {
+    if local < 1 << 20 {
+        bail!("a local budget below 1M is not accepted");
+    }
+    let reply = tidepool_pager::control::request(pid, &format!("budget {local}"))?;
+    let now = reply
+        .strip_prefix("budget ")
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .map(format_size)
+        .unwrap_or_else(|| reply.trim().to_string());
+    println!("process {pid}: local budget now {now}");
+    Ok(())
+}
+
+/// Prints the pager statistics of the program `pid` runs under `tidepool run`.
+pub fn status(pid: u32) -> Result<()> {
+    let reply = tidepool_pager::control::request(pid, "stats")?;
+    println!("{}", reply.trim_end());
+    Ok(())
+}
+
+/// `tidepool bench-worker verify SIZE THREADS ROUNDS [wait]`: the verification workload on an
+/// ordinary heap allocation, for running under `tidepool run`. Prints "filled" once the
+/// first round is written (and with `wait`, waits for a line on standard input before going
+/// on), then one line of results; exits 1 if any byte was wrong.
+pub fn verify_worker(args: &[String]) -> Result<()> {
+    let (size, threads, rounds, wait) = match args {
+        [s, t, r] => (s, t, r, false),
+        [s, t, r, w] if w == "wait" => (s, t, r, true),
+        _ => bail!("usage: tidepool bench-worker verify SIZE THREADS ROUNDS [wait]"),
+    };
+    let size = tidepool_node::parse_size(size).map_err(anyhow::Error::msg)? as usize;
+    let threads: usize = threads.parse().context("THREADS")?;
+    let rounds: u64 = rounds.parse().context("ROUNDS")?;
+    let pages = size.div_ceil(4096);
+    // Page-aligned memory from the program's allocator, as any program would get it
+    // (over-allocated and sliced: no unsafe needed for the alignment).
+    let mut buf = vec![0u8; (pages + 1) * 4096];
+    let start = buf.as_ptr().align_offset(4096);
+    let mem = &mut buf[start..start + pages * 4096];
+    let mut total = tidepool_pager::verify::Report::default();
+    for round in 0..rounds {
+        let r = tidepool_pager::verify::run_rounds(mem, threads, round, 1);
+        total.bytes_checked += r.bytes_checked;
+        total.wrong_words += r.wrong_words;
+        total.first_wrong = total.first_wrong.or(r.first_wrong);
+        if round == 0 {
+            println!("filled");
+            if wait {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line)?;
+            }
+        }
+    }
+    println!(
+        "checked {} bytes, {} wrong words, first wrong {:?}",
+        total.bytes_checked, total.wrong_words, total.first_wrong
+    );
+    if total.wrong_words != 0 {
+        std::process::exit(1);
+    }
+    Ok(())
+}
