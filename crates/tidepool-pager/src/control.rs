@@ -23,16 +23,15 @@ pub fn serve(pager: &Pager, pid: u32) -> io::Result<()> {
     let listener = UnixListener::bind_addr(&address(pid)?)?;
     let pager = pager.clone();
     let thread_start = pager.thread_start();
-    std::thread::Builder::new()
-        .name("tp-control".into())
-        .spawn(move || {
-            if let Some(hook) = thread_start {
-                hook();
-            }
-            for conn in listener.incoming().flatten() {
-                let _ = answer(&pager, conn);
-            }
-        })?;
+    // A raw thread, for the same reason as the pager's own (see `Config::thread_start`).
+    tidepool_sys::spawn_raw("tp-control", move || {
+        if let Some(hook) = thread_start {
+            hook();
+        }
+        for conn in listener.incoming().flatten() {
+            let _ = answer(&pager, conn);
+        }
+    })?;
     Ok(())
 }
 

@@ -22,9 +22,9 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 use tidepool_store::{FarStore, Key};
+use tidepool_sys::RawThread;
 
 /// The exit status of a program whose far memory became unreachable.
 pub const FATAL_EXIT_CODE: i32 = 70;
@@ -186,7 +186,7 @@ impl std::fmt::Debug for Inner {
 #[derive(Debug)]
 struct Shared {
     inner: Arc<Inner>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    threads: Mutex<Vec<RawThread>>,
     thread_start: Option<fn()>,
 }
 
@@ -195,7 +195,7 @@ impl Drop for Shared {
         self.inner.shutdown.store(true, Release);
         self.inner.kick_evictor();
         for t in self.threads.lock().drain(..) {
-            let _ = t.join();
+            t.join();
         }
     }
 }
@@ -241,16 +241,15 @@ impl Pager {
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
         let mut threads = Vec::new();
         let thread_start = config.thread_start;
+        // Raw threads: the hook must run before anything on the thread allocates.
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name)
-                .spawn(move || {
-                    if let Some(hook) = thread_start {
-                        hook();
-                    }
-                    f()
-                })
-                .map_err(PagerError::Thread)
+            tidepool_sys::spawn_raw(&name, move || {
+                if let Some(hook) = thread_start {
+                    hook();
+                }
+                f()
+            })
+            .map_err(PagerError::Thread)
         };
         for &cpu in cpus.iter().take(8) {
             let i = inner.clone();

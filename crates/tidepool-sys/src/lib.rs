@@ -142,3 +142,67 @@ fn set_int_option(sock: &impl AsRawFd, option: libc::c_int, value: usize) -> io:
         Err(io::Error::last_os_error())
     }
 }
+
+/// A thread made with `pthread_create` directly, whose first instruction is the caller's.
+///
+/// `std::thread::spawn` runs code of its own on the new thread before the closure (spawn
+/// hooks, whose thread-local registers a destructor through glibc, which calls malloc). A
+/// pager serving the heap that malloc uses must mark its threads before anything on them
+/// allocates, so its threads start here. Joined on [`RawThread::join`]; detached if dropped.
+#[derive(Debug)]
+pub struct RawThread {
+    id: libc::pthread_t,
+    joined: bool,
+}
+
+type ThreadMain = Box<dyn FnOnce() + Send + 'static>;
+
+extern "C" fn raw_thread_entry(arg: *mut libc::c_void) -> *mut libc::c_void {
+    // SAFETY: `spawn_raw` passes a `Box<ThreadMain>` it leaked for this thread alone.
+    let f = unsafe { Box::from_raw(arg.cast::<ThreadMain>()) };
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).is_err() {
+        // The panic message is printed already; unwinding out of a C entry point is not
+        // allowed, and a pager missing a thread would hang its program instead of failing.
+        std::process::abort();
+    }
+    std::ptr::null_mut()
+}
+
+/// Starts `f` on a new thread named `name` (cut to the kernel's 15 bytes).
+pub fn spawn_raw(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<RawThread> {
+    let arg = Box::into_raw(Box::new(Box::new(f) as ThreadMain));
+    let mut id: libc::pthread_t = 0;
+    // SAFETY: `id` is writable; the entry point takes ownership of `arg` exactly once, and
+    // only if the thread is created.
+    let rc =
+        unsafe { libc::pthread_create(&mut id, std::ptr::null(), raw_thread_entry, arg.cast()) };
+    if rc != 0 {
+        // SAFETY: the thread was not created, so `arg` is still ours.
+        drop(unsafe { Box::from_raw(arg) });
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    let mut cname = [0u8; 16];
+    let n = name.len().min(15);
+    cname[..n].copy_from_slice(&name.as_bytes()[..n]);
+    // SAFETY: a live thread of ours and a NUL-terminated name of at most 16 bytes.
+    unsafe { libc::pthread_setname_np(id, cname.as_ptr().cast()) };
+    Ok(RawThread { id, joined: false })
+}
+
+impl RawThread {
+    /// Waits for the thread to finish.
+    pub fn join(mut self) {
+        self.joined = true;
+        // SAFETY: a joinable thread of ours, joined once (`joined` keeps Drop from detaching).
+        unsafe { libc::pthread_join(self.id, std::ptr::null_mut()) };
+    }
+}
+
+impl Drop for RawThread {
+    fn drop(&mut self) {
+        if !self.joined {
+            // SAFETY: a joinable thread of ours that nobody will join.
+            unsafe { libc::pthread_detach(self.id) };
+        }
+    }
+}

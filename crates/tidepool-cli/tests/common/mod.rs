@@ -41,6 +41,12 @@ impl NodeProc {
         self.child.try_wait().unwrap().is_none()
     }
 
+    /// Kills the server (SIGKILL, as a crash would) and waits for it to go.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Resident set size now, and at its peak, in bytes.
     pub fn rss(&self) -> (u64, u64) {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();

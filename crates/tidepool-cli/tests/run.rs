@@ -1,0 +1,333 @@
+//! `tidepool run` end to end: unmodified programs (python3, sh, the tidepool binary itself) with
+//! their heap paged over every backend, started for real; the backend lost mid-run; fork; the
+//! budget changed while the program runs.
+
+mod common;
+
+use common::NodeProc;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+
+fn preload() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
+        tidepool_bench::libs::build_into(
+            &target,
+            Path::new(env!("CARGO_MANIFEST_DIR")),
+            "tidepool-preload",
+            "libtidepool_preload.so",
+        )
+        .expect("libtidepool_preload.so")
+    })
+    .clone()
+}
+
+/// `tidepool run --local LOCAL --backend BACKEND --stats -- PROGRAM...`, not yet started.
+fn tidepool_run(local: &str, backend: &str, program: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidepool"));
+    cmd.args([
+        "run",
+        "--local",
+        local,
+        "--backend",
+        backend,
+        "--stats",
+        "--",
+    ])
+    .args(program)
+    .env("TIDEPOOL_PRELOAD", preload());
+    cmd
+}
+
+/// The system's python3 (a pyenv shim would add processes of its own to every run).
+fn python3() -> &'static str {
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The pager's statistics line "moved ... resident X of Y MiB": (X, Y).
+fn resident_of(stats: &str) -> Option<(f64, f64)> {
+    let line = stats.lines().rev().find(|l| l.contains("resident"))?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words.iter().position(|&w| w == "resident")?;
+    Some((
+        words.get(at + 1)?.parse().ok()?,
+        words.get(at + 3)?.parse().ok()?,
+    ))
+}
+
+const DICT_SCRIPT: &str = r#"
+d = {}
+for i in range(3_000_000):
+    d["key-%d" % i] = "value-%d-%s" % (i, "x" * (i % 17))
+print(len(d), sum(len(k) + len(v) for k, v in d.items()))
+"#;
+
+#[test]
+fn python_dict_of_three_million_strings_matches_native() {
+    let native = Command::new(python3())
+        .args(["-c", DICT_SCRIPT])
+        .output()
+        .unwrap();
+    assert!(native.status.success());
+    let paged = tidepool_run("256M", "local:", &[python3(), "-c", DICT_SCRIPT])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&paged);
+    assert!(paged.status.success(), "{}: {stderr}", paged.status);
+    assert_eq!(stdout, String::from_utf8_lossy(&native.stdout));
+    // The heap really went far: the dict is well over 256 MiB.
+    let read = stderr
+        .lines()
+        .find(|l| l.starts_with("moved"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|mib| mib.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no statistics: {stderr}"));
+    assert!(
+        read > 50.0,
+        "only {read} MiB came back from far memory: {stderr}"
+    );
+}
+
+#[test]
+fn exit_status_passes_through_and_bad_input_is_refused_before_the_program_runs() {
+    let out = tidepool_run("64M", "local:", &["sh", "-c", "exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{:?}", text(&out));
+
+    let marker = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("ran-anyway");
+    let _ = std::fs::remove_file(&marker);
+    let touch = format!("touch {}", marker.display());
+    let out = tidepool_run("64M", "redis://127.0.0.1:1", &["sh", "-c", &touch])
+        .output()
+        .unwrap();
+    let (_, stderr) = text(&out);
+    assert!(!out.status.success());
+    assert!(stderr.contains("redis://127.0.0.1:1"), "{stderr}");
+    assert!(!marker.exists(), "the program ran with an unusable store");
+
+    let out = tidepool_run("64M", "local:", &["/no/such/program"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out).1.contains("/no/such/program"));
+
+    let out = tidepool_run("100K", "local:", &["true"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(text(&out).1.contains("too small"));
+}
+
+/// The verification workload inside the tidepool binary (an ordinary Rust program: its heap
+/// comes from malloc), 64 MiB over an 8 MiB budget, two threads, every byte checked.
+fn verify_under(backend: &str) {
+    let out = tidepool_run(
+        "8M",
+        backend,
+        &[
+            env!("CARGO_BIN_EXE_tidepool"),
+            "bench-worker",
+            "verify",
+            "64M",
+            "2",
+            "3",
+        ],
+    )
+    .output()
+    .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success(),
+        "{backend}: {}\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains(", 0 wrong words"),
+        "{backend}: {stdout}\n{stderr}"
+    );
+    // Pages went to the backend and came back.
+    assert!(
+        stderr.contains(&format!(
+            "far store {}",
+            backend.split("://").next().unwrap()
+        )),
+        "{backend}: {stderr}"
+    );
+    let fetched = stderr
+        .lines()
+        .find(|l| l.starts_with("faults"))
+        .and_then(|l| l.split(',').nth(1))
+        .and_then(|part| part.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(fetched > 1000, "{backend}: few pages came back: {stderr}");
+}
+
+#[test]
+fn verification_workload_under_the_local_store() {
+    verify_under("local:");
+}
+
+#[test]
+fn verification_workload_under_a_memory_node() {
+    let node = NodeProc::start(&["--capacity", "256M"]);
+    verify_under(&format!("node://verify@{}", node.addr));
+}
+
+#[test]
+fn verification_workload_under_redis() {
+    let redis = tidepool_peers::RedisServer::start().expect("redis-server");
+    verify_under(&redis.url());
+}
+
+#[test]
+fn verification_workload_under_redis_cluster() {
+    let cluster = tidepool_peers::RedisCluster::start(3).expect("redis cluster");
+    verify_under(&cluster.url());
+}
+
+#[test]
+fn verification_workload_under_memcached() {
+    let memcached = tidepool_peers::Memcached::start(256).expect("memcached");
+    verify_under(&memcached.url());
+}
+
+/// Starts the verification worker under `tidepool run`, with `wait`: it stops after the first
+/// round until a line arrives on its standard input. Returns once it said "filled".
+fn start_waiting_worker(local: &str, backend: &str, size: &str, rounds: &str) -> Child {
+    let mut child = tidepool_run(
+        local,
+        backend,
+        &[
+            env!("CARGO_BIN_EXE_tidepool"),
+            "bench-worker",
+            "verify",
+            size,
+            "2",
+            rounds,
+            "wait",
+        ],
+    )
+    .stdin(Stdio::piped())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "filled", "worker did not start");
+    child
+}
+
+#[test]
+fn losing_the_backend_stops_the_program_with_a_clear_error_never_zeros() {
+    let mut node = NodeProc::start(&["--capacity", "256M"]);
+    let backend = format!("node://loss@{}", node.addr);
+    let mut child = start_waiting_worker("4M", &backend, "64M", "1000");
+    node.kill();
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(tidepool_pager::FATAL_EXIT_CODE),
+        "{stdout}\n{stderr}"
+    );
+    assert!(stderr.contains("unreachable"), "{stderr}");
+    assert!(
+        stderr.contains(&node.addr),
+        "the message names the store: {stderr}"
+    );
+    assert!(
+        !stdout.contains("wrong words"),
+        "the program went on: {stdout}"
+    );
+}
+
+#[test]
+fn resize_while_running_evicts_at_once_and_keeps_every_byte() {
+    let mut child = start_waiting_worker("256M", "local:", "64M", "3");
+    let pid = child.id().to_string();
+    let tidepool = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+            .args(args)
+            .output()
+            .unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "tidepool {args:?}: {stderr}");
+        stdout
+    };
+    let before = resident_of(&tidepool(&["status", &pid])).unwrap();
+    assert!(
+        before.0 > 60.0,
+        "the working set is not local yet: {before:?}"
+    );
+    assert!(tidepool(&["resize", &pid, "8M"]).contains("8.0 MiB"));
+    // The evictor works in the background: wait until it is done (no time limit here, the
+    // test harness has one).
+    loop {
+        let now = resident_of(&tidepool(&["status", &pid])).unwrap();
+        assert_eq!(now.1, 8.0);
+        if now.0 <= 8.5 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(", 0 wrong words"), "{stdout}");
+    let (_, budget) = resident_of(&stderr).unwrap();
+    assert_eq!(budget, 8.0, "{stderr}");
+}
+
+const FORK_SCRIPT: &str = r#"
+import os, subprocess, sys
+data = ["item-%d-%s" % (i, "y" * (i % 13)) for i in range(1_500_000)]
+expected = sum(len(s) for s in data)
+# fork + exec, as subprocess does: the usual case, and it must work.
+out = subprocess.run(["sh", "-c", "echo child ran"], capture_output=True, text=True)
+print(out.stdout.strip(), out.returncode)
+# A forked child that reads the parent's data: it either reads it right or stops with a clear
+# message (status 70); it never sees wrong data.
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if sum(len(s) for s in data) == expected else 1)
+_, status = os.waitpid(pid, 0)
+print("child status", os.waitstatus_to_exitcode(status))
+print("parent", sum(len(s) for s in data) == expected)
+"#;
+
+#[test]
+fn fork_children_work_or_are_refused_and_the_parent_is_untouched() {
+    let out = tidepool_run("32M", "local:", &[python3(), "-c", FORK_SCRIPT])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{}: {stdout}\n{stderr}", out.status);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "child ran 0", "{stdout}\n{stderr}");
+    let child = lines[1].strip_prefix("child status ").unwrap();
+    match child {
+        "0" => {}
+        "70" => assert!(stderr.contains("forked child"), "{stderr}"),
+        other => panic!("the forked child saw wrong data (status {other}): {stderr}"),
+    }
+    assert_eq!(lines[2], "parent True", "{stdout}\n{stderr}");
+}
