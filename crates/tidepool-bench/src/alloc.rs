@@ -245,8 +245,7 @@ fn run_worker(
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    crate::median(&mut v)
 }
 
 fn geomean(v: &[f64]) -> f64 {

@@ -9,6 +9,7 @@
 
 pub mod alloc;
 pub mod libs;
+pub mod pager;
 pub mod report;
 pub mod store;
 
@@ -170,9 +171,23 @@ pub trait Suite {
     fn run(&self, ctx: &mut Ctx) -> Result<()>;
 }
 
+/// The median of `v` (0 if empty); sorts `v`.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
 /// Every suite `tidepool bench` knows.
 pub fn suites() -> Vec<Box<dyn Suite>> {
-    vec![Box::new(store::StoreSuite), Box::new(alloc::AllocSuite)]
+    vec![
+        Box::new(store::StoreSuite),
+        Box::new(alloc::AllocSuite),
+        Box::new(pager::PagerSuite),
+    ]
 }
 
 /// Runs one suite end to end and writes its JSON and PNG. Returns the report.

@@ -14,7 +14,7 @@
 //!   keep copy leaves them there. Reports far bytes against the live data held far, and
 //!   aggregate throughput.
 
-use crate::{BenchOpts, Ctx, Suite};
+use crate::{median, BenchOpts, Ctx, Suite};
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
@@ -364,15 +364,6 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
 
 fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(100, 10_000_000_000, 3).expect("valid bounds")
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        0.0
-    } else {
-        v[v.len() / 2]
-    }
 }
 
 /// Runs `threads` clients for `d`, each with `batch` requests per call. Returns the pooled

@@ -266,6 +266,7 @@ fn run(cli: Cli) -> Result<()> {
                 tidepool_bench::store::share_worker(tidepool_bench::store::ShareArgs::parse(&args)?)
             }
             "alloc" => tidepool_bench::alloc::worker(&args),
+            "pager" => tidepool_bench::pager::worker(&args),
             other => anyhow::bail!("unknown bench worker '{other}'"),
         },
     }

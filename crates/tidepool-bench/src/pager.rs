@@ -1,0 +1,440 @@
+//! The `pager` suite: programs whose working set does not fit their local memory.
+//!
+//! Workloads (each run in a fresh process, over incompressible random data):
+//! `seq-scan` (sum every word, pass after pass), `uniform-rmw` (increment a word at a uniformly
+//! random place), `zipf-0.99` (the same, with pages chosen Zipfian, hot pages scattered), and one
+//! real unmodified program, `python-dict` (CPython building and summing a dict of strings).
+//!
+//! Systems, at local-memory ratios 25, 50, 75 and 100% of the working set:
+//! `tidepool-local` and `tidepool-node` (the program under `tidepool run`, far store in process
+//! or on a `tidepool node` process), `linux-zram` (the program in a cgroup v1 memory group
+//! limited to the same local size, swapping to zram), and `native` (everything local, once).
+
+use crate::{median, BenchOpts, Ctx, Suite};
+use anyhow::{bail, Context, Result};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::Distribution;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const WORKLOADS: [&str; 3] = ["seq-scan", "uniform-rmw", "zipf-0.99"];
+const PYTHON_WORKLOAD: &str = "python-dict";
+const RATIOS: [f64; 4] = [0.25, 0.5, 0.75, 1.0];
+/// Process memory besides the working set (binary, stacks, libraries) that a cgroup limit must
+/// leave room for, so that zram's local memory for data matches tidepool's budget.
+const ZRAM_OVERHEAD: u64 = 16 << 20;
+
+#[derive(Debug)]
+pub struct PagerSuite;
+
+struct Sizes {
+    wss: u64,
+    seconds: f64,
+    python_strings: u64,
+}
+
+fn sizes(opts: &BenchOpts) -> Sizes {
+    if opts.quick {
+        Sizes {
+            wss: 96 << 20,
+            seconds: 0.4,
+            python_strings: 300_000,
+        }
+    } else {
+        Sizes {
+            wss: 512 << 20,
+            seconds: 2.0,
+            python_strings: 1_500_000,
+        }
+    }
+}
+
+fn rounds(opts: &BenchOpts) -> usize {
+    if opts.quick {
+        1
+    } else {
+        3
+    }
+}
+
+impl Suite for PagerSuite {
+    fn name(&self) -> &'static str {
+        "pager"
+    }
+
+    fn about(&self) -> &'static str {
+        "working sets larger than local memory: scan, random and Zipfian read-modify-write, \
+         CPython; tidepool run (local and node stores) vs Linux swap to zram vs native"
+    }
+
+    fn steps(&self, opts: &BenchOpts) -> u64 {
+        (rounds(opts) * (WORKLOADS.len() + 1) * RATIOS.len()) as u64
+    }
+
+    fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        let s = sizes(&ctx.opts);
+        let exe = std::env::current_exe()?;
+        let preload = crate::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")?;
+        let node = crate::store::NodeProcess::start(&format!("{}", s.wss * 3))?;
+        ctx.opts.placement.pin_server(node.pid())?;
+        let zram = match Zram::start(s.wss * 2) {
+            Ok(z) => Some(z),
+            Err(e) => {
+                ctx.note(format!("linux-zram skipped: {e:#}"));
+                None
+            }
+        };
+        let python = Path::new("/usr/bin/python3")
+            .exists()
+            .then_some("/usr/bin/python3");
+        if python.is_none() {
+            ctx.note("python-dict skipped: /usr/bin/python3 not found");
+        }
+        let script = ctx.opts.out.join("pager_dict.py");
+        std::fs::write(&script, DICT_SCRIPT)?;
+        // The Python program's footprint, which its ratios are of.
+        let python_mib = match python {
+            Some(py) => {
+                let mut cmd = Command::new(py);
+                cmd.arg(&script).arg(s.python_strings.to_string());
+                Some(run_python(cmd)?.1)
+            }
+            None => None,
+        };
+        let systems: Vec<&str> = ["tidepool-local", "tidepool-node", "linux-zram"]
+            .into_iter()
+            .filter(|&n| n != "linux-zram" || zram.is_some())
+            .collect();
+        // (system, workload, ratio) -> samples
+        let mut samples: std::collections::BTreeMap<(String, String, u64), Vec<f64>> =
+            Default::default();
+        let mut add = |system: &str, workload: &str, ratio: f64, v: f64| {
+            samples
+                .entry((system.into(), workload.into(), (ratio * 100.0) as u64))
+                .or_default()
+                .push(v);
+        };
+        for round in 0..rounds(&ctx.opts) {
+            for &ratio in &RATIOS {
+                for workload in WORKLOADS.iter().copied().chain(Some(PYTHON_WORKLOAD)) {
+                    ctx.step(format!(
+                        "{workload} at {:.0}% local, round {}",
+                        ratio * 100.0,
+                        round + 1
+                    ));
+                    let is_python = workload == PYTHON_WORKLOAD;
+                    if is_python && python.is_none() {
+                        ctx.advance();
+                        continue;
+                    }
+                    let footprint = if is_python {
+                        (python_mib.unwrap_or(0.0) * (1 << 20) as f64) as u64
+                    } else {
+                        s.wss
+                    };
+                    let local = ((footprint as f64 * ratio) as u64).max(4 << 20);
+                    let program = |cmd: &mut Command| {
+                        if is_python {
+                            cmd.arg(python.expect("checked"))
+                                .arg(&script)
+                                .arg(s.python_strings.to_string());
+                        } else {
+                            cmd.arg(&exe).args([
+                                "bench-worker",
+                                "pager",
+                                workload,
+                                &s.wss.to_string(),
+                                &s.seconds.to_string(),
+                            ]);
+                        }
+                    };
+                    let mut order: Vec<&str> = systems.clone();
+                    if ratio == 1.0 {
+                        order.push("native");
+                    }
+                    let n = order.len();
+                    for k in 0..n {
+                        let system = order[(k + round) % n];
+                        let mut cmd = match system {
+                            "native" => {
+                                let mut c = Command::new("env");
+                                program(&mut c);
+                                c
+                            }
+                            "linux-zram" => zram
+                                .as_ref()
+                                .expect("listed only if started")
+                                .command(local + ZRAM_OVERHEAD)?,
+                            _ => {
+                                let backend = if system == "tidepool-node" {
+                                    format!("node://bench@{}", node.addr)
+                                } else {
+                                    "local:".into()
+                                };
+                                let mut c = Command::new(&exe);
+                                c.args(["run", "--local", &local.to_string()])
+                                    .args(["--backend", &backend, "--"])
+                                    .env("TIDEPOOL_PRELOAD", &preload);
+                                c
+                            }
+                        };
+                        if system != "native" {
+                            program(&mut cmd);
+                        }
+                        let value = if is_python {
+                            run_python(cmd)
+                                .with_context(|| format!("{workload} on {system}"))?
+                                .0
+                        } else {
+                            run_worker(cmd).with_context(|| format!("{workload} on {system}"))?
+                        };
+                        add(system, workload, ratio, value);
+                    }
+                    ctx.advance();
+                }
+            }
+        }
+        for ((system, workload, pct), mut v) in samples {
+            let (metric, unit) = match workload.as_str() {
+                "seq-scan" => ("gb_per_s", "GB/s"),
+                PYTHON_WORKLOAD => ("seconds", "s"),
+                _ => ("ops_per_s", "ops/s"),
+            };
+            let value = median(&mut v);
+            let footprint = if workload == PYTHON_WORKLOAD {
+                python_mib.unwrap_or(0.0)
+            } else {
+                (s.wss >> 20) as f64
+            };
+            ctx.report.push(
+                &system,
+                &workload,
+                metric,
+                value,
+                unit,
+                &[
+                    ("local_ratio", pct as f64 / 100.0),
+                    ("working_set_mib", footprint),
+                ],
+            );
+        }
+        verdict(ctx);
+        Ok(())
+    }
+}
+
+/// Runs a worker; its throughput (GB/s for the scan, ops/s otherwise).
+fn run_worker(mut cmd: Command) -> Result<f64> {
+    let out = cmd.stdin(Stdio::null()).output()?;
+    if !out.status.success() {
+        bail!(
+            "worker failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("worker said: {}", String::from_utf8_lossy(&out.stdout)))?;
+    v["value"].as_f64().context("worker report lacks value")
+}
+
+const DICT_SCRIPT: &str = r#"
+import resource, sys, time
+n = int(sys.argv[1])
+t = time.perf_counter()
+d = {}
+for i in range(n):
+    d["key-%d" % i] = "value-%d-%s" % (i, "x" * (i % 17))
+total = sum(len(k) + len(v) for k, v in d.items())
+print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, total)
+"#;
+
+/// Runs the Python program; (seconds, peak RSS MiB).
+fn run_python(mut cmd: Command) -> Result<(f64, f64)> {
+    let out = cmd.stdin(Stdio::null()).output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!(
+            "python failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let f: Vec<f64> = stdout
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    match f.as_slice() {
+        [secs, kib, _] => Ok((*secs, kib / 1024.0)),
+        _ => bail!("python printed '{}'", stdout.trim()),
+    }
+}
+
+/// The issue's acceptance ratios, from this run, as notes.
+fn verdict(ctx: &mut Ctx) {
+    let r = &ctx.report;
+    let at = |system: &str, workload: &str, ratio: f64| {
+        r.results
+            .iter()
+            .find(|row| {
+                row.system == system
+                    && row.workload == workload
+                    && row.params.get("local_ratio").copied() == Some(ratio)
+            })
+            .map(|row| row.value)
+    };
+    let mut notes = Vec::new();
+    for (workload, want) in [("seq-scan", 10.0), ("zipf-0.99", 1.2), ("uniform-rmw", 1.0)] {
+        if let (Some(t), Some(z)) = (
+            at("tidepool-local", workload, 0.5),
+            at("linux-zram", workload, 0.5),
+        ) {
+            notes.push(format!(
+                "{workload} at 50% local: tidepool-local / linux-zram = {:.2}x (target {want}x)",
+                t / z
+            ));
+        }
+    }
+    for workload in WORKLOADS {
+        if let (Some(t), Some(n)) = (
+            at("tidepool-local", workload, 1.0),
+            at("native", workload, 1.0),
+        ) {
+            notes.push(format!(
+                "{workload} at 100% local: tidepool-local / native = {:.3} (target >= 0.95)",
+                t / n
+            ));
+        }
+    }
+    for n in notes {
+        ctx.note(n);
+    }
+}
+
+/// Linux swap to zram, and a cgroup v1 memory group to run programs in.
+struct Zram {
+    cgroup: PathBuf,
+}
+
+fn write(path: impl AsRef<Path>, value: impl AsRef<[u8]>) -> Result<()> {
+    let path = path.as_ref();
+    std::fs::write(path, value).with_context(|| format!("writing {}", path.display()))
+}
+
+fn sh(cmd: &str) -> Result<()> {
+    let out = Command::new("sh").arg("-c").arg(cmd).output()?;
+    if !out.status.success() {
+        bail!(
+            "`{cmd}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+impl Zram {
+    fn start(disksize: u64) -> Result<Zram> {
+        let memcg = Path::new("/sys/fs/cgroup/memory");
+        if !memcg.join("cgroup.procs").exists() {
+            bail!("no cgroup v1 memory controller at {}", memcg.display());
+        }
+        if !Path::new("/sys/block/zram0").exists() {
+            sh("modprobe zram").context("zram is not available")?;
+        }
+        let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
+        if swaps.contains("/dev/zram0") {
+            sh("swapoff /dev/zram0")?;
+        }
+        write("/sys/block/zram0/reset", "1")?;
+        write("/sys/block/zram0/disksize", disksize.to_string())?;
+        sh("mkswap /dev/zram0 >/dev/null && swapon /dev/zram0")
+            .context("cannot make zram0 swap (needs root)")?;
+        let cgroup = memcg.join(format!("tidepool-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&cgroup)
+            .with_context(|| format!("cannot create {}", cgroup.display()))?;
+        let _ = write(cgroup.join("memory.swappiness"), "100");
+        Ok(Zram { cgroup })
+    }
+
+    /// A command that runs its arguments inside the group, limited to `limit` bytes.
+    fn command(&self, limit: u64) -> Result<Command> {
+        write(self.cgroup.join("memory.limit_in_bytes"), limit.to_string())?;
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec \"$@\"",
+                self.cgroup.display()
+            ))
+            .arg("sh");
+        Ok(c)
+    }
+}
+
+impl Drop for Zram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.cgroup);
+        let _ = sh("swapoff /dev/zram0");
+        let _ = write("/sys/block/zram0/reset", "1");
+    }
+}
+
+/// `tidepool bench-worker pager WORKLOAD WSS_BYTES SECONDS`: fills WSS bytes of heap with
+/// random data, reads it once, then runs WORKLOAD for SECONDS and prints
+/// `{"value": ..., "checksum": ...}` (GB/s for the scan, ops/s otherwise).
+pub fn worker(args: &[String]) -> Result<()> {
+    let [workload, wss, seconds] = args else {
+        bail!("usage: tidepool bench-worker pager WORKLOAD WSS_BYTES SECONDS");
+    };
+    let words = wss.parse::<usize>().context("WSS_BYTES")? / 8;
+    let run_for = Duration::from_secs_f64(seconds.parse().context("SECONDS")?);
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut mem: Vec<u64> = vec![0; words];
+    // Incompressible: zram would flatter itself on patterns.
+    for w in mem.iter_mut() {
+        *w = rng.gen();
+    }
+    let mut checksum = mem.iter().fold(0u64, |a, &w| a.wrapping_add(w));
+    let start = Instant::now();
+    let value = match workload.as_str() {
+        "seq-scan" => {
+            let mut bytes = 0u64;
+            let chunk = (1 << 20) / 8;
+            let mut at = 0;
+            while start.elapsed() < run_for {
+                let end = (at + chunk).min(words);
+                checksum = mem[at..end]
+                    .iter()
+                    .fold(checksum, |a, &w| a.wrapping_add(w));
+                bytes += ((end - at) * 8) as u64;
+                at = if end == words { 0 } else { end };
+            }
+            bytes as f64 / start.elapsed().as_secs_f64() / 1e9
+        }
+        "uniform-rmw" | "zipf-0.99" => {
+            let pages = (words / 512) as u64;
+            let zipf = rand_distr::Zipf::new(pages, 0.99).context("zipf")?;
+            let zipfian = workload == "zipf-0.99";
+            let mut ops = 0u64;
+            while start.elapsed() < run_for {
+                for _ in 0..1024 {
+                    let page = if zipfian {
+                        // Rank 1 is hottest; scatter ranks over the working set.
+                        let rank = zipf.sample(&mut rng) as u64 - 1;
+                        rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % pages
+                    } else {
+                        rng.gen_range(0..pages)
+                    };
+                    let i = page as usize * 512 + rng.gen_range(0..512);
+                    mem[i] = mem[i].wrapping_add(1);
+                }
+                ops += 1024;
+            }
+            ops as f64 / start.elapsed().as_secs_f64()
+        }
+        other => bail!("unknown pager workload '{other}'"),
+    };
+    println!("{{\"value\": {value}, \"checksum\": {checksum}}}");
+    Ok(())
+}
