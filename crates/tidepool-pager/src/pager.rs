@@ -43,6 +43,13 @@ fn hash_page(bytes: &[u8]) -> u64 {
 
 static ZERO_PAGE: [u8; PAGE] = [0; PAGE];
 
+/// A run of pages saved for eviction, not yet dropped.
+struct SavedRun {
+    new_words: Vec<u64>,
+    writes: Vec<(Arc<RegionInner>, usize, u32)>,
+    removes: Vec<Key>,
+}
+
 /// How to build a pager.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -812,6 +819,7 @@ impl Inner {
         }
         victims.sort_by_key(|(r, p, _)| (r.id, *p));
         let n = victims.len();
+        let mut runs = Vec::new();
         let mut start = 0;
         while start < n {
             let mut end = start + 1;
@@ -821,14 +829,27 @@ impl Inner {
             {
                 end += 1;
             }
-            self.evict_run(&victims[start..end]);
+            runs.push(start..end);
             start = end;
+        }
+        // Save every run, drop all of their pages in one call, then release them.
+        let saved: Vec<SavedRun> = runs
+            .iter()
+            .map(|r| self.save_run(&victims[r.clone()]))
+            .collect();
+        let ranges: Vec<(usize, usize)> = runs
+            .iter()
+            .map(|r| (victims[r.start].0.addr(victims[r.start].1), r.len() * PAGE))
+            .collect();
+        sys::discard_many(&ranges);
+        for (r, saved) in runs.into_iter().zip(saved) {
+            self.release_run(&victims[r], saved);
         }
         n
     }
 
-    /// Evicts consecutive locked pages of one region.
-    fn evict_run(&self, run: &[(Arc<RegionInner>, usize, u64)]) {
+    /// Saves consecutive locked pages of one region for eviction.
+    fn save_run(&self, run: &[(Arc<RegionInner>, usize, u64)]) -> SavedRun {
         let region = &run[0].0;
         let first = run[0].1;
         let addr = region.addr(first);
@@ -886,23 +907,35 @@ impl Inner {
             new_words.push(new);
             region.table.evicted_at(page).store(seq.max(1), Relaxed);
         }
-        sys::discard(addr, len);
-        for ((_, page, _), new) in run.iter().zip(new_words) {
+        let c = &self.counters;
+        Counters::add(&c.evicted_clean, clean);
+        Counters::add(&c.evicted_zero, zero);
+        SavedRun {
+            new_words,
+            writes,
+            removes,
+        }
+    }
+
+    /// Publishes the new states of a saved run whose pages are gone, wakes its waiters, and
+    /// only then queues its write-back (which expects the pages in their new states).
+    fn release_run(&self, run: &[(Arc<RegionInner>, usize, u64)], saved: SavedRun) {
+        let region = &run[0].0;
+        let addr = region.addr(run[0].1);
+        let len = run.len() * PAGE;
+        for ((_, page, _), new) in run.iter().zip(saved.new_words) {
             region.table.unlock(*page, new);
         }
         self.resident.fetch_sub(run.len(), Relaxed);
         // Writers that hit the write protection, and readers that faulted after the discard,
         // retry now and find the pages' new states.
         self.uffd.wake(addr, len);
-        let c = &self.counters;
-        Counters::add(&c.evicted, run.len() as u64);
-        Counters::add(&c.evicted_clean, clean);
-        Counters::add(&c.evicted_zero, zero);
-        if !removes.is_empty() {
-            let _ = self.store_tx.send(StoreJob::Remove(removes));
+        Counters::add(&self.counters.evicted, run.len() as u64);
+        if !saved.removes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Remove(saved.removes));
         }
-        if !writes.is_empty() {
-            let _ = self.store_tx.send(StoreJob::Write(writes));
+        if !saved.writes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Write(saved.writes));
         }
     }
 

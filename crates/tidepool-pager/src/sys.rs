@@ -330,6 +330,78 @@ pub fn discard(addr: usize, len: usize) {
     unsafe { libc::syscall(libc::SYS_madvise, addr, len, libc::MADV_DONTNEED) };
 }
 
+/// Whether process_madvise takes MADV_DONTNEED for this process (0 unknown, 1 yes, 2 no).
+static VECTORED_DISCARD: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// A pidfd of this process and the pid it was opened for (a forked child inherits the fd but
+/// must never advise its parent's memory).
+static SELF_PIDFD: parking_lot::Mutex<(i32, i32)> = parking_lot::Mutex::new((-1, -1));
+
+fn self_pidfd() -> Option<i32> {
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let mut cached = SELF_PIDFD.lock();
+    if cached.0 != pid {
+        // SAFETY: pidfd_open of our own pid; the fd is kept for the life of the process.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+        if fd < 0 {
+            return None;
+        }
+        *cached = (pid, fd);
+    }
+    Some(cached.1)
+}
+
+/// Drops the pages of several ranges, as [`discard`] does for one. On Linux 6.16 and later
+/// one process_madvise call flushes the TLBs once for all of them: on a VM each flush is an
+/// interrupt to every other CPU the program runs on, and evicting scattered pages otherwise
+/// pays one per page. Older kernels get one madvise per range.
+pub fn discard_many(ranges: &[(usize, usize)]) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut done = 0;
+    let pidfd = (ranges.len() > 1 && VECTORED_DISCARD.load(Relaxed) != 2)
+        .then(self_pidfd)
+        .flatten();
+    if let Some(pidfd) = pidfd {
+        let iov: Vec<libc::iovec> = ranges
+            .iter()
+            .take(1024)
+            .map(|&(addr, len)| libc::iovec {
+                iov_base: addr as *mut libc::c_void,
+                iov_len: len,
+            })
+            .collect();
+        // SAFETY: `iov` describes ranges of regions the pager owns whose contents are saved or
+        // no longer needed (as for `discard`); the kernel only reads the vector.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_process_madvise,
+                pidfd,
+                iov.as_ptr(),
+                iov.len(),
+                libc::MADV_DONTNEED,
+                0,
+            )
+        };
+        if n < 0 {
+            VECTORED_DISCARD.store(2, Relaxed);
+        } else {
+            VECTORED_DISCARD.store(1, Relaxed);
+            // Whole ranges covered; a partial one is redone below (discarding twice is harmless).
+            let mut left = n as usize;
+            for &(_, len) in &ranges[..iov.len()] {
+                if left < len {
+                    break;
+                }
+                left -= len;
+                done += 1;
+            }
+        }
+    }
+    for &(addr, len) in &ranges[done..] {
+        discard(addr, len);
+    }
+}
+
 /// The contents of a resident page of a registered region.
 ///
 /// # Safety
