@@ -5,7 +5,8 @@
 //! random place), `zipf-0.99` (the same, with pages chosen Zipfian, hot pages scattered), and one
 //! real unmodified program, `python-dict` (CPython building and summing a dict of strings).
 //!
-//! Systems, at local-memory ratios 25, 50, 75 and 100% of the working set:
+//! Systems, at local-memory ratios 25, 50, 75 and 100% of the working set (each plus the same
+//! 16 MiB allowance for the rest of the process):
 //! `tidepool-local` and `tidepool-node` (the program under `tidepool run`, far store in process
 //! or on a `tidepool node` process), `linux-zram` (the program in a cgroup v1 memory group
 //! limited to the same local size, swapping to zram), and `native` (everything local, once).
@@ -22,9 +23,10 @@ use std::time::{Duration, Instant};
 const WORKLOADS: [&str; 3] = ["seq-scan", "uniform-rmw", "zipf-0.99"];
 const PYTHON_WORKLOAD: &str = "python-dict";
 const RATIOS: [f64; 4] = [0.25, 0.5, 0.75, 1.0];
-/// Process memory besides the working set (binary, stacks, libraries) that a cgroup limit must
-/// leave room for, so that zram's local memory for data matches tidepool's budget.
-const ZRAM_OVERHEAD: u64 = 16 << 20;
+/// Local memory every system gets on top of its share of the working set: for zram's cgroup
+/// the process itself (binary, stacks, libraries), for tidepool's budget the heap besides the
+/// working set and the evictor's margin. Without it "100% local" would not fit for either.
+const ALLOWANCE: u64 = 16 << 20;
 
 #[derive(Debug)]
 pub struct PagerSuite;
@@ -134,7 +136,7 @@ impl Suite for PagerSuite {
                     } else {
                         s.wss
                     };
-                    let local = ((footprint as f64 * ratio) as u64).max(4 << 20);
+                    let local = (footprint as f64 * ratio) as u64 + ALLOWANCE;
                     let program = |cmd: &mut Command| {
                         if is_python {
                             cmd.arg(python.expect("checked"))
@@ -166,7 +168,7 @@ impl Suite for PagerSuite {
                             "linux-zram" => zram
                                 .as_ref()
                                 .expect("listed only if started")
-                                .command(local + ZRAM_OVERHEAD)?,
+                                .command(local)?,
                             _ => {
                                 let backend = if system == "tidepool-node" {
                                     format!("node://bench@{}", node.addr)
@@ -184,13 +186,20 @@ impl Suite for PagerSuite {
                             program(&mut cmd);
                         }
                         let value = if is_python {
-                            run_python(cmd)
-                                .with_context(|| format!("{workload} on {system}"))?
-                                .0
+                            run_python(cmd).map(|r| r.0)
                         } else {
-                            run_worker(cmd).with_context(|| format!("{workload} on {system}"))?
+                            run_worker(cmd)
                         };
-                        add(system, workload, ratio, value);
+                        // One failed point (the kernel's OOM killer sometimes fires on a small
+                        // cgroup when zram reclaim falls behind) is reported, not fatal.
+                        match value {
+                            Ok(v) => add(system, workload, ratio, v),
+                            Err(e) => ctx.note(format!(
+                                "{workload} on {system} at {:.0}% local, round {}: {e:#}",
+                                ratio * 100.0,
+                                round + 1
+                            )),
+                        }
                     }
                     ctx.advance();
                 }
