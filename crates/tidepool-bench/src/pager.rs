@@ -294,26 +294,25 @@ fn verdict(ctx: &mut Ctx) {
             })
             .map(|row| row.value)
     };
+    // (workload, local ratio, peer, target ratio tidepool-local / peer)
+    let targets = [
+        ("seq-scan", 0.5, "linux-zram", 10.0),
+        ("zipf-0.99", 0.5, "linux-zram", 1.2),
+        ("uniform-rmw", 0.5, "linux-zram", 1.0),
+        ("seq-scan", 1.0, "native", 0.95),
+        ("uniform-rmw", 1.0, "native", 0.95),
+        ("zipf-0.99", 1.0, "native", 0.95),
+    ];
     let mut notes = Vec::new();
-    for (workload, want) in [("seq-scan", 10.0), ("zipf-0.99", 1.2), ("uniform-rmw", 1.0)] {
-        if let (Some(t), Some(z)) = (
-            at("tidepool-local", workload, 0.5),
-            at("linux-zram", workload, 0.5),
+    for (workload, ratio, peer, want) in targets {
+        if let (Some(t), Some(p)) = (
+            at("tidepool-local", workload, ratio),
+            at(peer, workload, ratio),
         ) {
             notes.push(format!(
-                "{workload} at 50% local: tidepool-local / linux-zram = {:.2}x (target {want}x)",
-                t / z
-            ));
-        }
-    }
-    for workload in WORKLOADS {
-        if let (Some(t), Some(n)) = (
-            at("tidepool-local", workload, 1.0),
-            at("native", workload, 1.0),
-        ) {
-            notes.push(format!(
-                "{workload} at 100% local: tidepool-local / native = {:.3} (target >= 0.95)",
-                t / n
+                "{workload} at {:.0}% local: tidepool-local / {peer} = {:.2}x (target >= {want}x)",
+                ratio * 100.0,
+                t / p
             ));
         }
     }
