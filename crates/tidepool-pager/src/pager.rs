@@ -1,17 +1,20 @@
-//! The pager: fault handlers, the prefetcher, the evictor and the write-back thread, sharing
-//! one userfaultfd object, one far store and one local-memory budget.
+//! The pager: fault handlers, the evictor and the write-back thread, sharing one userfaultfd
+//! object, one far store and one local-memory budget.
 //!
 //! ```text
 //!  program thread ──fault──► handler (pinned to that CPU) ── zero page / write-back slot / store read ──► UFFDIO_COPY
-//!                                 │ stride vote                                           ▲
-//!                                 └──────────► prefetcher ── batched store read ──────────┘
-//!  evictor: CLOCK over mapped pages ─► write-protect run ─► clean? drop : copy to slot ─► MADV_DONTNEED ─► wake
+//!                                 │ stride vote                                                  ▲
+//!                                 └─► same handler, before its next fault: batched store read ───┘ (one wake per batch)
+//!  evictor: pages streams passed, then CLOCK ─► write-protect run ─► clean? drop : copy to slot ─► MADV_DONTNEED ─► wake
 //!  write-back thread: slots ─► store.write_many (in order) ─► page becomes FAR, slot freed
 //! ```
 //!
 //! Fault handling runs on one thread per CPU, each pinned: on the VMs we run on, a wake-up across
-//! vCPUs costs 25-160 us against ~8 us for a handler on the faulting CPU.
-
+//! vCPUs costs 25-160 us against ~8 us for a handler on the faulting CPU. The handler also
+//! prefetches, right after waking the faulting thread: on one CPU a separate prefetch thread
+//! lost the race to the program it fetched for, which then faulted page by page (measured on a
+//! 96 MiB scan at 2/3 local: 45,000 demand faults a second against 1,500 inline). It makes
+//! room itself, evicting on its own thread, for the same reason.
 use crate::prefetch::{Detector, Plan};
 use crate::stats::{snapshot, Counters, PagerStats};
 use crate::sys::{self, page_bytes, Fault, Mapping, Uffd, PAGE};
@@ -30,7 +33,7 @@ use tidepool_sys::RawThread;
 pub const FATAL_EXIT_CODE: i32 = 70;
 /// Pages evicted in one batch.
 const EVICT_BATCH: usize = 64;
-/// Pages fetched by the prefetcher in one store round trip.
+/// Pages prefetched in one store round trip.
 const PREFETCH_BATCH: usize = 64;
 /// Pages of write-back buffer (counted in the local budget).
 const WRITEBACK_SLOTS: usize = 1024;
@@ -167,11 +170,12 @@ pub(crate) struct Inner {
     budget_pages: AtomicUsize,
     resident: AtomicUsize,
     clock: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
+    /// Pages streams walked past ([`Plan::behind_count`]), evicted first, newest first.
+    done: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
     evict_seq: AtomicU32,
     evictor_kick: (Mutex<bool>, Condvar),
     slots: Slots,
     store_tx: Sender<StoreJob>,
-    prefetch_tx: Sender<(Arc<RegionInner>, Plan)>,
     counters: Counters,
     shutdown: AtomicBool,
     window_max: u32,
@@ -221,7 +225,6 @@ impl Pager {
         let uffd = Uffd::open().map_err(PagerError::Userfaultfd)?;
         let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
         let (store_tx, store_rx) = crossbeam_channel::unbounded();
-        let (prefetch_tx, prefetch_rx) = crossbeam_channel::bounded(64);
         let inner = Arc::new(Inner {
             uffd,
             store,
@@ -230,6 +233,7 @@ impl Pager {
             budget_pages: AtomicUsize::new(budget_pages(config.local_budget)),
             resident: AtomicUsize::new(0),
             clock: Mutex::new(VecDeque::new()),
+            done: Mutex::new(VecDeque::new()),
             evict_seq: AtomicU32::new(1),
             evictor_kick: (Mutex::new(false), Condvar::new()),
             slots: Slots {
@@ -239,7 +243,6 @@ impl Pager {
                 in_use: AtomicUsize::new(0),
             },
             store_tx,
-            prefetch_tx,
             counters: Counters::default(),
             shutdown: AtomicBool::new(false),
             room_wanted: AtomicUsize::new(0),
@@ -285,11 +288,6 @@ impl Pager {
         threads.push(spawn(
             "tp-writeback".into(),
             Box::new(move || i.store_loop(store_rx)),
-        )?);
-        let i = inner.clone();
-        threads.push(spawn(
-            "tp-prefetch".into(),
-            Box::new(move || i.prefetch_loop(prefetch_rx)),
         )?);
         Ok(Pager {
             shared: Arc::new(Shared {
@@ -507,13 +505,38 @@ impl Inner {
         let (plan, credited) = {
             let mut d = region.detector.lock();
             let before = d.credited;
-            let plan = d.on_fault(page as i64);
+            let table = &region.table;
+            let plan = d.on_fault(page as i64, |p| {
+                p >= 0
+                    && (p as usize) < table.pages()
+                    && kind(table.state(p as usize).load(Relaxed)) == RESIDENT
+            });
             (plan, d.credited - before)
         };
         Counters::add(&self.counters.prefetch_credited, credited);
         if let Some(plan) = plan {
             Counters::add(&self.counters.prefetch_planned, plan.count as u64);
-            let _ = self.prefetch_tx.try_send((region, plan));
+            if plan.behind_count > 0 {
+                self.note_done(&region, &plan);
+            }
+            self.prefetch(&region, plan);
+        }
+    }
+
+    /// Remembers the pages a stream walked past as the first to evict.
+    fn note_done(&self, region: &Arc<RegionInner>, plan: &Plan) {
+        let pages = region.table.pages() as i64;
+        let mut done = self.done.lock();
+        for i in 0..plan.behind_count as i64 {
+            let p = plan.behind_start + i * plan.stride;
+            if (0..pages).contains(&p) {
+                done.push_back((region.clone(), p as usize));
+            }
+        }
+        // Old hints are the least useful: the newest are taken first.
+        let cap = self.budget_pages.load(Relaxed);
+        while done.len() > cap {
+            done.pop_front();
         }
     }
 
@@ -599,9 +622,17 @@ impl Inner {
     /// Installs pages; false if a page was already present (EEXIST, left as it is) or the
     /// range is gone.
     fn copy_in(&self, addr: usize, src: &[u8], write_protect: bool) -> bool {
+        self.install(addr, src, write_protect, true)
+    }
+
+    /// [`Inner::copy_in`], waking nobody if not `wake`.
+    fn install(&self, addr: usize, src: &[u8], write_protect: bool, wake: bool) -> bool {
         let mut done = 0;
         while done < src.len() {
-            match self.uffd.copy(addr + done, &src[done..], write_protect) {
+            match self
+                .uffd
+                .copy(addr + done, &src[done..], write_protect, wake)
+            {
                 Ok(n) => done += n,
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return false,
                 // The program unmapped the range (or is exiting): nothing to install into.
@@ -626,10 +657,26 @@ impl Inner {
     fn serve_write_protect(&self, region: &Arc<RegionInner>, page: usize) {
         Counters::add(&self.counters.wp_faults, 1);
         let addr = region.addr(page);
-        let Some(word) = region.table.try_lock(page, &[RESIDENT]) else {
-            // Being evicted: the evictor wakes the writer once the page is gone, and the
-            // retried write faults it back in.
-            return;
+        let mut spins = 0u32;
+        let word = loop {
+            if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
+                break w;
+            }
+            if kind(region.table.state(page).load(Acquire)) != BUSY {
+                // Evicted since the fault: the retried write faults the page back in. (The
+                // evictor woke the writer too, but maybe before it went to sleep.)
+                self.uffd.wake(addr, PAGE);
+                return;
+            }
+            // Being installed or evicted. An installer's wake-up came before this fault (the
+            // writer was woken by the install, then found the page write-protected), so
+            // nobody else will wake the writer: wait for the owner, then decide.
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
         };
         if let Err(e) = self.uffd.write_protect(addr, PAGE, false) {
             if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) {
@@ -642,15 +689,6 @@ impl Inner {
     }
 
     // ---- prefetch ---------------------------------------------------------------------------
-
-    fn prefetch_loop(self: Arc<Self>, rx: Receiver<(Arc<RegionInner>, Plan)>) {
-        while !self.shutdown.load(Acquire) {
-            let Ok((region, plan)) = rx.recv_timeout(Duration::from_millis(100)) else {
-                continue;
-            };
-            self.prefetch(&region, plan);
-        }
-    }
 
     fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan) {
         let pages = region.table.pages() as i64;
@@ -688,12 +726,20 @@ impl Inner {
         }
     }
 
-    /// Waits briefly for room for `pages` more pages under the budget; false if there is none.
+    /// Makes room for `pages` more pages under the budget, evicting on this thread (a hand-off
+    /// to the evictor costs two context switches and, if it runs on another CPU, a slow wake-up);
+    /// false if there is none to be had.
     fn make_room(&self, pages: usize) -> bool {
         for _ in 0..10 {
+            while self.local_pages() + pages > self.budget_pages.load(Relaxed) {
+                if self.evict_batch() == 0 {
+                    break;
+                }
+            }
             if self.local_pages() + pages <= self.budget_pages.load(Relaxed) {
                 return true;
             }
+            // Everything evictable is locked by others right now.
             self.room_wanted.fetch_max(pages, Relaxed);
             self.kick_evictor();
             std::thread::sleep(Duration::from_micros(100));
@@ -731,18 +777,24 @@ impl Inner {
                 };
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
                 let wp = history & WAS_DIRTY == 0;
-                self.copy_in(addr, &data, wp);
+                self.install(addr, &data, wp, false);
                 RESIDENT | FAR_VALID | PREFETCHED | if wp { WP_CLEAN } else { 0 } | history
             } else {
                 // A stream over fresh memory: map zero pages ahead so the program does not
                 // fault on each one.
-                self.copy_in(addr, &ZERO_PAGE, false);
+                self.install(addr, &ZERO_PAGE, false, false);
                 RESIDENT | PREFETCHED | history
             };
             installed += 1;
             region.note_touched(p);
             region.table.unlock(p, new);
             list.push((region.clone(), p));
+        }
+        // One wake-up for the batch: woken page by page, a program walking the stream on this
+        // CPU would run, fault on the next page and sleep again for every page.
+        if let (Some(&(first, _)), Some(&(last, _))) = (batch.iter().min(), batch.iter().max()) {
+            self.uffd
+                .wake(region.addr(first), (last + 1 - first) * PAGE);
         }
         self.resident.fetch_add(installed as usize, Relaxed);
         Counters::add(&self.counters.prefetched, installed);
@@ -784,6 +836,22 @@ impl Inner {
     /// Returns how many pages were evicted.
     fn evict_batch(&self) -> usize {
         let mut victims: Vec<(Arc<RegionInner>, usize, u64)> = Vec::with_capacity(EVICT_BATCH);
+        {
+            // Pages a stream is done with go first.
+            let mut done = self.done.lock();
+            while victims.len() < EVICT_BATCH {
+                let Some((region, page)) = done.pop_back() else {
+                    break;
+                };
+                let word = region.table.state(page).load(Acquire);
+                if region.dead.load(Acquire) || kind(word) != RESIDENT || word & REFERENCED != 0 {
+                    continue;
+                }
+                if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
+                    victims.push((region, page, w));
+                }
+            }
+        }
         {
             let mut clock = self.clock.lock();
             let mut budget = clock.len().min(EVICT_BATCH * 8);
@@ -894,8 +962,10 @@ impl Inner {
                     }
                     UNTOUCHED | if was_written { WAS_DIRTY } else { history }
                 } else if far_valid && h == region.table.hash(page).load(Relaxed) {
+                    // Installed writable but not written this time: install it write-protected
+                    // next time, which saves this hash.
                     clean += 1;
-                    FAR | history
+                    FAR
                 } else {
                     let slot = self.slots.take();
                     self.slots.fill(slot, bytes);

@@ -152,11 +152,17 @@ impl Uffd {
         Ok(())
     }
 
-    /// Installs `src` (any alignment, a whole number of pages) at the registered `dst` and wakes
-    /// whoever waits there. `write_protect` installs the pages write-protected, so that the
+    /// Installs `src` (any alignment, a whole number of pages) at the registered `dst` and, if
+    /// `wake`, wakes whoever waits there (else the caller must). `write_protect` installs the pages write-protected, so that the
     /// first write raises a fault we see. Returns the bytes installed; `EEXIST` (a page already
     /// present) is an error the caller decides about.
-    pub fn copy(&self, dst: usize, src: &[u8], write_protect: bool) -> io::Result<usize> {
+    pub fn copy(
+        &self,
+        dst: usize,
+        src: &[u8],
+        write_protect: bool,
+        wake: bool,
+    ) -> io::Result<usize> {
         debug_assert!(dst.is_multiple_of(PAGE) && src.len().is_multiple_of(PAGE));
         // SAFETY: plain data.
         let mut c: uapi::uffdio_copy = unsafe { std::mem::zeroed() };
@@ -167,6 +173,10 @@ impl Uffd {
             uapi::UFFDIO_COPY_MODE_WP as u64
         } else {
             0
+        } | if wake {
+            0
+        } else {
+            uapi::UFFDIO_COPY_MODE_DONTWAKE as u64
         };
         loop {
             // SAFETY: UFFDIO_COPY reads `len` bytes at `src`, which `src` is valid for, and
