@@ -9,8 +9,9 @@
 //!   handler share a CPU (a wake-up across vCPUs costs tens of microseconds on small VMs).
 //!   The userfaultfd object is a full one (opened through /dev/userfaultfd), so faults taken
 //!   by the kernel on the program's behalf (a `read(2)` into an evicted buffer) are served too.
-//! - **Eviction** is CLOCK with second chances for pages written or re-faulted soon after
-//!   being evicted, in batches of runs: write-protect the run, keep clean pages' far copies,
+//! - **Eviction** takes first the pages a sequential stream walked past (SEQ: a loop over
+//!   more than fits keeps a fixed part resident), then CLOCK with second chances for pages
+//!   written or re-faulted soon after being evicted, in batches of runs: write-protect the run, keep clean pages' far copies,
 //!   copy dirty pages to a write-back buffer, `MADV_DONTNEED`, wake waiters.
 //! - **Dirty tracking.** Pages fetched for reading are installed write-protected, and a first
 //!   write costs one write-protect fault that marks them dirty. Pages installed writable are
@@ -20,7 +21,8 @@
 //! - **Write-back** is asynchronous and batched, applied in order by one thread; a fault on a
 //!   page still waiting to be written is served from the buffer.
 //! - **Prefetch**: a Leap-style majority vote over recent fault strides, with an adaptive
-//!   window, mapping pages straight into the region (see [`prefetch`](crate::prefetch)).
+//!   window, mapping pages straight into the region from the fault handler, one wake-up per
+//!   batch (see [`prefetch`](crate::prefetch)).
 //! - **fork**: the child serves zero pages and write-back buffers itself and stops with a
 //!   message if it touches a page that lives only in far memory (see `fork.rs`).
 //! - **Failure**: if the far store fails, the program is stopped with a message and exit status
