@@ -11,8 +11,9 @@
 //!   by the kernel on the program's behalf (a `read(2)` into an evicted buffer) are served too.
 //! - **Eviction** takes first the pages a sequential stream walked past (SEQ: a loop over
 //!   more than fits keeps a fixed part resident), then CLOCK with second chances for pages
-//!   written or re-faulted soon after being evicted, in batches of runs: write-protect the run, keep clean pages' far copies,
-//!   copy dirty pages to a write-back buffer, `MADV_DONTNEED`, wake waiters.
+//!   written or re-faulted soon after being evicted, in batches of runs: write-protect the
+//!   run, keep clean pages' far copies, copy dirty pages to a write-back buffer,
+//!   `MADV_DONTNEED`, wake waiters.
 //! - **Dirty tracking.** Pages fetched for reading are installed write-protected, and a first
 //!   write costs one write-protect fault that marks them dirty. Pages installed writable are
 //!   hashed (XXH3) at eviction and compared with the hash of their far copy, which is exact

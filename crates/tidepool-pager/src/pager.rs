@@ -13,8 +13,8 @@
 //! vCPUs costs 25-160 us against ~8 us for a handler on the faulting CPU. The handler also
 //! prefetches, right after waking the faulting thread: on one CPU a separate prefetch thread
 //! lost the race to the program it fetched for, which then faulted page by page (measured on a
-//! 96 MiB scan at 2/3 local: 45,000 demand faults a second against 1,500 inline). It makes
-//! room itself, evicting on its own thread, for the same reason.
+//! 96 MiB scan at 2/3 local: 45,000 demand faults a second against 1,500 inline). For the same
+//! reason it evicts for room itself rather than waiting for the evictor thread.
 use crate::prefetch::{Detector, Plan};
 use crate::stats::{snapshot, Counters, PagerStats};
 use crate::sys::{self, page_bytes, Fault, Mapping, Uffd, PAGE};
