@@ -46,6 +46,33 @@ fn hash_page(bytes: &[u8]) -> u64 {
 
 static ZERO_PAGE: [u8; PAGE] = [0; PAGE];
 
+/// Whether a page holds only zeroes; stops at the first non-zero 256 bytes.
+fn is_zero_page(bytes: &[u8]) -> bool {
+    bytes
+        .chunks_exact(256)
+        .all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
+}
+
+/// A fault handler's own buffer for pages read from the store on their way into the region:
+/// the store copies into it ([`FarStore::read_many_into`]) and one UFFDIO_COPY installs a run
+/// of consecutive pages from it.
+struct Staging {
+    buf: Vec<u8>,
+    lens: Vec<Option<usize>>,
+}
+
+impl Staging {
+    fn new() -> Staging {
+        Staging {
+            buf: vec![0; PREFETCH_BATCH * PAGE],
+            lens: vec![None; PREFETCH_BATCH],
+        }
+    }
+    fn page(&self, i: usize) -> &[u8] {
+        &self.buf[i * PAGE..(i + 1) * PAGE]
+    }
+}
+
 /// A run of pages saved for eviction, not yet dropped.
 struct SavedRun {
     new_words: Vec<u64>,
@@ -460,6 +487,7 @@ impl Inner {
 
     fn handler_loop(self: Arc<Self>) {
         let mut faults = Vec::with_capacity(32);
+        let mut staging = Staging::new();
         while !self.shutdown.load(Acquire) {
             if !self.uffd.wait(100) {
                 continue;
@@ -468,12 +496,12 @@ impl Inner {
                 self.fatal("reading fault events", &e);
             }
             for f in faults.drain(..) {
-                self.serve(f);
+                self.serve(f, &mut staging);
             }
         }
     }
 
-    fn serve(&self, f: Fault) {
+    fn serve(&self, f: Fault, staging: &mut Staging) {
         let Some(region) = self.region_of(f.page_addr) else {
             self.uffd.wake(f.page_addr, PAGE);
             return;
@@ -495,7 +523,7 @@ impl Inner {
             self.refill_resident(&region, page, word);
             return;
         }
-        self.install_demand(&region, page, word, f.write);
+        self.install_demand(&region, page, word, f.write, staging);
         let budget = self.budget_pages.load(Relaxed);
         if self.local_pages() > budget {
             self.kick_evictor();
@@ -519,7 +547,7 @@ impl Inner {
             if plan.behind_count > 0 {
                 self.note_done(&region, &plan);
             }
-            self.prefetch(&region, plan);
+            self.prefetch(&region, plan, staging);
         }
     }
 
@@ -557,7 +585,14 @@ impl Inner {
     }
 
     /// Maps one page a thread is waiting for; `word` is its state before the lock.
-    fn install_demand(&self, region: &Arc<RegionInner>, page: usize, word: u64, write: bool) {
+    fn install_demand(
+        &self,
+        region: &Arc<RegionInner>,
+        page: usize,
+        word: u64,
+        write: bool,
+        staging: &mut Staging,
+    ) {
         let addr = region.addr(page);
         let history = word & HISTORY;
         let referenced = self.recently_evicted(region, page);
@@ -588,18 +623,16 @@ impl Inner {
             }
             _ => {
                 Counters::add(&self.counters.far_fetches, 1);
-                let data = match self.store.read(region.key(page)) {
-                    Ok(Some(d)) if d.len() == PAGE => d,
-                    Ok(Some(d)) => self.fatal(
-                        "reading a page",
-                        &format!("the store returned {} bytes for a 4096-byte page", d.len()),
-                    ),
-                    Ok(None) => self.fatal("reading a page", &"the store lost the page"),
-                    Err(e) => self.fatal("reading a page", &e),
-                };
+                self.read_pages(&[region.key(page)], staging, "reading a page");
+                let data = staging.page(0);
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
                 let predicted_write = write || history & WAS_DIRTY != 0;
-                self.copy_in(addr, &data, !predicted_write);
+                if predicted_write && !write {
+                    // Installed writable on a guess: eviction compares hashes to tell whether
+                    // it was written.
+                    region.table.hash(page).store(hash_page(data), Relaxed);
+                }
+                self.copy_in(addr, data, !predicted_write);
                 let clean = if predicted_write {
                     if write {
                         DIRTY
@@ -619,30 +652,54 @@ impl Inner {
         self.clock.lock().push_back((region.clone(), page));
     }
 
-    /// Installs pages; false if a page was already present (EEXIST, left as it is) or the
-    /// range is gone.
-    fn copy_in(&self, addr: usize, src: &[u8], write_protect: bool) -> bool {
-        self.install(addr, src, write_protect, true)
+    /// Reads whole pages from the store into the staging buffer; a missing or short page is
+    /// fatal (the program would read garbage).
+    fn read_pages(&self, keys: &[Key], staging: &mut Staging, what: &str) {
+        let Staging { buf, lens } = staging;
+        if let Err(e) = self.store.read_many_into(keys, PAGE, buf, lens) {
+            self.fatal(what, &e);
+        }
+        for len in &lens[..keys.len()] {
+            match len {
+                Some(PAGE) => {}
+                Some(n) => self.fatal(
+                    what,
+                    &format!("the store returned {n} bytes for a 4096-byte page"),
+                ),
+                None => self.fatal(what, &"the store lost a page"),
+            }
+        }
     }
 
-    /// [`Inner::copy_in`], waking nobody if not `wake`.
-    fn install(&self, addr: usize, src: &[u8], write_protect: bool, wake: bool) -> bool {
-        let mut done = 0;
+    /// Installs a page; false if it was already present (EEXIST, left as it is) or the range
+    /// is gone.
+    fn copy_in(&self, addr: usize, src: &[u8], write_protect: bool) -> bool {
+        self.install(addr, src, write_protect, true) == src.len() / PAGE
+    }
+
+    /// Installs consecutive pages with as few UFFDIO_COPY calls as the kernel allows, waking
+    /// nobody if not `wake`; returns how many were installed. A page already present (EEXIST)
+    /// is left as it is and skipped.
+    fn install(&self, addr: usize, src: &[u8], write_protect: bool, wake: bool) -> usize {
+        let (mut done, mut skipped) = (0, 0);
         while done < src.len() {
             match self
                 .uffd
                 .copy(addr + done, &src[done..], write_protect, wake)
             {
                 Ok(n) => done += n,
-                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return false,
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    done += PAGE;
+                    skipped += 1;
+                }
                 // The program unmapped the range (or is exiting): nothing to install into.
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
-                    return false
+                    return done / PAGE - skipped
                 }
                 Err(e) => self.fatal("installing a page", &e),
             }
         }
-        true
+        done / PAGE - skipped
     }
 
     /// A page evicted within the last half budget of evictions that is wanted again is hot.
@@ -690,7 +747,7 @@ impl Inner {
 
     // ---- prefetch ---------------------------------------------------------------------------
 
-    fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan) {
+    fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan, staging: &mut Staging) {
         let pages = region.table.pages() as i64;
         let mut batch: Vec<(usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
         let mut i = 0;
@@ -719,7 +776,7 @@ impl Inner {
                 }
                 return;
             }
-            self.install_prefetched(region, &batch);
+            self.install_prefetched(region, &batch, staging);
             if self.local_pages() > self.budget_pages.load(Relaxed) {
                 self.kick_evictor();
             }
@@ -750,45 +807,79 @@ impl Inner {
         false
     }
 
-    fn install_prefetched(&self, region: &Arc<RegionInner>, batch: &[(usize, u64)]) {
-        let keys: Vec<Key> = batch
-            .iter()
-            .filter(|(_, w)| kind(*w) == FAR)
-            .map(|(p, _)| region.key(*p))
-            .collect();
-        let mut fetched = if keys.is_empty() {
-            Vec::new()
-        } else {
-            match self.store.read_many(&keys) {
-                Ok(v) => v,
-                Err(e) => self.fatal("prefetching pages", &e),
+    fn install_prefetched(
+        &self,
+        region: &Arc<RegionInner>,
+        batch: &[(usize, u64)],
+        staging: &mut Staging,
+    ) {
+        debug_assert!(batch.len() <= PREFETCH_BATCH);
+        // Read the far pages in one call, then spread them so that page `i` of the batch sits
+        // in chunk `i` (the rest are fresh pages, zero-filled), ready to install in runs.
+        let mut keys = [0 as Key; PREFETCH_BATCH];
+        let mut far = 0;
+        for &(p, w) in batch {
+            if kind(w) == FAR {
+                keys[far] = region.key(p);
+                far += 1;
             }
         }
-        .into_iter();
-        let mut installed = 0u64;
-        let mut list = Vec::with_capacity(batch.len());
-        for &(p, w) in batch {
-            let addr = region.addr(p);
-            let history = w & HISTORY;
-            let new = if kind(w) == FAR {
-                let data = match fetched.next().flatten() {
-                    Some(d) if d.len() == PAGE => d,
-                    _ => self.fatal("prefetching pages", &"the store lost a page"),
-                };
-                Counters::add(&self.counters.bytes_read, PAGE as u64);
-                let wp = history & WAS_DIRTY == 0;
-                self.install(addr, &data, wp, false);
-                RESIDENT | FAR_VALID | PREFETCHED | if wp { WP_CLEAN } else { 0 } | history
+        if far > 0 {
+            self.read_pages(&keys[..far], staging, "prefetching pages");
+            Counters::add(&self.counters.bytes_read, (far * PAGE) as u64);
+        }
+        let mut j = far;
+        for (i, &(_, w)) in batch.iter().enumerate().rev() {
+            let chunk = i * PAGE..(i + 1) * PAGE;
+            if kind(w) == FAR {
+                j -= 1;
+                if j != i {
+                    staging
+                        .buf
+                        .copy_within(j * PAGE..(j + 1) * PAGE, chunk.start);
+                }
             } else {
                 // A stream over fresh memory: map zero pages ahead so the program does not
                 // fault on each one.
-                self.install(addr, &ZERO_PAGE, false, false);
-                RESIDENT | PREFETCHED | history
+                staging.buf[chunk].fill(0);
+            }
+        }
+        let write_protected = |w: u64| kind(w) == FAR && w & WAS_DIRTY == 0;
+        let mut list = Vec::with_capacity(batch.len());
+        let mut run = 0;
+        for (i, &(p, w)) in batch.iter().enumerate() {
+            let wp = write_protected(w);
+            let new = if kind(w) == FAR {
+                if !wp {
+                    // Installed writable on a guess (see `install_demand`).
+                    region
+                        .table
+                        .hash(p)
+                        .store(hash_page(staging.page(i)), Relaxed);
+                }
+                RESIDENT | FAR_VALID | PREFETCHED | if wp { WP_CLEAN } else { 0 } | (w & HISTORY)
+            } else {
+                RESIDENT | PREFETCHED | (w & HISTORY)
             };
-            installed += 1;
+            list.push((p, new));
+            // One UFFDIO_COPY per run of consecutive pages installed the same way.
+            let run_ends = batch
+                .get(i + 1)
+                .is_none_or(|&(q, v)| q != p + 1 || write_protected(v) != wp);
+            if run_ends {
+                let first = batch[run].0;
+                self.install(
+                    region.addr(first),
+                    &staging.buf[run * PAGE..(i + 1) * PAGE],
+                    wp,
+                    false,
+                );
+                run = i + 1;
+            }
+        }
+        for &(p, new) in &list {
             region.note_touched(p);
             region.table.unlock(p, new);
-            list.push((region.clone(), p));
         }
         // One wake-up for the batch: woken page by page, a program walking the stream on this
         // CPU would run, fault on the next page and sleep again for every page.
@@ -796,9 +887,11 @@ impl Inner {
             self.uffd
                 .wake(region.addr(first), (last + 1 - first) * PAGE);
         }
-        self.resident.fetch_add(installed as usize, Relaxed);
-        Counters::add(&self.counters.prefetched, installed);
-        self.clock.lock().extend(list);
+        self.resident.fetch_add(batch.len(), Relaxed);
+        Counters::add(&self.counters.prefetched, batch.len() as u64);
+        self.clock
+            .lock()
+            .extend(list.into_iter().map(|(p, _)| (region.clone(), p)));
     }
 
     // ---- eviction ---------------------------------------------------------------------------
@@ -953,23 +1046,24 @@ impl Inner {
                 // SAFETY: the page is RESIDENT and locked by us, so mapped (only lock holders
                 // unmap pages), and write-protected above, so nobody writes it meanwhile.
                 let bytes = unsafe { page_bytes(region.addr(page)) };
-                let h = hash_page(bytes);
                 let was_written = w & DIRTY != 0;
-                if h == zero_hash() && bytes.iter().all(|&b| b == 0) {
+                if is_zero_page(bytes) {
                     zero += 1;
                     if far_valid {
                         removes.push(region.key(page));
                     }
                     UNTOUCHED | if was_written { WAS_DIRTY } else { history }
-                } else if far_valid && h == region.table.hash(page).load(Relaxed) {
-                    // Installed writable but not written this time: install it write-protected
-                    // next time, which saves this hash.
+                } else if !was_written
+                    && far_valid
+                    && hash_page(bytes) == region.table.hash(page).load(Relaxed)
+                {
+                    // Installed writable on a guess (the install hashed it) and not written
+                    // this time: install it write-protected next time, which saves the hash.
                     clean += 1;
                     FAR
                 } else {
                     let slot = self.slots.take();
                     self.slots.fill(slot, bytes);
-                    region.table.hash(page).store(h, Relaxed);
                     writes.push((region.clone(), page, slot));
                     WRITEBACK | ((slot as u64) << SLOT_SHIFT) | WAS_DIRTY
                 }
@@ -1127,9 +1221,4 @@ impl Inner {
             let _ = self.store_tx.send(StoreJob::Remove(removes));
         }
     }
-}
-
-fn zero_hash() -> u64 {
-    static H: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *H.get_or_init(|| hash_page(&ZERO_PAGE))
 }

@@ -26,14 +26,15 @@ pub const KIND_MASK: u64 = 0b111;
 pub const UNTOUCHED: u64 = 0;
 /// Mapped in the region.
 pub const RESIDENT: u64 = 1;
-/// Not mapped; the far store holds the page (its hash in the hash table).
+/// Not mapped; the far store holds the page.
 pub const FAR: u64 = 2;
 /// A thread is moving the page between states.
 pub const BUSY: u64 = 3;
 /// Not mapped; the page sits in write-back slot `word >> SLOT_SHIFT` on its way to the store.
 pub const WRITEBACK: u64 = 4;
 
-/// RESIDENT: the far store holds a copy whose hash is in the hash table.
+/// RESIDENT: the far store holds a copy. If the page was installed writable without a write
+/// (on the guess that it would be written), the hash table holds the copy's hash.
 pub const FAR_VALID: u64 = 1 << 3;
 /// RESIDENT: installed write-protected and not written since, so identical to its far copy
 /// (or to zero if there is none). Eviction needs neither a hash nor a write.

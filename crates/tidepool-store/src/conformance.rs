@@ -34,6 +34,7 @@ pub fn run_all(store: &Arc<dyn FarStore>) {
     round_trip_of_many_sizes(store.as_ref());
     overwrite_replaces(store.as_ref());
     batches_of_pages(store.as_ref());
+    read_into_buffers(store.as_ref());
     take_reads_and_removes(store.as_ref());
     remove_is_idempotent(store.as_ref());
     evict_fetch_in_both_modes(store.as_ref());
@@ -147,6 +148,48 @@ pub fn batches_of_pages(store: &dyn FarStore) {
         "{}: removed pages still readable",
         who(store)
     );
+}
+
+pub fn read_into_buffers(store: &dyn FarStore) {
+    let k = base(9);
+    // Overwritten several times at one size (the in-process store reuses the allocation),
+    // then once at another.
+    for version in 0..3 {
+        store.write(k, &pattern(k, version, 4096)).unwrap();
+    }
+    store.write(k + 1, &pattern(k + 1, 0, 4096)).unwrap();
+    store.write(k + 1, &pattern(k + 1, 1, 100)).unwrap();
+    let keys = [k + 2, k, k + 1];
+    let mut out = vec![0xAAu8; 3 * 4096];
+    let mut lens = [Some(1); 3];
+    store
+        .read_many_into(&keys, 4096, &mut out, &mut lens)
+        .unwrap();
+    assert_eq!(
+        lens,
+        [None, Some(4096), Some(100)],
+        "{}: read_many_into lengths",
+        who(store)
+    );
+    assert!(
+        out[4096..8192] == pattern(k, 2, 4096)[..],
+        "{}: read_many_into: the last of three overwrites not seen",
+        who(store)
+    );
+    assert!(
+        out[8192..8292] == pattern(k + 1, 1, 100)[..],
+        "{}: read_many_into: a value overwritten with another size came back wrong",
+        who(store)
+    );
+    let err = store
+        .read_many_into(&[k], 1000, &mut out, &mut lens)
+        .expect_err("a value larger than its chunk must be an error");
+    assert!(
+        err.to_string().contains("4096"),
+        "{}: the error names the size: {err}",
+        who(store)
+    );
+    store.remove_many(&[k, k + 1]).unwrap();
 }
 
 pub fn take_reads_and_removes(store: &dyn FarStore) {

@@ -81,6 +81,25 @@ pub trait FarStore: Send + Sync + fmt::Debug {
     /// Reads each key, keeping the far copy.
     fn read_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError>;
 
+    /// Reads each key into its own `chunk` bytes of `out` (key `i` into
+    /// `out[i * chunk..]`), setting `lens[i]` to the value's length, or to `None` if the key is
+    /// missing. A value longer than `chunk` is an error. The same as [`FarStore::read_many`]
+    /// without its allocations where the backend can do that (the in-process store copies
+    /// straight out of its map); the default reads with `read_many` and copies.
+    fn read_many_into(
+        &self,
+        keys: &[Key],
+        chunk: usize,
+        out: &mut [u8],
+        lens: &mut [Option<usize>],
+    ) -> Result<(), StoreError> {
+        assert!(out.len() >= keys.len() * chunk && lens.len() >= keys.len());
+        for (i, v) in self.read_many(keys)?.into_iter().enumerate() {
+            lens[i] = copy_into_chunk(v.as_deref(), chunk, &mut out[i * chunk..])?;
+        }
+        Ok(())
+    }
+
     /// Reads each key and removes it from the store.
     fn take_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError>;
 
@@ -124,6 +143,24 @@ pub trait FarStore: Send + Sync + fmt::Debug {
     fn remove(&self, key: Key) -> Result<(), StoreError> {
         self.remove_many(&[key])
     }
+}
+
+/// Copies a value read for [`FarStore::read_many_into`] into its chunk.
+pub(crate) fn copy_into_chunk(
+    value: Option<&[u8]>,
+    chunk: usize,
+    out: &mut [u8],
+) -> Result<Option<usize>, StoreError> {
+    let Some(v) = value else { return Ok(None) };
+    if v.len() > chunk {
+        return Err(StoreError::ValueTooLarge {
+            backend: "the reader's buffer",
+            len: v.len(),
+            max: chunk,
+        });
+    }
+    out[..v.len()].copy_from_slice(v);
+    Ok(Some(v.len()))
 }
 
 /// Opens the backend a URL names (see the crate docs for the forms).

@@ -1,6 +1,7 @@
 //! The in-process store: the embedded default, needing no server. Values live in sharded hash
 //! maps in this process's memory, optionally LZ4-compressed (worth it for pages of text or
-//! sparse data; incompressible data is stored as is).
+//! sparse data; incompressible data is stored as is). A value replaced by one of the same size
+//! is overwritten in place, so a page evicted again and again costs a copy, not an allocation.
 
 use crate::{FarStore, Key, StoreError, StoreStats};
 use bytes::Bytes;
@@ -13,8 +14,8 @@ const SHARDS: usize = 64;
 /// How a value is kept.
 #[derive(Debug, Clone)]
 enum Stored {
-    Raw(Bytes),
-    Lz4 { compressed: Bytes },
+    Raw(Box<[u8]>),
+    Lz4 { compressed: Box<[u8]> },
 }
 
 impl Stored {
@@ -57,23 +58,41 @@ impl LocalStore {
             let c = lz4_flex::compress_prepend_size(value);
             if c.len() < value.len() {
                 return Stored::Lz4 {
-                    compressed: Bytes::from(c),
+                    compressed: c.into_boxed_slice(),
                 };
             }
         }
-        Stored::Raw(Bytes::copy_from_slice(value))
+        Stored::Raw(value.into())
     }
 
     fn decode(stored: &Stored) -> Result<Bytes, StoreError> {
         match stored {
-            Stored::Raw(b) => Ok(b.clone()),
+            Stored::Raw(b) => Ok(Bytes::copy_from_slice(b)),
             Stored::Lz4 { compressed } => lz4_flex::decompress_size_prepended(compressed)
                 .map(Bytes::from)
-                .map_err(|e| StoreError::Backend {
-                    backend: "local",
-                    message: format!("stored value failed to decompress: {e}"),
-                    source: None,
-                }),
+                .map_err(Self::corrupt),
+        }
+    }
+
+    fn corrupt(e: impl std::fmt::Display) -> StoreError {
+        StoreError::Backend {
+            backend: "local",
+            message: format!("stored value failed to decompress: {e}"),
+            source: None,
+        }
+    }
+
+    /// Overwrites an uncompressed value of the same size in place; false if there is none.
+    fn overwrite(&self, key: Key, value: &[u8]) -> bool {
+        if self.compress {
+            return false;
+        }
+        match self.shard(key).lock().get_mut(&key) {
+            Some(Stored::Raw(old)) if old.len() == value.len() => {
+                old.copy_from_slice(value);
+                true
+            }
+            _ => false,
         }
     }
 
@@ -96,6 +115,9 @@ impl FarStore for LocalStore {
 
     fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
         for (key, value) in items {
+            if self.overwrite(*key, value) {
+                continue;
+            }
             // Compress outside the lock.
             let stored = self.encode(value);
             self.bytes.fetch_add(stored.footprint(), Ordering::Relaxed);
@@ -113,6 +135,37 @@ impl FarStore for LocalStore {
                 stored.as_ref().map(Self::decode).transpose()
             })
             .collect()
+    }
+
+    fn read_many_into(
+        &self,
+        keys: &[Key],
+        chunk: usize,
+        out: &mut [u8],
+        lens: &mut [Option<usize>],
+    ) -> Result<(), StoreError> {
+        assert!(out.len() >= keys.len() * chunk && lens.len() >= keys.len());
+        for (i, k) in keys.iter().enumerate() {
+            let dst = &mut out[i * chunk..(i + 1) * chunk];
+            let shard = self.shard(*k).lock();
+            lens[i] = match shard.get(k) {
+                None => None,
+                Some(Stored::Raw(b)) => crate::copy_into_chunk(Some(b), chunk, dst)?,
+                Some(Stored::Lz4 { compressed }) => {
+                    let (size, body) = compressed.split_at(4);
+                    let len = u32::from_le_bytes(size.try_into().expect("4 bytes")) as usize;
+                    if len > chunk {
+                        return Err(StoreError::ValueTooLarge {
+                            backend: "the reader's buffer",
+                            len,
+                            max: chunk,
+                        });
+                    }
+                    Some(lz4_flex::decompress_into(body, dst).map_err(Self::corrupt)?)
+                }
+            };
+        }
+        Ok(())
     }
 
     fn take_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
