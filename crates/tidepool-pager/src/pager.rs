@@ -93,6 +93,12 @@ pub struct Config {
     /// Runs first on every thread the pager starts (the preload library uses it to keep those
     /// threads' allocations out of the memory they page).
     pub thread_start: Option<fn()>,
+    /// Keep far pages in this process as page frames, in a shadow mapping beside each region,
+    /// moved in and out with UFFDIO_MOVE (Linux 6.8): eviction and fault-in change page-table
+    /// entries and copy nothing. For the in-process backend only; the store then receives just
+    /// the pages the kernel will not move (pages shared with a forked child), and the option
+    /// is ignored where the kernel lacks UFFDIO_MOVE.
+    pub in_process_frames: bool,
 }
 
 impl Config {
@@ -102,6 +108,7 @@ impl Config {
             prefetch_window_max: 512,
             handler_cpus: None,
             thread_start: None,
+            in_process_frames: false,
         }
     }
 }
@@ -115,6 +122,10 @@ pub(crate) struct RegionInner {
     /// Highest page index ever mapped + 1 (bounds the walk when the region is dropped).
     touched_end: AtomicUsize,
     dead: AtomicBool,
+    /// Where the region's far pages live as frames ([`Config::in_process_frames`]): page `i`
+    /// of the region at page `i` of the shadow. Registered too (UFFDIO_MOVE wants both ends
+    /// registered), and never touched where it holds no frame.
+    shadow: Option<Mapping>,
     /// The reservation, if the pager made it.
     _mapping: Option<Mapping>,
 }
@@ -137,6 +148,10 @@ impl RegionInner {
     #[inline]
     fn addr(&self, page: usize) -> usize {
         self.base + page * PAGE
+    }
+    #[inline]
+    fn shadow_addr(&self, page: usize) -> usize {
+        self.shadow.as_ref().expect("a framed region").addr() + page * PAGE
     }
     fn note_touched(&self, page: usize) {
         self.touched_end.fetch_max(page + 1, Relaxed);
@@ -206,6 +221,8 @@ pub(crate) struct Inner {
     counters: Counters,
     shutdown: AtomicBool,
     window_max: u32,
+    /// Far pages are frames in shadow mappings ([`Config::in_process_frames`]).
+    frames: bool,
     /// Pages the prefetcher is waiting to have room for.
     room_wanted: AtomicUsize,
 }
@@ -250,6 +267,7 @@ impl Pager {
     /// Starts a pager over `store`.
     pub fn start(config: Config, store: Arc<dyn FarStore>) -> Result<Pager, PagerError> {
         let uffd = Uffd::open().map_err(PagerError::Userfaultfd)?;
+        let can_move = uffd.can_move();
         let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
         let (store_tx, store_rx) = crossbeam_channel::unbounded();
         let inner = Arc::new(Inner {
@@ -274,6 +292,7 @@ impl Pager {
             shutdown: AtomicBool::new(false),
             room_wanted: AtomicUsize::new(0),
             window_max: config.prefetch_window_max,
+            frames: config.in_process_frames && can_move,
         });
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
         let mut threads = Vec::new();
@@ -388,6 +407,17 @@ impl Pager {
     ) -> Result<Arc<RegionInner>, PagerError> {
         let i = self.inner();
         let table = PageTable::new(len / PAGE).map_err(PagerError::Reserve)?;
+        let shadow = if i.frames {
+            // Not inherited by forked children: the parent's frames stay its own, so that
+            // moving them never fails for being shared.
+            let shadow = Mapping::reserve_unforked(len).map_err(PagerError::Reserve)?;
+            i.uffd
+                .register(shadow.addr(), len)
+                .map_err(PagerError::Register)?;
+            Some(shadow)
+        } else {
+            None
+        };
         i.uffd.register(base, len).map_err(PagerError::Register)?;
         let region = Arc::new(RegionInner {
             id: i.next_region.fetch_add(1, Relaxed),
@@ -397,6 +427,7 @@ impl Pager {
             detector: Mutex::new(Detector::new(i.window_max)),
             touched_end: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
+            shadow,
             _mapping: mapping,
         });
         let mut regions = i.regions.write();
@@ -412,10 +443,32 @@ impl Pager {
         i.discard(region, 0, region.touched_end.load(Relaxed));
         region.dead.store(true, Release);
         let _ = i.uffd.unregister(region.base, region.len);
+        if let Some(shadow) = &region.shadow {
+            let _ = i.uffd.unregister(shadow.addr(), region.len);
+        }
         let mut regions = i.regions.write();
         regions.retain(|r| !Arc::ptr_eq(r, region));
         i.publish_for_fork(&regions);
     }
+}
+
+/// Splits sorted victims into runs of consecutive pages of one region.
+fn runs_of(victims: &[(Arc<RegionInner>, usize, u64)]) -> Vec<std::ops::Range<usize>> {
+    let n = victims.len();
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let mut end = start + 1;
+        while end < n
+            && victims[end].0.id == victims[start].0.id
+            && victims[end].1 == victims[end - 1].1 + 1
+        {
+            end += 1;
+        }
+        runs.push(start..end);
+        start = end;
+    }
+    runs
 }
 
 fn budget_pages(bytes: usize) -> usize {
@@ -621,6 +674,12 @@ impl Inner {
                 // The write in flight will land; the page is written again at next eviction.
                 RESIDENT | DIRTY | history
             }
+            _ if word & FRAMED != 0 => {
+                Counters::add(&self.counters.far_fetches, 1);
+                Counters::add(&self.counters.bytes_read, PAGE as u64);
+                self.move_in(region, page, 1, true);
+                RESIDENT | if write { DIRTY } else { 0 } | history
+            }
             _ => {
                 Counters::add(&self.counters.far_fetches, 1);
                 self.read_pages(&[region.key(page)], staging, "reading a page");
@@ -667,6 +726,36 @@ impl Inner {
                     &format!("the store returned {n} bytes for a 4096-byte page"),
                 ),
                 None => self.fatal(what, &"the store lost a page"),
+            }
+        }
+    }
+
+    /// Moves pages `[first, first + count)` of a framed region in from its shadow, waking
+    /// whoever waits there if `wake`. A page the kernel will not move (shared with a forked
+    /// child, EBUSY) is copied instead and its frame dropped.
+    fn move_in(&self, region: &RegionInner, first: usize, count: usize, wake: bool) {
+        let (mut p, end) = (first, first + count);
+        while p < end {
+            let (n, err) = self.uffd.move_pages(
+                region.addr(p),
+                region.shadow_addr(p),
+                (end - p) * PAGE,
+                wake,
+            );
+            p += n / PAGE;
+            let Some(e) = err else { break };
+            match e.raw_os_error() {
+                Some(libc::EBUSY) => {
+                    // SAFETY: a FRAMED page has a frame in the shadow, which only the pager
+                    // touches, and only where it has frames.
+                    let bytes = unsafe { page_bytes(region.shadow_addr(p)) };
+                    self.install(region.addr(p), bytes, false, wake);
+                    sys::discard(region.shadow_addr(p), PAGE);
+                    p += 1;
+                }
+                // The process is exiting.
+                Some(libc::ESRCH) => return,
+                _ => self.fatal("moving a page in from its frame", &e),
             }
         }
     }
@@ -816,10 +905,11 @@ impl Inner {
         debug_assert!(batch.len() <= PREFETCH_BATCH);
         // Read the far pages in one call, then spread them so that page `i` of the batch sits
         // in chunk `i` (the rest are fresh pages, zero-filled), ready to install in runs.
+        let in_store = |w: u64| kind(w) == FAR && w & FRAMED == 0;
         let mut keys = [0 as Key; PREFETCH_BATCH];
         let mut far = 0;
         for &(p, w) in batch {
-            if kind(w) == FAR {
+            if in_store(w) {
                 keys[far] = region.key(p);
                 far += 1;
             }
@@ -831,7 +921,9 @@ impl Inner {
         let mut j = far;
         for (i, &(_, w)) in batch.iter().enumerate().rev() {
             let chunk = i * PAGE..(i + 1) * PAGE;
-            if kind(w) == FAR {
+            if w & FRAMED != 0 {
+                // Moved in, not copied.
+            } else if kind(w) == FAR {
                 j -= 1;
                 if j != i {
                     staging
@@ -844,12 +936,30 @@ impl Inner {
                 staging.buf[chunk].fill(0);
             }
         }
-        let write_protected = |w: u64| kind(w) == FAR && w & WAS_DIRTY == 0;
+        // How a page goes in: moved from its frame, or copied write-protected or writable.
+        #[derive(PartialEq, Clone, Copy)]
+        enum How {
+            Move,
+            Copy { wp: bool },
+        }
+        let how = |w: u64| {
+            if w & FRAMED != 0 {
+                How::Move
+            } else {
+                How::Copy {
+                    wp: in_store(w) && w & WAS_DIRTY == 0,
+                }
+            }
+        };
         let mut list = Vec::with_capacity(batch.len());
         let mut run = 0;
         for (i, &(p, w)) in batch.iter().enumerate() {
-            let wp = write_protected(w);
-            let new = if kind(w) == FAR {
+            let this = how(w);
+            let wp = this == How::Copy { wp: true };
+            let new = if this == How::Move {
+                Counters::add(&self.counters.bytes_read, PAGE as u64);
+                RESIDENT | PREFETCHED | (w & HISTORY)
+            } else if kind(w) == FAR {
                 if !wp {
                     // Installed writable on a guess (see `install_demand`).
                     region
@@ -862,18 +972,23 @@ impl Inner {
                 RESIDENT | PREFETCHED | (w & HISTORY)
             };
             list.push((p, new));
-            // One UFFDIO_COPY per run of consecutive pages installed the same way.
+            // One UFFDIO_COPY or UFFDIO_MOVE per run of consecutive pages that go in the same
+            // way.
             let run_ends = batch
                 .get(i + 1)
-                .is_none_or(|&(q, v)| q != p + 1 || write_protected(v) != wp);
+                .is_none_or(|&(q, v)| q != p + 1 || how(v) != this);
             if run_ends {
                 let first = batch[run].0;
-                self.install(
-                    region.addr(first),
-                    &staging.buf[run * PAGE..(i + 1) * PAGE],
-                    wp,
-                    false,
-                );
+                if this == How::Move {
+                    self.move_in(region, first, i + 1 - run, false);
+                } else {
+                    self.install(
+                        region.addr(first),
+                        &staging.buf[run * PAGE..(i + 1) * PAGE],
+                        wp,
+                        false,
+                    );
+                }
                 run = i + 1;
             }
         }
@@ -980,19 +1095,22 @@ impl Inner {
         }
         victims.sort_by_key(|(r, p, _)| (r.id, *p));
         let n = victims.len();
-        let mut runs = Vec::new();
-        let mut start = 0;
-        while start < n {
-            let mut end = start + 1;
-            while end < n
-                && victims[end].0.id == victims[start].0.id
-                && victims[end].1 == victims[end - 1].1 + 1
-            {
-                end += 1;
+        if self.frames {
+            let mut refused = Vec::new();
+            for run in runs_of(&victims) {
+                self.move_out(&victims[run], &mut refused);
             }
-            runs.push(start..end);
-            start = end;
+            victims = refused;
         }
+        if !victims.is_empty() {
+            self.copy_out(&victims);
+        }
+        n
+    }
+
+    /// Evicts locked pages (sorted) by copying them out: the write-back path.
+    fn copy_out(&self, victims: &[(Arc<RegionInner>, usize, u64)]) {
+        let runs = runs_of(victims);
         // Save every run, drop all of their pages in one call, then release them.
         let saved: Vec<SavedRun> = runs
             .iter()
@@ -1006,7 +1124,89 @@ impl Inner {
         for (r, saved) in runs.into_iter().zip(saved) {
             self.release_run(&victims[r], saved);
         }
-        n
+    }
+
+    /// Evicts a run of consecutive locked pages of a framed region by moving them into its
+    /// shadow; pages the kernel will not move (shared with a forked child) go to `refused`,
+    /// for [`Inner::copy_out`].
+    fn move_out(
+        &self,
+        run: &[(Arc<RegionInner>, usize, u64)],
+        refused: &mut Vec<(Arc<RegionInner>, usize, u64)>,
+    ) {
+        let region = &run[0].0;
+        let first = run[0].1;
+        let mut removes = Vec::new();
+        let mut zeros = Vec::new();
+        let (mut i, mut moved) = (0, 0u64);
+        while i < run.len() {
+            let p = first + i;
+            let (n, err) = self.uffd.move_pages(
+                region.shadow_addr(p),
+                region.addr(p),
+                (run.len() - i) * PAGE,
+                false,
+            );
+            for (_, page, w) in &run[i..i + n / PAGE] {
+                if w & FAR_VALID != 0 {
+                    // The frame is the far copy now (or nothing, if zero).
+                    removes.push(region.key(*page));
+                }
+                let history = (w & HISTORY) | if w & DIRTY != 0 { WAS_DIRTY } else { 0 };
+                let frame = region.shadow_addr(*page);
+                // Checked in the shadow, where nobody writes: zero pages are never kept.
+                // SAFETY: the page was just moved there, so the frame exists (possibly the
+                // shared zero page), and only this thread, holding the page's lock, uses it.
+                let new = if is_zero_page(unsafe { page_bytes(frame) }) {
+                    zeros.push((frame, PAGE));
+                    UNTOUCHED | history
+                } else {
+                    FAR | FRAMED | history
+                };
+                region.table.unlock(*page, new);
+            }
+            moved += (n / PAGE) as u64;
+            i += n / PAGE;
+            let Some(e) = err else { break };
+            let (_, page, w) = &run[i];
+            match e.raw_os_error() {
+                Some(libc::EBUSY) => refused.push(run[i].clone()),
+                // No page there: the program dropped it behind our back (a direct
+                // MADV_DONTNEED system call), so it reads as zeros.
+                Some(libc::ENOENT) => {
+                    if w & FAR_VALID != 0 {
+                        removes.push(region.key(*page));
+                    }
+                    self.resident.fetch_sub(1, Relaxed);
+                    region.table.unlock(*page, UNTOUCHED);
+                }
+                // A frame left behind: drop it and try again.
+                Some(libc::EEXIST) => {
+                    sys::discard(region.shadow_addr(*page), PAGE);
+                    continue;
+                }
+                Some(libc::ESRCH) => {
+                    // The process is exiting.
+                    for (_, page, w) in &run[i..] {
+                        region.table.unlock(*page, *w);
+                    }
+                    return;
+                }
+                _ => self.fatal("moving a page out to its frame", &e),
+            }
+            i += 1;
+        }
+        sys::discard_many(&zeros);
+        self.resident.fetch_sub(moved as usize, Relaxed);
+        Counters::add(&self.counters.evicted_zero, zeros.len() as u64);
+        // Threads that faulted on the pages meanwhile retry now and find them framed.
+        self.uffd.wake(region.addr(first), run.len() * PAGE);
+        Counters::add(&self.counters.evicted, moved);
+        Counters::add(&self.counters.moved_out, moved);
+        Counters::add(&self.counters.bytes_written, moved * PAGE as u64);
+        if !removes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Remove(removes));
+        }
     }
 
     /// Saves consecutive locked pages of one region for eviction.
@@ -1204,11 +1404,15 @@ impl Inner {
                             removes.push(region.key(p));
                         }
                     }
+                    FAR if w & FRAMED != 0 => {}
                     FAR | WRITEBACK => removes.push(region.key(p)),
                     _ => {}
                 }
             }
             sys::discard(region.addr(page), (chunk_end - page) * PAGE);
+            if region.shadow.is_some() {
+                sys::discard(region.shadow_addr(page), (chunk_end - page) * PAGE);
+            }
             for p in page..chunk_end {
                 region.table.unlock(p, UNTOUCHED);
             }

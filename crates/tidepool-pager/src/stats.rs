@@ -17,6 +17,7 @@ pub(crate) struct Counters {
     pub evicted_clean: AtomicU64,
     pub evicted_zero: AtomicU64,
     pub written_back: AtomicU64,
+    pub moved_out: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub discarded: AtomicU64,
@@ -52,6 +53,8 @@ pub struct PagerStats {
     pub evicted_zero: u64,
     /// Dirty pages written to the far store.
     pub written_back: u64,
+    /// Pages moved, not copied, into the in-process backend's frames.
+    pub moved_out: u64,
     /// Bytes fetched from and written to the far store.
     pub bytes_read: u64,
     pub bytes_written: u64,
@@ -92,6 +95,7 @@ pub(crate) fn snapshot(c: &Counters, resident: u64, budget: u64) -> PagerStats {
         evicted_clean: c.evicted_clean.load(Relaxed),
         evicted_zero: c.evicted_zero.load(Relaxed),
         written_back: c.written_back.load(Relaxed),
+        moved_out: c.moved_out.load(Relaxed),
         bytes_read: c.bytes_read.load(Relaxed),
         bytes_written: c.bytes_written.load(Relaxed),
         discarded: c.discarded.load(Relaxed),
@@ -129,8 +133,8 @@ impl fmt::Display for PagerStats {
         }
         writeln!(
             f,
-            "evictions    {} pages ({} clean dropped, {} zero, {} written back), {} discarded by the program",
-            self.evicted, self.evicted_clean, self.evicted_zero, self.written_back, self.discarded
+            "evictions    {} pages ({} clean dropped, {} zero, {} written back, {} moved to frames), {} discarded by the program",
+            self.evicted, self.evicted_clean, self.evicted_zero, self.written_back, self.moved_out, self.discarded
         )?;
         write!(
             f,

@@ -22,10 +22,16 @@ const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
 /// grants that without `CAP_SYS_PTRACE`, or the system call as a fallback.
 const FEATURES: u64 = uapi::UFFD_FEATURE_THREAD_ID as u64;
 
+/// `UFFDIO_MOVE`: `_IOWR(0xAA, 0x05, struct uffdio_move)` (Linux 6.8).
+const UFFDIO_MOVE: libc::c_ulong =
+    0xC000_AA05 | ((std::mem::size_of::<uapi::uffdio_move>() as libc::c_ulong) << 16);
+const UFFDIO_MOVE_MODE_DONTWAKE: u64 = 1;
+
 /// A userfaultfd object, non-blocking, close-on-exec.
 #[derive(Debug)]
 pub struct Uffd {
     fd: OwnedFd,
+    can_move: bool,
 }
 
 /// One page-fault event.
@@ -67,6 +73,23 @@ impl Uffd {
                 format!("the pager needs 4 KiB pages; this kernel uses {page}-byte pages"),
             ));
         }
+        // UFFDIO_MOVE where the kernel has it (6.8 and later), else without.
+        match Self::open_with(FEATURES | uapi::UFFD_FEATURE_MOVE as u64) {
+            Ok(fd) => Ok(Uffd { fd, can_move: true }),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(Uffd {
+                fd: Self::open_with(FEATURES)?,
+                can_move: false,
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether [`Uffd::move_pages`] is available.
+    pub fn can_move(&self) -> bool {
+        self.can_move
+    }
+
+    fn open_with(features: u64) -> io::Result<OwnedFd> {
         let fd = Self::open_device().or_else(|dev_err| {
             // SAFETY: the userfaultfd system call takes only flags.
             let fd = unsafe {
@@ -92,12 +115,12 @@ impl Uffd {
         // SAFETY: uffdio_api is plain data; all-zero is a valid starting value.
         let mut api: uapi::uffdio_api = unsafe { std::mem::zeroed() };
         api.api = uapi::UFFD_API as u64;
-        api.features = FEATURES;
+        api.features = features;
         // SAFETY: UFFDIO_API reads and writes one uffdio_api, which `api` is.
         if unsafe { libc::ioctl(fd.as_raw_fd(), ioc::UFFDIO_API as _, &mut api) } != 0 {
             return Err(last_err());
         }
-        Ok(Uffd { fd })
+        Ok(fd)
     }
 
     fn open_device() -> io::Result<OwnedFd> {
@@ -196,6 +219,48 @@ impl Uffd {
             }
             return Err(e);
         }
+    }
+
+    /// Moves the pages at `src` to `dst` (UFFDIO_MOVE: the page-table entries change hands,
+    /// nothing is copied or allocated), then wakes whoever waits at `dst` if `wake`. `dst` must
+    /// lie in a range registered with this object and hold no pages; `src` must be private
+    /// anonymous memory of this process. Returns the bytes moved and, if it stopped short of
+    /// `len`, why: ENOENT (no page at the next `src` page), EEXIST (a page already at the next
+    /// `dst` page) or EBUSY (the next page is shared, with a forked child say), among others.
+    pub fn move_pages(
+        &self,
+        dst: usize,
+        src: usize,
+        len: usize,
+        wake: bool,
+    ) -> (usize, Option<io::Error>) {
+        debug_assert!(self.can_move);
+        let mut done = 0;
+        while done < len {
+            // SAFETY: plain data.
+            let mut m: uapi::uffdio_move = unsafe { std::mem::zeroed() };
+            m.dst = (dst + done) as u64;
+            m.src = (src + done) as u64;
+            m.len = (len - done) as u64;
+            m.mode = if wake { 0 } else { UFFDIO_MOVE_MODE_DONTWAKE };
+            // SAFETY: UFFDIO_MOVE changes only page tables of this process, moving pages
+            // between two ranges the caller owns; it reads and writes one uffdio_move.
+            let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_MOVE as _, &mut m) };
+            if rc == 0 {
+                return (len, None);
+            }
+            let e = last_err();
+            if m.move_ > 0 {
+                done += m.move_ as usize;
+                if e.raw_os_error() == Some(libc::EAGAIN) {
+                    continue;
+                }
+            } else if e.raw_os_error() == Some(libc::EAGAIN) {
+                continue;
+            }
+            return (done, Some(e));
+        }
+        (done, None)
     }
 
     /// Maps the shared zero page at `dst` (one page) and wakes waiters.
@@ -297,6 +362,16 @@ impl Mapping {
     pub fn reserve(len: usize) -> io::Result<Mapping> {
         let addr = tidepool_sys::map_noreserve(len)?;
         Ok(Mapping { addr, len })
+    }
+
+    /// [`Mapping::reserve`], left out of forked children's address spaces.
+    pub fn reserve_unforked(len: usize) -> io::Result<Mapping> {
+        let m = Mapping::reserve(len)?;
+        // SAFETY: advice on a mapping this value owns.
+        if unsafe { libc::madvise(m.addr as *mut _, len, libc::MADV_DONTFORK) } != 0 {
+            return Err(last_err());
+        }
+        Ok(m)
     }
 
     pub fn addr(&self) -> usize {

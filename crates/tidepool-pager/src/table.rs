@@ -48,6 +48,9 @@ pub const PREFETCHED: u64 = 1 << 7;
 /// Written during its last residency: installed writable next time, saving a write-protect
 /// fault for pages that are written whenever they are used.
 pub const WAS_DIRTY: u64 = 1 << 8;
+/// FAR: the page is a frame in the region's shadow mapping (the in-process store keeps pages
+/// that way, moved in and out with UFFDIO_MOVE), not in the far store.
+pub const FRAMED: u64 = 1 << 9;
 /// Flags that survive eviction (history), the rest describe one residency.
 pub const HISTORY: u64 = WAS_DIRTY;
 pub const SLOT_SHIFT: u32 = 32;

@@ -24,6 +24,32 @@ fn every_byte_survives_eviction_with_the_local_store() {
 }
 
 #[test]
+fn every_byte_survives_eviction_with_in_process_frames() {
+    let store = tidepool_store::open("local:").unwrap();
+    let mut config = Config::new(8 << 20);
+    config.in_process_frames = true;
+    let pager = Pager::start(config, store).unwrap();
+    let mut region = Region::new(&pager, 64 << 20).unwrap();
+    let report = verify::run(region.as_mut_slice(), 4, 3);
+    let stats = pager.stats();
+    eprintln!("{report:?}\n{stats}");
+    assert_eq!(
+        report.wrong_words, 0,
+        "first wrong word: {:?}",
+        report.first_wrong
+    );
+    assert!(report.bytes_checked >= 3 * (64 << 20));
+    // Pages went out as frames, came back, and zero pages were not kept.
+    assert!(stats.moved_out > 0 && stats.far_fetches > 0, "{stats:?}");
+    assert_eq!(
+        stats.written_back, 0,
+        "nothing was refused a move: {stats:?}"
+    );
+    assert!(stats.evicted_zero > 0, "zero pages were kept: {stats:?}");
+    assert!(stats.resident_pages <= stats.budget_pages + 4096);
+}
+
+#[test]
 fn discarded_pages_read_zero_and_untouched_pages_are_never_fetched() {
     let store = tidepool_store::open("local:").unwrap();
     let pager = Pager::start(Config::new(1 << 20), store).unwrap();

@@ -170,6 +170,11 @@ extern "C" fn start() {
         .unwrap_or_else(|e| fail(&format!("cannot open far store {backend}: {e}")));
     let mut config = Config::new(budget);
     config.thread_start = Some(|| tidepool_alloc::set_thread_unpaged(true));
+    // The embedded default keeps far pages as frames moved with UFFDIO_MOVE, copying nothing.
+    config.in_process_frames = matches!(
+        tidepool_store::StoreUrl::parse(&backend),
+        Ok(tidepool_store::StoreUrl::Local { compress: false })
+    );
     let pager = Pager::start(config, store)
         .unwrap_or_else(|e| fail(&format!("cannot start the pager: {e}")));
     let heap = tidepool_alloc::region().map(|(base, len)| {
