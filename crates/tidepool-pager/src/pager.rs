@@ -565,12 +565,17 @@ impl Inner {
             return;
         }
         Counters::add(&self.counters.missing_faults, 1);
-        let Some(word) = region
-            .table
-            .try_lock(page, &[UNTOUCHED, FAR, WRITEBACK, RESIDENT])
-        else {
-            // Another thread is moving the page and wakes us when done.
-            return;
+        let word = loop {
+            if let Some(w) = region
+                .table
+                .try_lock(page, &[UNTOUCHED, FAR, WRITEBACK, RESIDENT])
+            {
+                break w;
+            }
+            if region.table.flag_waiters(page) {
+                // Another thread is moving the page and wakes the faulting thread when done.
+                return;
+            }
         };
         if kind(word) == RESIDENT {
             self.refill_resident(&region, page, word);
@@ -634,6 +639,9 @@ impl Inner {
                 .unlock(page, RESIDENT | DIRTY | (word & HISTORY));
         } else {
             region.table.unlock(page, word);
+            // Installed by another thread after the fault, perhaps without a wake-up (it wakes
+            // only waiters it knows of).
+            self.uffd.wake(region.addr(page), PAGE);
         }
     }
 
@@ -704,7 +712,15 @@ impl Inner {
                 RESIDENT | FAR_VALID | clean | history
             }
         };
-        let new = if referenced { new | REFERENCED } else { new };
+        // A page fetched again soon after its eviction heats up, one fetched late cools
+        // down; the hotter, the more passes of the clock hand it survives.
+        let heat = (new & HEAT) >> HEAT_SHIFT;
+        let heat = if referenced {
+            (heat + 1).min(3)
+        } else {
+            heat / 2
+        };
+        let new = (new & !(HEAT | CHANCES)) | (heat << HEAT_SHIFT) | (heat << CHANCE_SHIFT);
         self.resident.fetch_add(1, Relaxed);
         region.note_touched(page);
         region.table.unlock(page, new);
@@ -992,13 +1008,17 @@ impl Inner {
                 run = i + 1;
             }
         }
+        let mut waiters = false;
         for &(p, new) in &list {
             region.note_touched(p);
-            region.table.unlock(p, new);
+            waiters |= region.table.unlock(p, new);
         }
-        // One wake-up for the batch: woken page by page, a program walking the stream on this
-        // CPU would run, fault on the next page and sleep again for every page.
-        if let (Some(&(first, _)), Some(&(last, _))) = (batch.iter().min(), batch.iter().max()) {
+        // One wake-up for the batch, if a thread waits on one of its pages: woken page by page,
+        // a program walking the stream on this CPU would run, fault on the next page and sleep
+        // again for every page.
+        if let (true, Some(&(first, _)), Some(&(last, _))) =
+            (waiters, batch.iter().min(), batch.iter().max())
+        {
             self.uffd
                 .wake(region.addr(first), (last + 1 - first) * PAGE);
         }
@@ -1076,12 +1096,19 @@ impl Inner {
                 if kind(word) != RESIDENT {
                     continue; // stale entry: evicted or discarded already
                 }
-                if word & REFERENCED != 0
-                    && s.compare_exchange(word, word & !REFERENCED, AcqRel, Relaxed)
-                        .is_ok()
-                {
-                    clock.push_back((region, page));
-                    continue;
+                // Second chances: a reference, then each chance the page's heat gave it.
+                let spared = if word & REFERENCED != 0 {
+                    Some(word & !REFERENCED)
+                } else if word & CHANCES != 0 {
+                    Some(word - (1 << CHANCE_SHIFT))
+                } else {
+                    None
+                };
+                if let Some(spared) = spared {
+                    if s.compare_exchange(word, spared, AcqRel, Relaxed).is_ok() {
+                        clock.push_back((region, page));
+                        continue;
+                    }
                 }
                 if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
                     victims.push((region, page, w));
@@ -1138,6 +1165,8 @@ impl Inner {
         let first = run[0].1;
         let mut removes = Vec::new();
         let mut zeros = Vec::new();
+        let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed).max(1);
+        let mut waiters = false;
         let (mut i, mut moved) = (0, 0u64);
         while i < run.len() {
             let p = first + i;
@@ -1163,7 +1192,8 @@ impl Inner {
                 } else {
                     FAR | FRAMED | history
                 };
-                region.table.unlock(*page, new);
+                region.table.evicted_at(*page).store(seq, Relaxed);
+                waiters |= region.table.unlock(*page, new);
             }
             moved += (n / PAGE) as u64;
             i += n / PAGE;
@@ -1178,7 +1208,7 @@ impl Inner {
                         removes.push(region.key(*page));
                     }
                     self.resident.fetch_sub(1, Relaxed);
-                    region.table.unlock(*page, UNTOUCHED);
+                    waiters |= region.table.unlock(*page, UNTOUCHED);
                 }
                 // A frame left behind: drop it and try again.
                 Some(libc::EEXIST) => {
@@ -1190,6 +1220,7 @@ impl Inner {
                     for (_, page, w) in &run[i..] {
                         region.table.unlock(*page, *w);
                     }
+                    self.uffd.wake(region.addr(first), run.len() * PAGE);
                     return;
                 }
                 _ => self.fatal("moving a page out to its frame", &e),
@@ -1199,8 +1230,10 @@ impl Inner {
         sys::discard_many(&zeros);
         self.resident.fetch_sub(moved as usize, Relaxed);
         Counters::add(&self.counters.evicted_zero, zeros.len() as u64);
-        // Threads that faulted on the pages meanwhile retry now and find them framed.
-        self.uffd.wake(region.addr(first), run.len() * PAGE);
+        if waiters {
+            // Threads that faulted on the pages meanwhile retry now and find them framed.
+            self.uffd.wake(region.addr(first), run.len() * PAGE);
+        }
         Counters::add(&self.counters.evicted, moved);
         Counters::add(&self.counters.moved_out, moved);
         Counters::add(&self.counters.bytes_written, moved * PAGE as u64);
@@ -1225,7 +1258,7 @@ impl Inner {
                 }
             }
         }
-        let seq = self.evict_seq.fetch_add(1, Relaxed);
+        let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed);
         let mut new_words = Vec::with_capacity(run.len());
         let mut writes = Vec::new();
         let mut removes = Vec::new();
@@ -1252,7 +1285,7 @@ impl Inner {
                     if far_valid {
                         removes.push(region.key(page));
                     }
-                    UNTOUCHED | if was_written { WAS_DIRTY } else { history }
+                    UNTOUCHED | (history & HEAT) | if was_written { WAS_DIRTY } else { history }
                 } else if !was_written
                     && far_valid
                     && hash_page(bytes) == region.table.hash(page).load(Relaxed)
@@ -1260,12 +1293,12 @@ impl Inner {
                     // Installed writable on a guess (the install hashed it) and not written
                     // this time: install it write-protected next time, which saves the hash.
                     clean += 1;
-                    FAR
+                    FAR | (history & HEAT)
                 } else {
                     let slot = self.slots.take();
                     self.slots.fill(slot, bytes);
                     writes.push((region.clone(), page, slot));
-                    WRITEBACK | ((slot as u64) << SLOT_SHIFT) | WAS_DIRTY
+                    WRITEBACK | ((slot as u64) << SLOT_SHIFT) | WAS_DIRTY | (history & HEAT)
                 }
             };
             new_words.push(new);
@@ -1287,13 +1320,17 @@ impl Inner {
         let region = &run[0].0;
         let addr = region.addr(run[0].1);
         let len = run.len() * PAGE;
+        let mut waiters = false;
         for ((_, page, _), new) in run.iter().zip(saved.new_words) {
-            region.table.unlock(*page, new);
+            waiters |= region.table.unlock(*page, new);
         }
         self.resident.fetch_sub(run.len(), Relaxed);
-        // Writers that hit the write protection, and readers that faulted after the discard,
-        // retry now and find the pages' new states.
-        self.uffd.wake(addr, len);
+        if waiters {
+            // Threads that faulted after the discard retry now and find the pages' new
+            // states. (Writers that hit the write protection wait the eviction out in
+            // `serve_write_protect` and wake themselves.)
+            self.uffd.wake(addr, len);
+        }
         Counters::add(&self.counters.evicted, run.len() as u64);
         if !saved.removes.is_empty() {
             let _ = self.store_tx.send(StoreJob::Remove(saved.removes));
@@ -1360,15 +1397,22 @@ impl Inner {
         Counters::add(&self.counters.written_back, pages.len() as u64);
         Counters::add(&self.counters.bytes_written, (pages.len() * PAGE) as u64);
         for (region, page, slot) in pages {
-            let expected = WRITEBACK | ((*slot as u64) << SLOT_SHIFT) | WAS_DIRTY;
             let s = region.table.state(*page);
+            let mut cur = s.load(Acquire);
             loop {
-                match s.compare_exchange(expected, FAR | WAS_DIRTY, AcqRel, Acquire) {
-                    Ok(_) => break,
+                if kind(cur) == BUSY {
                     // A fault handler is copying out of the slot right now.
-                    Err(now) if kind(now) == BUSY => std::hint::spin_loop(),
+                    std::hint::spin_loop();
+                    cur = s.load(Acquire);
+                    continue;
+                }
+                if kind(cur) != WRITEBACK || cur >> SLOT_SHIFT != *slot as u64 {
                     // Faulted back in (or discarded) meanwhile: the slot is no longer needed.
-                    Err(_) => break,
+                    break;
+                }
+                match s.compare_exchange(cur, FAR | WAS_DIRTY | (cur & HEAT), AcqRel, Acquire) {
+                    Ok(_) => break,
+                    Err(now) => cur = now,
                 }
             }
             self.slots.give(*slot);

@@ -13,9 +13,12 @@
 //! ```
 //!
 //! Every transition is made by the one thread that moved the word to `BUSY` with a
-//! compare-and-swap; that thread writes the final word and then wakes any thread that faulted
-//! on the page meanwhile. A fault handler that finds a page `BUSY` leaves the fault alone: the
-//! owner's install (UFFDIO_COPY wakes waiters) or its explicit wake-up retries the access.
+//! compare-and-swap; that thread writes the final word. A fault handler that finds a page
+//! `BUSY` flags the word ([`WAITERS`]) and leaves the fault alone: the owner's install
+//! (UFFDIO_COPY and UFFDIO_MOVE wake waiters) or, if [`PageTable::unlock`] reports the flag,
+//! its explicit wake-up retries the access. Owners wake nobody otherwise, which saves a system
+//! call per evicted page; a fault whose event is read only after the owner finished finds the
+//! page settled, and its handler wakes the thread itself.
 
 use crate::sys::Mapping;
 use std::io;
@@ -51,8 +54,18 @@ pub const WAS_DIRTY: u64 = 1 << 8;
 /// FAR: the page is a frame in the region's shadow mapping (the in-process store keeps pages
 /// that way, moved in and out with UFFDIO_MOVE), not in the far store.
 pub const FRAMED: u64 = 1 << 9;
+/// How often the page came back soon after its eviction (0-3, saturating): a page the
+/// replacement keeps evicting and fetching again is hot, whatever CLOCK saw of it.
+pub const HEAT_SHIFT: u32 = 10;
+pub const HEAT: u64 = 0b11 << HEAT_SHIFT;
+/// RESIDENT: passes of the clock hand the page survives unreferenced (set from its heat at
+/// install; GCLOCK's count).
+pub const CHANCE_SHIFT: u32 = 12;
+pub const CHANCES: u64 = 0b11 << CHANCE_SHIFT;
 /// Flags that survive eviction (history), the rest describe one residency.
-pub const HISTORY: u64 = WAS_DIRTY;
+pub const HISTORY: u64 = WAS_DIRTY | HEAT;
+/// BUSY: a thread faulted on the page and waits for the owner to wake it.
+pub const WAITERS: u64 = 1 << 14;
 pub const SLOT_SHIFT: u32 = 32;
 
 #[inline]
@@ -140,10 +153,31 @@ impl PageTable {
         }
     }
 
-    /// Ends a transition: publishes the page's new word.
+    /// Ends a transition: publishes the page's new word. True if a thread faulted on the page
+    /// meanwhile and waits to be woken ([`WAITERS`]).
     #[inline]
-    pub fn unlock(&self, page: usize, word: u64) {
+    pub fn unlock(&self, page: usize, word: u64) -> bool {
         debug_assert!(kind(word) != BUSY);
-        self.state(page).store(word, Release);
+        self.state(page).swap(word, AcqRel) & WAITERS != 0
+    }
+
+    /// Asks the owner of a BUSY page to wake waiters when done; false if the page is not (or
+    /// no longer) BUSY, and the caller must look at it again.
+    #[inline]
+    pub fn flag_waiters(&self, page: usize) -> bool {
+        let s = self.state(page);
+        let mut cur = s.load(Acquire);
+        loop {
+            if kind(cur) != BUSY {
+                return false;
+            }
+            if cur & WAITERS != 0 {
+                return true;
+            }
+            match s.compare_exchange_weak(cur, cur | WAITERS, AcqRel, Acquire) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
     }
 }
