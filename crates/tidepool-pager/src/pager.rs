@@ -2,10 +2,12 @@
 //! object, one far store and one local-memory budget.
 //!
 //! ```text
-//!  program thread ──fault──► handler (pinned to that CPU) ── zero page / write-back slot / store read ──► UFFDIO_COPY
-//!                                 │ stride vote                                                  ▲
-//!                                 └─► same handler, before its next fault: batched store read ───┘ (one wake per batch)
-//!  evictor: pages streams passed, then CLOCK ─► write-protect run ─► clean? drop : copy to slot ─► MADV_DONTNEED ─► wake
+//!  program thread ──fault──► handler (pinned to that CPU) ── zero page / write-back slot / frame / store read ──► region
+//!                                 │ stride vote                                                           ▲
+//!                                 └─► same handler, before its next fault: one store read, one copy or ──┘ (one wake per batch)
+//!                                     move per run of consecutive pages
+//!  evictor: pages streams passed, then GCLOCK ─► frames: UFFDIO_MOVE to the shadow
+//!                                              └► store: write-protect run ─► clean? drop : copy to slot ─► MADV_DONTNEED
 //!  write-back thread: slots ─► store.write_many (in order) ─► page becomes FAR, slot freed
 //! ```
 //!
@@ -15,6 +17,11 @@
 //! lost the race to the program it fetched for, which then faulted page by page (measured on a
 //! 96 MiB scan at 2/3 local: 45,000 demand faults a second against 1,500 inline). For the same
 //! reason it evicts for room itself rather than waiting for the evictor thread.
+//!
+//! With [`Config::in_process_frames`] far pages stay in this process as page frames in a shadow
+//! mapping beside each region, and move between the two with UFFDIO_MOVE: a page-table change,
+//! no copy. Everything else (write protection, hashes, slots, the write-back thread) serves the
+//! copying path: other stores, and pages the kernel will not move.
 use crate::prefetch::{Detector, Plan};
 use crate::stats::{snapshot, Counters, PagerStats};
 use crate::sys::{self, page_bytes, Fault, Mapping, Uffd, PAGE};
@@ -216,6 +223,8 @@ pub(crate) struct Inner {
     done: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
     evict_seq: AtomicU32,
     evictor_kick: (Mutex<bool>, Condvar),
+    /// A registered page nobody maps: a fault on it tells a handler to stop.
+    doorbell: Mapping,
     slots: Slots,
     store_tx: Sender<StoreJob>,
     counters: Counters,
@@ -242,6 +251,8 @@ impl std::fmt::Debug for Inner {
 struct Shared {
     inner: Arc<Inner>,
     threads: Mutex<Vec<RawThread>>,
+    /// How many of `threads` are fault handlers.
+    handlers: usize,
     thread_start: Option<fn()>,
 }
 
@@ -249,6 +260,15 @@ impl Drop for Shared {
     fn drop(&mut self) {
         self.inner.shutdown.store(true, Release);
         self.inner.kick_evictor();
+        // Handlers block in read(2) on the userfaultfd: each learns of the shutdown from a
+        // fault on the doorbell page, and maps the page (ending this read) as it leaves.
+        let bell = self.inner.doorbell.addr();
+        for _ in 0..self.handlers {
+            // SAFETY: a byte of the pager's own registered doorbell page; the read blocks until
+            // a handler maps the page, and reads zero.
+            unsafe { std::ptr::read_volatile(bell as *const u8) };
+            sys::discard(bell, PAGE);
+        }
         for t in self.threads.lock().drain(..) {
             t.join();
         }
@@ -268,6 +288,9 @@ impl Pager {
     pub fn start(config: Config, store: Arc<dyn FarStore>) -> Result<Pager, PagerError> {
         let uffd = Uffd::open().map_err(PagerError::Userfaultfd)?;
         let can_move = uffd.can_move();
+        let doorbell = Mapping::reserve_unforked(PAGE).map_err(PagerError::Reserve)?;
+        uffd.register(doorbell.addr(), PAGE)
+            .map_err(PagerError::Register)?;
         let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
         let (store_tx, store_rx) = crossbeam_channel::unbounded();
         let inner = Arc::new(Inner {
@@ -281,6 +304,7 @@ impl Pager {
             done: Mutex::new(VecDeque::new()),
             evict_seq: AtomicU32::new(1),
             evictor_kick: (Mutex::new(false), Condvar::new()),
+            doorbell,
             slots: Slots {
                 buf: slots_buf,
                 free: Mutex::new((0..WRITEBACK_SLOTS as u32).rev().collect()),
@@ -324,6 +348,7 @@ impl Pager {
                 Box::new(move || i.handler_loop()),
             )?);
         }
+        let handlers = threads.len();
         crate::fork::install();
         let i = inner.clone();
         threads.push(spawn(
@@ -339,6 +364,7 @@ impl Pager {
             shared: Arc::new(Shared {
                 inner,
                 threads: Mutex::new(threads),
+                handlers,
                 thread_start,
             }),
         })
@@ -541,15 +567,27 @@ impl Inner {
     fn handler_loop(self: Arc<Self>) {
         let mut faults = Vec::with_capacity(32);
         let mut staging = Staging::new();
-        while !self.shutdown.load(Acquire) {
-            if !self.uffd.wait(100) {
-                continue;
-            }
+        let bell = self.doorbell.addr();
+        loop {
+            // One system call a fault: the read blocks until there are some (a poll first
+            // would be a second).
             if let Err(e) = self.uffd.read_faults(&mut faults) {
                 self.fatal("reading fault events", &e);
             }
+            let mut stop = false;
             for f in faults.drain(..) {
-                self.serve(f, &mut staging);
+                if f.page_addr != bell {
+                    self.serve(f, &mut staging);
+                } else if self.shutdown.load(Acquire) && !stop {
+                    // Mapping the page lets the ringer go on to the next handler.
+                    stop = true;
+                    let _ = self.uffd.zeropage(bell);
+                } else {
+                    self.uffd.wake(bell, PAGE);
+                }
+            }
+            if stop {
+                return;
             }
         }
     }

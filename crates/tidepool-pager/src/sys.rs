@@ -27,7 +27,7 @@ const UFFDIO_MOVE: libc::c_ulong =
     0xC000_AA05 | ((std::mem::size_of::<uapi::uffdio_move>() as libc::c_ulong) << 16);
 const UFFDIO_MOVE_MODE_DONTWAKE: u64 = 1;
 
-/// A userfaultfd object, non-blocking, close-on-exec.
+/// A userfaultfd object, close-on-exec; reading it blocks until there are events.
 #[derive(Debug)]
 pub struct Uffd {
     fd: OwnedFd,
@@ -95,7 +95,7 @@ impl Uffd {
             let fd = unsafe {
                 libc::syscall(
                     libc::SYS_userfaultfd,
-                    (libc::O_CLOEXEC | libc::O_NONBLOCK) as libc::c_long,
+                    libc::O_CLOEXEC as libc::c_long,
                 )
             };
             if fd < 0 {
@@ -137,7 +137,7 @@ impl Uffd {
             libc::ioctl(
                 dev.as_raw_fd(),
                 USERFAULTFD_IOC_NEW as _,
-                (libc::O_CLOEXEC | libc::O_NONBLOCK) as libc::c_long,
+                libc::O_CLOEXEC as libc::c_long,
             )
         };
         if fd < 0 {
@@ -300,19 +300,8 @@ impl Uffd {
         unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_WAKE as _, &mut range) };
     }
 
-    /// Waits up to `timeout_ms` for events; true if some may be ready.
-    pub fn wait(&self, timeout_ms: i32) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
-    }
-
-    /// Reads the pending page-fault events into `out`; returns how many (0 if none).
-    /// Other events (none are asked for) are skipped.
+    /// Reads page-fault events into `out`, waiting for at least one (`out` may still come back
+    /// empty, after a signal). Other events (none are asked for) are skipped.
     pub fn read_faults(&self, out: &mut Vec<Fault>) -> io::Result<()> {
         out.clear();
         // SAFETY: uffd_msg is plain data; all-zero is valid.

@@ -181,3 +181,27 @@ impl PageTable {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_owner_learns_of_waiters_only_when_one_flagged_the_page() {
+        let t = PageTable::new(4).unwrap();
+        t.unlock(0, FAR | WAS_DIRTY);
+        // Not BUSY: nothing to flag, the caller must look again.
+        assert!(!t.flag_waiters(0));
+        let word = t.try_lock(0, &[FAR]).expect("FAR locks");
+        assert_eq!(word, FAR | WAS_DIRTY);
+        // History survives the lock; a second lock attempt fails.
+        assert_eq!(t.state(0).load(Relaxed), BUSY | WAS_DIRTY);
+        assert!(t.try_lock(0, &[FAR]).is_none());
+        assert!(!t.unlock(0, RESIDENT), "nobody flagged it");
+        t.try_lock(0, &[RESIDENT]).unwrap();
+        assert!(t.flag_waiters(0));
+        assert!(t.flag_waiters(0), "flagging twice is harmless");
+        assert!(t.unlock(0, FAR), "the owner sees the flag");
+        assert_eq!(t.state(0).load(Relaxed), FAR, "and the flag is gone");
+    }
+}
