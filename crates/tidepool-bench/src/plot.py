@@ -69,6 +69,10 @@ def main(src, dst):
                     ax.bar_label(bars, fmt="%.3g", fontsize=7)
             ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(points))])
             ax.set_xticklabels(points if any(points) else [""], fontsize=8)
+        # Values spanning decades (100% local against 25%) read only on a log axis.
+        values = [r["value"] for r in prs if r["value"] > 0]
+        if values and max(values) / min(values) > 30:
+            ax.set_yscale("log")
         ax.set_title(f"{workload}\n{metric} ({unit}){direction(metric)}", fontsize=9)
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
