@@ -705,10 +705,14 @@ impl Inner {
                     // The shared zero page: no memory until written; a write is a private
                     // copy the kernel makes without us, so the page's state is "unknown"
                     // and eviction hashes it.
-                    if let Err(e) = self.uffd.zeropage(addr) {
-                        if e.raw_os_error() != Some(libc::EEXIST) {
-                            self.fatal("mapping a zero page", &e);
+                    match self.uffd.zeropage(addr) {
+                        Ok(()) => {}
+                        // Mapped already; whoever did may not have woken the thread (owners
+                        // wake only waiters they know of).
+                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                            self.uffd.wake(addr, PAGE)
                         }
+                        Err(e) => self.fatal("mapping a zero page", &e),
                     }
                     RESIDENT | history
                 }
@@ -1203,6 +1207,7 @@ impl Inner {
         let first = run[0].1;
         let mut removes = Vec::new();
         let mut zeros = Vec::new();
+        let mut zero_count = 0;
         let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed).max(1);
         let mut waiters = false;
         let (mut i, mut moved) = (0, 0u64);
@@ -1214,7 +1219,10 @@ impl Inner {
                 (run.len() - i) * PAGE,
                 false,
             );
-            for (_, page, w) in &run[i..i + n / PAGE] {
+            let done = &run[i..i + n / PAGE];
+            zeros.clear();
+            let mut new_words = Vec::with_capacity(done.len());
+            for (_, page, w) in done {
                 if w & FAR_VALID != 0 {
                     // The frame is the far copy now (or nothing, if zero).
                     removes.push(region.key(*page));
@@ -1224,13 +1232,19 @@ impl Inner {
                 // Checked in the shadow, where nobody writes: zero pages are never kept.
                 // SAFETY: the page was just moved there, so the frame exists (possibly the
                 // shared zero page), and only this thread, holding the page's lock, uses it.
-                let new = if is_zero_page(unsafe { page_bytes(frame) }) {
+                new_words.push(if is_zero_page(unsafe { page_bytes(frame) }) {
                     zeros.push((frame, PAGE));
                     UNTOUCHED | history
                 } else {
                     FAR | FRAMED | history
-                };
+                });
                 region.table.evicted_at(*page).store(seq, Relaxed);
+            }
+            // Dropped before the pages are released: once released, a page can come back and
+            // go out again, into the same frame, which a late drop would then destroy.
+            sys::discard_many(&zeros);
+            zero_count += zeros.len() as u64;
+            for ((_, page, _), new) in done.iter().zip(new_words) {
                 waiters |= region.table.unlock(*page, new);
             }
             moved += (n / PAGE) as u64;
@@ -1265,9 +1279,8 @@ impl Inner {
             }
             i += 1;
         }
-        sys::discard_many(&zeros);
         self.resident.fetch_sub(moved as usize, Relaxed);
-        Counters::add(&self.counters.evicted_zero, zeros.len() as u64);
+        Counters::add(&self.counters.evicted_zero, zero_count);
         if waiters {
             // Threads that faulted on the pages meanwhile retry now and find them framed.
             self.uffd.wake(region.addr(first), run.len() * PAGE);
