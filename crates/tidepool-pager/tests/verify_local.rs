@@ -1,36 +1,12 @@
 //! The verification workload under the in-process store, with the working set eight times the
 //! local budget and four threads.
 
-use tidepool_pager::{verify, Config, Pager, Region};
+use tidepool_pager::{verify, Config, Pager, PagerStats, Region};
 
-#[test]
-fn every_byte_survives_eviction_with_the_local_store() {
+/// Three rounds of the workload over 64 MiB with four threads under an 8 MiB budget; every
+/// byte must come back. Returns the pager's counters.
+fn verify_64m_in_8m(config: Config) -> PagerStats {
     let store = tidepool_store::open("local:").unwrap();
-    let pager = Pager::start(Config::new(8 << 20), store).unwrap();
-    let mut region = Region::new(&pager, 64 << 20).unwrap();
-    let report = verify::run(region.as_mut_slice(), 4, 3);
-    let stats = pager.stats();
-    eprintln!("{report:?}\n{stats}");
-    assert_eq!(
-        report.wrong_words, 0,
-        "first wrong word: {:?}",
-        report.first_wrong
-    );
-    assert!(report.bytes_checked >= 3 * (64 << 20));
-    // The working set really went far and came back.
-    assert!(stats.written_back > 0 && stats.far_fetches > 0, "{stats:?}");
-    assert!(stats.evicted_zero > 0, "zero pages were stored: {stats:?}");
-    assert!(stats.resident_pages <= stats.budget_pages + 4096);
-}
-
-/// Frames are opt-in because this test lost one whole page (read back as zeros) in about one
-/// run in a hundred with both CPUs busy; run it with `--ignored` to chase that.
-#[test]
-#[ignore = "frames lose a page in ~1% of runs under CPU contention (see ARCHITECTURE.md)"]
-fn every_byte_survives_eviction_with_in_process_frames() {
-    let store = tidepool_store::open("local:").unwrap();
-    let mut config = Config::new(8 << 20);
-    config.in_process_frames = true;
     let pager = Pager::start(config, store).unwrap();
     let mut region = Region::new(&pager, 64 << 20).unwrap();
     let report = verify::run(region.as_mut_slice(), 4, 3);
@@ -42,6 +18,26 @@ fn every_byte_survives_eviction_with_in_process_frames() {
         report.first_wrong
     );
     assert!(report.bytes_checked >= 3 * (64 << 20));
+    stats
+}
+
+#[test]
+fn every_byte_survives_eviction_with_the_local_store() {
+    let stats = verify_64m_in_8m(Config::new(8 << 20));
+    // The working set really went far and came back.
+    assert!(stats.written_back > 0 && stats.far_fetches > 0, "{stats:?}");
+    assert!(stats.evicted_zero > 0, "zero pages were stored: {stats:?}");
+    assert!(stats.resident_pages <= stats.budget_pages + 4096);
+}
+
+/// Frames are opt-in because this test lost one whole page (read back as zeros) in about one
+/// run in a hundred with both CPUs busy; run it with `--ignored` to chase that.
+#[test]
+#[ignore = "frames lose a page in ~1% of runs under CPU contention (see ARCHITECTURE.md)"]
+fn every_byte_survives_eviction_with_in_process_frames() {
+    let mut config = Config::new(8 << 20);
+    config.in_process_frames = true;
+    let stats = verify_64m_in_8m(config);
     // Pages went out as frames, came back, and zero pages were not kept.
     assert!(stats.moved_out > 0 && stats.far_fetches > 0, "{stats:?}");
     assert_eq!(
