@@ -176,9 +176,9 @@ impl Uffd {
     }
 
     /// Installs `src` (any alignment, a whole number of pages) at the registered `dst` and, if
-    /// `wake`, wakes whoever waits there (else the caller must). `write_protect` installs the pages write-protected, so that the
-    /// first write raises a fault we see. Returns the bytes installed; `EEXIST` (a page already
-    /// present) is an error the caller decides about.
+    /// `wake`, wakes whoever waits there (else the caller must). `write_protect` installs the
+    /// pages write-protected, so that the first write raises a fault we see. Returns the bytes
+    /// installed; `EEXIST` (a page already present) is an error the caller decides about.
     pub fn copy(
         &self,
         dst: usize,
