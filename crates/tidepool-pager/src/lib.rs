@@ -29,6 +29,15 @@
 //! - **Failure**: if the far store fails, the program is stopped with a message and exit status
 //!   [`FATAL_EXIT_CODE`]; it never reads zeros in place of its data.
 
+/// Logs a page event when the `trace` feature is on; nothing otherwise.
+macro_rules! tr {
+    ($page:expr, $ev:literal, $arg:expr) => {
+        #[cfg(feature = "trace")]
+        crate::trace::event($page as usize, $ev, $arg as u64);
+    };
+}
+pub(crate) use tr;
+
 pub mod control;
 mod error;
 mod fork;
@@ -38,6 +47,8 @@ mod region;
 mod stats;
 mod sys;
 mod table;
+#[cfg(feature = "trace")]
+pub mod trace;
 pub mod verify;
 
 pub use error::PagerError;

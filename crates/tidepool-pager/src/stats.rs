@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     pub evicted_zero: AtomicU64,
     pub written_back: AtomicU64,
     pub moved_out: AtomicU64,
+    pub frames_repaired: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub discarded: AtomicU64,
@@ -55,6 +56,9 @@ pub struct PagerStats {
     pub written_back: u64,
     /// Pages moved, not copied, into the in-process backend's frames.
     pub moved_out: u64,
+    /// Framed pages the kernel moved between a region and its shadow without being asked,
+    /// found and taken as they were (see `Inner::adopt_moved`).
+    pub frames_repaired: u64,
     /// Bytes fetched from and written to the far store.
     pub bytes_read: u64,
     pub bytes_written: u64,
@@ -96,6 +100,7 @@ pub(crate) fn snapshot(c: &Counters, resident: u64, budget: u64) -> PagerStats {
         evicted_zero: c.evicted_zero.load(Relaxed),
         written_back: c.written_back.load(Relaxed),
         moved_out: c.moved_out.load(Relaxed),
+        frames_repaired: c.frames_repaired.load(Relaxed),
         bytes_read: c.bytes_read.load(Relaxed),
         bytes_written: c.bytes_written.load(Relaxed),
         discarded: c.discarded.load(Relaxed),
@@ -136,6 +141,13 @@ impl fmt::Display for PagerStats {
             "evictions    {} pages ({} clean dropped, {} zero, {} written back, {} moved to frames), {} discarded by the program",
             self.evicted, self.evicted_clean, self.evicted_zero, self.written_back, self.moved_out, self.discarded
         )?;
+        if self.frames_repaired > 0 {
+            writeln!(
+                f,
+                "frames       {} pages found moved between region and frame without a request, kept",
+                self.frames_repaired
+            )?;
+        }
         write!(
             f,
             "moved        {:.1} MiB read from far memory, {:.1} MiB written; resident {:.1} of {:.1} MiB",

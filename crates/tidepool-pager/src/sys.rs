@@ -404,6 +404,15 @@ pub fn discard(addr: usize, len: usize) {
     unsafe { libc::syscall(libc::SYS_madvise, addr, len, libc::MADV_DONTNEED) };
 }
 
+/// Whether a page table entry maps the page at `addr` (mincore: present, or in the swap
+/// cache).
+pub fn is_mapped(addr: usize) -> bool {
+    let mut v = 0u8;
+    // SAFETY: mincore reads page tables only and writes one byte for the one page asked.
+    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, &mut v) };
+    rc == 0 && v & 1 != 0
+}
+
 /// Whether process_madvise takes MADV_DONTNEED for this process (0 unknown, 1 yes, 2 no).
 static VECTORED_DISCARD: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 /// A pidfd of this process and the pid it was opened for (a forked child inherits the fd but

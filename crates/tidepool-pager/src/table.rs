@@ -126,7 +126,10 @@ impl PageTable {
                 return None;
             }
             match s.compare_exchange_weak(cur, BUSY | (cur & HISTORY), AcqRel, Acquire) {
-                Ok(_) => return Some(cur),
+                Ok(_) => {
+                    crate::tr!(page, "lock", cur);
+                    return Some(cur);
+                }
                 Err(now) => cur = now,
             }
         }
@@ -142,6 +145,7 @@ impl PageTable {
                 && s.compare_exchange_weak(cur, BUSY | (cur & HISTORY), AcqRel, Acquire)
                     .is_ok()
             {
+                crate::tr!(page, "lock", cur);
                 return cur;
             }
             spins += 1;
@@ -158,6 +162,7 @@ impl PageTable {
     #[inline]
     pub fn unlock(&self, page: usize, word: u64) -> bool {
         debug_assert!(kind(word) != BUSY);
+        crate::tr!(page, "unlock", word);
         self.state(page).swap(word, AcqRel) & WAITERS != 0
     }
 

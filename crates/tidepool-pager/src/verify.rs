@@ -59,6 +59,7 @@ pub fn run_rounds(mem: &mut [u8], threads: usize, done: u64, rounds: u64) -> Rep
             let expected = pattern(page, w, round);
             if found != expected {
                 bad += 1;
+                crate::tr!(page, "wrong", found);
                 first.lock().get_or_insert((page, w, found, expected));
             }
         }
