@@ -163,6 +163,27 @@ impl RegionInner {
     fn note_touched(&self, page: usize) {
         self.touched_end.fetch_max(page + 1, Relaxed);
     }
+
+    /// The new word of locked page `page` (word `w`), just moved out to its frame, and whether
+    /// the frame holds only zeros (the caller drops it before releasing the page: once
+    /// released, the page could come back and go out again into the same frame, which a late
+    /// drop would destroy).
+    fn framed(&self, page: usize, w: u64, seq: u32, removes: &mut Vec<Key>) -> (u64, bool) {
+        if w & FAR_VALID != 0 {
+            // The frame is the far copy now (or nothing, if zero).
+            removes.push(self.key(page));
+        }
+        self.table.evicted_at(page).store(seq, Relaxed);
+        let history = (w & HISTORY) | if w & DIRTY != 0 { WAS_DIRTY } else { 0 };
+        // Checked in the shadow, where nobody writes: zero pages are never kept.
+        // SAFETY: the page was just moved there, so the frame exists (possibly the shared zero
+        // page), and only this thread, holding the page's lock, uses it.
+        if is_zero_page(unsafe { page_bytes(self.shadow_addr(page)) }) {
+            (UNTOUCHED | history, true)
+        } else {
+            (FAR | FRAMED | history, false)
+        }
+    }
 }
 
 struct Slots {
@@ -668,10 +689,8 @@ impl Inner {
     /// faulted on the page before it was installed) or the program dropped the page behind our
     /// back (a direct MADV_DONTNEED system call), which reads as zeros.
     fn refill_resident(&self, region: &Arc<RegionInner>, page: usize, word: u64) {
-        if region.shadow.is_some() && sys::is_mapped(region.shadow_addr(page)) {
-            // The kernel moved the page out to its frame without a request (see
-            // `adopt_moved`): bring it back.
-            Counters::add(&self.counters.frames_repaired, 1);
+        if region.shadow.is_some() && self.adopt_moved(region, page, false) {
+            // The kernel moved the page out to its frame without a request: bring it back.
             self.move_in(region, page, 1, true);
             region.table.unlock(page, word);
             return;
@@ -810,11 +829,15 @@ impl Inner {
                 wake,
             );
             #[cfg(feature = "trace")]
-            {
-                let arg = crate::trace::call_arg(false, end - p, n / PAGE, err.as_ref());
-                crate::trace::event(p, "mv_call", arg);
-                crate::trace::check_moved(region.base, region.shadow_addr(0), p, n / PAGE, true);
-            }
+            crate::trace::move_call(
+                region.base,
+                region.shadow_addr(0),
+                p,
+                end - p,
+                n,
+                &err,
+                true,
+            );
             p += n / PAGE;
             let Some(e) = err else { break };
             crate::tr!(p, "move_in_err", e.raw_os_error().unwrap_or(0));
@@ -1285,16 +1308,20 @@ impl Inner {
                 false,
             );
             #[cfg(feature = "trace")]
-            {
-                let arg = crate::trace::call_arg(true, run.len() - i, n / PAGE, err.as_ref());
-                crate::trace::event(p, "mv_call", arg);
-                crate::trace::check_moved(region.base, region.shadow_addr(0), p, n / PAGE, false);
-            }
+            crate::trace::move_call(
+                region.base,
+                region.shadow_addr(0),
+                p,
+                run.len() - i,
+                n,
+                &err,
+                false,
+            );
             let done = &run[i..i + n / PAGE];
             zeros.clear();
             let mut new_words = Vec::with_capacity(done.len());
             for (_, page, w) in done {
-                let (new, zero) = self.framed(region, *page, *w, seq, &mut removes);
+                let (new, zero) = region.framed(*page, *w, seq, &mut removes);
                 if zero {
                     zeros.push((region.shadow_addr(*page), PAGE));
                 }
@@ -1325,7 +1352,7 @@ impl Inner {
                 // A frame already in the shadow. If the page is not in the region, the kernel
                 // moved it there without a request: it is the page, keep it.
                 Some(libc::EEXIST) if self.adopt_moved(region, *page, false) => {
-                    let (new, zero) = self.framed(region, *page, *w, seq, &mut removes);
+                    let (new, zero) = region.framed(*page, *w, seq, &mut removes);
                     if zero {
                         sys::discard(region.shadow_addr(*page), PAGE);
                         zero_count += 1;
@@ -1362,34 +1389,6 @@ impl Inner {
         Counters::add(&self.counters.bytes_written, moved * PAGE as u64);
         if !removes.is_empty() {
             let _ = self.store_tx.send(StoreJob::Remove(removes));
-        }
-    }
-
-    /// The new word of locked page `page` (word `w`), just moved out to its frame, and whether
-    /// the frame holds only zeros (the caller drops it before releasing the page: once
-    /// released, the page could come back and go out again into the same frame, which a late
-    /// drop would destroy).
-    fn framed(
-        &self,
-        region: &RegionInner,
-        page: usize,
-        w: u64,
-        seq: u32,
-        removes: &mut Vec<Key>,
-    ) -> (u64, bool) {
-        if w & FAR_VALID != 0 {
-            // The frame is the far copy now (or nothing, if zero).
-            removes.push(region.key(page));
-        }
-        region.table.evicted_at(page).store(seq, Relaxed);
-        let history = (w & HISTORY) | if w & DIRTY != 0 { WAS_DIRTY } else { 0 };
-        // Checked in the shadow, where nobody writes: zero pages are never kept.
-        // SAFETY: the page was just moved there, so the frame exists (possibly the shared zero
-        // page), and only this thread, holding the page's lock, uses it.
-        if is_zero_page(unsafe { page_bytes(region.shadow_addr(page)) }) {
-            (UNTOUCHED | history, true)
-        } else {
-            (FAR | FRAMED | history, false)
         }
     }
 

@@ -111,6 +111,22 @@ pub fn dump_calls(lo: usize, hi: usize) -> String {
     .collect()
 }
 
+/// Logs a UFFDIO_MOVE call of `asked` pages from `first` (out: region to shadow) that moved
+/// `bytes`, and checks that the moved pages are where they should be.
+pub fn move_call(
+    base: usize,
+    shadow: usize,
+    first: usize,
+    asked: usize,
+    bytes: usize,
+    err: &Option<std::io::Error>,
+    out: bool,
+) {
+    let done = bytes / 4096;
+    event(first, "mv_call", call_arg(out, asked, done, err.as_ref()));
+    check_moved(base, shadow, first, done, !out);
+}
+
 /// The argument of a `mv_call` or `copy_call` event.
 pub fn call_arg(out: bool, pages: usize, done: usize, err: Option<&std::io::Error>) -> u64 {
     (out as u64) << 63
