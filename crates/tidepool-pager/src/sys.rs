@@ -7,13 +7,10 @@
 use linux_raw_sys::general as uapi;
 use linux_raw_sys::ioctl as ioc;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 /// Bytes in a page (x86-64 and arm64 with 4 KiB pages; checked against the kernel at startup).
 pub const PAGE: usize = 4096;
-
-/// `USERFAULTFD_IOC_NEW`: `_IO(0xAA, 0x00)` on /dev/userfaultfd.
-const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
 
 /// The features the pager asks for.
 ///
@@ -90,61 +87,7 @@ impl Uffd {
     }
 
     fn open_with(features: u64) -> io::Result<OwnedFd> {
-        let fd = Self::open_device().or_else(|dev_err| {
-            // SAFETY: the userfaultfd system call takes only flags.
-            let fd = unsafe {
-                libc::syscall(
-                    libc::SYS_userfaultfd,
-                    libc::O_CLOEXEC as libc::c_long,
-                )
-            };
-            if fd < 0 {
-                let e = last_err();
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!(
-                        "neither /dev/userfaultfd ({dev_err}) nor the userfaultfd system call ({e}) \
-                         is usable; run as root, or give this user read-write access to \
-                         /dev/userfaultfd"
-                    ),
-                ));
-            }
-            // SAFETY: the kernel returned a new descriptor that nothing else owns.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-        })?;
-        // SAFETY: uffdio_api is plain data; all-zero is a valid starting value.
-        let mut api: uapi::uffdio_api = unsafe { std::mem::zeroed() };
-        api.api = uapi::UFFD_API as u64;
-        api.features = features;
-        // SAFETY: UFFDIO_API reads and writes one uffdio_api, which `api` is.
-        if unsafe { libc::ioctl(fd.as_raw_fd(), ioc::UFFDIO_API as _, &mut api) } != 0 {
-            return Err(last_err());
-        }
-        Ok(fd)
-    }
-
-    fn open_device() -> io::Result<OwnedFd> {
-        // SAFETY: a NUL-terminated path.
-        let dev =
-            unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if dev < 0 {
-            return Err(last_err());
-        }
-        // SAFETY: `dev` is a descriptor we just opened.
-        let dev = unsafe { OwnedFd::from_raw_fd(dev) };
-        // SAFETY: USERFAULTFD_IOC_NEW takes the new object's flags by value.
-        let fd = unsafe {
-            libc::ioctl(
-                dev.as_raw_fd(),
-                USERFAULTFD_IOC_NEW as _,
-                libc::O_CLOEXEC as libc::c_long,
-            )
-        };
-        if fd < 0 {
-            return Err(last_err());
-        }
-        // SAFETY: the kernel returned a new descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+        tidepool_sys::userfaultfd(features, tidepool_sys::FaultsFrom::UserAndKernel)
     }
 
     /// Registers `[addr, addr + len)` for missing-page and write-protect faults.

@@ -5,14 +5,112 @@
 //!
 //! [`map_noreserve`]: address-space reservations (memory-node arena, pager tables).
 //!
+//! [`userfaultfd`]: a userfaultfd object with its features negotiated (the pager's regions, the
+//! soft-memory arena).
+//!
 //! [`recv_into`]: socket reads straight into the unused capacity of a receive buffer, so
 //! received bytes are neither zero-filled first nor copied afterwards (decoded payloads are
 //! slices of this buffer). The standard library offers no stable way to read into
 //! uninitialised memory.
 
 use bytes::BytesMut;
+use linux_raw_sys::general as uapi;
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `USERFAULTFD_IOC_NEW`: `_IO(0xAA, 0x00)` on /dev/userfaultfd.
+const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
+
+/// Who may raise faults on a userfaultfd object's ranges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultsFrom {
+    /// User code and the kernel alike (a `read(2)` into a registered buffer waits for the
+    /// handler instead of failing with EFAULT). Needs /dev/userfaultfd access or the system
+    /// call's privileges; tried in that order.
+    UserAndKernel,
+    /// User code only (`UFFD_USER_MODE_ONLY`): allowed to any user, enough where registered
+    /// memory is touched only by the process's own instructions.
+    UserOnly,
+}
+
+/// Opens a close-on-exec userfaultfd object and negotiates `features` (UFFDIO_API).
+pub fn userfaultfd(features: u64, from: FaultsFrom) -> io::Result<OwnedFd> {
+    let syscall = |flags: libc::c_int| {
+        // SAFETY: the userfaultfd system call takes only flags.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags as libc::c_long) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+    };
+    let fd = match from {
+        FaultsFrom::UserAndKernel => open_uffd_device().or_else(|dev_err| {
+            syscall(libc::O_CLOEXEC).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "neither /dev/userfaultfd ({dev_err}) nor the userfaultfd system call \
+                         ({e}) is usable; run as root, or give this user read-write access to \
+                         /dev/userfaultfd"
+                    ),
+                )
+            })
+        })?,
+        FaultsFrom::UserOnly => syscall(libc::O_CLOEXEC | uapi::UFFD_USER_MODE_ONLY as libc::c_int)
+            .or_else(|e| {
+                open_uffd_device().map_err(|dev_err| {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "the userfaultfd system call ({e}) and /dev/userfaultfd ({dev_err}) \
+                             both refused; check the vm.unprivileged_userfaultfd sysctl, or run \
+                             as root"
+                        ),
+                    )
+                })
+            })?,
+    };
+    // SAFETY: uffdio_api is plain data; all-zero is a valid starting value.
+    let mut api: uapi::uffdio_api = unsafe { std::mem::zeroed() };
+    api.api = uapi::UFFD_API as u64;
+    api.features = features;
+    // SAFETY: UFFDIO_API reads and writes one uffdio_api, which `api` is.
+    let rc = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            linux_raw_sys::ioctl::UFFDIO_API as _,
+            &mut api,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+fn open_uffd_device() -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated path.
+    let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if dev < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `dev` is a descriptor we just opened.
+    let dev = unsafe { OwnedFd::from_raw_fd(dev) };
+    // SAFETY: USERFAULTFD_IOC_NEW takes the new object's flags by value.
+    let fd = unsafe {
+        libc::ioctl(
+            dev.as_raw_fd(),
+            USERFAULTFD_IOC_NEW as _,
+            libc::O_CLOEXEC as libc::c_long,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
 
 /// Receives at most the buffer's spare capacity; returns the bytes received (0: peer closed).
 pub fn recv_into(stream: &impl AsRawFd, buf: &mut BytesMut) -> io::Result<usize> {

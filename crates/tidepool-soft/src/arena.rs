@@ -1,0 +1,536 @@
+//! The soft arena: one memfd per arena, cut into segments (2 MiB) that objects are appended
+//! to, log-structured, from a few allocation heads (a thread keeps to one head).
+//!
+//! Segment metadata lives in normal memory. Each segment has an incarnation number, bumped
+//! whenever its contents stop being what slots say they are (evicted for reuse, revoked): a
+//! slot records the incarnation its object was written in, so a reader notices a reused or
+//! revoked segment without the segment being walked, and a punched segment is never
+//! repopulated while a stale slot could mistake new bytes for its object.
+
+use crate::resilient::{self, Lost};
+use crate::slots::{self, SlotTable};
+use crate::sys::{ArenaMap, ShmemHugePages};
+use crate::SoftError;
+use parking_lot::Mutex;
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::Arc;
+
+/// Bytes of a segment.
+pub const SEGMENT: usize = 2 << 20;
+/// Bytes of an object header.
+pub const HEADER: usize = 16;
+/// Allocation heads (threads are spread over them).
+const HEADS: usize = 8;
+/// Bits of a segment's incarnation kept in slots.
+const INC_BITS: u32 = 12;
+pub const INC_MASK: u32 = (1 << INC_BITS) - 1;
+/// Marks a header (with the slot and generation, a header cannot be mistaken for payload).
+const MAGIC: u64 = 0x50f7;
+
+/// Segment kinds.
+const UNPOPULATED: u8 = 0;
+const FREE: u8 = 1;
+const ACTIVE: u8 = 2;
+const CLOSED: u8 = 3;
+const CONTINUATION: u8 = 4;
+
+/// How to size an arena.
+#[derive(Debug, Clone)]
+pub struct ArenaConfig {
+    /// Most bytes of memory the arena's segments may hold at once.
+    pub budget: usize,
+    /// Address space reserved for the arena (no memory until populated); at most 64 GiB.
+    pub max_bytes: usize,
+}
+
+impl Default for ArenaConfig {
+    fn default() -> Self {
+        ArenaConfig {
+            budget: 256 << 20,
+            max_bytes: 64 << 30,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct SegmentMeta {
+    incarnation: AtomicU32,
+    /// Bytes of objects (headers included) that slots still point to; approximate while
+    /// writers race, exact at rest.
+    live: AtomicI64,
+    kind: AtomicU8,
+    /// Segments in the run this one starts (1 but for large objects).
+    run: AtomicU32,
+}
+
+#[derive(Debug, Default)]
+struct Segments {
+    unpopulated: BTreeSet<u32>,
+    /// Populated and holding nothing.
+    free: Vec<u32>,
+    /// Full segments (and large-object runs, by first segment), oldest first.
+    closed: VecDeque<u32>,
+    /// Segments holding memory (free, active, closed, continuation).
+    populated: usize,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Head {
+    segment: Option<u32>,
+    offset: usize,
+}
+
+/// Counters of an arena.
+#[derive(Debug, Default)]
+pub struct ArenaCounters {
+    pub segments_populated: AtomicU64,
+    pub segments_evicted: AtomicU64,
+    pub segments_revoked: AtomicU64,
+    pub bytes_allocated: AtomicU64,
+}
+
+/// Where a new object was placed.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement {
+    pub offset: usize,
+    pub incarnation: u32,
+}
+
+/// A soft-memory arena.
+#[derive(Debug)]
+pub struct SoftArena {
+    map: ArenaMap,
+    registration: usize,
+    meta: Box<[SegmentMeta]>,
+    segments: Mutex<Segments>,
+    heads: [Mutex<Head>; HEADS],
+    budget_segments: AtomicUsize,
+    pub(crate) slots: SlotTable,
+    pub(crate) counters: ArenaCounters,
+    huge_pages: ShmemHugePages,
+}
+
+static NEXT_HEAD: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static MY_HEAD: usize = NEXT_HEAD.fetch_add(1, Relaxed) % HEADS;
+}
+
+impl SoftArena {
+    /// Creates an arena: reserves its address space and registers it; no memory yet.
+    pub fn new(config: ArenaConfig) -> Result<Arc<SoftArena>, SoftError> {
+        let max = config.max_bytes.clamp(SEGMENT, 64 << 30) / SEGMENT * SEGMENT;
+        let map = ArenaMap::create(max, SEGMENT).map_err(SoftError::Arena)?;
+        let registration = resilient::register_arena(map.base(), map.base() + map.bytes())
+            .ok_or(SoftError::TooManyArenas)?;
+        let count = max / SEGMENT;
+        Ok(Arc::new(SoftArena {
+            meta: (0..count).map(|_| SegmentMeta::default()).collect(),
+            segments: Mutex::new(Segments {
+                unpopulated: (0..count as u32).collect(),
+                ..Default::default()
+            }),
+            heads: Default::default(),
+            budget_segments: AtomicUsize::new(config.budget.div_ceil(SEGMENT).max(1)),
+            slots: SlotTable::default(),
+            counters: ArenaCounters::default(),
+            huge_pages: ShmemHugePages::detect(),
+            map,
+            registration,
+        }))
+    }
+
+    /// The memfd behind the arena.
+    pub fn memfd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.map.memfd()
+    }
+
+    /// Whether segments are backed by 2 MiB pages (the machine's shmem huge-page policy).
+    pub fn huge_pages(&self) -> ShmemHugePages {
+        self.huge_pages
+    }
+
+    /// The budget in bytes.
+    pub fn budget(&self) -> usize {
+        self.budget_segments.load(Relaxed) * SEGMENT
+    }
+
+    /// Bytes of memory the arena's segments hold now.
+    pub fn usage(&self) -> usize {
+        self.segments.lock().populated * SEGMENT
+    }
+
+    /// Changes the budget; shrinking gives memory back at once (free segments first, then the
+    /// oldest, whose objects are lost).
+    pub fn set_budget(&self, bytes: usize) {
+        let target = bytes.div_ceil(SEGMENT).max(1);
+        self.budget_segments.store(target, Relaxed);
+        let mut s = self.segments.lock();
+        while s.populated > target {
+            if let Some(seg) = s.free.pop() {
+                self.release(&mut s, seg);
+            } else if let Some(seg) = s.closed.pop_front() {
+                self.evict(seg);
+                self.release(&mut s, seg);
+            } else {
+                break; // only allocation heads left
+            }
+        }
+    }
+
+    fn address(&self, offset: usize) -> usize {
+        self.map.base() + offset
+    }
+
+    /// The incarnation a segment is in (low bits, as slots keep it).
+    pub(crate) fn incarnation(&self, offset: usize) -> u32 {
+        self.meta[offset / SEGMENT].incarnation.load(Acquire) & INC_MASK
+    }
+
+    // ---- objects ---------------------------------------------------------------------------
+
+    /// Writes an object for `slot` (header, then `len` bytes from `src`) into new space;
+    /// where it went.
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reads of `len` bytes.
+    pub(crate) unsafe fn append(
+        &self,
+        slot: u32,
+        generation: u16,
+        src: *const u8,
+        len: usize,
+    ) -> Result<Placement, SoftError> {
+        let total = (HEADER + len).next_multiple_of(16);
+        let header = [tag(slot, generation), len as u64];
+        loop {
+            let at = self.allocate(total)?;
+            let addr = self.address(at.offset);
+            // SAFETY: [addr, addr + total) was just allocated to us inside the arena; `header`
+            // is ours and `src` is the caller's; a revoked page is reported, not faulted on.
+            let written = unsafe {
+                resilient::copy(addr as *mut u8, header.as_ptr().cast(), HEADER)
+                    .and_then(|()| resilient::copy((addr + HEADER) as *mut u8, src, len))
+            };
+            match written {
+                Ok(()) => return Ok(at),
+                // The segment was revoked under us: it is gone; take another.
+                Err(Lost) => self.revoked(at),
+            }
+        }
+    }
+
+    /// Copies the payload of the object at `offset` to `dst` after checking that its header
+    /// names `slot` and `generation` and holds `len` bytes. `Err(Lost)` if a page of it was
+    /// revoked or something else is there now. The bytes may be torn by a concurrent reuse of
+    /// the segment: the caller checks the slot and the incarnation again afterwards.
+    ///
+    /// # Safety
+    ///
+    /// `dst` is valid for writes of `len` bytes; `offset` came from a slot of this arena.
+    pub(crate) unsafe fn read(
+        &self,
+        offset: usize,
+        slot: u32,
+        generation: u16,
+        dst: *mut u8,
+        len: usize,
+    ) -> Result<(), Lost> {
+        let addr = self.address(offset);
+        if self.length(offset, slot, generation)? != len {
+            return Err(Lost);
+        }
+        // SAFETY: the object lies inside the arena, whose mapping lives as long as `self`;
+        // revoked pages are reported; `dst` is the caller's.
+        unsafe { resilient::copy(dst, (addr + HEADER) as *const u8, len) }
+    }
+
+    /// The payload length in the header at `offset`, if readable and naming `slot`.
+    pub(crate) fn length(&self, offset: usize, slot: u32, generation: u16) -> Result<usize, Lost> {
+        let mut header = [0u64; 2];
+        if offset + HEADER > self.map.bytes() {
+            return Err(Lost);
+        }
+        // SAFETY: the header lies inside the arena (checked just above), whose mapping lives
+        // as long as `self`; revoked pages are reported; `header` is ours.
+        unsafe {
+            resilient::copy(
+                header.as_mut_ptr().cast(),
+                self.address(offset) as *const u8,
+                HEADER,
+            )?
+        };
+        if header[0] != tag(slot, generation)
+            || offset + HEADER + header[1] as usize > self.map.bytes()
+        {
+            return Err(Lost);
+        }
+        Ok(header[1] as usize)
+    }
+
+    /// An object of `len` payload bytes at `offset` is no longer referenced.
+    pub(crate) fn forget(&self, offset: usize, incarnation: u32, len: usize) {
+        let m = &self.meta[offset / SEGMENT];
+        if m.incarnation.load(Acquire) & INC_MASK == incarnation {
+            m.live
+                .fetch_sub((HEADER + len).next_multiple_of(16) as i64, Relaxed);
+        }
+    }
+
+    // ---- segments --------------------------------------------------------------------------
+
+    fn allocate(&self, total: usize) -> Result<Placement, SoftError> {
+        self.counters
+            .bytes_allocated
+            .fetch_add(total as u64, Relaxed);
+        if total > SEGMENT {
+            return self.allocate_large(total);
+        }
+        let mut head = self.heads[MY_HEAD.with(|h| *h)].lock();
+        if let Some(seg) = head.segment {
+            if head.offset + total <= (seg as usize + 1) * SEGMENT {
+                let offset = head.offset;
+                head.offset += total;
+                let m = &self.meta[seg as usize];
+                m.live.fetch_add(total as i64, Relaxed);
+                return Ok(Placement {
+                    offset,
+                    incarnation: m.incarnation.load(Acquire) & INC_MASK,
+                });
+            }
+        }
+        let mut s = self.segments.lock();
+        if let Some(old) = head.segment.take() {
+            self.meta[old as usize].kind.store(CLOSED, Relaxed);
+            s.closed.push_back(old);
+        }
+        let seg = self.take_segment(&mut s)?;
+        drop(s);
+        let m = &self.meta[seg as usize];
+        m.kind.store(ACTIVE, Relaxed);
+        m.live.store(total as i64, Relaxed);
+        head.segment = Some(seg);
+        head.offset = seg as usize * SEGMENT + total;
+        Ok(Placement {
+            offset: seg as usize * SEGMENT,
+            incarnation: m.incarnation.load(Acquire) & INC_MASK,
+        })
+    }
+
+    /// A populated, empty segment: a free one, a new one within the budget, or the oldest
+    /// closed one, evicted.
+    fn take_segment(&self, s: &mut Segments) -> Result<u32, SoftError> {
+        // Closed segments whose objects all died are free for the taking.
+        if let Some(i) = s
+            .closed
+            .iter()
+            .position(|&c| self.meta[c as usize].live.load(Relaxed) <= 0)
+        {
+            let seg = s.closed.remove(i).expect("index from position");
+            if self.meta[seg as usize].run.load(Relaxed) <= 1 {
+                self.evict(seg);
+                return Ok(seg);
+            }
+            self.evict(seg);
+            self.release(s, seg);
+        }
+        if let Some(seg) = s.free.pop() {
+            return Ok(seg);
+        }
+        if s.populated < self.budget_segments.load(Relaxed) {
+            if let Some(seg) = s.unpopulated.pop_first() {
+                return self.populate(s, seg, 1).map(|()| seg);
+            }
+        }
+        while let Some(seg) = s.closed.pop_front() {
+            self.evict(seg);
+            if self.meta[seg as usize].run.load(Relaxed) <= 1 {
+                return Ok(seg);
+            }
+            // A large object's run: give it back and look again.
+            self.release(s, seg);
+            if s.populated < self.budget_segments.load(Relaxed) {
+                if let Some(seg) = s.unpopulated.pop_first() {
+                    return self.populate(s, seg, 1).map(|()| seg);
+                }
+            }
+        }
+        Err(SoftError::OutOfBudget {
+            budget: self.budget(),
+        })
+    }
+
+    fn allocate_large(&self, total: usize) -> Result<Placement, SoftError> {
+        let n = total.div_ceil(SEGMENT) as u32;
+        let mut s = self.segments.lock();
+        if n as usize > self.budget_segments.load(Relaxed) {
+            return Err(SoftError::TooLarge {
+                bytes: total,
+                budget: self.budget(),
+            });
+        }
+        while s.populated + n as usize > self.budget_segments.load(Relaxed) {
+            if let Some(seg) = s.free.pop() {
+                self.release(&mut s, seg);
+            } else if let Some(seg) = s.closed.pop_front() {
+                self.evict(seg);
+                self.release(&mut s, seg);
+            } else {
+                return Err(SoftError::OutOfBudget {
+                    budget: self.budget(),
+                });
+            }
+        }
+        // The first run of n unpopulated segments.
+        let mut run_start = None;
+        let (mut start, mut len) = (0u32, 0u32);
+        for &seg in s.unpopulated.iter() {
+            if len > 0 && seg == start + len {
+                len += 1;
+            } else {
+                start = seg;
+                len = 1;
+            }
+            if len == n {
+                run_start = Some(start);
+                break;
+            }
+        }
+        let first = run_start.ok_or(SoftError::AddressSpace { bytes: total })?;
+        for seg in first..first + n {
+            s.unpopulated.remove(&seg);
+        }
+        self.populate(&mut s, first, n)?;
+        for seg in first + 1..first + n {
+            self.meta[seg as usize].kind.store(CONTINUATION, Relaxed);
+        }
+        let m = &self.meta[first as usize];
+        m.kind.store(CLOSED, Relaxed);
+        m.run.store(n, Relaxed);
+        m.live.store(total as i64, Relaxed);
+        s.closed.push_back(first);
+        Ok(Placement {
+            offset: first as usize * SEGMENT,
+            incarnation: m.incarnation.load(Acquire) & INC_MASK,
+        })
+    }
+
+    /// Backs a run of segments with memory; on failure they go back to unpopulated.
+    fn populate(&self, s: &mut Segments, first: u32, n: u32) -> Result<(), SoftError> {
+        if let Err(e) = self
+            .map
+            .populate(first as usize * SEGMENT, n as usize * SEGMENT)
+        {
+            s.unpopulated.extend(first..first + n);
+            return Err(SoftError::Populate(e));
+        }
+        s.populated += n as usize;
+        self.counters
+            .segments_populated
+            .fetch_add(n as u64, Relaxed);
+        for seg in first..first + n {
+            let m = &self.meta[seg as usize];
+            m.kind.store(FREE, Relaxed);
+            m.run.store(1, Relaxed);
+            m.live.store(0, Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Ends the current contents of a segment (run): slots naming them now read as lost.
+    fn evict(&self, seg: u32) {
+        let m = &self.meta[seg as usize];
+        // The bump is ordered before any later write into the segment (x86 keeps stores in
+        // order, and the copy that writes is an opaque call), so a reader that saw new bytes
+        // sees the new incarnation when it checks after copying.
+        m.incarnation.fetch_add(1, Release);
+        m.live.store(0, Relaxed);
+        m.kind.store(FREE, Relaxed);
+        self.counters.segments_evicted.fetch_add(1, Relaxed);
+    }
+
+    /// Returns an evicted segment (run) to the system.
+    fn release(&self, s: &mut Segments, seg: u32) {
+        let n = self.meta[seg as usize].run.load(Relaxed).max(1);
+        // Errors cannot happen for a valid range of our own memfd; if one did, the memory
+        // would stay populated, which costs memory but never correctness.
+        let _ = self.map.punch(seg as usize * SEGMENT, n as usize * SEGMENT);
+        for i in seg..seg + n {
+            let m = &self.meta[i as usize];
+            m.kind.store(UNPOPULATED, Relaxed);
+            m.run.store(1, Relaxed);
+            s.unpopulated.insert(i);
+        }
+        s.populated -= n as usize;
+    }
+
+    /// A write found the segment at `offset` revoked behind our back (a coordinator punched
+    /// it): retire it so nothing is allocated there until it is populated afresh.
+    fn revoked(&self, at: Placement) {
+        let seg = (at.offset / SEGMENT) as u32;
+        // Heads before the segment list, as `allocate` takes them: no head may keep
+        // allocating from a segment that is about to be handed out afresh.
+        let mut heads: Vec<_> = self.heads.iter().map(|h| h.lock()).collect();
+        let mut s = self.segments.lock();
+        if self.incarnation(at.offset) != at.incarnation {
+            return; // someone else retired it already
+        }
+        for h in heads.iter_mut() {
+            if h.segment == Some(seg) {
+                h.segment = None;
+            }
+        }
+        s.closed.retain(|&c| c != seg);
+        s.free.retain(|&c| c != seg);
+        if self.meta[seg as usize].kind.load(Relaxed) != UNPOPULATED {
+            self.evict(seg);
+            self.release(&mut s, seg);
+            self.counters.segments_revoked.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Revokes the oldest closed segment by punching its hole, as a coordinator under severe
+    /// pressure would, without evicting it first; its objects read as lost. For tests and
+    /// benchmarks of direct reclamation. Returns the bytes given back.
+    pub fn punch_oldest(&self) -> usize {
+        let mut s = self.segments.lock();
+        let Some(seg) = s.closed.pop_front() else {
+            return 0;
+        };
+        let n = self.meta[seg as usize].run.load(Relaxed).max(1) as usize;
+        let _ = self.map.punch(seg as usize * SEGMENT, n * SEGMENT);
+        // Only now does the runtime learn of it (a coordinator would tell it afterwards).
+        self.evict(seg);
+        self.release(&mut s, seg);
+        self.counters.segments_revoked.fetch_add(1, Relaxed);
+        n * SEGMENT
+    }
+
+    /// Punches holes in pages of the arena chosen by the caller, without telling the runtime:
+    /// an uncooperative coordinator. For tests. `offset` and `len` are page-aligned.
+    pub fn punch_behind_back(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        self.map.punch(offset, len)
+    }
+
+    /// Bytes of address space (the arena's maximum).
+    pub fn capacity(&self) -> usize {
+        self.map.bytes()
+    }
+}
+
+impl Drop for SoftArena {
+    fn drop(&mut self) {
+        resilient::unregister_arena(self.registration);
+    }
+}
+
+/// A header's first word: who the object belongs to.
+fn tag(slot: u32, generation: u16) -> u64 {
+    (MAGIC << 48) | ((generation as u64) << 32) | slot as u64
+}
+
+/// The slot word for an object placed at `at`.
+pub(crate) fn live_word(generation: u16, at: Placement, hot: u64) -> u64 {
+    slots::word(slots::LIVE, generation, at.offset, at.incarnation, hot)
+}

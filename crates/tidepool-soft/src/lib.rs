@@ -1,0 +1,41 @@
+//! Soft memory, after Midas (NSDI'24): caches and memoized results kept in memory that can be
+//! taken back at any moment, and rebuilt on their next access.
+//!
+//! - [`SoftArena`]: one memfd, mapped and registered with userfaultfd in SIGBUS mode, cut into
+//!   2 MiB segments populated with fallocate. Taking memory back is punching a hole: by the
+//!   runtime, or by a coordinator holding the memfd without asking. A revoked page raises
+//!   SIGBUS, which the resilient copy ([`resilient`]) turns into "lost": never a crash, never
+//!   zeros read as data.
+//! - Objects are appended to segments (log-structured) and found through a slot table in
+//!   normal memory ([`slots`]); handles hold a slot index and generation, never an address.
+//!   Reads copy optimistically and check the slot and the segment afterwards.
+//! - [`SoftPool`] and [`SoftBox`]: typed objects with a reconstructor.
+
+pub mod arena;
+pub mod pool;
+pub mod resilient;
+pub mod slots;
+pub mod sys;
+
+pub use arena::{ArenaConfig, SoftArena, SEGMENT};
+pub use pool::{PoolStats, SoftBox, SoftPool};
+pub use sys::ShmemHugePages;
+
+/// What can go wrong in soft memory.
+#[derive(Debug, thiserror::Error)]
+pub enum SoftError {
+    #[error("cannot create the soft-memory arena")]
+    Arena(#[source] std::io::Error),
+    #[error("too many soft-memory arenas in this process (64 at most)")]
+    TooManyArenas,
+    #[error("cannot back a soft-memory segment with memory (is the machine out of memory or tmpfs space?)")]
+    Populate(#[source] std::io::Error),
+    #[error("soft memory is full: its budget of {budget} bytes is held by allocation heads; raise the budget")]
+    OutOfBudget { budget: usize },
+    #[error(
+        "a soft object of {bytes} bytes does not fit in the soft-memory budget of {budget} bytes"
+    )]
+    TooLarge { bytes: usize, budget: usize },
+    #[error("no run of free address space for a soft object of {bytes} bytes; raise the arena's max_bytes")]
+    AddressSpace { bytes: usize },
+}

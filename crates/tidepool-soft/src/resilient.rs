@@ -1,0 +1,179 @@
+//! The resilient copy: the only code that touches soft memory.
+//!
+//! A page of the arena may be revoked (its hole punched) at any moment, by this process or by a
+//! coordinator holding the memfd; touching it then raises SIGBUS. [`copy`] is a `rep movsb` in
+//! assembly whose one faulting instruction is listed in a fixup table of one entry: the SIGBUS
+//! handler checks that the faulting address lies in a registered arena and that the
+//! instruction is that one, and if so resumes at the fixup, which returns "lost". Any other
+//! SIGBUS goes to the handler installed before ours (Rust's own, by default), so a genuine
+//! crash stays a crash.
+//!
+//! The handler is async-signal-safe: it reads atomics and one saved `sigaction`, and writes
+//! the interrupted thread's saved instruction pointer. It is installed once per process and
+//! never removed.
+
+use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::sync::Once;
+
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+compile_error!("tidepool-soft's resilient copy is written for x86-64 Linux");
+
+// tidepool_soft_copy(dst: rdi, src: rsi, len: rdx) -> eax: 0 copied, 1 a page was revoked.
+// The fixup table is the pair of symbols around `rep movsb`: a fault there resumes at
+// tidepool_soft_copy_fixup with rcx/rsi/rdi telling how far it got (we do not need to know).
+std::arch::global_asm!(
+    ".pushsection .text.tidepool_soft_copy,\"ax\",@progbits",
+    ".p2align 4",
+    ".globl tidepool_soft_copy",
+    ".type tidepool_soft_copy,@function",
+    "tidepool_soft_copy:",
+    "    mov rcx, rdx",
+    ".globl tidepool_soft_copy_fault",
+    "tidepool_soft_copy_fault:",
+    "    rep movsb",
+    "    xor eax, eax",
+    "    ret",
+    ".globl tidepool_soft_copy_fixup",
+    "tidepool_soft_copy_fixup:",
+    "    mov eax, 1",
+    "    ret",
+    ".size tidepool_soft_copy, . - tidepool_soft_copy",
+    ".popsection",
+);
+
+extern "C" {
+    fn tidepool_soft_copy(dst: *mut u8, src: *const u8, len: usize) -> u32;
+    static tidepool_soft_copy_fault: u8;
+    static tidepool_soft_copy_fixup: u8;
+}
+
+/// A page the copy touched had been revoked: what was there is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lost;
+
+/// Copies `len` bytes from `src` to `dst`, either of which may be soft memory; `Err(Lost)` if
+/// a page of soft memory on either side had been revoked (the destination may then hold part
+/// of the bytes).
+///
+/// # Safety
+///
+/// `src` must be valid for reads and `dst` for writes of `len` bytes, except that pages of a
+/// registered arena ([`register_arena`]) may be revoked. The ranges must not overlap. Bytes
+/// read from soft memory may be torn by concurrent writers: callers validate before use.
+#[inline]
+pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> Result<(), Lost> {
+    // SAFETY: the caller's contract; faults on revoked arena pages return 1 through the
+    // handler installed by `register_arena` (which every arena calls before its first copy).
+    match unsafe { tidepool_soft_copy(dst, src, len) } {
+        0 => Ok(()),
+        _ => Err(Lost),
+    }
+}
+
+/// Arenas whose faults the handler turns into [`Lost`]: (start, end) pairs, 0 when unused.
+const MAX_ARENAS: usize = 64;
+static ARENAS: [(AtomicUsize, AtomicUsize); MAX_ARENAS] =
+    [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_ARENAS];
+
+/// Makes faults on `[start, end)` inside [`copy`] recoverable; returns the registration's
+/// index for [`unregister_arena`], or `None` when all slots are taken.
+pub fn register_arena(start: usize, end: usize) -> Option<usize> {
+    install_handler();
+    for (i, (s, e)) in ARENAS.iter().enumerate() {
+        if s.compare_exchange(0, start, AcqRel, Relaxed).is_ok() {
+            e.store(end, Release);
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Forgets an arena (before it is unmapped).
+pub fn unregister_arena(index: usize) {
+    let (s, e) = &ARENAS[index];
+    e.store(0, Release);
+    s.store(0, Release);
+}
+
+fn in_arena(addr: usize) -> bool {
+    ARENAS.iter().any(|(s, e)| {
+        let start = s.load(Acquire);
+        start != 0 && addr >= start && addr < e.load(Acquire)
+    })
+}
+
+/// The handler that was there before ours, written once before ours is installed.
+static mut PREVIOUS: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUninit::uninit();
+static INSTALL: Once = Once::new();
+
+fn install_handler() {
+    INSTALL.call_once(|| {
+        // SAFETY: sigaction is plain data; all-zero is a valid value to fill in.
+        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+        let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            on_sigbus;
+        action.sa_sigaction = handler as usize;
+        action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        // SAFETY: an empty signal set in our own struct.
+        unsafe { libc::sigemptyset(&mut action.sa_mask) };
+        // SAFETY: PREVIOUS is written here, once, before the handler that reads it exists;
+        // sigaction fills it with the old action.
+        let rc = unsafe {
+            libc::sigaction(
+                libc::SIGBUS,
+                &action,
+                (&raw mut PREVIOUS).cast::<libc::sigaction>(),
+            )
+        };
+        assert_eq!(
+            rc,
+            0,
+            "sigaction(SIGBUS) failed: {}",
+            std::io::Error::last_os_error()
+        );
+    });
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler.
+    unsafe {
+        let addr = (*info).si_addr() as usize;
+        let uc = ctx.cast::<libc::ucontext_t>();
+        let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
+        if *rip as usize == &raw const tidepool_soft_copy_fault as usize && in_arena(addr) {
+            *rip = &raw const tidepool_soft_copy_fixup as i64;
+            return;
+        }
+        chain(sig, info, ctx);
+    }
+}
+
+/// Hands a fault that is not ours to the previous handler; with none, restores the default
+/// action so that the faulting instruction, run again on return, kills the process as it
+/// would have without us.
+///
+/// # Safety
+///
+/// Called from the signal handler with its arguments.
+unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    // SAFETY: PREVIOUS was filled before our handler was installed and is never written again.
+    let prev: &libc::sigaction = unsafe { &*(&raw const PREVIOUS).cast::<libc::sigaction>() };
+    let handler = prev.sa_sigaction;
+    if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
+        // SAFETY: a default action in our own struct; sigaction is async-signal-safe.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
+        }
+    } else if prev.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous handler was installed with SA_SIGINFO, so it takes these.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(handler) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: a plain handler takes the signal number.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
+        f(sig);
+    }
+}

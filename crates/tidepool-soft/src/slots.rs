@@ -1,0 +1,181 @@
+//! The slot table: where each soft object lives, in normal memory (a revoked page never takes
+//! it with it). Handles name objects by slot index and generation; nothing in soft memory
+//! points back into the program's memory, so objects move by rewriting one slot.
+//!
+//! A slot is one `AtomicU64`:
+//!
+//! ```text
+//!  63                   32 31         20 19          4 3   2 1   0
+//! +-----------------------+-------------+-------------+-----+-----+
+//! | location / 16         | incarnation | generation  | hot |state|
+//! +-----------------------+-------------+-------------+-----+-----+
+//! ```
+//!
+//! The location is the object's offset in the arena (so arenas are at most 64 GiB); the
+//! incarnation is that of its segment when it was written (see [`crate::arena`]). `state` is
+//! EMPTY (no value: never written, or freed), LIVE (the object is at `location`)
+//! or LOST (it was, until its page was revoked or it was evicted). `hot` is a 2-bit CLOCK
+//! counter that reads raise and the evacuator lowers; readers compare slots with it masked
+//! out. The generation changes when a slot is freed, so a handle to a freed slot never reads
+//! its successor's object.
+
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+
+pub const EMPTY: u64 = 0;
+pub const LIVE: u64 = 1;
+pub const LOST: u64 = 2;
+const STATE_MASK: u64 = 3;
+const HOT_SHIFT: u32 = 2;
+pub const HOT_MASK: u64 = 3 << HOT_SHIFT;
+pub const HOT_MAX: u64 = 3;
+const GEN_SHIFT: u32 = 4;
+const GEN_MASK: u64 = 0xFFFF << GEN_SHIFT;
+const INC_SHIFT: u32 = 20;
+const INC_MASK: u64 = 0xFFF << INC_SHIFT;
+const LOC_SHIFT: u32 = 32;
+
+/// Slots per chunk; chunks are allocated as the table grows and never move.
+const CHUNK: usize = 1 << 16;
+/// Chunks at most: 2^32 slots.
+const CHUNKS: usize = 1 << 16;
+
+pub fn state(word: u64) -> u64 {
+    word & STATE_MASK
+}
+pub fn hot(word: u64) -> u64 {
+    (word & HOT_MASK) >> HOT_SHIFT
+}
+pub fn generation(word: u64) -> u16 {
+    ((word & GEN_MASK) >> GEN_SHIFT) as u16
+}
+/// The object's arena offset (meaningful when LIVE, and kept when LOST).
+pub fn location(word: u64) -> usize {
+    ((word >> LOC_SHIFT) << 4) as usize
+}
+/// The incarnation of the object's segment when it was written.
+pub fn incarnation(word: u64) -> u32 {
+    ((word & INC_MASK) >> INC_SHIFT) as u32
+}
+pub fn word(state: u64, generation: u16, location: usize, incarnation: u32, hot: u64) -> u64 {
+    debug_assert!(location.is_multiple_of(16) && location >> 36 == 0);
+    ((location as u64 >> 4) << LOC_SHIFT)
+        | (((incarnation as u64) << INC_SHIFT) & INC_MASK)
+        | ((generation as u64) << GEN_SHIFT)
+        | ((hot.min(HOT_MAX)) << HOT_SHIFT)
+        | state
+}
+/// The same word in another state (LIVE to LOST keeps where the object was).
+pub fn with_state(word: u64, state: u64) -> u64 {
+    (word & !STATE_MASK) | state
+}
+/// The same word with another hotness.
+pub fn with_hot(word: u64, hot: u64) -> u64 {
+    (word & !HOT_MASK) | (hot.min(HOT_MAX) << HOT_SHIFT)
+}
+/// Two slot words name the same object version (hotness aside).
+pub fn same(a: u64, b: u64) -> bool {
+    (a ^ b) & !HOT_MASK == 0
+}
+
+/// A growable array of slots with a free list.
+pub struct SlotTable {
+    chunks: Box<[AtomicPtr<AtomicU64>]>,
+    /// Slots handed out so far (the high-water mark).
+    next: AtomicU32,
+    free: Mutex<Vec<u32>>,
+}
+
+impl std::fmt::Debug for SlotTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotTable")
+            .field("allocated", &self.next.load(Relaxed))
+            .field("free", &self.free.lock().len())
+            .finish()
+    }
+}
+
+impl Default for SlotTable {
+    fn default() -> Self {
+        SlotTable {
+            chunks: (0..CHUNKS)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            next: AtomicU32::new(0),
+            free: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl SlotTable {
+    /// A slot for a new handle, EMPTY; its index and current generation.
+    pub fn allocate(&self) -> (u32, u16) {
+        let index = match self.free.lock().pop() {
+            Some(i) => i,
+            None => {
+                let i = self.next.fetch_add(1, Relaxed);
+                assert!(i != u32::MAX, "soft memory: more than 2^32 live handles");
+                i
+            }
+        };
+        let w = self.get(index).load(Acquire);
+        (index, generation(w))
+    }
+
+    /// Empties a slot, moves it to its next generation and returns it to the free list; the
+    /// word it held (so the caller can account for the object it named).
+    pub fn release(&self, index: u32) -> u64 {
+        let s = self.get(index);
+        let mut w = s.load(Acquire);
+        loop {
+            let next = word(EMPTY, generation(w).wrapping_add(1), 0, 0, 0);
+            match s.compare_exchange_weak(w, next, AcqRel, Acquire) {
+                Ok(_) => break,
+                Err(now) => w = now,
+            }
+        }
+        self.free.lock().push(index);
+        w
+    }
+
+    /// The slot at `index` (allocating its chunk on first use).
+    pub fn get(&self, index: u32) -> &AtomicU64 {
+        let (c, i) = (index as usize / CHUNK, index as usize % CHUNK);
+        let mut chunk = self.chunks[c].load(Acquire);
+        if chunk.is_null() {
+            let fresh: Box<[AtomicU64]> = (0..CHUNK).map(|_| AtomicU64::new(EMPTY)).collect();
+            let fresh = Box::into_raw(fresh).cast::<AtomicU64>();
+            match self.chunks[c].compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
+                Ok(_) => chunk = fresh,
+                Err(winner) => {
+                    // SAFETY: `fresh` came from Box::into_raw of a CHUNK-long slice just
+                    // above and was never shared.
+                    drop(unsafe {
+                        Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, CHUNK))
+                    });
+                    chunk = winner;
+                }
+            }
+        }
+        // SAFETY: a published chunk is a live CHUNK-long slice that is freed only in Drop,
+        // and `i < CHUNK`.
+        unsafe { &*chunk.add(i) }
+    }
+
+    /// Slots handed out so far (live or free).
+    pub fn high_water(&self) -> u32 {
+        self.next.load(Relaxed)
+    }
+}
+
+impl Drop for SlotTable {
+    fn drop(&mut self) {
+        for c in self.chunks.iter() {
+            let p = c.load(Acquire);
+            if !p.is_null() {
+                // SAFETY: published chunks came from Box::into_raw of CHUNK-long slices.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, CHUNK)) });
+            }
+        }
+    }
+}

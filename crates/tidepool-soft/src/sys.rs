@@ -1,0 +1,219 @@
+//! The arena's system calls: a memfd mapped shared, registered with userfaultfd so that a page
+//! with no backing raises SIGBUS instead of filling with zeros; segments populated with
+//! fallocate and revoked by punching holes.
+//!
+//! Everything unsafe in the crate lives here and in [`crate::resilient`].
+
+use linux_raw_sys::general as uapi;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+fn last_err() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// A memfd of `len` bytes mapped shared at an address aligned to `align`, every page of which
+/// raises SIGBUS until populated.
+#[derive(Debug)]
+pub struct ArenaMap {
+    memfd: OwnedFd,
+    /// Kept open: closing it would unregister the range, and holes would read as zeros.
+    _uffd: OwnedFd,
+    base: usize,
+    len: usize,
+}
+
+impl ArenaMap {
+    /// Creates the memfd, maps it and registers the mapping for missing-page faults in SIGBUS
+    /// mode. `len` and `align` are multiples of the page size; `align` a power of two.
+    pub fn create(len: usize, align: usize) -> io::Result<ArenaMap> {
+        // SAFETY: a NUL-terminated name and valid flags.
+        let fd = unsafe { libc::memfd_create(c"tidepool-soft".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(last_err());
+        }
+        // SAFETY: the kernel returned a new descriptor that nothing else owns.
+        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: plain system call on our descriptor.
+        if unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(last_err());
+        }
+        // Reserve len + align of address space, then map the file at the aligned address
+        // inside it (huge pages need 2 MiB-aligned virtual addresses) and give back the rest.
+        // SAFETY: a fresh anonymous reservation; no existing mapping is touched.
+        let reserve = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len + align,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if reserve == libc::MAP_FAILED {
+            return Err(last_err());
+        }
+        let start = reserve as usize;
+        let base = (start + align - 1) & !(align - 1);
+        // SAFETY: [base, base + len) lies inside our own reservation, so MAP_FIXED replaces
+        // nothing but it.
+        let mapped = unsafe {
+            libc::mmap(
+                base as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                memfd.as_raw_fd(),
+                0,
+            )
+        };
+        if mapped == libc::MAP_FAILED {
+            let e = last_err();
+            // SAFETY: our reservation, unmapped whole.
+            unsafe { libc::munmap(reserve, len + align) };
+            return Err(e);
+        }
+        // SAFETY: the slack before and after the mapping is ours and unused.
+        unsafe {
+            if base > start {
+                libc::munmap(start as *mut libc::c_void, base - start);
+            }
+            let end = base + len;
+            if start + len + align > end {
+                libc::munmap(end as *mut libc::c_void, start + len + align - end);
+            }
+        }
+        let unmap = |e: io::Error| {
+            // SAFETY: our mapping, unmapped whole; nothing refers to it yet.
+            unsafe { libc::munmap(base as *mut libc::c_void, len) };
+            e
+        };
+        // Huge pages where the machine's shmem policy allows them; a hint, so errors are moot.
+        // SAFETY: advice on our own mapping.
+        unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+        let uffd = tidepool_sys::userfaultfd(
+            uapi::UFFD_FEATURE_SIGBUS as u64,
+            tidepool_sys::FaultsFrom::UserOnly,
+        )
+        .map_err(|e| {
+            unmap(io::Error::new(
+                e.kind(),
+                format!("soft memory needs userfaultfd to make revoked pages raise SIGBUS: {e}"),
+            ))
+        })?;
+        // SAFETY: plain data; all-zero is a valid starting value.
+        let mut reg: uapi::uffdio_register = unsafe { std::mem::zeroed() };
+        reg.range.start = base as u64;
+        reg.range.len = len as u64;
+        reg.mode = uapi::UFFDIO_REGISTER_MODE_MISSING as u64;
+        // SAFETY: UFFDIO_REGISTER reads and writes one uffdio_register.
+        let rc = unsafe {
+            libc::ioctl(
+                uffd.as_raw_fd(),
+                linux_raw_sys::ioctl::UFFDIO_REGISTER as _,
+                &mut reg,
+            )
+        };
+        if rc != 0 {
+            return Err(unmap(last_err()));
+        }
+        Ok(ArenaMap {
+            memfd,
+            _uffd: uffd,
+            base,
+            len,
+        })
+    }
+
+    /// Where the mapping starts.
+    pub fn base(&self) -> usize {
+        self.base
+    }
+
+    /// The mapping's length in bytes.
+    pub fn bytes(&self) -> usize {
+        self.len
+    }
+
+    /// The memfd (a coordinator holding it can punch holes without our cooperation).
+    pub fn memfd(&self) -> BorrowedFd<'_> {
+        self.memfd.as_fd()
+    }
+
+    /// Backs `[offset, offset + len)` of the file with memory.
+    pub fn populate(&self, offset: usize, len: usize) -> io::Result<()> {
+        fallocate(self.memfd.as_fd(), 0, offset, len)
+    }
+
+    /// Gives `[offset, offset + len)` of the file back to the system; its pages raise SIGBUS
+    /// until populated again.
+    pub fn punch(&self, offset: usize, len: usize) -> io::Result<()> {
+        punch_hole(self.memfd.as_fd(), offset, len)
+    }
+}
+
+impl Drop for ArenaMap {
+    fn drop(&mut self) {
+        // SAFETY: our mapping; the arena that owns us is gone, so nothing reads it any more.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
+fn fallocate(fd: BorrowedFd<'_>, mode: libc::c_int, offset: usize, len: usize) -> io::Result<()> {
+    loop {
+        // SAFETY: plain system call on a descriptor we borrow.
+        let rc = unsafe {
+            libc::fallocate(
+                fd.as_raw_fd(),
+                mode,
+                offset as libc::off_t,
+                len as libc::off_t,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = last_err();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Punches a hole in a soft arena's memfd (the runtime's own reclaim, or a coordinator's).
+pub fn punch_hole(fd: BorrowedFd<'_>, offset: usize, len: usize) -> io::Result<()> {
+    fallocate(
+        fd,
+        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        offset,
+        len,
+    )
+}
+
+/// The machine's policy for transparent huge pages in shmem (and so in a memfd), from
+/// `/sys/kernel/mm/transparent_hugepage/shmem_enabled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShmemHugePages {
+    /// `always`, `within_size` or `force`: fallocate populates 2 MiB pages.
+    Enabled,
+    /// `never`, `deny` or `advise` (which fallocate does not heed): 4 KiB pages.
+    Disabled,
+    /// The file is missing or unreadable.
+    Unknown,
+}
+
+impl ShmemHugePages {
+    /// Reads the setting.
+    pub fn detect() -> ShmemHugePages {
+        let Ok(s) = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        else {
+            return ShmemHugePages::Unknown;
+        };
+        match s.split_whitespace().find(|w| w.starts_with('[')) {
+            Some("[always]" | "[within_size]" | "[force]") => ShmemHugePages::Enabled,
+            Some(_) => ShmemHugePages::Disabled,
+            None => ShmemHugePages::Unknown,
+        }
+    }
+}

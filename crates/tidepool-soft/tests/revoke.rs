@@ -1,0 +1,218 @@
+//! Soft memory taken back while threads read, write and verify: never a wrong value, never a
+//! crash; and a SIGBUS that is not ours still kills.
+
+use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::Arc;
+use tidepool_soft::{ArenaConfig, SoftArena, SoftPool, SEGMENT};
+
+type Value = [u64; 6];
+
+fn value(index: u64, version: u64) -> Value {
+    let mut v = [0; 6];
+    for (i, w) in v.iter_mut().enumerate() {
+        *w = index.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.rotate_left(17) ^ i as u64;
+    }
+    v
+}
+
+fn arena(budget: usize) -> Arc<SoftArena> {
+    SoftArena::new(ArenaConfig {
+        budget,
+        max_bytes: 1 << 30,
+    })
+    .expect("arena")
+}
+
+#[test]
+fn reads_write_and_reconstruct() {
+    let arena = arena(16 << 20);
+    let pool = SoftPool::new(&arena, |(i, v): (u64, u64)| value(i, v));
+    let b = pool.new_box();
+    assert!(!b.is_present());
+    assert_eq!(b.get(), None);
+    assert_eq!(b.read((1, 0)), value(1, 0));
+    assert!(b.is_present());
+    assert_eq!(b.get(), Some(value(1, 0)));
+    b.write(value(1, 1)).unwrap();
+    assert_eq!(b.read((1, 99)), value(1, 1), "a hit must not reconstruct");
+    assert_eq!(
+        b.compare_exchange(&value(1, 0), value(1, 2)),
+        Err(Some(value(1, 1)))
+    );
+    assert_eq!(b.compare_exchange(&value(1, 1), value(1, 2)), Ok(()));
+    assert_eq!(b.get(), Some(value(1, 2)));
+    b.evict();
+    assert_eq!(b.compare_exchange(&value(1, 2), value(1, 3)), Err(None));
+    assert_eq!(b.read((1, 4)), value(1, 4));
+    let s = pool.stats();
+    assert_eq!(s.reconstructions, 2);
+    assert_eq!(s.hits, 3, "{s:?}");
+}
+
+#[test]
+fn a_punched_segment_reads_as_lost_and_is_rebuilt() {
+    let arena = arena(64 << 20);
+    let pool = SoftPool::new(&arena, |i: u64| value(i, 7));
+    // Enough objects to fill and close a few segments.
+    let n = 3 * SEGMENT / 64;
+    let boxes: Vec<_> = (0..n as u64)
+        .map(|i| pool.new_box_with(value(i, 7)).unwrap())
+        .collect();
+    assert!(arena.punch_oldest() > 0);
+    let mut lost = 0;
+    for (i, b) in boxes.iter().enumerate() {
+        if b.get().is_none() {
+            lost += 1;
+        }
+        assert_eq!(b.read(i as u64), value(i as u64, 7));
+    }
+    assert!(lost > 0, "punching the oldest segment lost nothing");
+    assert!(arena.usage() <= arena.budget());
+}
+
+#[test]
+fn holes_punched_behind_its_back_never_give_wrong_values() {
+    let arena = arena(32 << 20);
+    let stop = Arc::new(AtomicBool::new(false));
+    let checked = Arc::new(AtomicU64::new(0));
+    let rebuilt = Arc::new(AtomicU64::new(0));
+    let pool = SoftPool::new(&arena, |(i, v): (u64, u64)| value(i, v));
+    let mut threads = Vec::new();
+    for t in 0..3u64 {
+        let (pool, stop, checked) = (pool.clone(), stop.clone(), checked.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(t);
+            let n = 20_000u64;
+            let base = t * n;
+            let boxes: Vec<_> = (0..n).map(|_| pool.new_box()).collect();
+            let mut versions = vec![0u64; n as usize];
+            while !stop.load(Relaxed) {
+                let k = rng.gen_range(0..n) as usize;
+                let i = base + k as u64;
+                if rng.gen_bool(0.3) {
+                    versions[k] += 1;
+                    boxes[k].write(value(i, versions[k])).unwrap();
+                } else {
+                    assert_eq!(
+                        boxes[k].read((i, versions[k])),
+                        value(i, versions[k]),
+                        "box {i} at version {}",
+                        versions[k]
+                    );
+                    checked.fetch_add(1, Relaxed);
+                }
+            }
+        }));
+    }
+    {
+        let (arena, stop, rebuilt) = (arena.clone(), stop.clone(), rebuilt.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(99);
+            let mut punches = 0u64;
+            while !stop.load(Relaxed) {
+                // Pages anywhere in the first segments, in use or not.
+                let pages = (64 << 20) / 4096;
+                let page = rng.gen_range(0..pages);
+                let len = 4096 * rng.gen_range(1..16);
+                arena.punch_behind_back(page * 4096, len).unwrap();
+                punches += 1;
+                if punches.is_multiple_of(64) {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+            rebuilt.store(punches, Relaxed);
+        }));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    stop.store(true, Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = pool.stats();
+    eprintln!(
+        "checked {} reads, {} punches, {s:?}",
+        checked.load(Relaxed),
+        rebuilt.load(Relaxed)
+    );
+    assert!(checked.load(Relaxed) > 10_000);
+    assert!(s.reconstructions > 0);
+    assert!(s.hits > 0);
+}
+
+#[test]
+fn a_small_budget_evicts_and_stays_correct() {
+    let arena = arena(4 * SEGMENT);
+    let pool = SoftPool::new(&arena, |i: u64| value(i, 1));
+    let boxes: Vec<_> = (0..200_000u64).map(|_| pool.new_box()).collect();
+    for round in 0..3 {
+        for (i, b) in boxes.iter().enumerate() {
+            assert_eq!(b.read(i as u64), value(i as u64, 1), "round {round}");
+        }
+    }
+    assert!(arena.usage() <= arena.budget());
+    let s = pool.stats();
+    assert!(s.reconstructions > 200_000, "{s:?}");
+}
+
+#[test]
+fn large_objects_span_segments() {
+    // 5 MiB values by value need a big stack.
+    std::thread::Builder::new()
+        .stack_size(64 << 20)
+        .spawn(large_objects)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+fn large_objects() {
+    let arena = arena(16 * SEGMENT);
+    let pool = SoftPool::new(&arena, |seed: u8| [seed; 5 << 20]);
+    let b = pool.new_box();
+    let v = b.read(3);
+    assert!(v.iter().all(|&x| x == 3));
+    let mut out = Box::new([0u8; 5 << 20]);
+    assert!(b.get_into(&mut out));
+    assert!(out.iter().all(|&x| x == 3));
+    b.write([9; 5 << 20]).unwrap();
+    assert!(b.get().unwrap().iter().all(|&x| x == 9));
+    while arena.punch_oldest() > 0 {}
+    assert!(b.get().is_none());
+    assert!(b.read(4).iter().all(|&x| x == 4));
+}
+
+/// A SIGBUS outside the resilient copy (here: touching a memfd page past its end) must still
+/// kill the process: the handler passes it on.
+#[test]
+fn a_foreign_sigbus_still_kills() {
+    if std::env::var_os("TIDEPOOL_SOFT_FOREIGN_SIGBUS").is_some() {
+        let _arena = arena(SEGMENT); // installs the handler
+                                     // SAFETY: deliberately touching a page past a memfd's end, in a child process whose
+                                     // only job is to die of it.
+        unsafe {
+            let fd = libc::memfd_create(c"t".as_ptr(), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            ) as *const u8;
+            std::ptr::read_volatile(p);
+        }
+        unreachable!("the read above raises SIGBUS");
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_foreign_sigbus_still_kills",
+            "--test-threads=1",
+        ])
+        .env("TIDEPOOL_SOFT_FOREIGN_SIGBUS", "1")
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}", out.status);
+}
