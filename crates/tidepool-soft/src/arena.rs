@@ -27,6 +27,12 @@ const INC_BITS: u32 = 12;
 pub const INC_MASK: u32 = (1 << INC_BITS) - 1;
 /// Marks a header (with the slot and generation, a header cannot be mistaken for payload).
 const MAGIC: u64 = 0x50f7;
+/// Headers are two words: the tag (magic, generation, slot), then the payload length (low 32
+/// bits) and the object's CLOCK hotness (the byte at this bit), which reads raise and the
+/// evacuator lowers.
+const HOT_SHIFT: u32 = 32;
+/// Hotness saturates here.
+pub const HOT_MAX: u8 = 3;
 
 /// Segment kinds.
 const UNPOPULATED: u8 = 0;
@@ -202,8 +208,14 @@ impl SoftArena {
         src: *const u8,
         len: usize,
     ) -> Result<Placement, SoftError> {
+        if len > u32::MAX as usize {
+            return Err(SoftError::TooLarge {
+                bytes: len,
+                budget: self.budget(),
+            });
+        }
         let total = (HEADER + len).next_multiple_of(16);
-        let header = [tag(slot, generation), len as u64];
+        let header = [tag(slot, generation), len as u64 | (1 << HOT_SHIFT)];
         loop {
             let at = self.allocate(total)?;
             let addr = self.address(at.offset);
@@ -222,13 +234,14 @@ impl SoftArena {
     }
 
     /// Copies the payload of the object at `offset` to `dst` after checking that its header
-    /// names `slot` and `generation` and holds `len` bytes. `Err(Lost)` if a page of it was
-    /// revoked or something else is there now. The bytes may be torn by a concurrent reuse of
-    /// the segment: the caller checks the slot and the incarnation again afterwards.
+    /// names `slot` and `generation` and holds `len` bytes; returns the object's hotness.
+    /// `Err(Lost)` if a page of it was revoked or something else is there now. The bytes may
+    /// be torn by a concurrent reuse of the segment: the caller checks the incarnation again
+    /// afterwards.
     ///
     /// # Safety
     ///
-    /// `dst` is valid for writes of `len` bytes; `offset` came from a slot of this arena.
+    /// `dst` is valid for writes of `len` bytes.
     pub(crate) unsafe fn read(
         &self,
         offset: usize,
@@ -236,18 +249,36 @@ impl SoftArena {
         generation: u16,
         dst: *mut u8,
         len: usize,
-    ) -> Result<(), Lost> {
-        let addr = self.address(offset);
-        if self.length(offset, slot, generation)? != len {
+    ) -> Result<u8, Lost> {
+        let header = self.header(offset, slot, generation)?;
+        if header[1] as u32 as usize != len {
             return Err(Lost);
         }
-        // SAFETY: the object lies inside the arena, whose mapping lives as long as `self`;
-        // revoked pages are reported; `dst` is the caller's.
-        unsafe { resilient::copy(dst, (addr + HEADER) as *const u8, len) }
+        // SAFETY: the header said `len` bytes follow, inside the arena (checked in `header`),
+        // whose mapping lives as long as `self`; revoked pages are reported; `dst` is the
+        // caller's.
+        unsafe { resilient::copy(dst, (self.address(offset) + HEADER) as *const u8, len)? };
+        Ok((header[1] >> HOT_SHIFT) as u8)
     }
 
-    /// The payload length in the header at `offset`, if readable and naming `slot`.
-    pub(crate) fn length(&self, offset: usize, slot: u32, generation: u16) -> Result<usize, Lost> {
+    /// Raises the hotness of the object at `offset` (best effort: racing readers may both
+    /// write the same value).
+    pub(crate) fn touch(&self, offset: usize, hot: u8) {
+        if hot < HOT_MAX {
+            // SAFETY: the hotness byte of a header inside the arena; revoked pages are
+            // reported, and a lost update of hotness is harmless.
+            let _ = unsafe {
+                resilient::store_u8(
+                    (self.address(offset) + 8 + HOT_SHIFT as usize / 8) as *mut u8,
+                    hot + 1,
+                )
+            };
+        }
+    }
+
+    /// The header at `offset`, if readable, naming `slot`, and describing an object inside
+    /// the arena.
+    fn header(&self, offset: usize, slot: u32, generation: u16) -> Result<[u64; 2], Lost> {
         let mut header = [0u64; 2];
         if offset + HEADER > self.map.bytes() {
             return Err(Lost);
@@ -262,11 +293,11 @@ impl SoftArena {
             )?
         };
         if header[0] != tag(slot, generation)
-            || offset + HEADER + header[1] as usize > self.map.bytes()
+            || offset + HEADER + header[1] as u32 as usize > self.map.bytes()
         {
             return Err(Lost);
         }
-        Ok(header[1] as usize)
+        Ok(header)
     }
 
     /// An object of `len` payload bytes at `offset` is no longer referenced.
@@ -531,6 +562,6 @@ fn tag(slot: u32, generation: u16) -> u64 {
 }
 
 /// The slot word for an object placed at `at`.
-pub(crate) fn live_word(generation: u16, at: Placement, hot: u64) -> u64 {
-    slots::word(slots::LIVE, generation, at.offset, at.incarnation, hot)
+pub(crate) fn live_word(generation: u16, at: Placement) -> u64 {
+    slots::word(slots::LIVE, generation, at.offset, at.incarnation)
 }

@@ -1,26 +1,55 @@
 //! Soft pools and soft boxes: objects in soft memory, read by copy, rebuilt by the pool's
 //! reconstructor when they are gone.
+//!
+//! A handle keeps a *hint*: a copy of its slot's word from when it last wrote or read
+//! through the slot table. A read first tries the object the hint names, checking only the
+//! segment's incarnation (metadata that stays in cache) and the object's header: one cache
+//! miss, like dereferencing a `Box`. The hint is sound because every change of value goes
+//! through the handle, which updates the hint under a BUSY mark; what changes a slot without
+//! the handle (the evacuator moving an object, a segment being reused or revoked) either
+//! leaves the hinted bytes as they were or bumps the incarnation the read checks.
 
 use crate::arena::{live_word, SoftArena};
-use crate::slots::{self, HOT_MAX, LIVE, LOST};
+use crate::slots::{self, BUSY, LIVE, LOST};
 use crate::SoftError;
+use std::cell::Cell;
 use std::convert::Infallible;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{fence, AtomicU64, Ordering::*};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// What a pool counts (per pool).
+/// Counter shards: readers on different threads do not share a cache line, and a plain
+/// load-and-store increment (no locked instruction, which would stall the reads in flight
+/// behind it) loses counts only when two threads share a shard at the same moment.
+const SHARDS: usize = 16;
+
 #[derive(Debug, Default)]
-pub struct PoolCounters {
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
-    pub reconstructions: AtomicU64,
-    pub reconstruct_nanos: AtomicU64,
-    pub reconstruct_failures: AtomicU64,
+#[repr(align(64))]
+struct Shard {
+    hits: AtomicU64,
+    misses: AtomicU64,
 }
 
-/// A snapshot of [`PoolCounters`].
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static MY_SHARD: Cell<usize> = Cell::new(NEXT_SHARD.fetch_add(1, Relaxed) % SHARDS);
+}
+
+fn bump(c: &AtomicU64) {
+    c.store(c.load(Relaxed) + 1, Relaxed);
+}
+
+/// What a pool counts.
+#[derive(Debug, Default)]
+pub struct PoolCounters {
+    shards: [Shard; SHARDS],
+    reconstructions: AtomicU64,
+    reconstruct_nanos: AtomicU64,
+    reconstruct_failures: AtomicU64,
+}
+
+/// A snapshot of a pool's counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PoolStats {
     pub hits: u64,
@@ -32,11 +61,29 @@ pub struct PoolStats {
 }
 
 impl PoolCounters {
+    fn shard(&self) -> &Shard {
+        &self.shards[MY_SHARD.with(Cell::get)]
+    }
+
+    pub(crate) fn hit(&self, hit: bool) {
+        let s = self.shard();
+        bump(if hit { &s.hits } else { &s.misses });
+    }
+
+    pub(crate) fn reconstructed(&self, nanos: u64) {
+        self.reconstructions.fetch_add(1, Relaxed);
+        self.reconstruct_nanos.fetch_add(nanos, Relaxed);
+    }
+
+    pub(crate) fn failed(&self) {
+        self.reconstruct_failures.fetch_add(1, Relaxed);
+    }
+
     pub(crate) fn snapshot(&self) -> PoolStats {
         let n = self.reconstructions.load(Relaxed);
         PoolStats {
-            hits: self.hits.load(Relaxed),
-            misses: self.misses.load(Relaxed),
+            hits: self.shards.iter().map(|s| s.hits.load(Relaxed)).sum(),
+            misses: self.shards.iter().map(|s| s.misses.load(Relaxed)).sum(),
             reconstructions: n,
             reconstruct_failures: self.reconstruct_failures.load(Relaxed),
             reconstruct_us: if n == 0 {
@@ -48,55 +95,103 @@ impl PoolCounters {
     }
 }
 
-/// Outcome of reading an object's bytes.
-pub(crate) enum Read {
-    Hit,
-    /// Never written, freed, evicted or revoked.
-    Miss,
+/// Where a handle's object is: slot, generation, and the hint (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Handle {
+    pub slot: u32,
+    pub generation: u16,
+    hint: AtomicU64,
 }
 
-/// The untyped core every soft structure uses: objects named by slot and generation.
+/// The untyped core every soft structure uses.
 #[derive(Debug)]
 pub(crate) struct Objects {
     pub arena: Arc<SoftArena>,
 }
 
 impl Objects {
-    /// Reads the object of `slot` into `dst` (`len` bytes, which must be its length).
+    /// A new handle with an empty slot.
+    pub fn handle(&self) -> Handle {
+        let (slot, generation) = self.arena.slots.allocate();
+        Handle {
+            slot,
+            generation,
+            hint: AtomicU64::new(slots::word(slots::EMPTY, generation, 0, 0)),
+        }
+    }
+
+    /// Reads the object into `dst` (`len` bytes, its length); `true` on a hit.
     ///
     /// # Safety
     ///
-    /// `dst` is valid for writes of `len` bytes. On `Read::Hit` they hold exactly what a
-    /// writer wrote; on a miss they may hold anything.
-    pub unsafe fn read(&self, slot: u32, generation: u16, dst: *mut u8, len: usize) -> Read {
-        let s = self.arena.slots.get(slot);
+    /// `dst` is valid for writes of `len` bytes. On a hit they hold exactly what a writer
+    /// wrote; on a miss, anything.
+    pub unsafe fn read(&self, h: &Handle, dst: *mut u8, len: usize) -> bool {
+        let hint = h.hint.load(Acquire);
+        // SAFETY: the caller's `dst`.
+        if slots::state(hint) == LIVE && unsafe { self.read_at(h, hint, dst, len) } {
+            return true;
+        }
+        // SAFETY: the caller's `dst`.
+        match unsafe { self.read_slot(h, dst, len) } {
+            Some(w) => {
+                // Refresh the hint, unless a change is under way (it will set the hint).
+                if slots::state(hint) != BUSY && hint != w {
+                    let _ = h.hint.compare_exchange(hint, w, AcqRel, Relaxed);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Copies the object `w` names, if its segment still holds it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Objects::read`].
+    unsafe fn read_at(&self, h: &Handle, w: u64, dst: *mut u8, len: usize) -> bool {
+        let offset = slots::location(w);
+        if self.arena.incarnation(offset) != slots::incarnation(w) {
+            return false;
+        }
+        // SAFETY: the caller's `dst`; the offset came from a slot word.
+        let copied = unsafe { self.arena.read(offset, h.slot, h.generation, dst, len) };
+        // The copy is done before the incarnation is checked again (x86 keeps loads in order;
+        // this keeps the compiler from moving them).
+        fence(Acquire);
+        match copied {
+            Ok(hot) if self.arena.incarnation(offset) == slots::incarnation(w) => {
+                self.arena.touch(offset, hot);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Reads through the slot table; the slot word read, on a hit.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Objects::read`].
+    unsafe fn read_slot(&self, h: &Handle, dst: *mut u8, len: usize) -> Option<u64> {
+        let s = self.arena.slots.get(h.slot);
         loop {
             let w = s.load(Acquire);
-            if slots::state(w) != LIVE || slots::generation(w) != generation {
-                return Read::Miss;
+            if slots::state(w) != LIVE || slots::generation(w) != h.generation {
+                return None;
             }
-            let offset = slots::location(w);
-            if self.arena.incarnation(offset) != slots::incarnation(w) {
+            // SAFETY: the caller's `dst`.
+            if unsafe { self.read_at(h, w, dst, len) } {
+                return Some(w);
+            }
+            if s.load(Acquire) == w {
+                // Still the slot's object, and unreadable: its page was revoked, or its
+                // segment reused.
                 self.lose(s, w, len);
-                return Read::Miss;
+                return None;
             }
-            // SAFETY: the caller's `dst`; `offset` came from the slot.
-            let copied = unsafe { self.arena.read(offset, slot, generation, dst, len) };
-            // The copy is done before the slot and the segment are checked again.
-            fence(Acquire);
-            let now = s.load(Relaxed);
-            if !slots::same(now, w) {
-                continue; // rewritten or moved meanwhile: read the new version
-            }
-            if copied.is_err() || self.arena.incarnation(offset) != slots::incarnation(w) {
-                self.lose(s, w, len);
-                return Read::Miss;
-            }
-            let hot = slots::hot(now);
-            if hot < HOT_MAX {
-                let _ = s.compare_exchange(now, slots::with_hot(now, hot + 1), Relaxed, Relaxed);
-            }
-            return Read::Hit;
+            // The object moved or changed while we read: read again.
         }
     }
 
@@ -110,107 +205,118 @@ impl Objects {
         }
     }
 
-    /// Writes a new version of the object of `slot`; the old one (if any) is forgotten.
+    /// Marks the handle's hint BUSY while its value changes; returns the hint it held.
+    fn lock(&self, h: &Handle) -> u64 {
+        loop {
+            let w = h.hint.load(Acquire);
+            if slots::state(w) != BUSY
+                && h.hint
+                    .compare_exchange_weak(w, slots::with_state(w, BUSY), Acquire, Relaxed)
+                    .is_ok()
+            {
+                return w;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    fn unlock(&self, h: &Handle, w: u64) {
+        h.hint.store(w, Release);
+    }
+
+    /// Writes a new version of the object (`len` bytes from `src`).
     ///
     /// # Safety
     ///
     /// `src` is valid for reads of `len` bytes.
-    pub unsafe fn write(
-        &self,
-        slot: u32,
-        generation: u16,
-        src: *const u8,
-        len: usize,
-    ) -> Result<(), SoftError> {
+    pub unsafe fn write(&self, h: &Handle, src: *const u8, len: usize) -> Result<(), SoftError> {
+        let before = self.lock(h);
         // SAFETY: the caller's `src`.
-        let at = unsafe { self.arena.append(slot, generation, src, len)? };
-        let new = live_word(generation, at, 1);
-        let s = self.arena.slots.get(slot);
-        let mut w = s.load(Acquire);
-        loop {
-            if slots::generation(w) != generation {
-                // The handle was freed meanwhile (cannot happen through a live handle).
-                self.arena.forget(at.offset, at.incarnation, len);
-                return Ok(());
-            }
-            match s.compare_exchange_weak(w, new, AcqRel, Acquire) {
-                Ok(_) => break,
-                Err(now) => w = now,
-            }
-        }
-        if slots::state(w) == LIVE {
-            let old_len = self
-                .arena
-                .length(slots::location(w), slot, generation)
-                .unwrap_or(len);
-            self.arena
-                .forget(slots::location(w), slots::incarnation(w), old_len);
-        }
-        Ok(())
+        let r = unsafe { self.write_locked(h, src, len) };
+        self.unlock(h, r.as_ref().copied().unwrap_or(before));
+        r.map(|_| ())
     }
 
-    /// Replaces the object `expected` names (a word read by the caller) with a new version;
-    /// `Ok(false)` if the slot changed meanwhile (nothing written).
+    /// Writes with the hint held BUSY; the new slot word.
     ///
     /// # Safety
     ///
     /// `src` is valid for reads of `len` bytes.
-    pub unsafe fn replace(
+    unsafe fn write_locked(
         &self,
-        slot: u32,
-        generation: u16,
-        expected: u64,
+        h: &Handle,
         src: *const u8,
         len: usize,
-    ) -> Result<bool, SoftError> {
+    ) -> Result<u64, SoftError> {
         // SAFETY: the caller's `src`.
-        let at = unsafe { self.arena.append(slot, generation, src, len)? };
-        let new = live_word(generation, at, 1);
-        let s = self.arena.slots.get(slot);
-        let mut w = expected;
-        loop {
-            match s.compare_exchange_weak(w, new, AcqRel, Acquire) {
-                Ok(_) => break,
-                // Only hotness moved: still the same version.
-                Err(now) if slots::same(now, expected) => w = now,
-                Err(_) => {
-                    self.arena.forget(at.offset, at.incarnation, len);
-                    return Ok(false);
-                }
-            }
-        }
-        if slots::state(expected) == LIVE {
+        let at = unsafe { self.arena.append(h.slot, h.generation, src, len)? };
+        let new = live_word(h.generation, at);
+        let old = self.arena.slots.get(h.slot).swap(new, AcqRel);
+        if slots::state(old) == LIVE {
             self.arena
-                .forget(slots::location(expected), slots::incarnation(expected), len);
+                .forget(slots::location(old), slots::incarnation(old), len);
         }
-        Ok(true)
+        Ok(new)
     }
 
-    /// The slot's current word.
-    pub fn word(&self, slot: u32) -> u64 {
-        self.arena.slots.get(slot).load(Acquire)
+    /// Replaces the value with `new` if `keep(current)` is false... precisely: reads the
+    /// current value into `cur`, and if `decide(cur)` says so, writes `len` bytes from `src`.
+    /// Returns whether the value was there (`false`: gone, nothing written) and what `decide`
+    /// said.
+    ///
+    /// # Safety
+    ///
+    /// `cur` is valid for writes and `src` for reads of `len` bytes; `decide` is called only
+    /// after a hit, with `cur` filled.
+    pub unsafe fn update(
+        &self,
+        h: &Handle,
+        cur: *mut u8,
+        src: *const u8,
+        len: usize,
+        decide: impl FnOnce() -> bool,
+    ) -> Result<(bool, bool), SoftError> {
+        let before = self.lock(h);
+        // With the hint BUSY no other change can happen, so the value read is the value
+        // replaced.
+        // SAFETY: the caller's `cur`.
+        let present = unsafe { self.read_slot(h, cur, len) };
+        let Some(w) = present else {
+            self.unlock(h, before);
+            return Ok((false, false));
+        };
+        if !decide() {
+            self.unlock(h, w);
+            return Ok((true, false));
+        }
+        // SAFETY: the caller's `src`.
+        let r = unsafe { self.write_locked(h, src, len) };
+        self.unlock(h, r.as_ref().copied().unwrap_or(w));
+        r.map(|_| (true, true))
     }
 
-    /// A new, empty slot.
-    pub fn allocate(&self) -> (u32, u16) {
-        self.arena.slots.allocate()
+    /// Drops the object from soft memory (it reads as missing until written again).
+    pub fn evict(&self, h: &Handle, len: usize) {
+        let before = self.lock(h);
+        let s = self.arena.slots.get(h.slot);
+        let w = s.load(Acquire);
+        if slots::state(w) == LIVE && slots::generation(w) == h.generation {
+            self.lose(s, w, len);
+        }
+        self.unlock(h, slots::with_state(before, LOST));
     }
 
-    /// Frees a slot and forgets its object.
-    pub fn release(&self, slot: u32, len: usize) {
-        let w = self.arena.slots.release(slot);
+    /// Whether the slot says the object is present.
+    pub fn present(&self, h: &Handle) -> bool {
+        slots::state(self.arena.slots.get(h.slot).load(Acquire)) == LIVE
+    }
+
+    /// Frees the handle's slot and forgets its object.
+    pub fn release(&self, h: &Handle, len: usize) {
+        let w = self.arena.slots.release(h.slot);
         if slots::state(w) == LIVE {
             self.arena
                 .forget(slots::location(w), slots::incarnation(w), len);
-        }
-    }
-
-    /// Drops the object of `slot` (it reads as missing until written again).
-    pub fn evict(&self, slot: u32, generation: u16, len: usize) {
-        let s = self.arena.slots.get(slot);
-        let w = s.load(Acquire);
-        if slots::generation(w) == generation && slots::state(w) == LIVE {
-            self.lose(s, w, len);
         }
     }
 }
@@ -280,11 +386,9 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftPool<T, A, E> {
 
     /// A new soft box, empty: its first read reconstructs.
     pub fn new_box(&self) -> SoftBox<T, A, E> {
-        let (slot, generation) = self.shared.objects.allocate();
         SoftBox {
+            handle: self.shared.objects.handle(),
             pool: self.clone(),
-            slot,
-            generation,
         }
     }
 
@@ -310,15 +414,14 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftPool<T, A, E> {
 /// is gone), written, compared and exchanged. Dropping it frees the object.
 pub struct SoftBox<T: Copy + Send + 'static, A: 'static = (), E: 'static = Infallible> {
     pool: SoftPool<T, A, E>,
-    slot: u32,
-    generation: u16,
+    handle: Handle,
 }
 
 impl<T: Copy + Send + 'static, A: 'static, E: 'static> std::fmt::Debug for SoftBox<T, A, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SoftBox")
-            .field("slot", &self.slot)
-            .field("generation", &self.generation)
+            .field("slot", &self.handle.slot)
+            .field("generation", &self.handle.generation)
             .finish()
     }
 }
@@ -328,30 +431,22 @@ const fn len_of<T>() -> usize {
 }
 
 impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftBox<T, A, E> {
+    fn objects(&self) -> &Objects {
+        &self.pool.shared.objects
+    }
+
     /// The value if it is still in soft memory; `None` if it was never written or is gone.
     pub fn get(&self) -> Option<T> {
-        let shared = &self.pool.shared;
         let mut out = MaybeUninit::<T>::uninit();
         // SAFETY: `out` has room for one T.
-        match unsafe {
-            shared.objects.read(
-                self.slot,
-                self.generation,
-                out.as_mut_ptr().cast(),
-                len_of::<T>(),
-            )
-        } {
-            Read::Hit => {
-                shared.counters.hits.fetch_add(1, Relaxed);
-                // SAFETY: on a hit the bytes are those of a T some writer copied in whole,
-                // and T is Copy, so a bitwise copy is a valid T.
-                Some(unsafe { out.assume_init() })
-            }
-            Read::Miss => {
-                shared.counters.misses.fetch_add(1, Relaxed);
-                None
-            }
-        }
+        let hit = unsafe {
+            self.objects()
+                .read(&self.handle, out.as_mut_ptr().cast(), len_of::<T>())
+        };
+        self.pool.shared.counters.hit(hit);
+        // SAFETY: on a hit the bytes are those of a T some writer copied in whole, and T is
+        // Copy, so a bitwise copy is a valid T.
+        hit.then(|| unsafe { out.assume_init() })
     }
 
     /// Copies the value into `out` if it is still in soft memory, with no copy on the stack
@@ -362,23 +457,12 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftBox<T, A, E> {
     where
         T: zerocopy::FromBytes,
     {
-        let shared = &self.pool.shared;
         // SAFETY: `out` has room for one T, and T accepts any bytes.
-        let read = unsafe {
-            shared.objects.read(
-                self.slot,
-                self.generation,
-                (out as *mut T).cast(),
-                len_of::<T>(),
-            )
+        let hit = unsafe {
+            self.objects()
+                .read(&self.handle, (out as *mut T).cast(), len_of::<T>())
         };
-        let hit = matches!(read, Read::Hit);
-        let counter = if hit {
-            &shared.counters.hits
-        } else {
-            &shared.counters.misses
-        };
-        counter.fetch_add(1, Relaxed);
+        self.pool.shared.counters.hit(hit);
         hit
     }
 
@@ -391,89 +475,69 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftBox<T, A, E> {
         let shared = &self.pool.shared;
         let t0 = Instant::now();
         let v = (shared.reconstruct)(args);
-        let nanos = t0.elapsed().as_nanos() as u64;
         match &v {
             Ok(v) => {
-                shared.counters.reconstructions.fetch_add(1, Relaxed);
-                shared.counters.reconstruct_nanos.fetch_add(nanos, Relaxed);
+                shared
+                    .counters
+                    .reconstructed(t0.elapsed().as_nanos() as u64);
                 // Best effort: with no room, the value is returned uncached.
                 let _ = self.write(*v);
             }
-            Err(_) => {
-                shared.counters.reconstruct_failures.fetch_add(1, Relaxed);
-            }
+            Err(_) => shared.counters.failed(),
         }
         v
     }
 
     /// Stores `value` (a new version; readers see the old or the new one, never a mix).
     pub fn write(&self, value: T) -> Result<(), SoftError> {
-        // SAFETY: `value` is a T on our stack, len_of::<T>() bytes.
+        self.write_from(&value)
+    }
+
+    /// Stores `*value` without a copy on the stack (for large values).
+    pub fn write_from(&self, value: &T) -> Result<(), SoftError> {
+        // SAFETY: `value` is a T, len_of::<T>() bytes.
         unsafe {
-            self.pool.shared.objects.write(
-                self.slot,
-                self.generation,
-                (&raw const value).cast(),
-                len_of::<T>(),
-            )
+            self.objects()
+                .write(&self.handle, (value as *const T).cast(), len_of::<T>())
         }
     }
 
     /// Stores `new` if the value is `current` (compared with `==`). `Err(Some(actual))` when
-    /// it is something else, `Err(None)` when it is gone (read with arguments to rebuild it).
+    /// it is something else, `Err(None)` when it is gone (read with arguments to rebuild it)
+    /// or there was no room for the new version.
     pub fn compare_exchange(&self, current: &T, new: T) -> Result<(), Option<T>>
     where
         T: PartialEq,
     {
-        let objects = &self.pool.shared.objects;
-        loop {
-            let w = objects.word(self.slot);
-            let mut out = MaybeUninit::<T>::uninit();
-            // SAFETY: `out` has room for one T.
-            let read = unsafe {
-                objects.read(
-                    self.slot,
-                    self.generation,
-                    out.as_mut_ptr().cast(),
-                    len_of::<T>(),
-                )
-            };
-            if matches!(read, Read::Miss) {
-                return Err(None);
-            }
-            // SAFETY: a hit, as in `get`.
-            let actual = unsafe { out.assume_init() };
-            if actual != *current {
-                return Err(Some(actual));
-            }
-            // SAFETY: `new` is a T on our stack.
-            match unsafe {
-                objects.replace(
-                    self.slot,
-                    self.generation,
-                    w,
-                    (&raw const new).cast(),
-                    len_of::<T>(),
-                )
-            } {
-                Ok(true) => return Ok(()),
-                Ok(false) => continue, // changed between our read and our write
-                Err(_) => return Err(None),
-            }
+        let mut actual = MaybeUninit::<T>::uninit();
+        let cur = actual.as_mut_ptr();
+        // SAFETY: `actual` has room for one T and `new` is one; `decide` runs only after a
+        // hit, when `actual` holds a T a writer wrote in whole.
+        let r = unsafe {
+            self.objects().update(
+                &self.handle,
+                cur.cast(),
+                (&raw const new).cast(),
+                len_of::<T>(),
+                || *cur == *current,
+            )
+        };
+        match r {
+            Ok((true, true)) => Ok(()),
+            // SAFETY: present, so read in whole, as above.
+            Ok((true, false)) => Err(Some(unsafe { actual.assume_init() })),
+            _ => Err(None),
         }
     }
 
     /// Drops the value from soft memory now (the next read reconstructs it).
     pub fn evict(&self) {
-        self.pool
-            .shared
-            .objects
-            .evict(self.slot, self.generation, len_of::<T>());
+        self.objects().evict(&self.handle, len_of::<T>());
     }
 
-    /// Whether the value is in soft memory now.
+    /// Whether the value is in soft memory now, as far as the slot table knows.
     pub fn is_present(&self) -> bool {
-        slots::state(self.pool.shared.objects.word(self.slot)) == LIVE
+        self.objects().present(&self.handle)
     }
 }
 
@@ -489,6 +553,6 @@ impl<T: Copy + Send + 'static, A: 'static> SoftBox<T, A, Infallible> {
 
 impl<T: Copy + Send + 'static, A: 'static, E: 'static> Drop for SoftBox<T, A, E> {
     fn drop(&mut self) {
-        self.pool.shared.objects.release(self.slot, len_of::<T>());
+        self.objects().release(&self.handle, len_of::<T>());
     }
 }

@@ -7,16 +7,15 @@
 //! ```text
 //!  63                   32 31         20 19          4 3   2 1   0
 //! +-----------------------+-------------+-------------+-----+-----+
-//! | location / 16         | incarnation | generation  | hot |state|
+//! | location / 16         | incarnation | generation  |  0  |state|
 //! +-----------------------+-------------+-------------+-----+-----+
 //! ```
 //!
 //! The location is the object's offset in the arena (so arenas are at most 64 GiB); the
 //! incarnation is that of its segment when it was written (see [`crate::arena`]). `state` is
 //! EMPTY (no value: never written, or freed), LIVE (the object is at `location`)
-//! or LOST (it was, until its page was revoked or it was evicted). `hot` is a 2-bit CLOCK
-//! counter that reads raise and the evacuator lowers; readers compare slots with it masked
-//! out. The generation changes when a slot is freed, so a handle to a freed slot never reads
+//! or LOST (it was, until its page was revoked or it was evicted); handles use a fourth,
+//! BUSY, in their hint of the slot (see [`crate::pool`]). The generation changes when a slot is freed, so a handle to a freed slot never reads
 //! its successor's object.
 
 use parking_lot::Mutex;
@@ -25,10 +24,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 pub const EMPTY: u64 = 0;
 pub const LIVE: u64 = 1;
 pub const LOST: u64 = 2;
+pub const BUSY: u64 = 3;
 const STATE_MASK: u64 = 3;
-const HOT_SHIFT: u32 = 2;
-pub const HOT_MASK: u64 = 3 << HOT_SHIFT;
-pub const HOT_MAX: u64 = 3;
 const GEN_SHIFT: u32 = 4;
 const GEN_MASK: u64 = 0xFFFF << GEN_SHIFT;
 const INC_SHIFT: u32 = 20;
@@ -43,9 +40,6 @@ const CHUNKS: usize = 1 << 16;
 pub fn state(word: u64) -> u64 {
     word & STATE_MASK
 }
-pub fn hot(word: u64) -> u64 {
-    (word & HOT_MASK) >> HOT_SHIFT
-}
 pub fn generation(word: u64) -> u16 {
     ((word & GEN_MASK) >> GEN_SHIFT) as u16
 }
@@ -57,25 +51,16 @@ pub fn location(word: u64) -> usize {
 pub fn incarnation(word: u64) -> u32 {
     ((word & INC_MASK) >> INC_SHIFT) as u32
 }
-pub fn word(state: u64, generation: u16, location: usize, incarnation: u32, hot: u64) -> u64 {
+pub fn word(state: u64, generation: u16, location: usize, incarnation: u32) -> u64 {
     debug_assert!(location.is_multiple_of(16) && location >> 36 == 0);
     ((location as u64 >> 4) << LOC_SHIFT)
         | (((incarnation as u64) << INC_SHIFT) & INC_MASK)
         | ((generation as u64) << GEN_SHIFT)
-        | ((hot.min(HOT_MAX)) << HOT_SHIFT)
         | state
 }
 /// The same word in another state (LIVE to LOST keeps where the object was).
 pub fn with_state(word: u64, state: u64) -> u64 {
     (word & !STATE_MASK) | state
-}
-/// The same word with another hotness.
-pub fn with_hot(word: u64, hot: u64) -> u64 {
-    (word & !HOT_MASK) | (hot.min(HOT_MAX) << HOT_SHIFT)
-}
-/// Two slot words name the same object version (hotness aside).
-pub fn same(a: u64, b: u64) -> bool {
-    (a ^ b) & !HOT_MASK == 0
 }
 
 /// A growable array of slots with a free list.
@@ -128,7 +113,7 @@ impl SlotTable {
         let s = self.get(index);
         let mut w = s.load(Acquire);
         loop {
-            let next = word(EMPTY, generation(w).wrapping_add(1), 0, 0, 0);
+            let next = word(EMPTY, generation(w).wrapping_add(1), 0, 0);
             match s.compare_exchange_weak(w, next, AcqRel, Acquire) {
                 Ok(_) => break,
                 Err(now) => w = now,
