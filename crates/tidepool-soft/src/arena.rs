@@ -30,16 +30,16 @@ const MAGIC: u64 = 0x50f7;
 /// Headers are two words: the tag (magic, generation, slot), then the payload length (low 32
 /// bits) and the object's CLOCK hotness (the byte at this bit), which reads raise and the
 /// evacuator lowers.
-const HOT_SHIFT: u32 = 32;
+pub(crate) const HOT_SHIFT: u32 = 32;
 /// Hotness saturates here.
 pub const HOT_MAX: u8 = 3;
 
 /// Segment kinds.
-const UNPOPULATED: u8 = 0;
-const FREE: u8 = 1;
-const ACTIVE: u8 = 2;
-const CLOSED: u8 = 3;
-const CONTINUATION: u8 = 4;
+pub(crate) const UNPOPULATED: u8 = 0;
+pub(crate) const FREE: u8 = 1;
+pub(crate) const ACTIVE: u8 = 2;
+pub(crate) const CLOSED: u8 = 3;
+pub(crate) const CONTINUATION: u8 = 4;
 
 /// How to size an arena.
 #[derive(Debug, Clone)]
@@ -60,31 +60,39 @@ impl Default for ArenaConfig {
 }
 
 #[derive(Debug, Default)]
-struct SegmentMeta {
-    incarnation: AtomicU32,
+pub(crate) struct SegmentMeta {
+    pub incarnation: AtomicU32,
     /// Bytes of objects (headers included) that slots still point to; approximate while
     /// writers race, exact at rest.
-    live: AtomicI64,
-    kind: AtomicU8,
+    pub live: AtomicI64,
+    pub kind: AtomicU8,
     /// Segments in the run this one starts (1 but for large objects).
-    run: AtomicU32,
+    pub run: AtomicU32,
+    /// Bytes allocated in the segment (where a walk of its objects stops).
+    pub end: AtomicUsize,
+    /// Objects allocated here whose bytes are still being copied in.
+    pub writers: AtomicU32,
+    /// Sum of size times hotness of its live objects at the last scan.
+    pub hotness: AtomicU64,
 }
 
 #[derive(Debug, Default)]
-struct Segments {
-    unpopulated: BTreeSet<u32>,
+pub(crate) struct Segments {
+    pub unpopulated: BTreeSet<u32>,
     /// Populated and holding nothing.
-    free: Vec<u32>,
-    /// Full segments (and large-object runs, by first segment), oldest first.
-    closed: VecDeque<u32>,
+    pub free: Vec<u32>,
+    /// Full segments (and large-object runs, by first segment), coldest first after a scan
+    /// (oldest first before).
+    pub closed: VecDeque<u32>,
     /// Segments holding memory (free, active, closed, continuation).
-    populated: usize,
+    pub populated: usize,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
-struct Head {
-    segment: Option<u32>,
-    offset: usize,
+pub(crate) struct Head {
+    pub segment: Option<u32>,
+    /// Arena offset of the next allocation.
+    pub offset: usize,
 }
 
 /// Counters of an arena.
@@ -108,12 +116,15 @@ pub struct Placement {
 pub struct SoftArena {
     map: ArenaMap,
     registration: usize,
-    meta: Box<[SegmentMeta]>,
-    segments: Mutex<Segments>,
+    pub(crate) meta: Box<[SegmentMeta]>,
+    pub(crate) segments: Mutex<Segments>,
     heads: [Mutex<Head>; HEADS],
+    /// Where the evacuator copies live objects to.
+    pub(crate) evacuation_head: Mutex<Head>,
     budget_segments: AtomicUsize,
     pub(crate) slots: SlotTable,
     pub(crate) counters: ArenaCounters,
+    pub(crate) evacuator_idle: Arc<crate::evacuator::Doorbell>,
     huge_pages: ShmemHugePages,
 }
 
@@ -137,9 +148,11 @@ impl SoftArena {
                 ..Default::default()
             }),
             heads: Default::default(),
+            evacuation_head: Default::default(),
             budget_segments: AtomicUsize::new(config.budget.div_ceil(SEGMENT).max(1)),
             slots: SlotTable::default(),
             counters: ArenaCounters::default(),
+            evacuator_idle: Default::default(),
             huge_pages: ShmemHugePages::detect(),
             map,
             registration,
@@ -154,6 +167,10 @@ impl SoftArena {
     /// Whether segments are backed by 2 MiB pages (the machine's shmem huge-page policy).
     pub fn huge_pages(&self) -> ShmemHugePages {
         self.huge_pages
+    }
+
+    pub(crate) fn budget_segments(&self) -> usize {
+        self.budget_segments.load(Relaxed)
     }
 
     /// The budget in bytes.
@@ -184,7 +201,7 @@ impl SoftArena {
         }
     }
 
-    fn address(&self, offset: usize) -> usize {
+    pub(crate) fn address(&self, offset: usize) -> usize {
         self.map.base() + offset
     }
 
@@ -225,6 +242,7 @@ impl SoftArena {
                 resilient::copy(addr as *mut u8, header.as_ptr().cast(), HEADER)
                     .and_then(|()| resilient::copy((addr + HEADER) as *mut u8, src, len))
             };
+            self.meta[at.offset / SEGMENT].writers.fetch_sub(1, Release);
             match written {
                 Ok(()) => return Ok(at),
                 // The segment was revoked under us: it is gone; take another.
@@ -325,6 +343,7 @@ impl SoftArena {
                 head.offset += total;
                 let m = &self.meta[seg as usize];
                 m.live.fetch_add(total as i64, Relaxed);
+                m.writers.fetch_add(1, Acquire);
                 return Ok(Placement {
                     offset,
                     incarnation: m.incarnation.load(Acquire) & INC_MASK,
@@ -332,15 +351,13 @@ impl SoftArena {
             }
         }
         let mut s = self.segments.lock();
-        if let Some(old) = head.segment.take() {
-            self.meta[old as usize].kind.store(CLOSED, Relaxed);
-            s.closed.push_back(old);
-        }
+        self.close(&mut s, &mut head);
         let seg = self.take_segment(&mut s)?;
         drop(s);
         let m = &self.meta[seg as usize];
         m.kind.store(ACTIVE, Relaxed);
         m.live.store(total as i64, Relaxed);
+        m.writers.fetch_add(1, Acquire);
         head.segment = Some(seg);
         head.offset = seg as usize * SEGMENT + total;
         Ok(Placement {
@@ -349,7 +366,17 @@ impl SoftArena {
         })
     }
 
-    /// A populated, empty segment: a free one, a new one within the budget, or the oldest
+    /// Ends a head's segment: it joins the closed list, to be scanned and compacted.
+    pub(crate) fn close(&self, s: &mut Segments, head: &mut Head) {
+        if let Some(old) = head.segment.take() {
+            let m = &self.meta[old as usize];
+            m.end.store(head.offset - old as usize * SEGMENT, Relaxed);
+            m.kind.store(CLOSED, Relaxed);
+            s.closed.push_back(old);
+        }
+    }
+
+    /// A populated, empty segment: a free one, a new one within the budget, or the coldest
     /// closed one, evicted.
     fn take_segment(&self, s: &mut Segments) -> Result<u32, SoftError> {
         // Closed segments whose objects all died are free for the taking.
@@ -366,6 +393,9 @@ impl SoftArena {
             self.evict(seg);
             self.release(s, seg);
         }
+        if s.free.len() <= 1 {
+            self.evacuator_idle.ring();
+        }
         if let Some(seg) = s.free.pop() {
             return Ok(seg);
         }
@@ -374,6 +404,7 @@ impl SoftArena {
                 return self.populate(s, seg, 1).map(|()| seg);
             }
         }
+        // The evacuator is behind: take the coldest segment (direct reclamation).
         while let Some(seg) = s.closed.pop_front() {
             self.evict(seg);
             if self.meta[seg as usize].run.load(Relaxed) <= 1 {
@@ -440,6 +471,8 @@ impl SoftArena {
         m.kind.store(CLOSED, Relaxed);
         m.run.store(n, Relaxed);
         m.live.store(total as i64, Relaxed);
+        m.end.store(total, Relaxed);
+        m.writers.fetch_add(1, Acquire);
         s.closed.push_back(first);
         Ok(Placement {
             offset: first as usize * SEGMENT,
@@ -448,7 +481,7 @@ impl SoftArena {
     }
 
     /// Backs a run of segments with memory; on failure they go back to unpopulated.
-    fn populate(&self, s: &mut Segments, first: u32, n: u32) -> Result<(), SoftError> {
+    pub(crate) fn populate(&self, s: &mut Segments, first: u32, n: u32) -> Result<(), SoftError> {
         if let Err(e) = self
             .map
             .populate(first as usize * SEGMENT, n as usize * SEGMENT)
@@ -470,7 +503,7 @@ impl SoftArena {
     }
 
     /// Ends the current contents of a segment (run): slots naming them now read as lost.
-    fn evict(&self, seg: u32) {
+    pub(crate) fn evict(&self, seg: u32) {
         let m = &self.meta[seg as usize];
         // The bump is ordered before any later write into the segment (x86 keeps stores in
         // order, and the copy that writes is an opaque call), so a reader that saw new bytes
@@ -482,7 +515,7 @@ impl SoftArena {
     }
 
     /// Returns an evicted segment (run) to the system.
-    fn release(&self, s: &mut Segments, seg: u32) {
+    pub(crate) fn release(&self, s: &mut Segments, seg: u32) {
         let n = self.meta[seg as usize].run.load(Relaxed).max(1);
         // Errors cannot happen for a valid range of our own memfd; if one did, the memory
         // would stay populated, which costs memory but never correctness.
@@ -498,11 +531,16 @@ impl SoftArena {
 
     /// A write found the segment at `offset` revoked behind our back (a coordinator punched
     /// it): retire it so nothing is allocated there until it is populated afresh.
-    fn revoked(&self, at: Placement) {
+    pub(crate) fn revoked(&self, at: Placement) {
         let seg = (at.offset / SEGMENT) as u32;
         // Heads before the segment list, as `allocate` takes them: no head may keep
         // allocating from a segment that is about to be handed out afresh.
-        let mut heads: Vec<_> = self.heads.iter().map(|h| h.lock()).collect();
+        let mut heads: Vec<_> = self
+            .heads
+            .iter()
+            .chain(std::iter::once(&self.evacuation_head))
+            .map(|h| h.lock())
+            .collect();
         let mut s = self.segments.lock();
         if self.incarnation(at.offset) != at.incarnation {
             return; // someone else retired it already
@@ -557,7 +595,7 @@ impl Drop for SoftArena {
 }
 
 /// A header's first word: who the object belongs to.
-fn tag(slot: u32, generation: u16) -> u64 {
+pub(crate) fn tag(slot: u32, generation: u16) -> u64 {
     (MAGIC << 48) | ((generation as u64) << 32) | slot as u64
 }
 

@@ -12,12 +12,14 @@
 //! - [`SoftPool`] and [`SoftBox`]: typed objects with a reconstructor.
 
 pub mod arena;
+pub mod evacuator;
 pub mod pool;
 pub mod resilient;
 pub mod slots;
 pub mod sys;
 
 pub use arena::{ArenaConfig, SoftArena, SEGMENT};
+pub use evacuator::EvacuationReport;
 pub use pool::{PoolStats, SoftBox, SoftPool};
 pub use sys::ShmemHugePages;
 

@@ -216,3 +216,90 @@ fn a_foreign_sigbus_still_kills() {
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(out.status.signal(), Some(libc::SIGBUS), "{:?}", out.status);
 }
+
+#[test]
+fn evacuation_compacts_and_keeps_live_objects() {
+    let arena = arena(64 * SEGMENT);
+    let pool = SoftPool::new(&arena, |i: u64| value(i, 0));
+    let n = 200_000u64;
+    let mut boxes: Vec<Option<_>> = (0..n)
+        .map(|i| Some(pool.new_box_with(value(i, 1)).unwrap()))
+        .collect();
+    // Nine in ten die.
+    for (i, b) in boxes.iter_mut().enumerate() {
+        if i % 10 != 0 {
+            *b = None;
+        }
+    }
+    let used = arena.usage();
+    let r = arena.evacuate(usize::MAX, 0.5);
+    assert!(r.segments_freed >= 3, "{r:?}");
+    assert!(r.objects_moved > 0, "{r:?}");
+    let before = pool.stats().reconstructions;
+    for (i, b) in boxes.iter().enumerate() {
+        if let Some(b) = b {
+            assert_eq!(b.read(i as u64), value(i as u64, 1), "box {i}");
+        }
+    }
+    assert_eq!(
+        pool.stats().reconstructions,
+        before,
+        "a moved object was lost"
+    );
+    // Unread, the moved objects have cooled to zero: the next pass drops them.
+    let r2 = arena.evacuate(usize::MAX, 1.0);
+    eprintln!("{r:?} {r2:?}, usage {used} -> {}", arena.usage());
+}
+
+#[test]
+fn the_evacuator_runs_under_punches_and_writes() {
+    let arena = arena(24 * SEGMENT);
+    arena.start_evacuator(0.3, 0.5).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let pool = SoftPool::new(&arena, |(i, v): (u64, u64)| value(i, v));
+    let mut threads = Vec::new();
+    for t in 0..2u64 {
+        let (pool, stop) = (pool.clone(), stop.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(t);
+            let n = 100_000u64;
+            let boxes: Vec<_> = (0..n).map(|_| pool.new_box()).collect();
+            let mut versions = vec![0u64; n as usize];
+            let mut reads = 0u64;
+            while !stop.load(Relaxed) {
+                let k = rng.gen_range(0..n) as usize;
+                let i = t * n + k as u64;
+                if rng.gen_bool(0.5) {
+                    versions[k] += 1;
+                    boxes[k].write(value(i, versions[k])).unwrap();
+                } else {
+                    assert_eq!(boxes[k].read((i, versions[k])), value(i, versions[k]));
+                    reads += 1;
+                }
+            }
+            reads
+        }));
+    }
+    let punch = {
+        let (arena, stop) = (arena.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+            while !stop.load(Relaxed) {
+                let page = rng.gen_range(0..(48 * SEGMENT / 4096));
+                arena.punch_behind_back(page * 4096, 4096).unwrap();
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    stop.store(true, Relaxed);
+    let reads: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    punch.join().unwrap();
+    let s = pool.stats();
+    eprintln!(
+        "{reads} reads verified, {s:?}, usage {} of {}",
+        arena.usage(),
+        arena.budget()
+    );
+    assert!(reads > 10_000);
+}
