@@ -251,32 +251,26 @@ impl SoftArena {
         }
     }
 
-    /// Copies the payload of the object at `offset` to `dst` after checking that its header
-    /// names `slot` and `generation` and holds `len` bytes; returns the object's hotness.
-    /// `Err(Lost)` if a page of it was revoked or something else is there now. The bytes may
-    /// be torn by a concurrent reuse of the segment: the caller checks the incarnation again
-    /// afterwards.
-    ///
-    /// # Safety
-    ///
-    /// `dst` is valid for writes of `len` bytes.
-    pub(crate) unsafe fn read(
+    /// Copies the payload of the object at `offset` into `sink` after checking that its
+    /// header names `slot` and `generation` and that the sink takes its length; returns the
+    /// payload length and the object's hotness. `Err(Lost)` if a page of it was revoked or
+    /// something else is there now. The bytes may be torn by a concurrent reuse of the
+    /// segment: the caller checks the incarnation again afterwards.
+    pub(crate) fn read(
         &self,
         offset: usize,
         slot: u32,
         generation: u16,
-        dst: *mut u8,
-        len: usize,
-    ) -> Result<u8, Lost> {
+        sink: &mut impl Sink,
+    ) -> Result<(usize, u8), Lost> {
         let header = self.header(offset, slot, generation)?;
-        if header[1] as u32 as usize != len {
-            return Err(Lost);
-        }
+        let len = header[1] as u32 as usize;
+        let dst = sink.prepare(len).ok_or(Lost)?;
         // SAFETY: the header said `len` bytes follow, inside the arena (checked in `header`),
-        // whose mapping lives as long as `self`; revoked pages are reported; `dst` is the
-        // caller's.
+        // whose mapping lives as long as `self`; revoked pages are reported; the sink gave
+        // room for `len` bytes at `dst`.
         unsafe { resilient::copy(dst, (self.address(offset) + HEADER) as *const u8, len)? };
-        Ok((header[1] >> HOT_SHIFT) as u8)
+        Ok((len, (header[1] >> HOT_SHIFT) as u8))
     }
 
     /// Raises the hotness of the object at `offset` (best effort: racing readers may both
@@ -316,6 +310,25 @@ impl SoftArena {
             return Err(Lost);
         }
         Ok(header)
+    }
+
+    /// The payload length of the object at `offset`, if its segment is still in
+    /// `incarnation` and the header is readable.
+    pub(crate) fn object_bytes(&self, offset: usize, incarnation: u32) -> Option<usize> {
+        if self.incarnation(offset) != incarnation || offset + HEADER > self.map.bytes() {
+            return None;
+        }
+        let mut h = [0u64; 2];
+        // SAFETY: inside the arena (checked above); revoked pages are reported.
+        unsafe {
+            resilient::copy(
+                h.as_mut_ptr().cast(),
+                self.address(offset) as *const u8,
+                HEADER,
+            )
+            .ok()?
+        };
+        (h[0] >> 48 == MAGIC).then_some(h[1] as u32 as usize)
     }
 
     /// An object of `len` payload bytes at `offset` is no longer referenced.
@@ -591,6 +604,54 @@ impl SoftArena {
 impl Drop for SoftArena {
     fn drop(&mut self) {
         resilient::unregister_arena(self.registration);
+    }
+}
+
+/// Where a read puts an object's bytes.
+///
+/// # Safety
+///
+/// `prepare` returns a pointer valid for writes of `len` bytes, or `None`.
+pub(crate) unsafe trait Sink {
+    /// Room for `len` bytes (or `None`: this is not the object the reader expects).
+    fn prepare(&mut self, len: usize) -> Option<*mut u8>;
+    /// The bytes are in and validated.
+    fn done(&mut self, len: usize);
+}
+
+/// A sink of one fixed length.
+pub(crate) struct Exact {
+    dst: *mut u8,
+    len: usize,
+}
+
+impl Exact {
+    /// # Safety
+    ///
+    /// `dst` is valid for writes of `len` bytes for as long as the sink is used.
+    pub unsafe fn new(dst: *mut u8, len: usize) -> Exact {
+        Exact { dst, len }
+    }
+}
+
+// SAFETY: `dst` is valid for `len` bytes (the contract of `Exact::new`).
+unsafe impl Sink for Exact {
+    fn prepare(&mut self, len: usize) -> Option<*mut u8> {
+        (len == self.len).then_some(self.dst)
+    }
+    fn done(&mut self, _: usize) {}
+}
+
+// SAFETY: the pointer is to the vector's own reserved capacity.
+unsafe impl Sink for Vec<u8> {
+    fn prepare(&mut self, len: usize) -> Option<*mut u8> {
+        self.clear();
+        self.reserve(len);
+        Some(self.as_mut_ptr())
+    }
+    fn done(&mut self, len: usize) {
+        // SAFETY: `prepare` reserved `len` bytes and the copy filled them.
+        unsafe { self.set_len(len) };
     }
 }
 

@@ -10,18 +10,24 @@
 //!   normal memory ([`slots`]); handles hold a slot index and generation, never an address.
 //!   Reads copy optimistically and check the slot and the segment afterwards.
 //! - [`SoftPool`] and [`SoftBox`]: typed objects with a reconstructor.
+//! - [`SoftVec`], [`SoftMap`], [`SoftQueue`]: data structures with their index in normal memory
+//!   and their values ([`SoftValue`]) in soft memory.
 
 pub mod arena;
 pub mod evacuator;
 pub mod pool;
 pub mod resilient;
 pub mod slots;
+pub mod structures;
 pub mod sys;
+pub mod value;
 
 pub use arena::{ArenaConfig, SoftArena, SEGMENT};
 pub use evacuator::EvacuationReport;
 pub use pool::{PoolStats, SoftBox, SoftPool};
+pub use structures::{SoftMap, SoftQueue, SoftVec};
 pub use sys::ShmemHugePages;
+pub use value::SoftValue;
 
 /// What can go wrong in soft memory.
 #[derive(Debug, thiserror::Error)]

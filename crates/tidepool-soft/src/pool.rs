@@ -9,7 +9,7 @@
 //! the handle (the evacuator moving an object, a segment being reused or revoked) either
 //! leaves the hinted bytes as they were or bumps the incarnation the read checks.
 
-use crate::arena::{live_word, SoftArena};
+use crate::arena::{live_word, Exact, Sink, SoftArena};
 use crate::slots::{self, BUSY, LIVE, LOST};
 use crate::SoftError;
 use std::cell::Cell;
@@ -120,20 +120,14 @@ impl Objects {
         }
     }
 
-    /// Reads the object into `dst` (`len` bytes, its length); `true` on a hit.
-    ///
-    /// # Safety
-    ///
-    /// `dst` is valid for writes of `len` bytes. On a hit they hold exactly what a writer
-    /// wrote; on a miss, anything.
-    pub unsafe fn read(&self, h: &Handle, dst: *mut u8, len: usize) -> bool {
+    /// Reads the object into `sink`; `true` on a hit, when the sink holds exactly what a
+    /// writer wrote (on a miss it may hold anything).
+    pub fn read(&self, h: &Handle, sink: &mut impl Sink) -> bool {
         let hint = h.hint.load(Acquire);
-        // SAFETY: the caller's `dst`.
-        if slots::state(hint) == LIVE && unsafe { self.read_at(h, hint, dst, len) } {
+        if slots::state(hint) == LIVE && self.read_at(h, hint, sink) {
             return true;
         }
-        // SAFETY: the caller's `dst`.
-        match unsafe { self.read_slot(h, dst, len) } {
+        match self.read_slot(h, sink) {
             Some(w) => {
                 // Refresh the hint, unless a change is under way (it will set the hint).
                 if slots::state(hint) != BUSY && hint != w {
@@ -146,22 +140,18 @@ impl Objects {
     }
 
     /// Copies the object `w` names, if its segment still holds it.
-    ///
-    /// # Safety
-    ///
-    /// As for [`Objects::read`].
-    unsafe fn read_at(&self, h: &Handle, w: u64, dst: *mut u8, len: usize) -> bool {
+    fn read_at(&self, h: &Handle, w: u64, sink: &mut impl Sink) -> bool {
         let offset = slots::location(w);
         if self.arena.incarnation(offset) != slots::incarnation(w) {
             return false;
         }
-        // SAFETY: the caller's `dst`; the offset came from a slot word.
-        let copied = unsafe { self.arena.read(offset, h.slot, h.generation, dst, len) };
+        let copied = self.arena.read(offset, h.slot, h.generation, sink);
         // The copy is done before the incarnation is checked again (x86 keeps loads in order;
         // this keeps the compiler from moving them).
         fence(Acquire);
         match copied {
-            Ok(hot) if self.arena.incarnation(offset) == slots::incarnation(w) => {
+            Ok((len, hot)) if self.arena.incarnation(offset) == slots::incarnation(w) => {
+                sink.done(len);
                 self.arena.touch(offset, hot);
                 true
             }
@@ -170,25 +160,20 @@ impl Objects {
     }
 
     /// Reads through the slot table; the slot word read, on a hit.
-    ///
-    /// # Safety
-    ///
-    /// As for [`Objects::read`].
-    unsafe fn read_slot(&self, h: &Handle, dst: *mut u8, len: usize) -> Option<u64> {
+    fn read_slot(&self, h: &Handle, sink: &mut impl Sink) -> Option<u64> {
         let s = self.arena.slots.get(h.slot);
         loop {
             let w = s.load(Acquire);
             if slots::state(w) != LIVE || slots::generation(w) != h.generation {
                 return None;
             }
-            // SAFETY: the caller's `dst`.
-            if unsafe { self.read_at(h, w, dst, len) } {
+            if self.read_at(h, w, sink) {
                 return Some(w);
             }
             if s.load(Acquire) == w {
                 // Still the slot's object, and unreadable: its page was revoked, or its
                 // segment reused.
-                self.lose(s, w, len);
+                self.lose(s, w);
                 return None;
             }
             // The object moved or changed while we read: read again.
@@ -196,12 +181,11 @@ impl Objects {
     }
 
     /// Marks the object `w` names as lost (if the slot still names it).
-    fn lose(&self, s: &AtomicU64, w: u64, len: usize) {
+    fn lose(&self, s: &AtomicU64, w: u64) {
         if s.compare_exchange(w, slots::with_state(w, LOST), AcqRel, Relaxed)
             .is_ok()
         {
-            self.arena
-                .forget(slots::location(w), slots::incarnation(w), len);
+            self.forget(w);
         }
     }
 
@@ -253,8 +237,7 @@ impl Objects {
         let new = live_word(h.generation, at);
         let old = self.arena.slots.get(h.slot).swap(new, AcqRel);
         if slots::state(old) == LIVE {
-            self.arena
-                .forget(slots::location(old), slots::incarnation(old), len);
+            self.forget(old);
         }
         Ok(new)
     }
@@ -280,7 +263,7 @@ impl Objects {
         // With the hint BUSY no other change can happen, so the value read is the value
         // replaced.
         // SAFETY: the caller's `cur`.
-        let present = unsafe { self.read_slot(h, cur, len) };
+        let present = self.read_slot(h, &mut unsafe { Exact::new(cur, len) });
         let Some(w) = present else {
             self.unlock(h, before);
             return Ok((false, false));
@@ -296,12 +279,12 @@ impl Objects {
     }
 
     /// Drops the object from soft memory (it reads as missing until written again).
-    pub fn evict(&self, h: &Handle, len: usize) {
+    pub fn evict(&self, h: &Handle) {
         let before = self.lock(h);
         let s = self.arena.slots.get(h.slot);
         let w = s.load(Acquire);
         if slots::state(w) == LIVE && slots::generation(w) == h.generation {
-            self.lose(s, w, len);
+            self.lose(s, w);
         }
         self.unlock(h, slots::with_state(before, LOST));
     }
@@ -312,12 +295,18 @@ impl Objects {
     }
 
     /// Frees the handle's slot and forgets its object.
-    pub fn release(&self, h: &Handle, len: usize) {
+    pub fn release(&self, h: &Handle) {
         let w = self.arena.slots.release(h.slot);
         if slots::state(w) == LIVE {
-            self.arena
-                .forget(slots::location(w), slots::incarnation(w), len);
+            self.forget(w);
         }
+    }
+
+    /// Uncounts the object `w` names from its segment's live bytes.
+    fn forget(&self, w: u64) {
+        let (offset, inc) = (slots::location(w), slots::incarnation(w));
+        let len = self.arena.object_bytes(offset, inc).unwrap_or(0);
+        self.arena.forget(offset, inc, len);
     }
 }
 
@@ -439,10 +428,8 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftBox<T, A, E> {
     pub fn get(&self) -> Option<T> {
         let mut out = MaybeUninit::<T>::uninit();
         // SAFETY: `out` has room for one T.
-        let hit = unsafe {
-            self.objects()
-                .read(&self.handle, out.as_mut_ptr().cast(), len_of::<T>())
-        };
+        let mut sink = unsafe { Exact::new(out.as_mut_ptr().cast(), len_of::<T>()) };
+        let hit = self.objects().read(&self.handle, &mut sink);
         self.pool.shared.counters.hit(hit);
         // SAFETY: on a hit the bytes are those of a T some writer copied in whole, and T is
         // Copy, so a bitwise copy is a valid T.
@@ -458,10 +445,8 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftBox<T, A, E> {
         T: zerocopy::FromBytes,
     {
         // SAFETY: `out` has room for one T, and T accepts any bytes.
-        let hit = unsafe {
-            self.objects()
-                .read(&self.handle, (out as *mut T).cast(), len_of::<T>())
-        };
+        let mut sink = unsafe { Exact::new((out as *mut T).cast(), len_of::<T>()) };
+        let hit = self.objects().read(&self.handle, &mut sink);
         self.pool.shared.counters.hit(hit);
         hit
     }
@@ -532,7 +517,7 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftBox<T, A, E> {
 
     /// Drops the value from soft memory now (the next read reconstructs it).
     pub fn evict(&self) {
-        self.objects().evict(&self.handle, len_of::<T>());
+        self.objects().evict(&self.handle);
     }
 
     /// Whether the value is in soft memory now, as far as the slot table knows.
@@ -553,6 +538,6 @@ impl<T: Copy + Send + 'static, A: 'static> SoftBox<T, A, Infallible> {
 
 impl<T: Copy + Send + 'static, A: 'static, E: 'static> Drop for SoftBox<T, A, E> {
     fn drop(&mut self) {
-        self.objects().release(&self.handle, len_of::<T>());
+        self.objects().release(&self.handle);
     }
 }

@@ -1,0 +1,117 @@
+//! The soft data structures: values that vanish come back from the reconstructor (vectors,
+//! maps) or are skipped (queues), and are never wrong.
+
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Arc;
+use tidepool_soft::{ArenaConfig, SoftArena, SoftMap, SoftQueue, SoftVec, SEGMENT};
+
+fn arena(budget: usize) -> Arc<SoftArena> {
+    SoftArena::new(ArenaConfig {
+        budget,
+        max_bytes: 1 << 30,
+    })
+    .expect("arena")
+}
+
+fn payload(k: u64) -> String {
+    format!("value-{k}-{}", "x".repeat((k % 200) as usize))
+}
+
+#[test]
+fn map_gets_inserts_removes_and_reconstructs() {
+    let arena = arena(64 * SEGMENT);
+    let built = Arc::new(AtomicU64::new(0));
+    let b = built.clone();
+    let map: SoftMap<u64, String> = SoftMap::with_reconstructor(&arena, move |k| {
+        b.fetch_add(1, Relaxed);
+        payload(*k)
+    });
+    assert_eq!(map.get(&1), None);
+    assert_eq!(map.get_or_reconstruct(1), Some(payload(1)));
+    assert_eq!(built.load(Relaxed), 1);
+    assert_eq!(map.get(&1), Some(payload(1)));
+    map.insert(2, &"two".to_string()).unwrap();
+    assert_eq!(map.get_or_reconstruct(2), Some("two".to_string()));
+    assert_eq!(built.load(Relaxed), 1, "a hit must not reconstruct");
+    assert!(map.remove(&2));
+    assert!(!map.remove(&2));
+    assert_eq!(map.get(&2), None);
+    for k in 0..50_000 {
+        map.insert(k, &payload(k)).unwrap();
+    }
+    while arena.punch_oldest() > 0 {}
+    for k in 0..50_000 {
+        assert_eq!(map.get_or_reconstruct(k), Some(payload(k)), "key {k}");
+    }
+    assert!(built.load(Relaxed) > 1);
+    let plain: SoftMap<u64, u64> = SoftMap::new(&arena);
+    plain.insert(5, &6).unwrap();
+    assert_eq!(plain.get_or_reconstruct(5), Some(6));
+    assert_eq!(plain.get_or_reconstruct(7), None);
+}
+
+#[test]
+fn map_under_a_small_budget_with_threads() {
+    let arena = arena(6 * SEGMENT);
+    arena.start_evacuator(0.3, 0.5).unwrap();
+    let map: Arc<SoftMap<u64, String>> =
+        Arc::new(SoftMap::with_reconstructor(&arena, |k| payload(*k)));
+    let threads: Vec<_> = (0..3u64)
+        .map(|t| {
+            let map = map.clone();
+            std::thread::spawn(move || {
+                for round in 0..3u64 {
+                    for k in 0..40_000u64 {
+                        let key = (k * 7 + t + round) % 60_000;
+                        assert_eq!(map.get_or_reconstruct(key), Some(payload(key)));
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = map.stats();
+    assert!(s.hits > 0 && s.reconstructions > 0, "{s:?}");
+    assert!(arena.usage() <= arena.budget() + SEGMENT);
+}
+
+#[test]
+fn vec_rebuilds_by_index() {
+    let arena = arena(4 * SEGMENT);
+    let v: SoftVec<[u8; 100]> = SoftVec::new(&arena, 200_000, |i| [(i % 251) as u8; 100]);
+    for round in 0..2 {
+        for i in 0..v.len() {
+            assert_eq!(v.get(i), [(i % 251) as u8; 100], "round {round} index {i}");
+        }
+    }
+    v.set(3, &[7; 100]).unwrap();
+    assert_eq!(v.get_cached(3), Some([7; 100]));
+    let s = v.stats();
+    assert!(s.reconstructions >= 200_000, "{s:?}");
+}
+
+#[test]
+fn queue_pops_in_order_and_skips_what_vanished() {
+    let arena = arena(64 * SEGMENT);
+    let q: SoftQueue<(u64, String)> = SoftQueue::new(&arena);
+    for k in 0..100_000u64 {
+        q.push(&(k, payload(k))).unwrap();
+    }
+    assert!(arena.punch_oldest() > 0);
+    let mut last = None;
+    let mut popped = 0;
+    while let Some((k, v)) = q.pop() {
+        assert_eq!(v, payload(k));
+        assert!(
+            last.is_none_or(|l| k > l),
+            "out of order: {k} after {last:?}"
+        );
+        last = Some(k);
+        popped += 1;
+    }
+    assert!(popped > 0 && popped < 100_000, "{popped}");
+    assert_eq!(last, Some(99_999));
+    assert!(q.is_empty());
+}
