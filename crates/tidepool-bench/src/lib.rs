@@ -11,6 +11,7 @@ pub mod alloc;
 pub mod libs;
 pub mod pager;
 pub mod report;
+pub mod soft;
 pub mod store;
 
 use anyhow::{bail, Context, Result};
@@ -187,6 +188,7 @@ pub fn suites() -> Vec<Box<dyn Suite>> {
         Box::new(store::StoreSuite),
         Box::new(alloc::AllocSuite),
         Box::new(pager::PagerSuite),
+        Box::new(soft::SoftSuite),
     ]
 }
 

@@ -572,19 +572,17 @@ impl SoftArena {
         }
     }
 
-    /// Revokes the oldest closed segment by punching its hole, as a coordinator under severe
-    /// pressure would, without evicting it first; its objects read as lost. For tests and
-    /// benchmarks of direct reclamation. Returns the bytes given back.
+    /// Revokes the first closed segment (the coldest after an evacuation pass, else the
+    /// oldest) by punching its hole, as direct reclamation does; its objects read as lost.
+    /// Returns the bytes given back.
     pub fn punch_oldest(&self) -> usize {
         let mut s = self.segments.lock();
         let Some(seg) = s.closed.pop_front() else {
             return 0;
         };
         let n = self.meta[seg as usize].run.load(Relaxed).max(1) as usize;
-        let _ = self.map.punch(seg as usize * SEGMENT, n * SEGMENT);
-        // Only now does the runtime learn of it (a coordinator would tell it afterwards).
         self.evict(seg);
-        self.release(&mut s, seg);
+        self.release(&mut s, seg); // punches the hole
         self.counters.segments_revoked.fetch_add(1, Relaxed);
         n * SEGMENT
     }

@@ -1,0 +1,424 @@
+//! The `soft` suite: soft memory (Midas) against what a program would do without it.
+//!
+//! - `read-latency` / `write-latency` (Midas Table 2): a SoftBox against a `Box` copy, for
+//!   32 B, 4 KiB and 4 MiB objects. Small objects are read in a chain (each read's next index
+//!   comes from the value read) over a working set far larger than the caches, so every read
+//!   is one dependent memory access, as Midas measured; writes go to random objects.
+//! - `reclaim` (Midas Table 3): cooperative reclamation (the evacuator compacting segments at
+//!   live ratios 10-90%, net MiB/s given back) and direct reclamation (punching 2 MiB
+//!   segments, GiB/s), the latter with 4 KiB pages and, where the machine allows switching
+//!   shmem huge pages on for the run, with 2 MiB pages.
+
+use crate::{median, BenchOpts, Ctx, Suite};
+use anyhow::{Context, Result};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::hint::black_box;
+use std::time::Instant;
+use tidepool_soft::{ArenaConfig, ShmemHugePages, SoftArena, SoftPool, SEGMENT};
+
+#[derive(Debug)]
+pub struct SoftSuite;
+
+const LIVE_RATIOS: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
+/// Midas's published figures (NSDI'24, Table 3), MiB/s, for the verdict.
+const MIDAS_COOPERATIVE: [f64; 5] = [312.5, 243.1, 173.6, 104.2, 34.7];
+const MIDAS_DIRECT_MIB_S: f64 = 8268.5;
+
+impl Suite for SoftSuite {
+    fn name(&self) -> &'static str {
+        "soft"
+    }
+
+    fn about(&self) -> &'static str {
+        "soft memory: SoftBox read/write latency against a Box (32 B, 4 KiB, 4 MiB); cooperative \
+         and direct reclamation throughput (Midas Tables 2 and 3)"
+    }
+
+    fn steps(&self, opts: &BenchOpts) -> u64 {
+        (3 * opts.rounds() + LIVE_RATIOS.len() + 2) as u64
+    }
+
+    fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        latency(ctx)?;
+        reclaim(ctx)?;
+        verdict(ctx);
+        Ok(())
+    }
+}
+
+fn arena(budget: usize) -> Result<std::sync::Arc<SoftArena>> {
+    SoftArena::new(ArenaConfig {
+        budget,
+        max_bytes: (4 * budget).max(1 << 30),
+    })
+    .context("cannot create a soft-memory arena")
+}
+
+// ---- latency ----------------------------------------------------------------------------------
+
+/// Per-read and per-write nanoseconds, Box then SoftBox, for objects of `W` words.
+fn chained<const W: usize>(count: usize, steps: usize) -> Result<[(f64, f64); 2]> {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(W as u64);
+    let mut order: Vec<usize> = (0..count).collect();
+    order.shuffle(&mut rng);
+    let mut next = vec![0u64; count];
+    for k in 0..count {
+        next[order[k]] = order[(k + 1) % count] as u64;
+    }
+    let value = |i: usize| {
+        let mut v = [i as u64; W];
+        v[0] = next[i];
+        v
+    };
+    let boxes: Vec<Box<[u64; W]>> = (0..count).map(|i| Box::new(value(i))).collect();
+    let arena = arena((count * (W * 8 + 16)).next_multiple_of(SEGMENT) * 2 + 16 * SEGMENT)?;
+    let pool = SoftPool::new(&arena, move |_: ()| [0u64; W]);
+    let soft = (0..count)
+        .map(|i| pool.new_box_with(value(i)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let writes: Vec<usize> = (0..steps).map(|_| rng.gen_range(0..count)).collect();
+    let per = |t: Instant| t.elapsed().as_nanos() as f64 / steps as f64;
+    // Reads: a chain, so each is one dependent access.
+    let t = Instant::now();
+    let mut i = 0;
+    for _ in 0..steps {
+        i = black_box(&boxes[i])[0] as usize;
+    }
+    let box_read = per(t);
+    let t = Instant::now();
+    let mut j = 0;
+    for _ in 0..steps {
+        j = soft[j]
+            .get()
+            .context("a soft object vanished with memory to spare")?[0] as usize;
+    }
+    let soft_read = per(t);
+    black_box((i, j));
+    // Writes to random objects (keeping each object's link).
+    let mut boxes = boxes;
+    let t = Instant::now();
+    for &k in &writes {
+        let mut v = [k as u64; W];
+        v[0] = next[k];
+        *boxes[k] = black_box(v);
+    }
+    let box_write = per(t);
+    let t = Instant::now();
+    for &k in &writes {
+        let mut v = [k as u64; W];
+        v[0] = next[k];
+        soft[k].write(black_box(v))?;
+    }
+    let soft_write = per(t);
+    Ok([(box_read, soft_read), (box_write, soft_write)])
+}
+
+/// Microseconds per read and per write of 4 MiB objects, Box then SoftBox.
+fn large(count: usize) -> Result<[(f64, f64); 2]> {
+    const BIG: usize = 4 << 20;
+    let make = |fill: u8| -> Box<[u8; BIG]> {
+        vec![fill; BIG]
+            .into_boxed_slice()
+            .try_into()
+            .expect("BIG bytes")
+    };
+    let boxes: Vec<_> = (0..count).map(|i| make(i as u8)).collect();
+    let arena = arena((count + 4) * 3 * SEGMENT)?;
+    let pool = SoftPool::new(&arena, |_: ()| [0u8; BIG]);
+    let soft: Vec<_> = (0..count).map(|_| pool.new_box()).collect();
+    for (b, s) in boxes.iter().zip(&soft) {
+        s.write_from(b)?;
+    }
+    let mut out = make(0);
+    let per = |t: Instant| t.elapsed().as_nanos() as f64 / count as f64;
+    let t = Instant::now();
+    for b in &boxes {
+        out.copy_from_slice(&b[..]);
+        black_box(&out);
+    }
+    let box_read = per(t);
+    let t = Instant::now();
+    for s in &soft {
+        anyhow::ensure!(s.get_into(&mut out), "a 4 MiB soft object vanished");
+        black_box(&out);
+    }
+    let soft_read = per(t);
+    let mut boxes = boxes;
+    let t = Instant::now();
+    for b in boxes.iter_mut() {
+        b.copy_from_slice(&out[..]);
+        black_box(&b);
+    }
+    let box_write = per(t);
+    let t = Instant::now();
+    for s in &soft {
+        s.write_from(&out)?;
+    }
+    let soft_write = per(t);
+    Ok([(box_read, soft_read), (box_write, soft_write)])
+}
+
+fn latency(ctx: &mut Ctx) -> Result<()> {
+    let quick = ctx.opts.quick;
+    let ws = if quick { 128 << 20 } else { 512 << 20 };
+    // Per object size: (Box, SoftBox) nanoseconds per read, then per write, one per round.
+    type Pairs = [Vec<(f64, f64)>; 2];
+    let mut samples: Vec<(usize, Pairs)> = vec![
+        (32, [vec![], vec![]]),
+        (4096, [vec![], vec![]]),
+        (4 << 20, [vec![], vec![]]),
+    ];
+    for round in 0..ctx.opts.rounds() {
+        for (size, acc) in samples.iter_mut() {
+            ctx.step(format!("latency, {size} B objects, round {}", round + 1));
+            let r = match *size {
+                32 => chained::<4>(ws / 48, if quick { 1 << 20 } else { 4 << 20 })?,
+                4096 => chained::<512>(ws / 4112, if quick { 1 << 16 } else { 1 << 18 })?,
+                _ => large(if quick { 16 } else { 48 })?,
+            };
+            acc[0].push(r[0]);
+            acc[1].push(r[1]);
+            ctx.advance();
+        }
+    }
+    for (size, acc) in samples {
+        for (k, workload) in ["read-latency", "write-latency"].iter().enumerate() {
+            let mut b: Vec<f64> = acc[k].iter().map(|p| p.0 / 1e3).collect();
+            let mut s: Vec<f64> = acc[k].iter().map(|p| p.1 / 1e3).collect();
+            let params = [("object_bytes", size as f64)];
+            ctx.report
+                .push("native", workload, "mean_us", median(&mut b), "us", &params);
+            ctx.report.push(
+                "tidepool-soft",
+                workload,
+                "mean_us",
+                median(&mut s),
+                "us",
+                &params,
+            );
+        }
+    }
+    Ok(())
+}
+
+// ---- reclamation ------------------------------------------------------------------------------
+
+/// Net MiB/s given back by compacting segments of 64-byte objects, `live` of them alive.
+fn cooperative(segments: usize, live: f64) -> Result<f64> {
+    let arena = arena((2 * segments + 8) * SEGMENT)?;
+    let pool = SoftPool::new(&arena, |_: ()| [0u8; 48]);
+    let per_segment = SEGMENT / 64;
+    let mut boxes: Vec<_> = (0..segments * per_segment)
+        .map(|i| pool.new_box_with([i as u8; 48]))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
+    boxes.retain(|_| rng.gen_bool(live));
+    let t = Instant::now();
+    let r = arena.evacuate(usize::MAX, 1.0);
+    let secs = t.elapsed().as_secs_f64();
+    anyhow::ensure!(r.segments_freed > 0, "evacuation freed nothing: {r:?}");
+    let net = (r.segments_freed as f64 * SEGMENT as f64 - r.bytes_moved as f64).max(0.0);
+    drop(boxes);
+    Ok(net / secs / (1 << 20) as f64)
+}
+
+/// GiB/s of punching populated segments.
+fn direct(bytes: usize) -> Result<f64> {
+    direct_probing(bytes, &mut || {})
+}
+
+/// [`direct`], calling `probe` once the segments are populated and before they are punched.
+fn direct_probing(bytes: usize, probe: &mut dyn FnMut()) -> Result<f64> {
+    let arena = arena(bytes + 8 * SEGMENT)?;
+    let pool = SoftPool::new(&arena, |_: ()| [0u8; SEGMENT / 2]);
+    let chunk: Box<[u8; SEGMENT / 2]> = vec![1u8; SEGMENT / 2]
+        .into_boxed_slice()
+        .try_into()
+        .expect("half a segment");
+    let mut boxes = Vec::new();
+    while arena.usage() < bytes {
+        let b = pool.new_box();
+        b.write_from(&chunk)?;
+        boxes.push(b);
+    }
+    probe();
+    let t = Instant::now();
+    let mut freed = 0;
+    loop {
+        let n = arena.punch_oldest();
+        if n == 0 {
+            break;
+        }
+        freed += n;
+    }
+    Ok(freed as f64 / t.elapsed().as_secs_f64() / (1u64 << 30) as f64)
+}
+
+const SHMEM_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/shmem_enabled";
+
+/// Turns shmem huge pages on for the duration; restores the setting on drop.
+struct HugeShmem {
+    before: String,
+}
+
+impl HugeShmem {
+    fn enable() -> Result<HugeShmem> {
+        let text = std::fs::read_to_string(SHMEM_ENABLED).context("reading shmem_enabled")?;
+        let before = text
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix('[').and_then(|w| w.strip_suffix(']')))
+            .context("no [selected] value in shmem_enabled")?
+            .to_string();
+        std::fs::write(SHMEM_ENABLED, "within_size")
+            .context("cannot switch shmem huge pages on (needs root)")?;
+        Ok(HugeShmem { before })
+    }
+}
+
+impl Drop for HugeShmem {
+    fn drop(&mut self) {
+        let _ = std::fs::write(SHMEM_ENABLED, &self.before);
+    }
+}
+
+fn shmem_huge_kib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("ShmemHugePages:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn reclaim(ctx: &mut Ctx) -> Result<()> {
+    let quick = ctx.opts.quick;
+    let segments = if quick { 32 } else { 128 };
+    for &live in &LIVE_RATIOS {
+        ctx.step(format!(
+            "cooperative reclamation at {:.0}% live",
+            live * 100.0
+        ));
+        let mut v = Vec::new();
+        for _ in 0..if quick { 1 } else { 3 } {
+            v.push(cooperative(segments, live)?);
+        }
+        ctx.report.push(
+            "tidepool-soft",
+            "reclaim-cooperative",
+            "mib_per_s",
+            median(&mut v),
+            "MiB/s",
+            &[("live_ratio", live)],
+        );
+        ctx.advance();
+    }
+    let bytes = if quick { 512 << 20 } else { 2 << 30 };
+    ctx.step("direct reclamation, 4 KiB pages");
+    if ShmemHugePages::detect() == ShmemHugePages::Enabled {
+        ctx.note("shmem huge pages are on on this machine: the 4 KiB-page figure uses them too");
+    }
+    let mut v: Vec<f64> = (0..3).map(|_| direct(bytes)).collect::<Result<_>>()?;
+    ctx.report.push(
+        "tidepool-soft",
+        "reclaim-direct",
+        "gib_per_s",
+        median(&mut v),
+        "GiB/s",
+        &[("huge_pages", 0.0)],
+    );
+    ctx.advance();
+    ctx.step("direct reclamation, 2 MiB shmem pages");
+    match HugeShmem::enable() {
+        Ok(_on) => {
+            let mut v = Vec::new();
+            let mut huge_kib = 0;
+            for _ in 0..3 {
+                let before = shmem_huge_kib();
+                v.push(direct_probing(bytes, &mut || {
+                    huge_kib = huge_kib.max(shmem_huge_kib().saturating_sub(before))
+                })?);
+            }
+            if huge_kib == 0 {
+                ctx.note("shmem huge pages were switched on, but no segment got one");
+            }
+            ctx.report.push(
+                "tidepool-soft",
+                "reclaim-direct",
+                "gib_per_s",
+                median(&mut v),
+                "GiB/s",
+                &[("huge_pages", 1.0)],
+            );
+        }
+        Err(e) => ctx.note(format!(
+            "direct reclamation with huge pages not measured: {e:#}"
+        )),
+    }
+    ctx.advance();
+    Ok(())
+}
+
+/// The issue's targets, as notes.
+fn verdict(ctx: &mut Ctx) {
+    let r = &ctx.report;
+    let get = |sys: &str, w: &str, k: &str, v: f64| {
+        r.results
+            .iter()
+            .find(|x| x.system == sys && x.workload == w && x.params.get(k) == Some(&v))
+            .map(|x| x.value)
+    };
+    let mut notes = Vec::new();
+    for (size, target) in [(32.0, 1.2), (4194304.0, 1.5)] {
+        if let (Some(b), Some(s)) = (
+            get("native", "read-latency", "object_bytes", size),
+            get("tidepool-soft", "read-latency", "object_bytes", size),
+        ) {
+            let ratio = s / b;
+            notes.push(format!(
+                "read latency at {size} B: SoftBox {s:.3} us vs Box {b:.3} us = {ratio:.2}x \
+                 (target at most {target}x): {}",
+                if ratio <= target { "met" } else { "NOT met" }
+            ));
+        }
+    }
+    for (i, &live) in LIVE_RATIOS.iter().enumerate() {
+        if let Some(v) = get("tidepool-soft", "reclaim-cooperative", "live_ratio", live) {
+            let target = 2.0 * MIDAS_COOPERATIVE[i];
+            notes.push(format!(
+                "cooperative reclamation at {:.0}% live: {v:.0} MiB/s (Midas {:.1}; target at least \
+                 twice, {target:.0}): {}",
+                live * 100.0,
+                MIDAS_COOPERATIVE[i],
+                if v >= target { "met" } else { "NOT met" }
+            ));
+        }
+    }
+    for huge in [0.0, 1.0] {
+        if let Some(v) = get("tidepool-soft", "reclaim-direct", "huge_pages", huge) {
+            notes.push(format!(
+                "direct reclamation with {}: {v:.1} GiB/s (Midas {:.1} GiB/s{})",
+                if huge == 1.0 {
+                    "2 MiB shmem pages"
+                } else {
+                    "4 KiB pages"
+                },
+                MIDAS_DIRECT_MIB_S / 1024.0,
+                if huge == 1.0 {
+                    if v >= 64.0 {
+                        "; target 64 GiB/s: met"
+                    } else {
+                        "; target 64 GiB/s: NOT met"
+                    }
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    for n in notes {
+        ctx.note(n);
+    }
+}
