@@ -14,6 +14,7 @@
 //!   and their values ([`SoftValue`]) in soft memory.
 
 pub mod arena;
+pub mod budget;
 pub mod evacuator;
 pub mod pool;
 pub mod resilient;
@@ -23,6 +24,7 @@ pub mod sys;
 pub mod value;
 
 pub use arena::{ArenaConfig, SoftArena, SEGMENT};
+pub use budget::AutoBudget;
 pub use evacuator::EvacuationReport;
 pub use pool::{PoolStats, SoftBox, SoftPool};
 pub use structures::{SoftMap, SoftQueue, SoftVec};

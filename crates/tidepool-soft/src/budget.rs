@@ -1,0 +1,239 @@
+//! The budget without a coordinator: `auto` follows the memory the machine (and the memory
+//! cgroups the process is in) can spare, shrinking at once when it runs short.
+//!
+//! Every few milliseconds a thread reads the headroom: MemAvailable, and for each memory
+//! cgroup from the process's own up to the root, its limit less its usage; the smallest.
+//! Under the reserve, the budget drops by the shortfall and more (a shrink punches holes, so
+//! the memory is back before the next look); with headroom to spare, it grows by a share of
+//! it. Memory stalls reported by PSI (/proc/pressure/memory) over the last interval count as
+//! a shortfall too.
+
+use crate::arena::{SoftArena, SEGMENT};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How an `auto` budget behaves.
+#[derive(Debug, Clone)]
+pub struct AutoBudget {
+    /// Headroom to leave to everything else (bytes).
+    pub reserve: usize,
+    /// The budget never exceeds this.
+    pub max: usize,
+    /// Of the headroom above the reserve, the share one step may take.
+    pub grow_share: f64,
+    /// How often to look.
+    pub interval: Duration,
+}
+
+impl Default for AutoBudget {
+    fn default() -> Self {
+        AutoBudget {
+            reserve: 256 << 20,
+            max: 64 << 30,
+            grow_share: 0.5,
+            interval: Duration::from_millis(5),
+        }
+    }
+}
+
+/// Where the process's memory limits are.
+#[derive(Debug, Clone)]
+pub struct MemoryView {
+    /// (limit file, usage file) of each memory cgroup from the process's up to the root.
+    cgroups: Vec<(PathBuf, PathBuf)>,
+}
+
+impl MemoryView {
+    /// Finds the process's memory cgroups (v1 or v2).
+    pub fn of_this_process() -> MemoryView {
+        let mut cgroups = Vec::new();
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        for line in text.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = match (parts.next(), parts.next(), parts.next()) {
+                (Some(a), Some(b), Some(c)) => (a, b, c),
+                _ => continue,
+            };
+            let (root, limit, usage) = if controllers.split(',').any(|c| c == "memory") {
+                (
+                    "/sys/fs/cgroup/memory",
+                    "memory.limit_in_bytes",
+                    "memory.usage_in_bytes",
+                )
+            } else if controllers.is_empty()
+                && std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+            {
+                ("/sys/fs/cgroup", "memory.max", "memory.current")
+            } else {
+                continue;
+            };
+            let mut dir = PathBuf::from(root).join(path.trim_start_matches('/'));
+            loop {
+                if dir.join(limit).exists() {
+                    cgroups.push((dir.join(limit), dir.join(usage)));
+                }
+                if dir == std::path::Path::new(root) || !dir.pop() {
+                    break;
+                }
+            }
+        }
+        MemoryView { cgroups }
+    }
+
+    /// Bytes the process could still take: the least of MemAvailable and every cgroup's
+    /// limit less usage.
+    pub fn headroom(&self) -> usize {
+        let mut room = mem_available().unwrap_or(usize::MAX);
+        for (limit, usage) in &self.cgroups {
+            let read = |p: &PathBuf| {
+                std::fs::read_to_string(p)
+                    .ok()
+                    .and_then(|s| s.trim().parse::<usize>().ok())
+            };
+            if let (Some(l), Some(u)) = (read(limit), read(usage)) {
+                room = room.min(l.saturating_sub(u));
+            }
+        }
+        room
+    }
+}
+
+fn mem_available() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
+/// Microseconds some task has stalled on memory since boot (PSI's `some total`), if the
+/// kernel reports it.
+pub fn memory_stall_us() -> Option<u64> {
+    let t = std::fs::read_to_string("/proc/pressure/memory").ok()?;
+    let some = t.lines().find(|l| l.starts_with("some"))?;
+    let total = some.split_whitespace().find(|w| w.starts_with("total="))?;
+    total["total=".len()..].parse().ok()
+}
+
+/// The next budget, from the current one, the arena's usage, the headroom, the memory
+/// pressure (percent of recent time some task stalled on memory) and whether the arena
+/// evicted anything since the last look.
+pub fn next_budget(
+    auto: &AutoBudget,
+    budget: usize,
+    usage: usize,
+    headroom: usize,
+    pressure: f64,
+    demand: bool,
+) -> usize {
+    let floor = SEGMENT;
+    if headroom < auto.reserve || pressure > 10.0 {
+        // Short: give back the shortfall and a quarter of the reserve more, at once.
+        let short = auto.reserve.saturating_sub(headroom) + auto.reserve / 4;
+        usage.min(budget).saturating_sub(short).max(floor)
+    } else {
+        let spare = headroom - auto.reserve;
+        let grow = (spare as f64 * auto.grow_share) as usize;
+        // Grow only on demand (the arena had to evict to make room): room nobody fills is
+        // room held back from everyone else.
+        if demand {
+            (budget + grow.min(64 * SEGMENT)).min(auto.max)
+        } else {
+            budget.min(auto.max)
+        }
+    }
+    .max(floor)
+}
+
+impl SoftArena {
+    /// Makes the budget `auto`: a thread follows the headroom (see the module docs) until
+    /// the arena is dropped.
+    pub fn start_auto_budget(self: &Arc<Self>, auto: AutoBudget) -> std::io::Result<()> {
+        let weak = Arc::downgrade(self);
+        let view = MemoryView::of_this_process();
+        std::thread::Builder::new()
+            .name("tp-soft-budget".into())
+            .spawn(move || {
+                let mut stalled = memory_stall_us();
+                let mut evicted = 0;
+                let mut at = std::time::Instant::now();
+                loop {
+                    let Some(arena) = weak.upgrade() else { return };
+                    // Pressure: the share of the time since the last look that some task
+                    // spent stalled on memory.
+                    let now = memory_stall_us();
+                    let pressure = match (stalled, now) {
+                        (Some(a), Some(b)) => {
+                            let span = at.elapsed().as_micros().max(1) as f64;
+                            100.0 * (b.saturating_sub(a)) as f64 / span
+                        }
+                        _ => 0.0,
+                    };
+                    (stalled, at) = (now, std::time::Instant::now());
+                    let budget = arena.budget();
+                    let now_evicted = arena.counters.segments_evicted.load(Relaxed);
+                    let demand = now_evicted != evicted;
+                    evicted = now_evicted;
+                    let next = next_budget(
+                        &auto,
+                        budget,
+                        arena.usage(),
+                        view.headroom(),
+                        pressure,
+                        demand,
+                    );
+                    if next != budget {
+                        arena.set_budget(next);
+                    }
+                    drop(arena);
+                    std::thread::sleep(auto.interval);
+                }
+            })?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shrinks_below_the_reserve_and_grows_on_demand() {
+        let a = AutoBudget {
+            reserve: 100 * SEGMENT,
+            max: 1000 * SEGMENT,
+            ..Default::default()
+        };
+        let s = SEGMENT;
+        // Short by 40 segments: drop usage by 40 + 25.
+        assert_eq!(
+            next_budget(&a, 500 * s, 500 * s, 60 * s, 0.0, true),
+            435 * s
+        );
+        // Pressure alone shrinks too.
+        assert!(next_budget(&a, 500 * s, 500 * s, 900 * s, 50.0, false) < 500 * s);
+        // Room to spare and evictions: grow by at most 64 segments.
+        assert_eq!(
+            next_budget(&a, 500 * s, 499 * s, 900 * s, 0.0, true),
+            564 * s
+        );
+        // Room to spare but no demand: hold.
+        assert_eq!(
+            next_budget(&a, 500 * s, 100 * s, 900 * s, 0.0, false),
+            500 * s
+        );
+        // Never past max, never under a segment.
+        assert_eq!(
+            next_budget(&a, 990 * s, 990 * s, 9000 * s, 0.0, true),
+            1000 * s
+        );
+        assert_eq!(next_budget(&a, 2 * s, 2 * s, 0, 0.0, true), s);
+    }
+
+    #[test]
+    fn sees_this_process_memory() {
+        let v = MemoryView::of_this_process();
+        assert!(v.headroom() > 0);
+    }
+}
