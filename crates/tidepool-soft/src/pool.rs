@@ -12,12 +12,13 @@
 use crate::arena::{live_word, Exact, Sink, SoftArena};
 use crate::slots::{self, BUSY, LIVE, LOST};
 use crate::SoftError;
+use parking_lot::Mutex;
 use std::cell::Cell;
 use std::convert::Infallible;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Counter shards: readers on different threads do not share a cache line, and a plain
 /// load-and-store increment (no locked instruction, which would stall the reads in flight
@@ -40,13 +41,24 @@ fn bump(c: &AtomicU64) {
     c.store(c.load(Relaxed) + 1, Relaxed);
 }
 
-/// What a pool counts.
+/// Rebuilding costs more than this per read (microseconds, mean reconstruction time times
+/// miss rate): the profiler warns.
+const COSTLY_US_PER_READ: f64 = 10.0;
+/// At most one such warning per pool in this long.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// What a pool counts (Midas §4.4: the profile that says whether soft memory pays).
 #[derive(Debug, Default)]
 pub struct PoolCounters {
+    name: String,
     shards: [Shard; SHARDS],
     reconstructions: AtomicU64,
     reconstruct_nanos: AtomicU64,
     reconstruct_failures: AtomicU64,
+    /// Debug mode: hits are checked against a fresh reconstruction.
+    debug: AtomicBool,
+    mismatches: AtomicU64,
+    last_warning: Mutex<Option<Instant>>,
 }
 
 /// A snapshot of a pool's counters.
@@ -58,9 +70,83 @@ pub struct PoolStats {
     pub reconstruct_failures: u64,
     /// Mean time of one reconstruction, in microseconds.
     pub reconstruct_us: f64,
+    /// Debug mode: hits whose value the reconstructor did not reproduce.
+    pub mismatches: u64,
+}
+
+impl PoolStats {
+    /// The share of reads that missed.
+    pub fn miss_rate(&self) -> f64 {
+        let reads = self.hits + self.misses;
+        if reads == 0 {
+            0.0
+        } else {
+            self.misses as f64 / reads as f64
+        }
+    }
+
+    /// Microseconds of rebuilding per read, on average: what soft memory costs this pool.
+    pub fn rebuild_us_per_read(&self) -> f64 {
+        self.miss_rate() * self.reconstruct_us
+    }
 }
 
 impl PoolCounters {
+    pub(crate) fn named(name: &str) -> PoolCounters {
+        PoolCounters {
+            name: name.to_string(),
+            ..Default::default()
+        }
+    }
+
+    pub(crate) fn debugging(&self) -> bool {
+        self.debug.load(Relaxed)
+    }
+
+    pub(crate) fn set_debug(&self, on: bool) {
+        self.debug.store(on, Relaxed);
+    }
+
+    /// Debug mode found a hit the reconstructor disagrees with.
+    pub(crate) fn mismatch(&self) {
+        let n = self.mismatches.fetch_add(1, Relaxed) + 1;
+        if n.is_power_of_two() {
+            tracing::error!(
+                pool = %self.name,
+                mismatches = n,
+                "soft memory debug mode: a cached value differs from what the reconstructor \
+                 builds for it; the reconstructor is not deterministic, or a write went to soft \
+                 memory without going to the source"
+            );
+        }
+    }
+
+    /// Warns (rarely) when rebuilding costs too much per read.
+    fn check_cost(&self) {
+        if !self.reconstructions.load(Relaxed).is_multiple_of(256) {
+            return;
+        }
+        let s = self.snapshot();
+        if s.rebuild_us_per_read() <= COSTLY_US_PER_READ {
+            return;
+        }
+        let mut last = self.last_warning.lock();
+        if last.is_some_and(|t| t.elapsed() < WARN_EVERY) {
+            return;
+        }
+        *last = Some(Instant::now());
+        tracing::warn!(
+            pool = %self.name,
+            reconstruct_us = s.reconstruct_us,
+            miss_rate = s.miss_rate(),
+            "soft memory: rebuilding costs {:.1} us per read ({:.1}% of reads miss, {:.1} us \
+             each); give the arena a larger budget, or keep this state in normal memory",
+            s.rebuild_us_per_read(),
+            100.0 * s.miss_rate(),
+            s.reconstruct_us
+        );
+    }
+
     fn shard(&self) -> &Shard {
         &self.shards[MY_SHARD.with(Cell::get)]
     }
@@ -73,6 +159,7 @@ impl PoolCounters {
     pub(crate) fn reconstructed(&self, nanos: u64) {
         self.reconstructions.fetch_add(1, Relaxed);
         self.reconstruct_nanos.fetch_add(nanos, Relaxed);
+        self.check_cost();
     }
 
     pub(crate) fn failed(&self) {
@@ -91,6 +178,7 @@ impl PoolCounters {
             } else {
                 self.reconstruct_nanos.load(Relaxed) as f64 / n as f64 / 1e3
             },
+            mismatches: self.mismatches.load(Relaxed),
         }
     }
 }
@@ -346,7 +434,8 @@ impl<T, A, E> std::fmt::Debug for SoftPool<T, A, E> {
 }
 
 impl<T: Copy + Send + 'static, A: 'static> SoftPool<T, A, Infallible> {
-    /// A pool in `arena` whose lost objects are rebuilt by `reconstruct(args)`.
+    /// A pool in `arena` whose lost objects are rebuilt by `reconstruct(args)`. Its name
+    /// (for warnings) is the type's; [`SoftPool::named`] gives another.
     pub fn new(
         arena: &Arc<SoftArena>,
         reconstruct: impl Fn(A) -> T + Send + Sync + 'static,
@@ -368,9 +457,28 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftPool<T, A, E> {
                     arena: arena.clone(),
                 },
                 reconstruct: Box::new(reconstruct),
-                counters: PoolCounters::default(),
+                counters: PoolCounters::named(std::any::type_name::<T>()),
             }),
         }
+    }
+
+    /// The same pool under a name that warnings and debug reports use.
+    pub fn named(self, name: &str) -> Self {
+        match Arc::try_unwrap(self.shared) {
+            Ok(mut shared) => {
+                shared.counters.name = name.to_string();
+                SoftPool {
+                    shared: Arc::new(shared),
+                }
+            }
+            Err(shared) => SoftPool { shared },
+        }
+    }
+
+    /// Debug mode (Midas §4.4): every hit is checked against a fresh reconstruction from the
+    /// reader's arguments, and mismatches are counted and reported. Slow; for tests.
+    pub fn set_debug(&self, on: bool) {
+        self.shared.counters.set_debug(on);
     }
 
     /// A new soft box, empty: its first read reconstructs.
@@ -457,6 +565,31 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftBox<T, A, E> {
         if let Some(v) = self.get() {
             return Ok(v);
         }
+        self.rebuild(args)
+    }
+
+    /// [`SoftBox::try_read`], checking a hit against the reconstructor in debug mode
+    /// ([`SoftPool::set_debug`]).
+    pub fn try_read_checked(&self, args: A) -> Result<T, E>
+    where
+        A: Clone,
+        T: PartialEq,
+    {
+        if let Some(v) = self.get() {
+            let shared = &self.pool.shared;
+            if shared.counters.debugging() {
+                if let Ok(fresh) = (shared.reconstruct)(args) {
+                    if fresh != v {
+                        shared.counters.mismatch();
+                    }
+                }
+            }
+            return Ok(v);
+        }
+        self.rebuild(args)
+    }
+
+    fn rebuild(&self, args: A) -> Result<T, E> {
         let shared = &self.pool.shared;
         let t0 = Instant::now();
         let v = (shared.reconstruct)(args);

@@ -26,13 +26,27 @@ struct Core {
     counters: PoolCounters,
 }
 
+/// Debug mode's comparison of a cached value with a fresh reconstruction.
+type Same<V> = fn(&V, &V) -> bool;
+
 impl Core {
-    fn new(arena: &Arc<SoftArena>) -> Core {
+    fn new(arena: &Arc<SoftArena>, name: &str) -> Core {
         Core {
             objects: Objects {
                 arena: arena.clone(),
             },
-            counters: PoolCounters::default(),
+            counters: PoolCounters::named(name),
+        }
+    }
+
+    /// In debug mode, compares a hit with what the reconstructor builds.
+    fn check<V, E>(&self, same: Option<Same<V>>, v: &V, fresh: impl FnOnce() -> Result<V, E>) {
+        if let (Some(same), true) = (same, self.counters.debugging()) {
+            if let Ok(f) = fresh() {
+                if !same(v, &f) {
+                    self.counters.mismatch();
+                }
+            }
         }
     }
 
@@ -87,6 +101,7 @@ pub struct SoftVec<T, E = Infallible> {
     core: Core,
     handles: Box<[Handle]>,
     reconstruct: Box<ByIndex<T, E>>,
+    same: Option<Same<T>>,
 }
 
 impl<T, E> std::fmt::Debug for SoftVec<T, E> {
@@ -124,13 +139,24 @@ impl<T: SoftValue, E> SoftVec<T, E> {
         len: usize,
         reconstruct: impl Fn(usize) -> Result<T, E> + Send + Sync + 'static,
     ) -> Self {
-        let core = Core::new(arena);
+        let core = Core::new(arena, std::any::type_name::<Self>());
         let handles = (0..len).map(|_| core.objects.handle()).collect();
         SoftVec {
             core,
             handles,
             reconstruct: Box::new(reconstruct),
+            same: None,
         }
+    }
+
+    /// Debug mode (Midas §4.4): every hit is checked against a fresh reconstruction, and
+    /// mismatches are counted ([`PoolStats::mismatches`]) and reported. Slow; for tests.
+    pub fn set_debug(&mut self, on: bool)
+    where
+        T: PartialEq,
+    {
+        self.same = Some(<T as PartialEq>::eq);
+        self.core.counters.set_debug(on);
     }
 
     /// Element `i` if it is in soft memory.
@@ -142,6 +168,7 @@ impl<T: SoftValue, E> SoftVec<T, E> {
     pub fn try_get(&self, i: usize) -> Result<T, E> {
         let h = &self.handles[i];
         if let Some(v) = self.core.get(h) {
+            self.core.check(self.same, &v, || (self.reconstruct)(i));
             return Ok(v);
         }
         self.core.rebuild(h, || (self.reconstruct)(i))
@@ -187,6 +214,7 @@ pub struct SoftMap<K, V, E = Infallible> {
     shards: Box<[RwLock<HashMap<K, Handle>>]>,
     hasher: RandomState,
     reconstruct: Option<Box<ByKey<K, V, E>>>,
+    same: Option<Same<V>>,
 }
 
 impl<K, V, E> std::fmt::Debug for SoftMap<K, V, E> {
@@ -237,11 +265,23 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
 
     fn build(arena: &Arc<SoftArena>, reconstruct: Option<Box<ByKey<K, V, E>>>) -> Self {
         SoftMap {
-            core: Core::new(arena),
+            core: Core::new(arena, std::any::type_name::<Self>()),
             shards: (0..MAP_SHARDS).map(|_| RwLock::default()).collect(),
             hasher: RandomState::new(),
             reconstruct,
+            same: None,
         }
+    }
+
+    /// Debug mode (Midas §4.4): every hit of `get_or_reconstruct` is checked against a fresh
+    /// reconstruction, and mismatches are counted ([`PoolStats::mismatches`]) and reported.
+    /// Slow; for tests.
+    pub fn set_debug(&mut self, on: bool)
+    where
+        V: PartialEq,
+    {
+        self.same = Some(<V as PartialEq>::eq);
+        self.core.counters.set_debug(on);
     }
 
     fn shard(&self, key: &K) -> &RwLock<HashMap<K, Handle>> {
@@ -263,6 +303,9 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
     /// Like [`SoftMap::get_or_reconstruct`], with the reconstructor's error.
     pub fn try_get_or_reconstruct(&self, key: K) -> Result<Option<V>, E> {
         if let Some(v) = self.get(&key) {
+            if let Some(f) = &self.reconstruct {
+                self.core.check(self.same, &v, || f(&key));
+            }
             return Ok(Some(v));
         }
         let Some(f) = &self.reconstruct else {
@@ -356,7 +399,7 @@ impl<T> std::fmt::Debug for SoftQueue<T> {
 impl<T: SoftValue> SoftQueue<T> {
     pub fn new(arena: &Arc<SoftArena>) -> Self {
         SoftQueue {
-            core: Core::new(arena),
+            core: Core::new(arena, std::any::type_name::<Self>()),
             items: Mutex::new(VecDeque::new()),
             _values: std::marker::PhantomData,
         }

@@ -115,3 +115,56 @@ fn queue_pops_in_order_and_skips_what_vanished() {
     assert_eq!(last, Some(99_999));
     assert!(q.is_empty());
 }
+
+#[test]
+fn debug_mode_catches_a_reconstructor_that_disagrees() {
+    let arena = arena(16 * SEGMENT);
+    let mut map: SoftMap<u64, String> = SoftMap::with_reconstructor(&arena, |k| payload(*k));
+    map.set_debug(true);
+    map.insert(1, &payload(1)).unwrap();
+    map.insert(2, &"stale".to_string()).unwrap(); // written here, not at the source
+    assert_eq!(map.get_or_reconstruct(1), Some(payload(1)));
+    assert_eq!(map.stats().mismatches, 0);
+    assert_eq!(map.get_or_reconstruct(2), Some("stale".to_string()));
+    assert_eq!(map.stats().mismatches, 1);
+}
+
+/// Collects what the crate logs.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_profile_says_what_rebuilding_costs() {
+    let arena = arena(2 * SEGMENT);
+    let v: SoftVec<[u8; 4000]> = SoftVec::new(&arena, 5_000, |i| {
+        std::thread::sleep(std::time::Duration::from_micros(50));
+        [(i % 251) as u8; 4000]
+    });
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        for i in 0..v.len() {
+            v.get(i);
+        }
+    });
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert!(text.contains("rebuilding costs"), "no warning in: {text}");
+    let s = v.stats();
+    assert_eq!(s.misses, 5_000);
+    assert!(s.reconstruct_us >= 50.0, "{s:?}");
+    assert!(s.rebuild_us_per_read() >= 50.0, "{s:?}");
+}
