@@ -125,6 +125,9 @@ pub struct SoftArena {
     pub(crate) slots: SlotTable,
     pub(crate) counters: ArenaCounters,
     pub(crate) evacuator_idle: Arc<crate::evacuator::Doorbell>,
+    /// Child slot to parent (slot, generation), for cascading eviction.
+    parents: parking_lot::RwLock<std::collections::HashMap<u32, (u32, u16)>>,
+    has_parents: std::sync::atomic::AtomicBool,
     huge_pages: ShmemHugePages,
 }
 
@@ -153,6 +156,8 @@ impl SoftArena {
             slots: SlotTable::default(),
             counters: ArenaCounters::default(),
             evacuator_idle: Default::default(),
+            parents: Default::default(),
+            has_parents: Default::default(),
             huge_pages: ShmemHugePages::detect(),
             map,
             registration,
@@ -203,6 +208,35 @@ impl SoftArena {
 
     pub(crate) fn address(&self, offset: usize) -> usize {
         self.map.base() + offset
+    }
+
+    pub(crate) fn set_parent(&self, child: u32, parent: u32, generation: u16) {
+        self.parents.write().insert(child, (parent, generation));
+        self.has_parents.store(true, Relaxed);
+    }
+
+    pub(crate) fn clear_parent(&self, child: u32) {
+        self.parents.write().remove(&child);
+    }
+
+    /// The parent of a child slot whose parent's object is gone (the child must go too).
+    pub(crate) fn orphaned(&self, child: u32) -> bool {
+        if !self.has_parents.load(Relaxed) {
+            return false;
+        }
+        match self.parents.read().get(&child) {
+            Some(&(slot, generation)) => !self.present(slot, generation),
+            None => false,
+        }
+    }
+
+    /// Whether the object of `slot` (in `generation`) is in soft memory, as far as the slot
+    /// and its segment's incarnation tell.
+    pub(crate) fn present(&self, slot: u32, generation: u16) -> bool {
+        let w = self.slots.get(slot).load(Acquire);
+        slots::state(w) == slots::LIVE
+            && slots::generation(w) == generation
+            && self.incarnation(slots::location(w)) == slots::incarnation(w)
     }
 
     /// The incarnation a segment is in (low bits, as slots keep it).

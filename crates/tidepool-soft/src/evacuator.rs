@@ -200,7 +200,8 @@ impl SoftArena {
         for o in objects {
             let (slot, w) = o.live.expect("only live objects were kept");
             let s = self.slots.get(slot);
-            if o.hot == 0 {
+            // Cold, or a child whose parent is gone (cascading eviction): dropped.
+            if o.hot == 0 || self.orphaned(slot) {
                 if s.compare_exchange(w, slots::with_state(w, LOST), AcqRel, Relaxed)
                     .is_ok()
                 {

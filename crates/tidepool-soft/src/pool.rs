@@ -189,6 +189,8 @@ pub(crate) struct Handle {
     pub slot: u32,
     pub generation: u16,
     hint: AtomicU64,
+    /// The object this one lives and dies with (cascading eviction), if any.
+    parent: Option<(u32, u16)>,
 }
 
 /// The untyped core every soft structure uses.
@@ -205,12 +207,33 @@ impl Objects {
             slot,
             generation,
             hint: AtomicU64::new(slots::word(slots::EMPTY, generation, 0, 0)),
+            parent: None,
         }
     }
 
+    /// A new handle whose object is evicted with `parent`'s (cascading eviction).
+    pub fn child_handle(&self, parent: &Handle) -> Handle {
+        let mut h = self.handle();
+        h.parent = Some((parent.slot, parent.generation));
+        self.arena
+            .set_parent(h.slot, parent.slot, parent.generation);
+        h
+    }
+
     /// Reads the object into `sink`; `true` on a hit, when the sink holds exactly what a
-    /// writer wrote (on a miss it may hold anything).
+    /// writer wrote (on a miss it may hold anything). A child whose parent is gone is gone.
     pub fn read(&self, h: &Handle, sink: &mut impl Sink) -> bool {
+        let hit = self.read_own(h, sink);
+        match h.parent {
+            Some((slot, generation)) if hit && !self.arena.present(slot, generation) => {
+                self.evict(h);
+                false
+            }
+            _ => hit,
+        }
+    }
+
+    fn read_own(&self, h: &Handle, sink: &mut impl Sink) -> bool {
         let hint = h.hint.load(Acquire);
         if slots::state(hint) == LIVE && self.read_at(h, hint, sink) {
             return true;
@@ -384,6 +407,9 @@ impl Objects {
 
     /// Frees the handle's slot and forgets its object.
     pub fn release(&self, h: &Handle) {
+        if h.parent.is_some() {
+            self.arena.clear_parent(h.slot);
+        }
         let w = self.arena.slots.release(h.slot);
         if slots::state(w) == LIVE {
             self.forget(w);
@@ -485,6 +511,18 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftPool<T, A, E> {
     pub fn new_box(&self) -> SoftBox<T, A, E> {
         SoftBox {
             handle: self.shared.objects.handle(),
+            pool: self.clone(),
+        }
+    }
+
+    /// A new soft box that is evicted whenever `parent`'s object is (cascading eviction: a
+    /// cached post's attached picture goes with the post).
+    pub fn new_child_box<P: Copy + Send + 'static, PA: 'static, PE: 'static>(
+        &self,
+        parent: &SoftBox<P, PA, PE>,
+    ) -> SoftBox<T, A, E> {
+        SoftBox {
+            handle: self.shared.objects.child_handle(&parent.handle),
             pool: self.clone(),
         }
     }

@@ -303,3 +303,29 @@ fn the_evacuator_runs_under_punches_and_writes() {
     );
     assert!(reads > 10_000);
 }
+
+#[test]
+fn children_are_evicted_with_their_parent() {
+    let arena = arena(64 * SEGMENT);
+    let posts = SoftPool::new(&arena, |i: u64| value(i, 0));
+    let pictures = SoftPool::new(&arena, |i: u64| [i as u8; 1000]);
+    let post = posts.new_box_with(value(1, 1)).unwrap();
+    let picture = pictures.new_child_box(&post);
+    picture.write([7; 1000]).unwrap();
+    assert_eq!(picture.get(), Some([7; 1000]));
+    post.evict();
+    assert_eq!(picture.get(), None, "the picture outlived its post");
+    assert_eq!(picture.read(2), [2; 1000]);
+    // The parent back: the child stays until evicted again.
+    post.write(value(1, 2)).unwrap();
+    picture.write([8; 1000]).unwrap();
+    assert_eq!(picture.get(), Some([8; 1000]));
+    // Evacuation drops an orphan too.
+    let others: Vec<_> = (0..40_000u64)
+        .map(|i| posts.new_box_with(value(i, 3)).unwrap())
+        .collect();
+    post.evict();
+    arena.evacuate(usize::MAX, 1.0);
+    assert!(!picture.is_present(), "evacuation kept an orphan");
+    drop(others);
+}
