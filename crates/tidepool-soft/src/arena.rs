@@ -13,7 +13,9 @@ use crate::sys::{ArenaMap, ShmemHugePages};
 use crate::SoftError;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, VecDeque};
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::atomic::{
+    fence, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*,
+};
 use std::sync::Arc;
 
 /// Bytes of a segment.
@@ -270,6 +272,10 @@ impl SoftArena {
         loop {
             let at = self.allocate(total)?;
             let addr = self.address(at.offset);
+            // The segment's incarnation bump (when it was last evicted) happens before this
+            // write; the fence makes a reader that sees the bytes also see the bump (it
+            // checks after an acquire fence). No instruction on x86.
+            fence(Release);
             // SAFETY: [addr, addr + total) was just allocated to us inside the arena; `header`
             // is ours and `src` is the caller's; a revoked page is reported, not faulted on.
             let written = unsafe {

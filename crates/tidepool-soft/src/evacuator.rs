@@ -212,6 +212,9 @@ impl SoftArena {
             let Ok(to) = self.evacuation_space(o.total) else {
                 return Err(Lost); // no room to move it: leave the segment be
             };
+            // As in `SoftArena::append`: readers that see the copy see the destination's
+            // incarnation.
+            std::sync::atomic::fence(Release);
             // SAFETY: both ranges lie inside the arena (`to` was just allocated to us); either
             // may have been revoked, which is reported.
             let copied = unsafe {
