@@ -8,6 +8,18 @@
 //!   live ratios 10-90%, net MiB/s given back) and direct reclamation (punching 2 MiB
 //!   segments, GiB/s), the latter with 4 KiB pages and, where the machine allows switching
 //!   shmem huge pages on for the run, with 2 MiB pages.
+//! - `efficiency` (Midas Fig. 11): a synthetic application (Zipf 0.99 requests over 4 KiB
+//!   objects, 64 us of work each) at 20, 50 and 80% soft memory, as a fraction of its
+//!   throughput with everything cached, for reconstruction costs of 1 us to 4 ms. The miss
+//!   rate and access time are measured; each cost's throughput follows from them (one thread:
+//!   a request takes its work, its read, and a reconstruction if it missed), and one point is
+//!   also run with work and reconstructions spun for real, as a check on that arithmetic.
+//!   Beside it, computed, what the best static cache of the same size would reach (the
+//!   hottest objects kept forever): the ceiling any replacement policy has.
+//! - `cache`: 1 KiB values in Redis (the slow source) read Zipf(0.99) through a cache holding
+//!   a quarter of them: an LRU map in the process, memcached on loopback, a SoftMap of the same
+//!   budget, and a SoftMap whose budget is `auto` (it may grow into idle memory); Redis alone
+//!   for reference.
 
 use crate::{median, BenchOpts, Ctx, Suite};
 use anyhow::{Context, Result};
@@ -32,16 +44,20 @@ impl Suite for SoftSuite {
 
     fn about(&self) -> &'static str {
         "soft memory: SoftBox read/write latency against a Box (32 B, 4 KiB, 4 MiB); cooperative \
-         and direct reclamation throughput (Midas Tables 2 and 3)"
+         and direct reclamation throughput (Midas Tables 2 and 3); efficiency against \
+         reconstruction cost (Fig. 11); a soft cache in front of Redis against an LRU map and \
+         memcached"
     }
 
     fn steps(&self, opts: &BenchOpts) -> u64 {
-        (3 * opts.rounds() + LIVE_RATIOS.len() + 2) as u64
+        (3 * opts.rounds() + LIVE_RATIOS.len() + 2 + SOFT_RATIOS.len() + 2 + 6) as u64
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
         latency(ctx)?;
         reclaim(ctx)?;
+        efficiency(ctx)?;
+        cache(ctx)?;
         verdict(ctx);
         Ok(())
     }
@@ -418,7 +434,353 @@ fn verdict(ctx: &mut Ctx) {
             ));
         }
     }
+    let mut worst: Option<(f64, f64)> = None;
+    for &c in RECONSTRUCT_US.iter().filter(|&&c| c <= 256.0) {
+        let e = r.results.iter().find(|x| {
+            x.workload == "efficiency"
+                && x.params.get("soft_ratio") == Some(&0.5)
+                && x.params.get("reconstruct_us") == Some(&c)
+        });
+        if let Some(e) = e {
+            if worst.is_none_or(|(_, w)| e.value < w) {
+                worst = Some((c, e.value));
+            }
+        }
+    }
+    if let Some((c, e)) = worst {
+        notes.push(format!(
+            "efficiency at 50% soft memory for reconstruction costs up to 256 us: lowest {e:.3} \
+             (at {c} us; target at least 0.8): {}",
+            if e >= 0.8 { "met" } else { "NOT met" }
+        ));
+    }
     for n in notes {
         ctx.note(n);
     }
+}
+
+// ---- efficiency against reconstruction cost ------------------------------------------------
+
+/// Soft-memory ratios of part (c).
+const SOFT_RATIOS: [f64; 3] = [0.2, 0.5, 0.8];
+/// Reconstruction costs of part (c), microseconds per object.
+const RECONSTRUCT_US: [f64; 7] = [1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0];
+/// Work per request besides the soft read, microseconds. Midas does not state its synthetic
+/// application's; with Zipf 0.99 requests, its reported efficiencies (over 80% up to 128,
+/// 256 and 1024 us at 20, 50 and 80%) all imply about this much.
+const WORK_US: f64 = 64.0;
+
+/// Spins for `us` microseconds (stands for work or a reconstruction).
+fn spin(us: f64) {
+    let t = Instant::now();
+    while t.elapsed().as_secs_f64() * 1e6 < us {
+        std::hint::spin_loop();
+    }
+}
+
+/// A Zipf(0.99) sampler over `n` objects, hot ones scattered.
+struct Requests {
+    zipf: rand_distr::Zipf<f64>,
+    rng: rand::rngs::SmallRng,
+    n: u64,
+}
+
+impl Requests {
+    fn new(n: u64, seed: u64) -> Requests {
+        Requests {
+            zipf: rand_distr::Zipf::new(n, 0.99).expect("valid Zipf"),
+            rng: rand::rngs::SmallRng::seed_from_u64(seed),
+            n,
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        use rand_distr::Distribution;
+        let rank = self.zipf.sample(&mut self.rng) as u64 - 1;
+        rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % self.n
+    }
+}
+
+/// Runs the synthetic application at a soft-memory `ratio` of `n` 4 KiB objects: warms the
+/// cache, then serves `requests` with reconstructions costing `reconstruct_us` and work of
+/// `work_us` spun for real. Returns (miss rate, microseconds per request).
+fn synthetic(
+    n: u64,
+    ratio: f64,
+    requests: u64,
+    work_us: f64,
+    reconstruct_us: f64,
+) -> Result<(f64, f64)> {
+    let state = n as usize * 4112;
+    let arena = arena(((state as f64 * ratio) as usize).max(4 * SEGMENT))?;
+    arena.start_evacuator(0.02, 0.05)?;
+    let cost = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let c = cost.clone();
+    let map: tidepool_soft::SoftMap<u64, [u8; 4096]> =
+        tidepool_soft::SoftMap::with_reconstructor(&arena, move |k| {
+            spin(f64::from_bits(c.load(std::sync::atomic::Ordering::Relaxed)));
+            [*k as u8; 4096]
+        });
+    let mut req = Requests::new(n, 5);
+    if ratio >= 1.0 {
+        // The ideal: every object cached before the clock starts.
+        for k in 0..n {
+            map.get_or_reconstruct(k);
+        }
+    }
+    // Warm up with free reconstructions: the cache fills, then settles (hotness needs a
+    // few budgets' worth of requests to tell the hot from the lucky).
+    for _ in 0..10 * n {
+        map.get_or_reconstruct(req.next());
+    }
+    cost.store(
+        reconstruct_us.to_bits(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let before = map.stats();
+    let t = Instant::now();
+    for _ in 0..requests {
+        let k = req.next();
+        let v = map.get_or_reconstruct(k).context("no reconstructor")?;
+        anyhow::ensure!(v[0] == k as u8, "wrong value for {k}");
+        spin(work_us);
+    }
+    let per = t.elapsed().as_secs_f64() * 1e6 / requests as f64;
+    let after = map.stats();
+    let reads = (after.hits + after.misses) - (before.hits + before.misses);
+    let misses = after.misses - before.misses;
+    Ok((misses as f64 / reads.max(1) as f64, per))
+}
+
+fn efficiency(ctx: &mut Ctx) -> Result<()> {
+    let quick = ctx.opts.quick;
+    let n: u64 = if quick { 25_000 } else { 100_000 };
+    let requests: u64 = if quick { 200_000 } else { 1_000_000 };
+    // The ideal: everything cached; the access cost with no work, per request.
+    ctx.step("efficiency: the ideal (all cached)");
+    let (_, ideal_access) = synthetic(n, 1.2, requests, 0.0, 0.0)?;
+    ctx.advance();
+    // The miss rate of the best static cache of the same budget: the hottest objects kept.
+    let weights: Vec<f64> = (1..=n).map(|r| (r as f64).powf(-0.99)).collect();
+    let total: f64 = weights.iter().sum();
+    let optimal_miss = |ratio: f64| {
+        let kept = ((n as f64 * ratio) as usize).min(n as usize);
+        1.0 - weights[..kept].iter().sum::<f64>() / total
+    };
+    for &ratio in &SOFT_RATIOS {
+        ctx.step(format!("efficiency at {:.0}% soft memory", ratio * 100.0));
+        let (miss, access) = synthetic(n, ratio, requests, 0.0, 0.0)?;
+        let best = optimal_miss(ratio);
+        for &c in &RECONSTRUCT_US {
+            ctx.report.push(
+                "optimal-static (computed)",
+                "efficiency",
+                "normalized_throughput",
+                (WORK_US + ideal_access) / (WORK_US + ideal_access + best * c),
+                "fraction of ideal",
+                &[("soft_ratio", ratio), ("reconstruct_us", c)],
+            );
+        }
+        ctx.report.push(
+            "optimal-static (computed)",
+            "efficiency-miss-rate",
+            "miss_rate",
+            best,
+            "fraction",
+            &[("soft_ratio", ratio)],
+        );
+        // Single-threaded, a request's time is its work, its soft reads, and a reconstruction
+        // on a miss: efficiency follows from the measured miss rate and access time.
+        for &c in &RECONSTRUCT_US {
+            let e = (WORK_US + ideal_access) / (WORK_US + access + miss * c);
+            ctx.report.push(
+                "tidepool-soft",
+                "efficiency",
+                "normalized_throughput",
+                e,
+                "fraction of ideal",
+                &[("soft_ratio", ratio), ("reconstruct_us", c)],
+            );
+        }
+        ctx.report.push(
+            "tidepool-soft",
+            "efficiency-miss-rate",
+            "miss_rate",
+            miss,
+            "fraction",
+            &[("soft_ratio", ratio)],
+        );
+        ctx.advance();
+    }
+    // One point run for real, work and reconstructions spun, against the model.
+    ctx.step("efficiency: spot check at 50%, 256 us, spun for real");
+    let spot = if quick { 20_000 } else { 60_000 };
+    let (_, ideal) = synthetic(n, 1.2, spot, WORK_US, 256.0)?;
+    let (miss, real) = synthetic(n, 0.5, spot, WORK_US, 256.0)?;
+    let measured = ideal / real;
+    ctx.report.push(
+        "tidepool-soft",
+        "efficiency-spun",
+        "normalized_throughput",
+        measured,
+        "fraction of ideal",
+        &[("soft_ratio", 0.5), ("reconstruct_us", 256.0)],
+    );
+    ctx.note(format!(
+        "efficiency spot check, 50% soft memory, 256 us reconstructions, {WORK_US} us of work \
+         per request, spun for real: {measured:.3} ({real:.1} against {ideal:.1} us a \
+         request, miss rate {miss:.4})"
+    ));
+    ctx.advance();
+    Ok(())
+}
+
+// ---- a soft cache in front of a slow source ---------------------------------------------------
+
+/// One cache's read: the value, and whether the cache had it.
+type CacheGet = dyn FnMut(u64) -> Result<(Vec<u8>, bool)>;
+
+/// Part (d): a cache of 1 KiB values in front of Redis, Zipf(0.99) reads.
+fn cache(ctx: &mut Ctx) -> Result<()> {
+    use tidepool_store::FarStore;
+    let quick = ctx.opts.quick;
+    let n: u64 = if quick { 50_000 } else { 200_000 };
+    let value_len = 1024;
+    let cache_bytes = (n as usize * value_len) / 4; // a quarter of the data
+    let secs = if quick { 1.0 } else { 4.0 };
+    ctx.step("cache: starting Redis (the source) and memcached");
+    let redis = match tidepool_peers::RedisServer::start() {
+        Ok(r) => r,
+        Err(e) => {
+            ctx.note(format!("part (d) not run: Redis did not start: {e}"));
+            return Ok(());
+        }
+    };
+    ctx.opts.placement.pin_server(redis.pid())?;
+    let source: std::sync::Arc<dyn FarStore> =
+        tidepool_store::open(&redis.url()).context("connecting to Redis")?;
+    let value = |k: u64| -> Vec<u8> { (0..value_len).map(|i| (k as usize + i) as u8).collect() };
+    for chunk in (0..n).collect::<Vec<_>>().chunks(512) {
+        let vals: Vec<Vec<u8>> = chunk.iter().map(|&k| value(k)).collect();
+        let items: Vec<(u64, &[u8])> = chunk.iter().zip(&vals).map(|(&k, v)| (k, &v[..])).collect();
+        source.write_many(&items)?;
+    }
+    let fetch = {
+        let source = source.clone();
+        move |k: u64| -> Result<Vec<u8>> {
+            source.read_many(&[k])?[0]
+                .as_ref()
+                .map(|b| b.to_vec())
+                .context("a key missing at the source")
+        }
+    };
+    let memcached = match tidepool_peers::Memcached::start((cache_bytes >> 20).max(8) as u32) {
+        Ok(m) => {
+            ctx.opts.placement.pin_server(m.pid())?;
+            Some(m)
+        }
+        Err(e) => {
+            ctx.note(format!(
+                "memcached did not start, so it is left out of part (d): {e}"
+            ));
+            None
+        }
+    };
+    ctx.advance();
+    let systems: Vec<&str> = [
+        "redis-only",
+        "lru-map",
+        "memcached",
+        "tidepool-soft",
+        "tidepool-soft-auto",
+    ]
+    .into_iter()
+    .filter(|s| *s != "memcached" || memcached.is_some())
+    .collect();
+    for system in systems {
+        ctx.step(format!("cache: {system}"));
+        let mut req = Requests::new(n, 9);
+        let mut get: Box<CacheGet> = match system {
+            "redis-only" => {
+                let fetch = fetch.clone();
+                Box::new(move |k| Ok((fetch(k)?, false)))
+            }
+            "lru-map" => {
+                let fetch = fetch.clone();
+                let cap =
+                    std::num::NonZeroUsize::new(cache_bytes / (value_len + 64)).expect("room");
+                let mut lru = lru::LruCache::<u64, Vec<u8>>::new(cap);
+                Box::new(move |k| {
+                    if let Some(v) = lru.get(&k) {
+                        return Ok((v.clone(), true));
+                    }
+                    let v = fetch(k)?;
+                    lru.put(k, v.clone());
+                    Ok((v, false))
+                })
+            }
+            "memcached" => {
+                let fetch = fetch.clone();
+                let mc = tidepool_store::open(&memcached.as_ref().expect("filtered").url())?;
+                Box::new(move |k| {
+                    if let Some(v) = mc.read_many(&[k])?.pop().flatten() {
+                        return Ok((v.to_vec(), true));
+                    }
+                    let v = fetch(k)?;
+                    mc.write_many(&[(k, &v)])?;
+                    Ok((v, false))
+                })
+            }
+            _ => {
+                let auto = system == "tidepool-soft-auto";
+                let arena = arena(cache_bytes)?;
+                arena.start_evacuator(0.02, 0.05)?;
+                if auto {
+                    arena.start_auto_budget(tidepool_soft::AutoBudget::default())?;
+                }
+                let fetch = fetch.clone();
+                let map: tidepool_soft::SoftMap<u64, Vec<u8>, anyhow::Error> =
+                    tidepool_soft::SoftMap::fallible(&arena, move |k| fetch(*k));
+                Box::new(move |k| {
+                    if let Some(v) = map.get(&k) {
+                        return Ok((v, true));
+                    }
+                    let v = map.try_get_or_reconstruct(k)?.context("no reconstructor")?;
+                    Ok((v, false))
+                })
+            }
+        };
+        // Warm up over as many requests as there are keys, then measure.
+        for _ in 0..n {
+            get(req.next())?;
+        }
+        let (mut ops, mut hits) = (0u64, 0u64);
+        let t = Instant::now();
+        while t.elapsed().as_secs_f64() < secs {
+            for _ in 0..256 {
+                let k = req.next();
+                let (v, hit) = get(k)?;
+                anyhow::ensure!(
+                    v.len() == value_len && v[0] == k as u8,
+                    "{system}: wrong value for {k}"
+                );
+                hits += hit as u64;
+            }
+            ops += 256;
+        }
+        let rate = ops as f64 / t.elapsed().as_secs_f64();
+        let params = [("cache_fraction", 0.25), ("value_bytes", value_len as f64)];
+        ctx.report
+            .push(system, "cache", "ops_per_s", rate, "ops/s", &params);
+        ctx.report.push(
+            system,
+            "cache",
+            "hit_rate",
+            hits as f64 / ops as f64,
+            "fraction",
+            &params,
+        );
+        ctx.advance();
+    }
+    Ok(())
 }

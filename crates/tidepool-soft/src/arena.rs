@@ -34,7 +34,7 @@ const MAGIC: u64 = 0x50f7;
 /// evacuator lowers.
 pub(crate) const HOT_SHIFT: u32 = 32;
 /// Hotness saturates here.
-pub const HOT_MAX: u8 = 3;
+pub const HOT_MAX: u8 = u8::MAX;
 
 /// Segment kinds.
 pub(crate) const UNPOPULATED: u8 = 0;
@@ -102,6 +102,9 @@ pub(crate) struct Head {
 pub struct ArenaCounters {
     pub segments_populated: AtomicU64,
     pub segments_evicted: AtomicU64,
+    /// Segments evicted whole because allocation found no free one (the evacuator was
+    /// behind): their warm objects were lost with the cold.
+    pub direct_evictions: AtomicU64,
     pub segments_revoked: AtomicU64,
     pub bytes_allocated: AtomicU64,
 }
@@ -127,6 +130,11 @@ pub struct SoftArena {
     pub(crate) slots: SlotTable,
     pub(crate) counters: ArenaCounters,
     pub(crate) evacuator_idle: Arc<crate::evacuator::Doorbell>,
+    /// Evacuator watermarks, as shares of the budget: wake under `low` free, reclaim up to
+    /// `high`. Zero until an evacuator starts.
+    watermarks: Mutex<(f64, f64)>,
+    /// `bytes_allocated` when hotness was last halved.
+    pub(crate) aged_at: AtomicU64,
     /// Child slot to parent (slot, generation), for cascading eviction.
     parents: parking_lot::RwLock<std::collections::HashMap<u32, (u32, u16)>>,
     has_parents: std::sync::atomic::AtomicBool,
@@ -158,12 +166,19 @@ impl SoftArena {
             slots: SlotTable::default(),
             counters: ArenaCounters::default(),
             evacuator_idle: Default::default(),
+            watermarks: Mutex::new((0.0, 0.0)),
+            aged_at: AtomicU64::new(0),
             parents: Default::default(),
             has_parents: Default::default(),
             huge_pages: ShmemHugePages::detect(),
             map,
             registration,
         }))
+    }
+
+    /// What the arena has done so far.
+    pub fn counters(&self) -> &ArenaCounters {
+        &self.counters
     }
 
     /// The memfd behind the arena.
@@ -174,6 +189,24 @@ impl SoftArena {
     /// Whether segments are backed by 2 MiB pages (the machine's shmem huge-page policy).
     pub fn huge_pages(&self) -> ShmemHugePages {
         self.huge_pages
+    }
+
+    /// Sets the evacuator's watermarks as shares of the budget (at least one and two
+    /// segments).
+    pub(crate) fn set_watermarks(&self, low: f64, high: f64) {
+        *self.watermarks.lock() = (low, high);
+    }
+
+    /// The evacuator's watermarks in segments (they follow the budget); (0, 0) without an
+    /// evacuator.
+    pub(crate) fn watermarks(&self) -> (usize, usize) {
+        let (low, high) = *self.watermarks.lock();
+        if high == 0.0 {
+            return (0, 0);
+        }
+        let b = self.budget_segments() as f64;
+        let low = ((low * b).ceil() as usize).max(1);
+        (low, ((high * b).ceil() as usize).max(low + 1))
     }
 
     pub(crate) fn budget_segments(&self) -> usize {
@@ -446,7 +479,8 @@ impl SoftArena {
             self.evict(seg);
             self.release(s, seg);
         }
-        if s.free.len() <= 1 {
+        let free = s.free.len() + self.budget_segments().saturating_sub(s.populated);
+        if free <= self.watermarks().0 {
             self.evacuator_idle.ring();
         }
         if let Some(seg) = s.free.pop() {
@@ -459,6 +493,7 @@ impl SoftArena {
         }
         // The evacuator is behind: take the coldest segment (direct reclamation).
         while let Some(seg) = s.closed.pop_front() {
+            self.counters.direct_evictions.fetch_add(1, Relaxed);
             self.evict(seg);
             if self.meta[seg as usize].run.load(Relaxed) <= 1 {
                 return Ok(seg);

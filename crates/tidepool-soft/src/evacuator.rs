@@ -1,17 +1,23 @@
-//! The evacuator (Midas §4.2.2): scans closed segments, compacts the ones with the least live
-//! data into fresh segments, drops cold objects, and orders segments coldest first so that
+//! The evacuator (Midas §4.2.2): scans closed segments, compacts the ones that free the most
+//! for the least copying, drops cold objects, and orders segments coldest first so that
 //! direct reclamation takes the coldest.
 //!
-//! A pass has three stages:
+//! Hotness is a byte per object: reads raise it by one, and it halves each time the arena
+//! has allocated its budget's worth since the last halving (an LFU with decay, which keeps
+//! a skewed working set much better than CLOCK's one bit). A pass that must free `need`
+//! bytes:
 //!
-//! 1. **Scan** every closed segment (read-only): which objects are live (their slot names
-//!    this very copy), how many bytes they hold, and the segment's hotness (size times
-//!    hotness summed).
-//! 2. **Compact** the victims, lowest live ratio first: each live object with hotness is
-//!    copied to the evacuation head and its slot switched by compare-and-swap (a writer that
-//!    got there first wins, and the copy is dropped); an object that cooled to zero is
-//!    dropped (its slot reads as lost). The emptied segment is evicted and freed.
-//! 3. **Age** the rest (hotness minus one, CLOCK) and sort the closed list by hotness.
+//! 1. **Scans** every closed segment (read-only): which objects are live (their slot names
+//!    this very copy), and their bytes by hotness class (0, 1, 2-3, 4-7, ... 128-255).
+//! 2. **Chooses a threshold**: the lowest class such that dropping every live object at or
+//!    under it, from the segments where that leaves least to move, frees `need` bytes net.
+//!    Dead objects are always dropped.
+//! 3. **Compacts** those segments: objects over the threshold are copied to the evacuation
+//!    head and their slots switched by compare-and-swap (a writer that got there first wins,
+//!    and the copy is dropped); the rest are dropped (their slots read as lost). The emptied
+//!    segment is evicted and freed.
+//! 4. **Orders** the closed list by hotness, coldest first, and ages (halves) hotness when a
+//!    budget's worth has been allocated since the last time.
 //!
 //! Readers need no coordination: a reader holding the old location reads intact bytes until
 //! the segment is reused, which bumps its incarnation first.
@@ -86,95 +92,171 @@ impl SoftArena {
         Ok(())
     }
 
-    /// One evacuation pass, compacting at most `max_victims` segments whose live data is at
-    /// most `max_live` of a segment (0.0-1.0).
+    /// Compacts at most `max_victims` segments whose live data is at most `max_live` of a
+    /// segment (0.0-1.0), lowest first, dropping only dead objects: cooperative reclamation
+    /// that keeps every live object.
     pub fn evacuate(&self, max_victims: usize, max_live: f64) -> EvacuationReport {
         let mut report = EvacuationReport::default();
+        let mut scanned = self.scan(&mut report);
+        scanned.sort_by_key(|x| x.live);
+        let limit = (max_live * SEGMENT as f64) as usize;
+        let victims: Vec<Scanned> = scanned
+            .into_iter()
+            .filter(|x| x.live <= limit)
+            .take(max_victims)
+            .collect();
+        self.compact_all(&victims, None, &mut report);
+        self.order_closed();
+        report
+    }
+
+    /// Frees at least `need` bytes net if it can, dropping the coldest live objects as
+    /// needed (see the module docs). The evacuator thread's pass.
+    pub fn reclaim(&self, need: usize) -> EvacuationReport {
+        let mut report = EvacuationReport::default();
+        let scanned = self.scan(&mut report);
+        // The lowest threshold (None: dead objects only) that frees enough.
+        let mut plan = Vec::new();
+        let mut chosen = None;
+        for threshold in std::iter::once(None).chain((0..CLASSES).map(Some)) {
+            plan = Self::plan(&scanned, threshold, need);
+            chosen = threshold;
+            let freed: usize = plan.iter().map(|x| SEGMENT - x.kept(threshold)).sum();
+            if freed >= need {
+                break;
+            }
+        }
+        self.compact_all(&plan, chosen, &mut report);
+        self.order_closed();
+        self.age_if_due(&scanned, &plan);
+        report
+    }
+
+    /// Victims for a threshold: the segments that keep least, until `need` is freed.
+    fn plan(scanned: &[Scanned], threshold: Option<usize>, need: usize) -> Vec<Scanned> {
+        let mut by_kept: Vec<&Scanned> = scanned.iter().filter(|x| x.run == 1).collect();
+        by_kept.sort_by_key(|x| x.kept(threshold));
+        let mut freed = 0;
+        let mut plan = Vec::new();
+        for x in by_kept {
+            if freed >= need {
+                break;
+            }
+            let gain = SEGMENT - x.kept(threshold);
+            if gain == 0 {
+                break;
+            }
+            freed += gain;
+            plan.push(x.clone());
+        }
+        // Large objects' runs free whole runs when dropped.
+        for x in scanned.iter().filter(|x| x.run > 1) {
+            if freed >= need {
+                break;
+            }
+            if x.kept(threshold) == 0 {
+                freed += x.run as usize * SEGMENT;
+                plan.push(x.clone());
+            }
+        }
+        plan
+    }
+
+    /// Reads every closed segment's objects.
+    fn scan(&self, report: &mut EvacuationReport) -> Vec<Scanned> {
         let closed: Vec<u32> = self.segments.lock().closed.iter().copied().collect();
-        // 1. Scan.
-        let mut scanned: Vec<(u32, usize, u64)> = Vec::with_capacity(closed.len());
-        for &seg in &closed {
+        let mut scanned = Vec::with_capacity(closed.len());
+        for seg in closed {
             let m = &self.meta[seg as usize];
             if m.kind.load(Relaxed) != CLOSED || m.writers.load(Acquire) != 0 {
                 continue;
             }
-            // `warm`: live objects compaction would keep; `live`: all of them.
-            let (mut warm, mut live, mut hotness) = (0usize, 0usize, 0u64);
-            let walked = if m.run.load(Relaxed) > 1 {
-                let r = self.walk_large(seg, &mut live, &mut hotness);
-                warm = live;
-                r
-            } else {
-                self.walk(seg, |o| {
-                    if o.live.is_some() {
-                        live += o.total;
-                        if o.hot > 0 {
-                            warm += o.total;
-                            hotness += o.total as u64 * o.hot as u64;
-                        }
-                    }
-                })
+            let mut x = Scanned {
+                seg,
+                run: m.run.load(Relaxed).max(1),
+                live: 0,
+                classes: [0; CLASSES],
             };
+            let mut hotness = 0u64;
+            let walked = self.walk(seg, |o| {
+                if o.live.is_some() {
+                    x.live += o.total;
+                    x.classes[class(o.hot)] += o.total;
+                    hotness += o.total as u64 * o.hot as u64;
+                }
+            });
             if walked.is_err() {
                 self.retire(seg);
                 continue;
             }
             m.hotness.store(hotness, Relaxed);
-            m.live.store(live as i64, Relaxed);
-            let live = warm;
-            scanned.push((seg, live, hotness));
+            m.live.store(x.live as i64, Relaxed);
+            scanned.push(x);
             report.segments_scanned += 1;
         }
-        // 2. Compact, lowest live ratio first.
-        scanned.sort_by_key(|&(_, live, _)| live);
-        let limit = (max_live * SEGMENT as f64) as usize;
-        let mut victims = Vec::new();
-        for &(seg, live, _) in scanned.iter().take_while(|&&(_, live, _)| live <= limit) {
-            if victims.len() == max_victims {
-                break;
-            }
-            if self.meta[seg as usize].run.load(Relaxed) > 1 {
-                if live == 0 {
-                    self.free_closed(seg);
+        scanned
+    }
+
+    fn compact_all(
+        &self,
+        victims: &[Scanned],
+        threshold: Option<usize>,
+        report: &mut EvacuationReport,
+    ) {
+        for x in victims {
+            if x.run > 1 {
+                if x.kept(threshold) == 0 {
+                    self.drop_objects(x.seg, report);
+                    self.free_closed(x.seg);
                     report.segments_freed += 1;
                 }
                 continue;
             }
-            let _ = live;
-            if self.compact(seg, &mut report).is_ok() {
-                victims.push(seg);
-            }
+            let _ = self.compact(x.seg, threshold, report);
         }
-        // 3. Age the others and order the closed list coldest first.
-        for &(seg, _, _) in &scanned {
-            if victims.contains(&seg) || self.meta[seg as usize].run.load(Relaxed) > 1 {
-                continue;
-            }
-            let _ = self.walk(seg, |o| {
-                if o.live.is_some() && o.hot > 0 {
-                    self.set_hot(o.offset, o.hot - 1);
+    }
+
+    /// Marks the live objects of a segment lost (a large object's run, dropped whole).
+    fn drop_objects(&self, seg: u32, report: &mut EvacuationReport) {
+        let _ = self.walk(seg, |o| {
+            if let Some((slot, w)) = o.live {
+                let s = self.slots.get(slot);
+                if s.compare_exchange(w, slots::with_state(w, LOST), AcqRel, Relaxed)
+                    .is_ok()
+                {
+                    report.objects_dropped += 1;
                 }
-            });
-        }
+            }
+        });
+    }
+
+    /// Sorts the closed list coldest first (for direct reclamation).
+    fn order_closed(&self) {
         let mut s = self.segments.lock();
         let mut order: Vec<u32> = s.closed.drain(..).collect();
         order.sort_by_key(|&seg| self.meta[seg as usize].hotness.load(Relaxed));
         s.closed.extend(order);
-        report
     }
 
-    /// A large object's run: live if its slot names it.
-    fn walk_large(&self, seg: u32, live: &mut usize, hotness: &mut u64) -> Result<(), Lost> {
-        let mut large = None;
-        self.walk(seg, |o| large = Some((o.total, o.hot, o.live.is_some())))?;
-        if let Some((total, hot, true)) = large {
-            *live = total;
-            *hotness = total as u64 * hot as u64;
-            if hot > 0 {
-                self.set_hot(seg as usize * SEGMENT, hot - 1);
-            }
+    /// Halves every live object's hotness once a budget's worth has been allocated since the
+    /// last time (objects just moved were halved as they moved, if due).
+    fn age_if_due(&self, scanned: &[Scanned], moved: &[Scanned]) {
+        let allocated = self.counters.bytes_allocated.load(Relaxed);
+        let last = self.aged_at.load(Relaxed);
+        if allocated.saturating_sub(last) < self.budget() as u64 {
+            return;
         }
-        Ok(())
+        self.aged_at.store(allocated, Relaxed);
+        for x in scanned {
+            if moved.iter().any(|m| m.seg == x.seg) {
+                continue;
+            }
+            let _ = self.walk(x.seg, |o| {
+                if o.live.is_some() && o.hot > 0 {
+                    self.set_hot(o.offset, o.hot / 2);
+                }
+            });
+        }
     }
 
     fn set_hot(&self, offset: usize, hot: u8) {
@@ -188,8 +270,14 @@ impl SoftArena {
         };
     }
 
-    /// Moves the live, warm objects of `seg` out, drops the cold ones, and frees it.
-    fn compact(&self, seg: u32, report: &mut EvacuationReport) -> Result<(), Lost> {
+    /// Moves the live objects of `seg` hotter than `threshold` out, drops the others, and
+    /// frees it.
+    fn compact(
+        &self,
+        seg: u32,
+        threshold: Option<usize>,
+        report: &mut EvacuationReport,
+    ) -> Result<(), Lost> {
         let mut objects = Vec::new();
         self.walk(seg, |o| {
             if o.live.is_some() {
@@ -201,7 +289,7 @@ impl SoftArena {
             let (slot, w) = o.live.expect("only live objects were kept");
             let s = self.slots.get(slot);
             // Cold, or a child whose parent is gone (cascading eviction): dropped.
-            if o.hot == 0 || self.orphaned(slot) {
+            if threshold.is_some_and(|t| class(o.hot) <= t) || self.orphaned(slot) {
                 if s.compare_exchange(w, slots::with_state(w, LOST), AcqRel, Relaxed)
                     .is_ok()
                 {
@@ -227,8 +315,6 @@ impl SoftArena {
             self.meta[to.offset / SEGMENT].writers.fetch_sub(1, Release);
             match copied {
                 Ok(()) => {
-                    // The copy keeps its hotness, less one (CLOCK).
-                    self.set_hot(to.offset, o.hot - 1);
                     let moved = slots::word(LIVE, slots::generation(w), to.offset, to.incarnation);
                     if s.compare_exchange(w, moved, AcqRel, Relaxed).is_ok() {
                         report.objects_moved += 1;
@@ -325,29 +411,54 @@ impl SoftArena {
         }
     }
 
-    /// Starts the evacuator thread: whenever free segments fall under `low` of the budget it
-    /// compacts until they reach `high` (or nothing more can be gained). It stops when the
-    /// arena is dropped.
+    /// Starts the evacuator thread: whenever free segments fall under `low` of the budget
+    /// (allocation rings it then) it reclaims up to `high`. It stops when the arena is
+    /// dropped.
     pub fn start_evacuator(self: &Arc<Self>, low: f64, high: f64) -> std::io::Result<()> {
+        self.set_watermarks(low, high);
         let weak = Arc::downgrade(self);
         std::thread::Builder::new()
             .name("tp-evacuator".into())
             .spawn(move || loop {
                 let Some(arena) = weak.upgrade() else { return };
-                let budget = arena.budget_segments() as f64;
-                let mut rounds = 0;
-                while (arena.free_segments() as f64) < low * budget && rounds < 64 {
-                    let r = arena.evacuate(4, 0.9);
-                    rounds += 1;
-                    if r.segments_freed == 0 || (arena.free_segments() as f64) >= high * budget {
-                        break;
-                    }
+                let (low, high) = arena.watermarks();
+                let free = arena.free_segments();
+                if free < low {
+                    arena.reclaim((high - free) * SEGMENT);
                 }
                 let idle = arena.evacuator_idle.clone();
                 drop(arena);
                 idle.wait(Duration::from_millis(20));
             })?;
         Ok(())
+    }
+}
+
+/// Hotness classes: 0, 1, 2-3, 4-7, ..., 128-255.
+const CLASSES: usize = 9;
+
+fn class(hot: u8) -> usize {
+    (u8::BITS - hot.leading_zeros()) as usize
+}
+
+/// What a scan found in one closed segment (or large object's run).
+#[derive(Debug, Clone)]
+struct Scanned {
+    seg: u32,
+    run: u32,
+    /// Bytes of live objects.
+    live: usize,
+    /// Bytes of live objects by hotness class.
+    classes: [usize; CLASSES],
+}
+
+impl Scanned {
+    /// Bytes compaction would move with this threshold (None: only dead objects dropped).
+    fn kept(&self, threshold: Option<usize>) -> usize {
+        match threshold {
+            None => self.live,
+            Some(t) => self.classes[t + 1..].iter().sum(),
+        }
     }
 }
 
@@ -360,6 +471,9 @@ pub(crate) struct Doorbell {
 
 impl Doorbell {
     pub fn ring(&self) {
+        if *self.rung.lock() {
+            return;
+        }
         *self.rung.lock() = true;
         self.cv.notify_one();
     }
