@@ -239,13 +239,22 @@ fn cooperative(segments: usize, live: f64) -> Result<f64> {
     Ok(net / secs / (1 << 20) as f64)
 }
 
-/// GiB/s of punching populated segments.
-fn direct(bytes: usize) -> Result<f64> {
-    direct_probing(bytes, &mut || {})
+/// The median GiB/s of three runs of [`direct`], and the most shmem huge-page memory seen
+/// populated (KiB).
+fn direct_median(bytes: usize) -> Result<(f64, u64)> {
+    let mut v = Vec::new();
+    let mut huge_kib = 0;
+    for _ in 0..3 {
+        let before = shmem_huge_kib();
+        v.push(direct(bytes, &mut || {
+            huge_kib = huge_kib.max(shmem_huge_kib().saturating_sub(before))
+        })?);
+    }
+    Ok((median(&mut v), huge_kib))
 }
 
-/// [`direct`], calling `probe` once the segments are populated and before they are punched.
-fn direct_probing(bytes: usize, probe: &mut dyn FnMut()) -> Result<f64> {
+/// GiB/s of punching populated segments; `probe` runs once they are populated.
+fn direct(bytes: usize, probe: &mut dyn FnMut()) -> Result<f64> {
     let arena = arena(bytes + 8 * SEGMENT)?;
     let pool = SoftPool::new(&arena, |_: ()| [0u8; SEGMENT / 2]);
     let chunk: Box<[u8; SEGMENT / 2]> = vec![1u8; SEGMENT / 2]
@@ -336,38 +345,27 @@ fn reclaim(ctx: &mut Ctx) -> Result<()> {
     if ShmemHugePages::detect() == ShmemHugePages::Enabled {
         ctx.note("shmem huge pages are on on this machine: the 4 KiB-page figure uses them too");
     }
-    let mut v: Vec<f64> = (0..3).map(|_| direct(bytes)).collect::<Result<_>>()?;
-    ctx.report.push(
-        "tidepool-soft",
-        "reclaim-direct",
-        "gib_per_s",
-        median(&mut v),
-        "GiB/s",
-        &[("huge_pages", 0.0)],
-    );
+    let push = |ctx: &mut Ctx, gib_s: f64, huge: f64| {
+        ctx.report.push(
+            "tidepool-soft",
+            "reclaim-direct",
+            "gib_per_s",
+            gib_s,
+            "GiB/s",
+            &[("huge_pages", huge)],
+        )
+    };
+    let (gib_s, _) = direct_median(bytes)?;
+    push(ctx, gib_s, 0.0);
     ctx.advance();
     ctx.step("direct reclamation, 2 MiB shmem pages");
     match HugeShmem::enable() {
         Ok(_on) => {
-            let mut v = Vec::new();
-            let mut huge_kib = 0;
-            for _ in 0..3 {
-                let before = shmem_huge_kib();
-                v.push(direct_probing(bytes, &mut || {
-                    huge_kib = huge_kib.max(shmem_huge_kib().saturating_sub(before))
-                })?);
-            }
+            let (gib_s, huge_kib) = direct_median(bytes)?;
             if huge_kib == 0 {
                 ctx.note("shmem huge pages were switched on, but no segment got one");
             }
-            ctx.report.push(
-                "tidepool-soft",
-                "reclaim-direct",
-                "gib_per_s",
-                median(&mut v),
-                "GiB/s",
-                &[("huge_pages", 1.0)],
-            );
+            push(ctx, gib_s, 1.0);
         }
         Err(e) => ctx.note(format!(
             "direct reclamation with huge pages not measured: {e:#}"
@@ -437,7 +435,8 @@ fn verdict(ctx: &mut Ctx) {
     let mut worst: Option<(f64, f64)> = None;
     for &c in RECONSTRUCT_US.iter().filter(|&&c| c <= 256.0) {
         let e = r.results.iter().find(|x| {
-            x.workload == "efficiency"
+            x.system == "tidepool-soft"
+                && x.workload == "efficiency"
                 && x.params.get("soft_ratio") == Some(&0.5)
                 && x.params.get("reconstruct_us") == Some(&c)
         });

@@ -229,16 +229,8 @@ impl SoftArena {
         let target = bytes.div_ceil(SEGMENT).max(1);
         self.budget_segments.store(target, Relaxed);
         let mut s = self.segments.lock();
-        while s.populated > target {
-            if let Some(seg) = s.free.pop() {
-                self.release(&mut s, seg);
-            } else if let Some(seg) = s.closed.pop_front() {
-                self.evict(seg);
-                self.release(&mut s, seg);
-            } else {
-                break; // only allocation heads left
-            }
-        }
+        // Until only allocation heads are left.
+        while s.populated > target && self.shed(&mut s) {}
     }
 
     pub(crate) fn address(&self, offset: usize) -> usize {
@@ -423,33 +415,56 @@ impl SoftArena {
             return self.allocate_large(total);
         }
         let mut head = self.heads[MY_HEAD.with(|h| *h)].lock();
-        if let Some(seg) = head.segment {
-            if head.offset + total <= (seg as usize + 1) * SEGMENT {
-                let offset = head.offset;
-                head.offset += total;
-                let m = &self.meta[seg as usize];
-                m.live.fetch_add(total as i64, Relaxed);
-                m.writers.fetch_add(1, Acquire);
-                return Ok(Placement {
-                    offset,
-                    incarnation: m.incarnation.load(Acquire) & INC_MASK,
-                });
-            }
+        if let Some(at) = self.bump(&mut head, total) {
+            return Ok(at);
         }
         let mut s = self.segments.lock();
         self.close(&mut s, &mut head);
         let seg = self.take_segment(&mut s)?;
         drop(s);
+        Ok(self.start_head(&mut head, seg, total))
+    }
+
+    /// `total` bytes from a head's segment, if they fit; the segment counts one more writer.
+    pub(crate) fn bump(&self, head: &mut Head, total: usize) -> Option<Placement> {
+        let seg = head.segment?;
+        if head.offset + total > (seg as usize + 1) * SEGMENT {
+            return None;
+        }
+        let offset = head.offset;
+        head.offset += total;
         let m = &self.meta[seg as usize];
-        m.kind.store(ACTIVE, Relaxed);
-        m.live.store(total as i64, Relaxed);
+        m.live.fetch_add(total as i64, Relaxed);
         m.writers.fetch_add(1, Acquire);
-        head.segment = Some(seg);
-        head.offset = seg as usize * SEGMENT + total;
-        Ok(Placement {
-            offset: seg as usize * SEGMENT,
+        Some(Placement {
+            offset,
             incarnation: m.incarnation.load(Acquire) & INC_MASK,
         })
+    }
+
+    /// Makes an empty segment a head's, with its first `total` bytes allocated.
+    pub(crate) fn start_head(&self, head: &mut Head, seg: u32, total: usize) -> Placement {
+        let m = &self.meta[seg as usize];
+        m.kind.store(ACTIVE, Relaxed);
+        m.live.store(0, Relaxed);
+        head.segment = Some(seg);
+        head.offset = seg as usize * SEGMENT;
+        self.bump(head, total)
+            .expect("an object fits in an empty segment")
+    }
+
+    /// Gives one segment (or run) back to the system: a free one, else the coldest closed
+    /// one, whose objects are lost. `false` if only allocation heads are left.
+    fn shed(&self, s: &mut Segments) -> bool {
+        if let Some(seg) = s.free.pop() {
+            self.release(s, seg);
+        } else if let Some(seg) = s.closed.pop_front() {
+            self.evict(seg);
+            self.release(s, seg);
+        } else {
+            return false;
+        }
+        true
     }
 
     /// Ends a head's segment: it joins the closed list, to be scanned and compacted.
@@ -521,12 +536,7 @@ impl SoftArena {
             });
         }
         while s.populated + n as usize > self.budget_segments.load(Relaxed) {
-            if let Some(seg) = s.free.pop() {
-                self.release(&mut s, seg);
-            } else if let Some(seg) = s.closed.pop_front() {
-                self.evict(seg);
-                self.release(&mut s, seg);
-            } else {
+            if !self.shed(&mut s) {
                 return Err(SoftError::OutOfBudget {
                     budget: self.budget(),
                 });

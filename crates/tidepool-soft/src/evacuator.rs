@@ -344,18 +344,8 @@ impl SoftArena {
     /// Space for one object in the evacuation head's segment.
     fn evacuation_space(&self, total: usize) -> Result<Placement, crate::SoftError> {
         let mut head = self.evacuation_head.lock();
-        if let Some(seg) = head.segment {
-            if head.offset + total <= (seg as usize + 1) * SEGMENT {
-                let offset = head.offset;
-                head.offset += total;
-                let m = &self.meta[seg as usize];
-                m.live.fetch_add(total as i64, Relaxed);
-                m.writers.fetch_add(1, Acquire);
-                return Ok(Placement {
-                    offset,
-                    incarnation: m.incarnation.load(Acquire) & INC_MASK,
-                });
-            }
+        if let Some(at) = self.bump(&mut head, total) {
+            return Ok(at);
         }
         let mut s = self.segments.lock();
         self.close(&mut s, &mut head);
@@ -372,16 +362,7 @@ impl SoftArena {
             }
         };
         drop(s);
-        let m = &self.meta[seg as usize];
-        m.kind.store(ACTIVE, Relaxed);
-        m.live.store(total as i64, Relaxed);
-        m.writers.fetch_add(1, Acquire);
-        head.segment = Some(seg);
-        head.offset = seg as usize * SEGMENT + total;
-        Ok(Placement {
-            offset: seg as usize * SEGMENT,
-            incarnation: m.incarnation.load(Acquire) & INC_MASK,
-        })
+        Ok(self.start_head(&mut head, seg, total))
     }
 
     /// A closed segment (or run) holds nothing live any more: evict it and free it, giving

@@ -12,6 +12,20 @@
 //! - [`SoftPool`] and [`SoftBox`]: typed objects with a reconstructor.
 //! - [`SoftVec`], [`SoftMap`], [`SoftQueue`]: data structures with their index in normal memory
 //!   and their values ([`SoftValue`]) in soft memory.
+//!
+//! ```
+//! use tidepool_soft::{ArenaConfig, AutoBudget, SoftArena, SoftMap};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let arena = SoftArena::new(ArenaConfig::default())?;
+//! arena.start_evacuator(0.02, 0.05)?;
+//! arena.start_auto_budget(AutoBudget::default())?;
+//! let squares: SoftMap<u64, u64> = SoftMap::with_reconstructor(&arena, |n| n * n);
+//! assert_eq!(squares.get_or_reconstruct(12), Some(144)); // built, then cached
+//! assert_eq!(squares.get(&12), Some(144)); // a hit (while memory lasts)
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod arena;
 pub mod budget;

@@ -186,11 +186,11 @@ impl PoolCounters {
 /// Where a handle's object is: slot, generation, and the hint (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Handle {
+    hint: AtomicU64,
     pub slot: u32,
     pub generation: u16,
-    hint: AtomicU64,
-    /// The object this one lives and dies with (cascading eviction), if any.
-    parent: Option<(u32, u16)>,
+    /// The object lives and dies with a parent (cascading eviction; the arena knows which).
+    child: bool,
 }
 
 /// The untyped core every soft structure uses.
@@ -207,14 +207,14 @@ impl Objects {
             slot,
             generation,
             hint: AtomicU64::new(slots::word(slots::EMPTY, generation, 0, 0)),
-            parent: None,
+            child: false,
         }
     }
 
     /// A new handle whose object is evicted with `parent`'s (cascading eviction).
     pub fn child_handle(&self, parent: &Handle) -> Handle {
         let mut h = self.handle();
-        h.parent = Some((parent.slot, parent.generation));
+        h.child = true;
         self.arena
             .set_parent(h.slot, parent.slot, parent.generation);
         h
@@ -224,13 +224,11 @@ impl Objects {
     /// writer wrote (on a miss it may hold anything). A child whose parent is gone is gone.
     pub fn read(&self, h: &Handle, sink: &mut impl Sink) -> bool {
         let hit = self.read_own(h, sink);
-        match h.parent {
-            Some((slot, generation)) if hit && !self.arena.present(slot, generation) => {
-                self.evict(h);
-                false
-            }
-            _ => hit,
+        if hit && h.child && self.arena.orphaned(h.slot) {
+            self.evict(h);
+            return false;
         }
+        hit
     }
 
     fn read_own(&self, h: &Handle, sink: &mut impl Sink) -> bool {
@@ -407,7 +405,7 @@ impl Objects {
 
     /// Frees the handle's slot and forgets its object.
     pub fn release(&self, h: &Handle) {
-        if h.parent.is_some() {
+        if h.child {
             self.arena.clear_parent(h.slot);
         }
         let w = self.arena.slots.release(h.slot);
