@@ -535,6 +535,24 @@ impl SoftArena {
                 budget: self.budget(),
             });
         }
+        // A run of the same length whose object died (an overwritten large value): reuse it
+        // as it is, populated, instead of punching one run and populating another.
+        if let Some(i) = s.closed.iter().position(|&c| {
+            let m = &self.meta[c as usize];
+            m.run.load(Relaxed) == n && m.live.load(Relaxed) <= 0 && m.writers.load(Acquire) == 0
+        }) {
+            let first = s.closed.remove(i).expect("index from position");
+            let m = &self.meta[first as usize];
+            m.incarnation.fetch_add(1, Release);
+            m.live.store(total as i64, Relaxed);
+            m.end.store(total, Relaxed);
+            m.writers.fetch_add(1, Acquire);
+            s.closed.push_back(first);
+            return Ok(Placement {
+                offset: first as usize * SEGMENT,
+                incarnation: m.incarnation.load(Acquire) & INC_MASK,
+            });
+        }
         while s.populated + n as usize > self.budget_segments.load(Relaxed) {
             if !self.shed(&mut s) {
                 return Err(SoftError::OutOfBudget {

@@ -197,6 +197,9 @@ pub(crate) struct Handle {
 #[derive(Debug)]
 pub(crate) struct Objects {
     pub arena: Arc<SoftArena>,
+    /// Every object's payload length, when it is fixed (a pool of one `Copy` type): forgetting
+    /// an old version then needs no read of its header.
+    pub fixed_len: Option<usize>,
 }
 
 impl Objects {
@@ -417,7 +420,10 @@ impl Objects {
     /// Uncounts the object `w` names from its segment's live bytes.
     fn forget(&self, w: u64) {
         let (offset, inc) = (slots::location(w), slots::incarnation(w));
-        let len = self.arena.object_bytes(offset, inc).unwrap_or(0);
+        let len = match self.fixed_len {
+            Some(len) => len,
+            None => self.arena.object_bytes(offset, inc).unwrap_or(0),
+        };
         self.arena.forget(offset, inc, len);
     }
 }
@@ -479,6 +485,7 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftPool<T, A, E> {
             shared: Arc::new(PoolShared {
                 objects: Objects {
                     arena: arena.clone(),
+                    fixed_len: Some(len_of::<T>()),
                 },
                 reconstruct: Box::new(reconstruct),
                 counters: PoolCounters::named(std::any::type_name::<T>()),

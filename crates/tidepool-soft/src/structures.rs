@@ -34,6 +34,7 @@ impl Core {
         Core {
             objects: Objects {
                 arena: arena.clone(),
+                fixed_len: None,
             },
             counters: PoolCounters::named(name),
         }
