@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-LOWER_IS_BETTER = ("seconds", "far_bytes", "peak_rss_mib", "far_bytes_per_live_byte")
+LOWER_IS_BETTER = ("seconds", "far_bytes", "peak_rss_mib", "far_bytes_per_live_byte", "miss_rate")
 REFERENCE = ("far_live_bytes",)
 
 
@@ -44,13 +44,27 @@ def main(src, dst):
     for ax, ((workload, metric, unit), prs) in zip(axes.flat, panels.items()):
         keys = sorted({k for r in prs for k in r["params"]})
         varying = [k for k in keys if len({r["params"].get(k) for r in prs}) > 1]
-        # A line over a parameter only when it takes several values; bars otherwise.
-        if len(varying) == 1 and len({r["params"][varying[0]] for r in prs}) >= 3:
-            k = varying[0]
-            for s in systems:
-                pts = sorted((r["params"][k], r["value"]) for r in prs if r["system"] == s)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s, color=colours[s])
+        # A line over a parameter only when it takes several values (one line per system, and
+        # per value of a second varying parameter); bars otherwise.
+        many = [k for k in varying if len({r["params"][k] for r in prs}) >= 3]
+        if many and len(varying) <= 2:
+            k = max(many, key=lambda v: len({r["params"][v] for r in prs}))
+            other = [v for v in varying if v != k]
+            styles = ["-", "--", ":", "-."]
+            groups = OrderedDict()
+            for r in prs:
+                g = (r["system"], r["params"][other[0]] if other else None)
+                groups.setdefault(g, []).append((r["params"][k], r["value"]))
+            seconds = sorted({g[1] for g in groups if g[1] is not None})
+            for (s, o), pts in groups.items():
+                pts.sort()
+                label = s if o is None else f"{s}, {other[0]}={o:g}"
+                style = styles[seconds.index(o) % len(styles)] if o is not None else "-"
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle=style,
+                        label=label, color=colours[s])
+            xs = [r["params"][k] for r in prs if r["params"][k] > 0]
+            if xs and max(xs) / min(xs) > 30:
+                ax.set_xscale("log")
             ax.set_xlabel(k)
         else:
             points = list(OrderedDict.fromkeys(
