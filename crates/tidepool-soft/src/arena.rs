@@ -24,6 +24,8 @@ pub const SEGMENT: usize = 2 << 20;
 pub const HEADER: usize = 16;
 /// Allocation heads (threads are spread over them).
 const HEADS: usize = 8;
+/// Threads the evacuator's pool may have.
+pub const MAX_EVACUATORS: usize = 8;
 /// Bits of a segment's incarnation kept in slots.
 const INC_BITS: u32 = 12;
 pub const INC_MASK: u32 = (1 << INC_BITS) - 1;
@@ -124,8 +126,8 @@ pub struct SoftArena {
     pub(crate) meta: Box<[SegmentMeta]>,
     pub(crate) segments: Mutex<Segments>,
     heads: [Mutex<Head>; HEADS],
-    /// Where the evacuator copies live objects to.
-    pub(crate) evacuation_head: Mutex<Head>,
+    /// Where the evacuator's threads copy live objects to: one head each.
+    pub(crate) evacuation_heads: [Mutex<Head>; MAX_EVACUATORS],
     budget_segments: AtomicUsize,
     pub(crate) slots: SlotTable,
     pub(crate) counters: ArenaCounters,
@@ -133,6 +135,8 @@ pub struct SoftArena {
     /// Evacuator watermarks, as shares of the budget: wake under `low` free, reclaim up to
     /// `high`. Zero until an evacuator starts.
     watermarks: Mutex<(f64, f64)>,
+    /// Threads compacting in a pass (the evacuator's pool).
+    pub(crate) evacuator_threads: AtomicUsize,
     /// `bytes_allocated` when hotness was last halved.
     pub(crate) aged_at: AtomicU64,
     /// Child slot to parent (slot, generation), for cascading eviction.
@@ -161,13 +165,14 @@ impl SoftArena {
                 ..Default::default()
             }),
             heads: Default::default(),
-            evacuation_head: Default::default(),
+            evacuation_heads: Default::default(),
             budget_segments: AtomicUsize::new(config.budget.div_ceil(SEGMENT).max(1)),
             slots: SlotTable::default(),
             counters: ArenaCounters::default(),
             evacuator_idle: Default::default(),
             watermarks: Mutex::new((0.0, 0.0)),
             aged_at: AtomicU64::new(0),
+            evacuator_threads: AtomicUsize::new(1),
             parents: Default::default(),
             has_parents: Default::default(),
             huge_pages: ShmemHugePages::detect(),
@@ -654,7 +659,7 @@ impl SoftArena {
         let mut heads: Vec<_> = self
             .heads
             .iter()
-            .chain(std::iter::once(&self.evacuation_head))
+            .chain(self.evacuation_heads.iter())
             .map(|h| h.lock())
             .collect();
         let mut s = self.segments.lock();

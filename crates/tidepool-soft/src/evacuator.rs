@@ -203,6 +203,46 @@ impl SoftArena {
         threshold: Option<usize>,
         report: &mut EvacuationReport,
     ) {
+        let threads = self.evacuator_threads.load(Relaxed).max(1);
+        if threads > 1 && victims.len() > 1 {
+            // The pool: victims split between scoped threads, reports summed.
+            let chunk = victims.len().div_ceil(threads);
+            let reports: Vec<EvacuationReport> = std::thread::scope(|scope| {
+                let handles: Vec<_> = victims
+                    .chunks(chunk)
+                    .enumerate()
+                    .map(|(i, part)| {
+                        scope.spawn(move || {
+                            let mut r = EvacuationReport::default();
+                            self.compact_serial(part, threshold, i, &mut r);
+                            r
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            });
+            for r in reports {
+                report.segments_freed += r.segments_freed;
+                report.objects_moved += r.objects_moved;
+                report.bytes_moved += r.bytes_moved;
+                report.objects_dropped += r.objects_dropped;
+            }
+            return;
+        }
+        self.compact_serial(victims, threshold, 0, report);
+    }
+
+    /// Compacts victims one after another, copying through evacuation head `head`.
+    fn compact_serial(
+        &self,
+        victims: &[Scanned],
+        threshold: Option<usize>,
+        head: usize,
+        report: &mut EvacuationReport,
+    ) {
         for x in victims {
             if x.run > 1 {
                 if x.kept(threshold) == 0 {
@@ -212,7 +252,7 @@ impl SoftArena {
                 }
                 continue;
             }
-            let _ = self.compact(x.seg, threshold, report);
+            let _ = self.compact(x.seg, threshold, head, report);
         }
     }
 
@@ -276,6 +316,7 @@ impl SoftArena {
         &self,
         seg: u32,
         threshold: Option<usize>,
+        head: usize,
         report: &mut EvacuationReport,
     ) -> Result<(), Lost> {
         let mut objects = Vec::new();
@@ -297,7 +338,7 @@ impl SoftArena {
                 }
                 continue;
             }
-            let Ok(to) = self.evacuation_space(o.total) else {
+            let Ok(to) = self.evacuation_space(o.total, head) else {
                 return Err(Lost); // no room to move it: leave the segment be
             };
             // As in `SoftArena::append`: readers that see the copy see the destination's
@@ -341,9 +382,9 @@ impl SoftArena {
         Ok(())
     }
 
-    /// Space for one object in the evacuation head's segment.
-    fn evacuation_space(&self, total: usize) -> Result<Placement, crate::SoftError> {
-        let mut head = self.evacuation_head.lock();
+    /// Space for one object in an evacuation head's segment.
+    fn evacuation_space(&self, total: usize, head: usize) -> Result<Placement, crate::SoftError> {
+        let mut head = self.evacuation_heads[head].lock();
         if let Some(at) = self.bump(&mut head, total) {
             return Ok(at);
         }
@@ -396,6 +437,20 @@ impl SoftArena {
     /// (allocation rings it then) it reclaims up to `high`. It stops when the arena is
     /// dropped.
     pub fn start_evacuator(self: &Arc<Self>, low: f64, high: f64) -> std::io::Result<()> {
+        self.start_evacuators(low, high, 1)
+    }
+
+    /// [`SoftArena::start_evacuator`] with a pool of `threads` compacting victims in
+    /// parallel (one pass scans and plans; the copying is split). It also serves
+    /// [`SoftArena::evacuate`] calls.
+    pub fn start_evacuators(
+        self: &Arc<Self>,
+        low: f64,
+        high: f64,
+        threads: usize,
+    ) -> std::io::Result<()> {
+        self.evacuator_threads
+            .store(threads.clamp(1, MAX_EVACUATORS), Relaxed);
         self.set_watermarks(low, high);
         let weak = Arc::downgrade(self);
         std::thread::Builder::new()

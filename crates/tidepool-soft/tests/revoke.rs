@@ -255,7 +255,8 @@ fn evacuation_compacts_and_keeps_live_objects() {
 #[test]
 fn the_evacuator_runs_under_punches_and_writes() {
     let arena = arena(24 * SEGMENT);
-    arena.start_evacuator(0.3, 0.5).unwrap();
+    // A pool of two: compaction split between threads.
+    arena.start_evacuators(0.3, 0.5, 2).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let pool = SoftPool::new(&arena, |(i, v): (u64, u64)| value(i, v));
     let mut threads = Vec::new();
