@@ -334,7 +334,7 @@ impl SoftArena {
 
     /// Copies the payload of the object at `offset` into `sink` after checking that its
     /// header names `slot` and `generation` and that the sink takes its length; returns the
-    /// payload length and the object's hotness. `Err(Lost)` if a page of it was revoked or
+    /// payload length and the header. `Err(Lost)` if a page of it was revoked or
     /// something else is there now. The bytes may be torn by a concurrent reuse of the
     /// segment: the caller checks the incarnation again afterwards.
     pub(crate) fn read(
@@ -343,7 +343,7 @@ impl SoftArena {
         slot: u32,
         generation: u16,
         sink: &mut impl Sink,
-    ) -> Result<(usize, u8), Lost> {
+    ) -> Result<(usize, [u64; 2]), Lost> {
         let header = self.header(offset, slot, generation)?;
         let len = header[1] as u32 as usize;
         let dst = sink.prepare(len).ok_or(Lost)?;
@@ -351,22 +351,28 @@ impl SoftArena {
         // whose mapping lives as long as `self`; revoked pages are reported; the sink gave
         // room for `len` bytes at `dst`.
         unsafe { resilient::copy(dst, (self.address(offset) + HEADER) as *const u8, len)? };
-        Ok((len, (header[1] >> HOT_SHIFT) as u8))
+        Ok((len, header))
     }
 
-    /// Raises the hotness of the object at `offset` (best effort: racing readers may both
-    /// write the same value).
-    pub(crate) fn touch(&self, offset: usize, hot: u8) {
+    /// Raises the hotness of the object at `offset`, whose header was `header`, by one; only
+    /// if the header is unchanged (a racing reader's raise wins; a reused segment is left
+    /// alone).
+    pub(crate) fn touch(&self, offset: usize, header: [u64; 2]) {
+        let hot = (header[1] >> HOT_SHIFT) as u8;
         if hot < HOT_MAX {
-            // SAFETY: the hotness byte of a header inside the arena; revoked pages are
-            // reported, and a lost update of hotness is harmless.
-            let _ = unsafe {
-                resilient::store_u8(
-                    (self.address(offset) + 8 + HOT_SHIFT as usize / 8) as *mut u8,
-                    hot + 1,
-                )
-            };
+            self.set_hot(offset, header, hot + 1);
         }
+    }
+
+    /// Sets the hotness of the object at `offset` if its header is still `header`.
+    pub(crate) fn set_hot(&self, offset: usize, header: [u64; 2], hot: u8) {
+        let word = (header[1] & !(0xff << HOT_SHIFT)) | ((hot as u64) << HOT_SHIFT);
+        // SAFETY: a 16-byte-aligned header inside the arena (objects start at multiples of
+        // 16 of a 2 MiB-aligned mapping); revoked pages are reported; the swap happens only
+        // if the header still is what we read, so nothing else's bytes are ever written.
+        let _ = unsafe {
+            resilient::cas_header(self.address(offset) as *mut u64, header[0], header[1], word)
+        };
     }
 
     /// The header at `offset`, if readable, naming `slot`, and describing an object inside
@@ -780,4 +786,34 @@ pub(crate) fn tag(slot: u32, generation: u16) -> u64 {
 /// The slot word for an object placed at `at`.
 pub(crate) fn live_word(generation: u16, at: Placement) -> u64 {
     slots::word(slots::LIVE, generation, at.offset, at.incarnation)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hotness_raise_on_a_revoked_page_is_a_no_op_not_a_crash() {
+        let arena = SoftArena::new(ArenaConfig {
+            budget: 4 * SEGMENT,
+            max_bytes: 64 * SEGMENT,
+        })
+        .unwrap();
+        let value = [5u8; 100];
+        // SAFETY: `value` holds 100 bytes.
+        let at = unsafe { arena.append(1, 0, value.as_ptr(), value.len()) }.unwrap();
+        let header = arena.header(at.offset, 1, 0).unwrap();
+        arena.touch(at.offset, header);
+        let raised = arena.header(at.offset, 1, 0).unwrap();
+        assert_eq!(raised[1] >> HOT_SHIFT, 2, "written at 1, raised once");
+        // A stale header: no swap.
+        arena.touch(at.offset, header);
+        assert_eq!(arena.header(at.offset, 1, 0).unwrap(), raised);
+        // Revoked: the swap faults, the fixup returns, nothing happens.
+        arena
+            .punch_behind_back(at.offset / SEGMENT * SEGMENT, SEGMENT)
+            .unwrap();
+        arena.touch(at.offset, raised);
+        assert!(arena.header(at.offset, 1, 0).is_err());
+    }
 }

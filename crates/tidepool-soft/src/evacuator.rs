@@ -45,6 +45,8 @@ struct Found {
     offset: usize,
     total: usize,
     hot: u8,
+    /// Its header as read (hotness changes swap it whole, so a reused segment is untouched).
+    header: [u64; 2],
     /// The slot word naming this copy, if it is live.
     live: Option<(u32, u64)>,
 }
@@ -85,6 +87,7 @@ impl SoftArena {
                 offset: at,
                 total,
                 hot: (h[1] >> HOT_SHIFT) as u8,
+                header: h,
                 live: live.then_some((slot, w)),
             });
             at += total;
@@ -293,21 +296,10 @@ impl SoftArena {
             }
             let _ = self.walk(x.seg, |o| {
                 if o.live.is_some() && o.hot > 0 {
-                    self.set_hot(o.offset, o.hot / 2);
+                    self.set_hot(o.offset, o.header, o.hot / 2);
                 }
             });
         }
-    }
-
-    fn set_hot(&self, offset: usize, hot: u8) {
-        // SAFETY: the hotness byte of a header inside the arena; revoked pages are reported,
-        // and a lost update of hotness is harmless.
-        let _ = unsafe {
-            resilient::store_u8(
-                (self.address(offset) + 8 + HOT_SHIFT as usize / 8) as *mut u8,
-                hot,
-            )
-        };
     }
 
     /// Moves the live objects of `seg` hotter than `threshold` out, drops the others, and

@@ -262,9 +262,9 @@ impl Objects {
         // this keeps the compiler from moving them).
         fence(Acquire);
         match copied {
-            Ok((len, hot)) if self.arena.incarnation(offset) == slots::incarnation(w) => {
+            Ok((len, header)) if self.arena.incarnation(offset) == slots::incarnation(w) => {
                 sink.done(len);
-                self.arena.touch(offset, hot);
+                self.arena.touch(offset, header);
                 true
             }
             _ => false,

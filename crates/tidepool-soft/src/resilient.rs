@@ -1,10 +1,11 @@
 //! The resilient copy: the only code that touches soft memory.
 //!
 //! A page of the arena may be revoked (its hole punched) at any moment, by this process or by a
-//! coordinator holding the memfd; touching it then raises SIGBUS. [`copy`] and [`store_u8`]
-//! are written in assembly inside one code range, the fixup table's only entry: the SIGBUS
-//! handler checks that the faulting address lies in a registered arena and that the
-//! instruction lies in that range, and if so resumes at the fixup, which returns "lost". Any other
+//! coordinator holding the memfd; touching it then raises SIGBUS. [`copy`] and
+//! [`cas_header`] are written in assembly; the fixup table has two entries, the copy's code
+//! range and the header compare-and-swap's one instruction: the SIGBUS handler checks that
+//! the faulting address lies in a registered arena and that the instruction is one of those,
+//! and if so resumes at that entry's fixup, which returns "lost". Any other
 //! SIGBUS goes to the handler installed before ours (Rust's own, by default), so a genuine
 //! crash stays a crash.
 //!
@@ -26,7 +27,9 @@ compile_error!("tidepool-soft's resilient copy is written for x86-64 Linux");
 // Under 64 bytes it moves qwords, then bytes (a `rep movsb` costs tens of cycles to start);
 // from 64 bytes on, `rep movsb` (fast on CPUs with ERMS/FSRM).
 //
-// tidepool_soft_store_u8(dst: rdi, value: sil) -> eax: 0 stored, 1 revoked.
+// tidepool_soft_cas_header(dst: rdi, tag: rsi, old: rdx, new: rcx) -> eax: 0 swapped, 1 revoked,
+// 2 the header was not (tag, old). `lock cmpxchg16b` needs rbx, which is callee-saved: it is
+// kept in r11, so this routine has its own fixup, which restores it.
 std::arch::global_asm!(
     ".pushsection .text.tidepool_soft,\"ax\",@progbits",
     ".p2align 4",
@@ -58,17 +61,33 @@ std::arch::global_asm!(
     "4:  xor eax, eax",
     "    ret",
     ".size tidepool_soft_copy, . - tidepool_soft_copy",
-    ".globl tidepool_soft_store_u8",
-    ".type tidepool_soft_store_u8,@function",
-    "tidepool_soft_store_u8:",
-    "    mov [rdi], sil",
-    "    xor eax, eax",
-    "    ret",
-    ".size tidepool_soft_store_u8, . - tidepool_soft_store_u8",
     ".globl tidepool_soft_end",
     "tidepool_soft_end:",
     ".globl tidepool_soft_fixup",
     "tidepool_soft_fixup:",
+    "    mov eax, 1",
+    "    ret",
+    ".p2align 4",
+    ".globl tidepool_soft_cas_header",
+    ".type tidepool_soft_cas_header,@function",
+    "tidepool_soft_cas_header:",
+    "    mov r11, rbx",
+    // Compared: rdx:rax = (old, tag); stored if equal: rcx:rbx = (new, tag).
+    "    mov rax, rsi",
+    "    mov rbx, rsi",
+    ".globl tidepool_soft_cas_fault",
+    "tidepool_soft_cas_fault:",
+    "    lock cmpxchg16b [rdi]",
+    "    mov rbx, r11",
+    "    jne 5f",
+    "    xor eax, eax",
+    "    ret",
+    "5:  mov eax, 2",
+    "    ret",
+    ".size tidepool_soft_cas_header, . - tidepool_soft_cas_header",
+    ".globl tidepool_soft_cas_fixup",
+    "tidepool_soft_cas_fixup:",
+    "    mov rbx, r11",
     "    mov eax, 1",
     "    ret",
     ".popsection",
@@ -76,10 +95,12 @@ std::arch::global_asm!(
 
 extern "C" {
     fn tidepool_soft_copy(dst: *mut u8, src: *const u8, len: usize) -> u32;
-    fn tidepool_soft_store_u8(dst: *mut u8, value: u8) -> u32;
+    fn tidepool_soft_cas_header(dst: *mut u64, tag: u64, old: u64, new: u64) -> u32;
     static tidepool_soft_begin: u8;
     static tidepool_soft_end: u8;
     static tidepool_soft_fixup: u8;
+    static tidepool_soft_cas_fault: u8;
+    static tidepool_soft_cas_fixup: u8;
 }
 
 /// A page the copy touched had been revoked: what was there is gone.
@@ -105,17 +126,25 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> Result<(), Lost>
     }
 }
 
-/// Stores one byte into soft memory; `Err(Lost)` if its page had been revoked.
+/// Replaces the second word of a 16-byte object header at `dst`, if the header is still
+/// (`tag`, `old`): one `lock cmpxchg16b`. `Ok(true)` if swapped, `Ok(false)` if the header is
+/// something else now (another writer, or the segment reused: nothing is written then), and
+/// `Err(Lost)` if its page was revoked.
+///
+/// A plain store here would be wrong: between a reader's last check and its store, the
+/// segment can be evicted and reused, and the store would land in another object's bytes.
 ///
 /// # Safety
 ///
-/// `dst` is valid for a one-byte write, except that it may be a revoked page of a registered
-/// arena.
+/// `dst` is 16-byte aligned and valid for a 16-byte read and write, except that it may be a
+/// revoked page of a registered arena.
 #[inline]
-pub unsafe fn store_u8(dst: *mut u8, value: u8) -> Result<(), Lost> {
-    // SAFETY: as in `copy`.
-    match unsafe { tidepool_soft_store_u8(dst, value) } {
-        0 => Ok(()),
+pub unsafe fn cas_header(dst: *mut u64, tag: u64, old: u64, new: u64) -> Result<bool, Lost> {
+    debug_assert!((dst as usize).is_multiple_of(16));
+    // SAFETY: as in `copy`; the cas routine's one faulting instruction has its own fixup.
+    match unsafe { tidepool_soft_cas_header(dst, tag, old, new) } {
+        0 => Ok(true),
+        2 => Ok(false),
         _ => Err(Lost),
     }
 }
@@ -191,12 +220,17 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let uc = ctx.cast::<libc::ucontext_t>();
         let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
         let pc = *rip as usize;
-        if pc >= &raw const tidepool_soft_begin as usize
-            && pc < &raw const tidepool_soft_end as usize
-            && in_arena(addr)
-        {
-            *rip = &raw const tidepool_soft_fixup as i64;
-            return;
+        if in_arena(addr) {
+            if pc >= &raw const tidepool_soft_begin as usize
+                && pc < &raw const tidepool_soft_end as usize
+            {
+                *rip = &raw const tidepool_soft_fixup as i64;
+                return;
+            }
+            if pc == &raw const tidepool_soft_cas_fault as usize {
+                *rip = &raw const tidepool_soft_cas_fixup as i64;
+                return;
+            }
         }
         chain(sig, info, ctx);
     }
@@ -229,5 +263,37 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
         // SAFETY: a plain handler takes the signal number.
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
         f(sig);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[repr(align(16))]
+    struct Header([u64; 2]);
+
+    #[test]
+    fn cas_header_swaps_only_an_unchanged_header() {
+        let mut h = Header([7, 100]);
+        let p = h.0.as_mut_ptr();
+        // SAFETY: our own aligned 16 bytes.
+        unsafe {
+            assert_eq!(cas_header(p, 7, 100, 101), Ok(true));
+            assert_eq!(cas_header(p, 7, 100, 102), Ok(false));
+            assert_eq!(cas_header(p, 8, 101, 102), Ok(false));
+        }
+        assert_eq!(h.0, [7, 101]);
+    }
+
+    #[test]
+    fn copy_copies_every_length() {
+        let src: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        for len in [0, 1, 7, 8, 9, 63, 64, 65, 300] {
+            let mut dst = vec![0u8; len];
+            // SAFETY: both buffers hold `len` bytes.
+            unsafe { copy(dst.as_mut_ptr(), src.as_ptr(), len) }.unwrap();
+            assert_eq!(dst, src[..len]);
+        }
     }
 }

@@ -331,3 +331,23 @@ fn children_are_evicted_with_their_parent() {
     assert!(!picture.is_present(), "evacuation kept an orphan");
     drop(others);
 }
+
+#[test]
+fn hotness_updates_never_touch_a_reused_or_revoked_segment() {
+    // Readers raise hotness while segments are punched behind the arena's back and reused:
+    // every raise is a compare-and-swap of the whole header, so values stay right.
+    let arena = arena(8 * SEGMENT);
+    let pool = SoftPool::new(&arena, |i: u64| value(i, 0));
+    let boxes: Vec<_> = (0..60_000u64)
+        .map(|i| pool.new_box_with(value(i, 0)).unwrap())
+        .collect();
+    for round in 0..4 {
+        for (i, b) in boxes.iter().enumerate() {
+            assert_eq!(b.read(i as u64), value(i as u64, 0), "round {round}");
+        }
+        arena
+            .punch_behind_back((round % 4) * SEGMENT, SEGMENT)
+            .unwrap();
+        arena.evacuate(usize::MAX, 1.0);
+    }
+}
