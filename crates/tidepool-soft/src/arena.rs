@@ -44,6 +44,9 @@ pub(crate) const FREE: u8 = 1;
 pub(crate) const ACTIVE: u8 = 2;
 pub(crate) const CLOSED: u8 = 3;
 pub(crate) const CONTINUATION: u8 = 4;
+/// Found revoked while writers may still be copying into it: kept out of circulation (in the
+/// closed list) until they are done, then given back.
+pub(crate) const REVOKED: u8 = 5;
 
 /// How to size an arena.
 #[derive(Debug, Clone)]
@@ -480,13 +483,24 @@ impl SoftArena {
     fn shed(&self, s: &mut Segments) -> bool {
         if let Some(seg) = s.free.pop() {
             self.release(s, seg);
-        } else if let Some(seg) = s.closed.pop_front() {
+        } else if let Some(seg) = self.pop_quiet_closed(s) {
             self.evict(seg);
             self.release(s, seg);
         } else {
             return false;
         }
         true
+    }
+
+    /// The first closed segment (coldest, or oldest) that no writer is still copying into.
+    /// A segment with a copy in flight is never evicted, released or reused: the late copy
+    /// would land in whatever was put there next.
+    fn pop_quiet_closed(&self, s: &mut Segments) -> Option<u32> {
+        let i = s
+            .closed
+            .iter()
+            .position(|&c| self.meta[c as usize].writers.load(Acquire) == 0)?;
+        s.closed.remove(i)
     }
 
     /// Ends a head's segment: it joins the closed list, to be scanned and compacted.
@@ -503,11 +517,12 @@ impl SoftArena {
     /// closed one, evicted.
     fn take_segment(&self, s: &mut Segments) -> Result<u32, SoftError> {
         // Closed segments whose objects all died are free for the taking.
-        if let Some(i) = s
-            .closed
-            .iter()
-            .position(|&c| self.meta[c as usize].live.load(Relaxed) <= 0)
-        {
+        if let Some(i) = s.closed.iter().position(|&c| {
+            let m = &self.meta[c as usize];
+            m.live.load(Relaxed) <= 0
+                && m.writers.load(Acquire) == 0
+                && m.kind.load(Relaxed) == CLOSED
+        }) {
             let seg = s.closed.remove(i).expect("index from position");
             if self.meta[seg as usize].run.load(Relaxed) <= 1 {
                 self.evict(seg);
@@ -529,13 +544,15 @@ impl SoftArena {
             }
         }
         // The evacuator is behind: take the coldest segment (direct reclamation).
-        while let Some(seg) = s.closed.pop_front() {
+        while let Some(seg) = self.pop_quiet_closed(s) {
             self.counters.direct_evictions.fetch_add(1, Relaxed);
+            let revoked = self.meta[seg as usize].kind.load(Relaxed) == REVOKED;
             self.evict(seg);
-            if self.meta[seg as usize].run.load(Relaxed) <= 1 {
+            if self.meta[seg as usize].run.load(Relaxed) <= 1 && !revoked {
                 return Ok(seg);
             }
-            // A large object's run: give it back and look again.
+            // A large object's run, or a revoked segment (holes where its pages were): give
+            // it back and look again.
             self.release(s, seg);
             if s.populated < self.budget_segments.load(Relaxed) {
                 if let Some(seg) = s.unpopulated.pop_first() {
@@ -561,7 +578,10 @@ impl SoftArena {
         // as it is, populated, instead of punching one run and populating another.
         if let Some(i) = s.closed.iter().position(|&c| {
             let m = &self.meta[c as usize];
-            m.run.load(Relaxed) == n && m.live.load(Relaxed) <= 0 && m.writers.load(Acquire) == 0
+            m.run.load(Relaxed) == n
+                && m.live.load(Relaxed) <= 0
+                && m.writers.load(Acquire) == 0
+                && m.kind.load(Relaxed) == CLOSED
         }) {
             let first = s.closed.remove(i).expect("index from position");
             let m = &self.meta[first as usize];
@@ -672,7 +692,7 @@ impl SoftArena {
     pub(crate) fn revoked(&self, at: Placement) {
         let seg = (at.offset / SEGMENT) as u32;
         // Heads before the segment list, as `allocate` takes them: no head may keep
-        // allocating from a segment that is about to be handed out afresh.
+        // allocating from a revoked segment.
         let mut heads: Vec<_> = self
             .heads
             .iter()
@@ -680,7 +700,10 @@ impl SoftArena {
             .map(|h| h.lock())
             .collect();
         let mut s = self.segments.lock();
-        if self.incarnation(at.offset) != at.incarnation {
+        let m = &self.meta[seg as usize];
+        if self.incarnation(at.offset) != at.incarnation
+            || matches!(m.kind.load(Relaxed), UNPOPULATED | REVOKED)
+        {
             return; // someone else retired it already
         }
         for h in heads.iter_mut() {
@@ -688,13 +711,15 @@ impl SoftArena {
                 h.segment = None;
             }
         }
-        s.closed.retain(|&c| c != seg);
         s.free.retain(|&c| c != seg);
-        if self.meta[seg as usize].kind.load(Relaxed) != UNPOPULATED {
-            self.evict(seg);
-            self.release(&mut s, seg);
-            self.counters.segments_revoked.fetch_add(1, Relaxed);
+        if !s.closed.contains(&seg) {
+            s.closed.push_back(seg);
         }
+        // Out of circulation until writers still copying into it are done: then the
+        // evacuator or direct reclamation gives it back (never reuses it as it is).
+        self.evict(seg);
+        m.kind.store(REVOKED, Relaxed);
+        self.counters.segments_revoked.fetch_add(1, Relaxed);
     }
 
     /// Revokes the first closed segment (the coldest after an evacuation pass, else the
@@ -702,7 +727,7 @@ impl SoftArena {
     /// Returns the bytes given back.
     pub fn punch_oldest(&self) -> usize {
         let mut s = self.segments.lock();
-        let Some(seg) = s.closed.pop_front() else {
+        let Some(seg) = self.pop_quiet_closed(&mut s) else {
             return 0;
         };
         let n = self.meta[seg as usize].run.load(Relaxed).max(1) as usize;

@@ -171,7 +171,14 @@ impl SoftArena {
         let mut scanned = Vec::with_capacity(closed.len());
         for seg in closed {
             let m = &self.meta[seg as usize];
-            if m.kind.load(Relaxed) != CLOSED || m.writers.load(Acquire) != 0 {
+            if m.writers.load(Acquire) != 0 {
+                continue;
+            }
+            if m.kind.load(Relaxed) == REVOKED {
+                self.retire(seg); // its writers are done: give it back
+                continue;
+            }
+            if m.kind.load(Relaxed) != CLOSED {
                 continue;
             }
             let mut x = Scanned {
@@ -419,9 +426,11 @@ impl SoftArena {
         let mut s = self.segments.lock();
         if let Some(i) = s.closed.iter().position(|&c| c == seg) {
             s.closed.remove(i);
+            if self.meta[seg as usize].kind.load(Relaxed) != REVOKED {
+                self.counters.segments_revoked.fetch_add(1, Relaxed); // else counted already
+            }
             self.evict(seg);
             self.release(&mut s, seg);
-            self.counters.segments_revoked.fetch_add(1, Relaxed);
         }
     }
 
