@@ -132,6 +132,8 @@ pub struct SoftArena {
     /// Where the evacuator's threads copy live objects to: one head each.
     pub(crate) evacuation_heads: [Mutex<Head>; MAX_EVACUATORS],
     budget_segments: AtomicUsize,
+    /// `resilient::forks()` when the arena was made: in a forked child it is not mapped.
+    forks: usize,
     pub(crate) slots: SlotTable,
     pub(crate) counters: ArenaCounters,
     pub(crate) evacuator_idle: Arc<crate::evacuator::Doorbell>,
@@ -181,6 +183,7 @@ impl SoftArena {
             heads: Default::default(),
             evacuation_heads: Default::default(),
             budget_segments: AtomicUsize::new(config.budget.div_ceil(SEGMENT).max(1)),
+            forks: resilient::forks(),
             slots: SlotTable::default(),
             counters: ArenaCounters::default(),
             evacuator_idle: Default::default(),
@@ -305,6 +308,9 @@ impl SoftArena {
         src: *const u8,
         len: usize,
     ) -> Result<Placement, SoftError> {
+        if resilient::forks() != self.forks {
+            return Err(SoftError::Forked);
+        }
         if len > u32::MAX as usize {
             return Err(SoftError::TooLarge {
                 bytes: len,

@@ -62,4 +62,6 @@ pub enum SoftError {
     TooLarge { bytes: usize, budget: usize },
     #[error("no run of free address space for a soft object of {bytes} bytes; raise the arena's max_bytes")]
     AddressSpace { bytes: usize },
+    #[error("soft memory is not shared with a forked child: values are rebuilt there, not cached (create a new arena in the child to cache)")]
+    Forked,
 }

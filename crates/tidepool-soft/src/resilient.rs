@@ -181,39 +181,86 @@ fn in_arena(addr: usize) -> bool {
     })
 }
 
-/// The handler that was there before ours, written once before ours is installed.
-static mut PREVIOUS: std::mem::MaybeUninit<libc::sigaction> = std::mem::MaybeUninit::uninit();
+/// The handlers that were there before ours (SIGBUS, SIGSEGV), each written once before ours
+/// is installed.
+static mut PREVIOUS: [std::mem::MaybeUninit<libc::sigaction>; 2] = [
+    std::mem::MaybeUninit::uninit(),
+    std::mem::MaybeUninit::uninit(),
+];
+
+/// Forks this process has been through (counted in the child). Arenas made before a fork are
+/// not mapped in the child (MADV_DONTFORK): it writes nothing to them, reads find nothing,
+/// and values are rebuilt, uncached. Arenas it makes itself work as usual.
+static FORKS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many forks this process is from the one that started counting.
+pub fn forks() -> usize {
+    FORKS.load(Relaxed)
+}
+
+extern "C" fn on_fork_child() {
+    FORKS.fetch_add(1, Relaxed);
+    // The arenas' address ranges are empty in the child: reserve them, inaccessible, so that
+    // nothing else is mapped where a stale handle could look (a touch raises SIGSEGV, which
+    // the handler turns into "lost").
+    for (s, e) in ARENAS.iter() {
+        let (start, end) = (s.load(Acquire), e.load(Acquire));
+        if start != 0 && end > start {
+            // SAFETY: maps only over the arena's own range, which fork left unmapped here
+            // (MAP_FIXED_NOREPLACE fails rather than replace anything); mmap is
+            // async-signal-safe, as code run after fork must be.
+            unsafe {
+                libc::mmap(
+                    start as *mut libc::c_void,
+                    end - start,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE
+                        | libc::MAP_ANONYMOUS
+                        | libc::MAP_NORESERVE
+                        | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+        }
+    }
+}
 static INSTALL: Once = Once::new();
 
 fn install_handler() {
     INSTALL.call_once(|| {
         // SAFETY: sigaction is plain data; all-zero is a valid value to fill in.
         let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-        let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-            on_sigbus;
+        let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = on_fault;
         action.sa_sigaction = handler as usize;
         action.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
         // SAFETY: an empty signal set in our own struct.
         unsafe { libc::sigemptyset(&mut action.sa_mask) };
-        // SAFETY: PREVIOUS is written here, once, before the handler that reads it exists;
-        // sigaction fills it with the old action.
-        let rc = unsafe {
-            libc::sigaction(
-                libc::SIGBUS,
-                &action,
-                (&raw mut PREVIOUS).cast::<libc::sigaction>(),
-            )
-        };
-        assert_eq!(
-            rc,
-            0,
-            "sigaction(SIGBUS) failed: {}",
-            std::io::Error::last_os_error()
-        );
+        // A revoked page raises SIGBUS; in a forked child the arena is not mapped at all, and
+        // touching it raises SIGSEGV.
+        for (i, sig) in [libc::SIGBUS, libc::SIGSEGV].into_iter().enumerate() {
+            // SAFETY: PREVIOUS[i] is written here, once, before the handler that reads it
+            // exists; sigaction fills it with the old action.
+            let rc = unsafe {
+                libc::sigaction(
+                    sig,
+                    &action,
+                    (&raw mut PREVIOUS[i]).cast::<libc::sigaction>(),
+                )
+            };
+            assert_eq!(
+                rc,
+                0,
+                "sigaction({sig}) failed: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        // SAFETY: registers a plain function, run in the child after fork.
+        unsafe { libc::pthread_atfork(None, None, Some(on_fork_child)) };
     });
 }
 
-extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo and ucontext to an SA_SIGINFO handler.
     unsafe {
         let addr = (*info).si_addr() as usize;
@@ -244,8 +291,9 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 ///
 /// Called from the signal handler with its arguments.
 unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let i = if sig == libc::SIGBUS { 0 } else { 1 };
     // SAFETY: PREVIOUS was filled before our handler was installed and is never written again.
-    let prev: &libc::sigaction = unsafe { &*(&raw const PREVIOUS).cast::<libc::sigaction>() };
+    let prev: &libc::sigaction = unsafe { &*(&raw const PREVIOUS[i]).cast::<libc::sigaction>() };
     let handler = prev.sa_sigaction;
     if handler == libc::SIG_DFL || handler == libc::SIG_IGN {
         // SAFETY: a default action in our own struct; sigaction is async-signal-safe.

@@ -92,6 +92,12 @@ impl ArenaMap {
         // Huge pages where the machine's shmem policy allows them; a hint, so errors are moot.
         // SAFETY: advice on our own mapping.
         unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
+        // A forked child must not share the arena (MAP_SHARED would let it write into the
+        // parent's objects): it gets no mapping at all.
+        // SAFETY: advice on our own mapping.
+        if unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK) } != 0 {
+            return Err(unmap(last_err()));
+        }
         let uffd = tidepool_sys::userfaultfd(
             uapi::UFFD_FEATURE_SIGBUS as u64,
             tidepool_sys::FaultsFrom::UserOnly,

@@ -407,3 +407,60 @@ fn threads_sharing_heads_under_revocation_and_direct_eviction() {
     );
     assert!(reads > 10_000);
 }
+
+/// A forked child does not share the arena (it would write into the parent's objects): there
+/// it reads as empty, values are rebuilt but not cached, and new arenas work. The parent's
+/// objects are untouched.
+#[test]
+fn a_forked_child_neither_sees_nor_touches_the_parents_soft_memory() {
+    if std::env::var_os("TIDEPOOL_SOFT_FORK_ROLE").is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_forked_child_neither_sees_nor_touches_the_parents_soft_memory",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env("TIDEPOOL_SOFT_FORK_ROLE", "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        return;
+    }
+    let arena = arena(4 * SEGMENT);
+    let pool = SoftPool::new(&arena, |i: u64| value(i, 9));
+    let b = pool.new_box_with(value(1, 1)).unwrap();
+    // SAFETY: fork in a process whose other threads hold no locks we use; the child only
+    // runs the checks below and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        let ok = b.get().is_none()
+            && b.read(1) == value(1, 9)
+            && matches!(b.write(value(1, 2)), Err(tidepool_soft::SoftError::Forked))
+            && {
+                let fresh = self::arena(4 * SEGMENT);
+                let p = SoftPool::new(&fresh, |i: u64| value(i, 0));
+                let c = p.new_box_with(value(2, 3)).unwrap();
+                c.get() == Some(value(2, 3))
+            };
+        // SAFETY: leaving the child at once, with its verdict.
+        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "child failed: {status}"
+    );
+    assert_eq!(
+        b.get(),
+        Some(value(1, 1)),
+        "the child changed the parent's object"
+    );
+}
