@@ -451,9 +451,32 @@ impl SoftArena {
         }
         let mut s = self.segments.lock();
         self.close(&mut s, &mut head);
-        let seg = self.take_segment(&mut s)?;
+        let mut waits = 0;
+        let seg = loop {
+            match self.take_segment(&mut s) {
+                Ok(seg) => break seg,
+                // Everything evictable has a copy in flight (it cannot be reused until that
+                // lands, a matter of microseconds): wait for one rather than fail.
+                Err(SoftError::OutOfBudget { .. })
+                    if waits < 100_000 && self.copies_in_flight(&s) =>
+                {
+                    drop(s);
+                    std::thread::yield_now();
+                    waits += 1;
+                    s = self.segments.lock();
+                }
+                Err(e) => return Err(e),
+            }
+        };
         drop(s);
         Ok(self.start_head(&mut head, seg, total))
+    }
+
+    /// Whether some closed segment still has a copy in flight.
+    fn copies_in_flight(&self, s: &Segments) -> bool {
+        s.closed
+            .iter()
+            .any(|&c| self.meta[c as usize].writers.load(Acquire) != 0)
     }
 
     /// `total` bytes from a head's segment, if they fit; the segment counts one more writer.

@@ -252,6 +252,29 @@ fn evacuation_compacts_and_keeps_live_objects() {
     eprintln!("{r:?} {r2:?}, usage {used} -> {}", arena.usage());
 }
 
+type VersionedPool = SoftPool<Value, (u64, u64)>;
+
+/// Thread `t`'s own `n` boxes, half written (a new version each time), half read and checked
+/// against the version it last wrote, until `stop`; how many reads it checked.
+fn verify_until_stopped(pool: &VersionedPool, stop: &AtomicBool, t: u64, n: u64, seed: u64) -> u64 {
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let boxes: Vec<_> = (0..n).map(|_| pool.new_box()).collect();
+    let mut versions = vec![0u64; n as usize];
+    let mut reads = 0u64;
+    while !stop.load(Relaxed) {
+        let k = rng.gen_range(0..n) as usize;
+        let i = t * n + k as u64;
+        if rng.gen_bool(0.5) {
+            versions[k] += 1;
+            boxes[k].write(value(i, versions[k])).unwrap();
+        } else {
+            assert_eq!(boxes[k].read((i, versions[k])), value(i, versions[k]));
+            reads += 1;
+        }
+    }
+    reads
+}
+
 #[test]
 fn the_evacuator_runs_under_punches_and_writes() {
     let arena = arena(24 * SEGMENT);
@@ -263,23 +286,7 @@ fn the_evacuator_runs_under_punches_and_writes() {
     for t in 0..2u64 {
         let (pool, stop) = (pool.clone(), stop.clone());
         threads.push(std::thread::spawn(move || {
-            let mut rng = rand::rngs::SmallRng::seed_from_u64(t);
-            let n = 100_000u64;
-            let boxes: Vec<_> = (0..n).map(|_| pool.new_box()).collect();
-            let mut versions = vec![0u64; n as usize];
-            let mut reads = 0u64;
-            while !stop.load(Relaxed) {
-                let k = rng.gen_range(0..n) as usize;
-                let i = t * n + k as u64;
-                if rng.gen_bool(0.5) {
-                    versions[k] += 1;
-                    boxes[k].write(value(i, versions[k])).unwrap();
-                } else {
-                    assert_eq!(boxes[k].read((i, versions[k])), value(i, versions[k]));
-                    reads += 1;
-                }
-            }
-            reads
+            verify_until_stopped(&pool, &stop, t, 100_000, t)
         }));
     }
     let punch = {
@@ -357,7 +364,8 @@ fn threads_sharing_heads_under_revocation_and_direct_eviction() {
     // More threads than allocation heads, a budget small enough that allocation evicts
     // directly, the evacuator running, and whole segments punched behind the arena's back:
     // no segment is reused while a copy into it is in flight, so no value is ever wrong.
-    let arena = arena(10 * SEGMENT);
+    // 8 heads and 2 evacuation heads hold 10 segments; 4 more for closed ones.
+    let arena = arena(14 * SEGMENT);
     arena.start_evacuators(0.2, 0.3, 2).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let pool = SoftPool::new(&arena, |(i, v): (u64, u64)| value(i, v));
@@ -365,23 +373,7 @@ fn threads_sharing_heads_under_revocation_and_direct_eviction() {
     for t in 0..12u64 {
         let (pool, stop) = (pool.clone(), stop.clone());
         threads.push(std::thread::spawn(move || {
-            let mut rng = rand::rngs::SmallRng::seed_from_u64(100 + t);
-            let n = 20_000u64;
-            let boxes: Vec<_> = (0..n).map(|_| pool.new_box()).collect();
-            let mut versions = vec![0u64; n as usize];
-            let mut reads = 0u64;
-            while !stop.load(Relaxed) {
-                let k = rng.gen_range(0..n) as usize;
-                let i = t * n + k as u64;
-                if rng.gen_bool(0.5) {
-                    versions[k] += 1;
-                    boxes[k].write(value(i, versions[k])).unwrap();
-                } else {
-                    assert_eq!(boxes[k].read((i, versions[k])), value(i, versions[k]));
-                    reads += 1;
-                }
-            }
-            reads
+            verify_until_stopped(&pool, &stop, t, 20_000, 100 + t)
         }));
     }
     let punch = {
