@@ -403,7 +403,7 @@ impl Objects {
 
     /// Whether the slot says the object is present.
     pub fn present(&self, h: &Handle) -> bool {
-        slots::state(self.arena.slots.get(h.slot).load(Acquire)) == LIVE
+        self.arena.present(h.slot, h.generation)
     }
 
     /// Frees the handle's slot and forgets its object.

@@ -206,6 +206,9 @@ impl<T, E> Drop for SoftVec<T, E> {
 
 type ByKey<K, V, E> = dyn Fn(&K) -> Result<V, E> + Send + Sync;
 const MAP_SHARDS: usize = 32;
+/// Every this many new keys, one shard of the index drops keys whose values are gone, so an
+/// index over an unbounded key space stays about as large as what soft memory holds.
+const PRUNE_EVERY: u64 = 4096;
 
 /// A hash map whose values live in soft memory: `get` finds them while they last,
 /// `get_or_reconstruct` rebuilds a vanished one from its key. Keys and the index stay in
@@ -216,6 +219,7 @@ pub struct SoftMap<K, V, E = Infallible> {
     hasher: RandomState,
     reconstruct: Option<Box<ByKey<K, V, E>>>,
     same: Option<Same<V>>,
+    new_keys: std::sync::atomic::AtomicU64,
 }
 
 impl<K, V, E> std::fmt::Debug for SoftMap<K, V, E> {
@@ -271,6 +275,7 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
             hasher: RandomState::new(),
             reconstruct,
             same: None,
+            new_keys: Default::default(),
         }
     }
 
@@ -337,11 +342,36 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
                 return self.core.put(h, value);
             }
         }
+        let n = self
+            .new_keys
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if n % PRUNE_EVERY == PRUNE_EVERY - 1 {
+            self.prune_shard((n / PRUNE_EVERY) as usize % MAP_SHARDS);
+        }
         let mut shard = self.shard(&key).write();
         let h = shard
             .entry(key)
             .or_insert_with(|| self.core.objects.handle());
         self.core.put(h, value)
+    }
+
+    /// Drops the keys whose values are gone from the index (done a shard at a time as new
+    /// keys arrive; this does every shard now). Returns how many were dropped.
+    pub fn prune(&self) -> usize {
+        (0..MAP_SHARDS).map(|i| self.prune_shard(i)).sum()
+    }
+
+    fn prune_shard(&self, i: usize) -> usize {
+        let mut shard = self.shards[i].write();
+        let before = shard.len();
+        shard.retain(|_, h| {
+            let keep = self.core.objects.present(h);
+            if !keep {
+                self.core.objects.release(h);
+            }
+            keep
+        });
+        before - shard.len()
     }
 
     /// Removes `key`; whether it was there (with a value or not).

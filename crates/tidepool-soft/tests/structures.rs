@@ -168,3 +168,25 @@ fn the_profile_says_what_rebuilding_costs() {
     assert!(s.reconstruct_us >= 50.0, "{s:?}");
     assert!(s.rebuild_us_per_read() >= 50.0, "{s:?}");
 }
+
+#[test]
+fn the_index_of_a_map_over_endless_keys_stays_bounded() {
+    // Values far beyond the budget: the index keeps about what soft memory holds, not every
+    // key ever inserted.
+    let arena = arena(4 * SEGMENT);
+    arena.start_evacuator(0.1, 0.2).unwrap();
+    let map: SoftMap<u64, Vec<u8>> = SoftMap::with_reconstructor(&arena, |k| vec![*k as u8; 1000]);
+    for k in 0..300_000u64 {
+        map.insert(k, &vec![k as u8; 1000]).unwrap();
+    }
+    // 8 MiB holds at most ~8k values of 1 KiB; pruning runs a shard every 4096 new keys.
+    assert!(map.len() < 150_000, "index of {} keys", map.len());
+    map.prune();
+    assert!(
+        map.len() <= 9_000,
+        "index of {} keys after a full prune",
+        map.len()
+    );
+    // Pruned keys come back through the reconstructor.
+    assert_eq!(map.get_or_reconstruct(5), Some(vec![5u8; 1000]));
+}
