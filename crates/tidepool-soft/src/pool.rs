@@ -354,10 +354,10 @@ impl Objects {
         Ok(new)
     }
 
-    /// Replaces the value with `new` if `keep(current)` is false... precisely: reads the
-    /// current value into `cur`, and if `decide(cur)` says so, writes `len` bytes from `src`.
-    /// Returns whether the value was there (`false`: gone, nothing written) and what `decide`
-    /// said.
+    /// Reads the current value into `cur` and, if `decide()` then says so, writes `len`
+    /// bytes from `src` as the new version, with the hint held BUSY throughout so that no other
+    /// change comes between. Returns whether the value was there (`false`: gone, nothing
+    /// written) and what `decide` said.
     ///
     /// # Safety
     ///
