@@ -1,8 +1,18 @@
-//! Miss rate of a SoftMap under Zipf(0.99) at a soft-memory ratio: `efficiency RATIO [N]`.
+//! Miss rate of a SoftMap under Zipf(0.99) at a soft-memory ratio, round by round (a round
+//! is N requests): `efficiency RATIO [N]`. Environment: `ROUNDS` (default 8), `LO` and `HI`
+//! (the evacuator's free-segment watermarks), `SHIFT=R` (from round R on, the hot half of
+//! the keys becomes the cold half: how fast the cache adapts).
 use rand::SeedableRng;
 use rand_distr::Distribution;
 use std::sync::atomic::Ordering::Relaxed;
 use tidepool_soft::{ArenaConfig, SoftArena, SoftMap, SEGMENT};
+
+fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -14,19 +24,22 @@ fn main() {
         max_bytes: 8 << 30,
     })
     .unwrap();
-    let (lo, hi) = (
-        std::env::var("LO").map_or(0.1, |v| v.parse().unwrap()),
-        std::env::var("HI").map_or(0.2, |v| v.parse().unwrap()),
-    );
-    arena.start_evacuator(lo, hi).unwrap();
+    arena
+        .start_evacuator(env("LO", 0.02), env("HI", 0.05))
+        .unwrap();
     let map: SoftMap<u64, [u8; 4096]> = SoftMap::with_reconstructor(&arena, |k| [*k as u8; 4096]);
     let zipf = rand_distr::Zipf::new(n, 0.99).unwrap();
     let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
-    let mut next = || (zipf.sample(&mut rng) as u64 - 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) % n;
-    for round in 0..std::env::var("ROUNDS").map_or(8, |v| v.parse().unwrap()) {
+    let shift = env("SHIFT", u64::MAX);
+    let mut offset = 0;
+    for round in 0..env("ROUNDS", 8u64) {
+        if round == shift {
+            offset = n / 2;
+        }
         let before = map.stats();
         for _ in 0..n {
-            map.get_or_reconstruct(next());
+            let rank = (zipf.sample(&mut rng) as u64 - 1 + offset) % n;
+            map.get_or_reconstruct(rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n);
         }
         let after = map.stats();
         let c = arena.counters();
@@ -39,4 +52,10 @@ fn main() {
             arena.budget() >> 20
         );
     }
+    let live = (0..n).filter(|k| map.get(k).is_some()).count();
+    println!(
+        "objects in soft memory: {live} of {n} ({:.3}); the budget would hold {:.0}",
+        live as f64 / n as f64,
+        arena.budget() as f64 / 4112.0
+    );
 }

@@ -5,7 +5,9 @@ use std::time::Instant;
 use tidepool_soft::{ArenaConfig, SoftArena, SoftPool};
 
 fn main() {
-    let n = 1 << 21;
+    let n: usize = std::env::args()
+        .nth(1)
+        .map_or(1 << 21, |a| a.parse().unwrap());
     let arena = SoftArena::new(ArenaConfig {
         budget: 1 << 30,
         max_bytes: 4 << 30,

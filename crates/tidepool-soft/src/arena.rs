@@ -295,8 +295,8 @@ impl SoftArena {
 
     // ---- objects ---------------------------------------------------------------------------
 
-    /// Writes an object for `slot` (header, then `len` bytes from `src`) into new space;
-    /// where it went.
+    /// Writes an object for `slot` with hotness `hot` (header, then `len` bytes from `src`)
+    /// into new space; where it went.
     ///
     /// # Safety
     ///
@@ -305,6 +305,7 @@ impl SoftArena {
         &self,
         slot: u32,
         generation: u16,
+        hot: u8,
         src: *const u8,
         len: usize,
     ) -> Result<Placement, SoftError> {
@@ -318,7 +319,10 @@ impl SoftArena {
             });
         }
         let total = (HEADER + len).next_multiple_of(16);
-        let header = [tag(slot, generation), len as u64 | (1 << HOT_SHIFT)];
+        let header = [
+            tag(slot, generation),
+            len as u64 | ((hot as u64) << HOT_SHIFT),
+        ];
         loop {
             let at = self.allocate(total)?;
             let addr = self.address(at.offset);
@@ -855,7 +859,7 @@ mod tests {
         .unwrap();
         let value = [5u8; 100];
         // SAFETY: `value` holds 100 bytes.
-        let at = unsafe { arena.append(1, 0, value.as_ptr(), value.len()) }.unwrap();
+        let at = unsafe { arena.append(1, 0, 1, value.as_ptr(), value.len()) }.unwrap();
         let header = arena.header(at.offset, 1, 0).unwrap();
         arena.touch(at.offset, header);
         let raised = arena.header(at.offset, 1, 0).unwrap();

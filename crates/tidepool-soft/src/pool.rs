@@ -344,8 +344,11 @@ impl Objects {
         src: *const u8,
         len: usize,
     ) -> Result<u64, SoftError> {
+        // A write is an access; an object that was dropped as cold and is written again keeps
+        // the standing it had (see `SlotTable::recall`).
+        let hot = self.arena.slots.recall(h.slot).saturating_add(1);
         // SAFETY: the caller's `src`.
-        let at = unsafe { self.arena.append(h.slot, h.generation, src, len)? };
+        let at = unsafe { self.arena.append(h.slot, h.generation, hot, src, len)? };
         let new = live_word(h.generation, at);
         let old = self.arena.slots.get(h.slot).swap(new, AcqRel);
         if slots::state(old) == LIVE {
@@ -404,6 +407,11 @@ impl Objects {
     /// Whether the slot says the object is present.
     pub fn present(&self, h: &Handle) -> bool {
         self.arena.present(h.slot, h.generation)
+    }
+
+    /// Whether the slot remembers the hotness of an object dropped as cold.
+    pub fn remembered(&self, h: &Handle) -> bool {
+        self.arena.slots.haunted(h.slot)
     }
 
     /// Frees the handle's slot and forgets its object.

@@ -19,7 +19,7 @@
 //! its successor's object.
 
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
 
 pub const EMPTY: u64 = 0;
 pub const LIVE: u64 = 1;
@@ -64,8 +64,14 @@ pub fn with_state(word: u64, state: u64) -> u64 {
 }
 
 /// A growable array of slots with a free list.
+///
+/// Beside each slot is its *ghost*: the hotness its object had when the evacuator dropped it
+/// as cold. The next object written to the slot starts from it, so an object that keeps
+/// coming back builds up the standing a resident one would have (the history TinyLFU keeps
+/// in a sketch, here free: the slot is already there). Ghosts age with hotness.
 pub struct SlotTable {
     chunks: Box<[AtomicPtr<AtomicU64>]>,
+    ghosts: Box<[AtomicPtr<AtomicU8>]>,
     /// Slots handed out so far (the high-water mark).
     next: AtomicU32,
     free: Mutex<Vec<u32>>,
@@ -84,6 +90,9 @@ impl Default for SlotTable {
     fn default() -> Self {
         SlotTable {
             chunks: (0..CHUNKS)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            ghosts: (0..CHUNKS)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             next: AtomicU32::new(0),
@@ -119,32 +128,59 @@ impl SlotTable {
                 Err(now) => w = now,
             }
         }
+        self.ghost(index).store(0, Relaxed);
         self.free.lock().push(index);
         w
     }
 
     /// The slot at `index` (allocating its chunk on first use).
     pub fn get(&self, index: u32) -> &AtomicU64 {
-        let (c, i) = (index as usize / CHUNK, index as usize % CHUNK);
-        let mut chunk = self.chunks[c].load(Acquire);
-        if chunk.is_null() {
-            let fresh: Box<[AtomicU64]> = (0..CHUNK).map(|_| AtomicU64::new(EMPTY)).collect();
-            let fresh = Box::into_raw(fresh).cast::<AtomicU64>();
-            match self.chunks[c].compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
-                Ok(_) => chunk = fresh,
-                Err(winner) => {
-                    // SAFETY: `fresh` came from Box::into_raw of a CHUNK-long slice just
-                    // above and was never shared.
-                    drop(unsafe {
-                        Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, CHUNK))
-                    });
-                    chunk = winner;
+        element(&self.chunks, index)
+    }
+
+    /// The ghost beside slot `index`.
+    fn ghost(&self, index: u32) -> &AtomicU8 {
+        element(&self.ghosts, index)
+    }
+
+    /// The object in slot `index` was dropped as cold, with hotness `hot`.
+    pub fn remember(&self, index: u32, hot: u8) {
+        self.ghost(index).store(hot, Relaxed);
+    }
+
+    /// The hotness a new object in slot `index` inherits (and the ghost is cleared).
+    pub fn recall(&self, index: u32) -> u8 {
+        let g = self.ghost(index);
+        if g.load(Relaxed) == 0 {
+            0 // the common case, without a locked instruction
+        } else {
+            g.swap(0, Relaxed)
+        }
+    }
+
+    /// Whether slot `index` remembers a dropped object.
+    pub fn haunted(&self, index: u32) -> bool {
+        self.ghost(index).load(Relaxed) != 0
+    }
+
+    /// Halves every ghost (with the hotness of live objects).
+    pub fn age_ghosts(&self) {
+        let n = self.high_water() as usize;
+        for c in self.ghosts.iter().take(n.div_ceil(CHUNK)) {
+            let p = c.load(Acquire);
+            if p.is_null() {
+                continue;
+            }
+            // SAFETY: a published chunk is a live CHUNK-long slice freed only in Drop.
+            let chunk = unsafe { std::slice::from_raw_parts(p, CHUNK) };
+            for g in chunk {
+                let v = g.load(Relaxed);
+                if v != 0 {
+                    // A racing recall or remember may be overwritten: a ghost is a hint.
+                    let _ = g.compare_exchange(v, v / 2, Relaxed, Relaxed);
                 }
             }
         }
-        // SAFETY: a published chunk is a live CHUNK-long slice that is freed only in Drop,
-        // and `i < CHUNK`.
-        unsafe { &*chunk.add(i) }
     }
 
     /// Slots handed out so far (live or free).
@@ -153,14 +189,83 @@ impl SlotTable {
     }
 }
 
-impl Drop for SlotTable {
-    fn drop(&mut self) {
-        for c in self.chunks.iter() {
-            let p = c.load(Acquire);
-            if !p.is_null() {
-                // SAFETY: published chunks came from Box::into_raw of CHUNK-long slices.
-                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, CHUNK)) });
+/// Element `index` of a chunked array (allocating its chunk on first use).
+fn element<T: Default>(chunks: &[AtomicPtr<T>], index: u32) -> &T {
+    let (c, i) = (index as usize / CHUNK, index as usize % CHUNK);
+    let mut chunk = chunks[c].load(Acquire);
+    if chunk.is_null() {
+        let fresh: Box<[T]> = (0..CHUNK).map(|_| T::default()).collect();
+        let fresh = Box::into_raw(fresh).cast::<T>();
+        match chunks[c].compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
+            Ok(_) => chunk = fresh,
+            Err(winner) => {
+                // SAFETY: `fresh` came from Box::into_raw of a CHUNK-long slice just above
+                // and was never shared.
+                drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, CHUNK)) });
+                chunk = winner;
             }
         }
+    }
+    // SAFETY: a published chunk is a live CHUNK-long slice that is freed only when the table
+    // is dropped, and `i < CHUNK`.
+    unsafe { &*chunk.add(i) }
+}
+
+/// Frees the published chunks of a chunked array.
+fn free_chunks<T>(chunks: &[AtomicPtr<T>]) {
+    for c in chunks {
+        let p = c.load(Acquire);
+        if !p.is_null() {
+            // SAFETY: published chunks came from Box::into_raw of CHUNK-long slices.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, CHUNK)) });
+        }
+    }
+}
+
+impl Drop for SlotTable {
+    fn drop(&mut self) {
+        free_chunks(&self.chunks);
+        free_chunks(&self.ghosts);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ghost_is_recalled_once_ages_and_dies_with_its_slot() {
+        let t = SlotTable::default();
+        let (a, _) = t.allocate();
+        let (b, _) = t.allocate();
+        assert_eq!(t.recall(a), 0, "nothing dropped yet");
+        t.remember(a, 9);
+        t.remember(b, 1);
+        assert!(t.haunted(a) && t.haunted(b));
+        t.age_ghosts();
+        assert!(!t.haunted(b), "1 halves to nothing");
+        assert_eq!(t.recall(a), 4);
+        assert_eq!(t.recall(a), 0, "a recall takes the ghost");
+        t.remember(a, 7);
+        t.release(a);
+        let (again, _) = t.allocate();
+        assert_eq!(again, a, "the freed slot is reused");
+        assert_eq!(
+            t.recall(again),
+            0,
+            "a new handle does not inherit a stranger's standing"
+        );
+    }
+
+    #[test]
+    fn ghosts_beyond_the_first_chunk_age_too() {
+        let t = SlotTable::default();
+        let last = (0..CHUNK as u32 + 10)
+            .map(|_| t.allocate().0)
+            .last()
+            .unwrap();
+        t.remember(last, 200);
+        t.age_ghosts();
+        assert_eq!(t.recall(last), 100);
     }
 }

@@ -365,7 +365,9 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
         let mut shard = self.shards[i].write();
         let before = shard.len();
         shard.retain(|_, h| {
-            let keep = self.core.objects.present(h);
+            // A key whose value was dropped as cold stays while its slot remembers how hot
+            // it was (until that ages away), so that it comes back with that standing.
+            let keep = self.core.objects.present(h) || self.core.objects.remembered(h);
             if !keep {
                 self.core.objects.release(h);
             }
