@@ -31,12 +31,9 @@ const INC_BITS: u32 = 12;
 pub const INC_MASK: u32 = (1 << INC_BITS) - 1;
 /// Marks a header (with the slot and generation, a header cannot be mistaken for payload).
 const MAGIC: u64 = 0x50f7;
-/// Headers are two words: the tag (magic, generation, slot), then the payload length (low 32
-/// bits) and the object's CLOCK hotness (the byte at this bit), which reads raise and the
-/// evacuator lowers.
-pub(crate) const HOT_SHIFT: u32 = 32;
-/// Hotness saturates here.
-pub const HOT_MAX: u8 = u8::MAX;
+// Headers are two words: the tag (magic, generation, slot), then the payload length (low 32
+// bits; the rest zero). Hotness is kept beside the slot, in normal memory (see
+// `slots::SlotTable`).
 
 /// Segment kinds.
 pub(crate) const UNPOPULATED: u8 = 0;
@@ -295,8 +292,8 @@ impl SoftArena {
 
     // ---- objects ---------------------------------------------------------------------------
 
-    /// Writes an object for `slot` with hotness `hot` (header, then `len` bytes from `src`)
-    /// into new space; where it went.
+    /// Writes an object for `slot` (header, then `len` bytes from `src`) into new space;
+    /// where it went.
     ///
     /// # Safety
     ///
@@ -305,7 +302,6 @@ impl SoftArena {
         &self,
         slot: u32,
         generation: u16,
-        hot: u8,
         src: *const u8,
         len: usize,
     ) -> Result<Placement, SoftError> {
@@ -319,10 +315,7 @@ impl SoftArena {
             });
         }
         let total = (HEADER + len).next_multiple_of(16);
-        let header = [
-            tag(slot, generation),
-            len as u64 | ((hot as u64) << HOT_SHIFT),
-        ];
+        let header = [tag(slot, generation), len as u64];
         loop {
             let at = self.allocate(total)?;
             let addr = self.address(at.offset);
@@ -365,27 +358,6 @@ impl SoftArena {
         // room for `len` bytes at `dst`.
         unsafe { resilient::copy(dst, (self.address(offset) + HEADER) as *const u8, len)? };
         Ok((len, header))
-    }
-
-    /// Raises the hotness of the object at `offset`, whose header was `header`, by one; only
-    /// if the header is unchanged (a racing reader's raise wins; a reused segment is left
-    /// alone).
-    pub(crate) fn touch(&self, offset: usize, header: [u64; 2]) {
-        let hot = (header[1] >> HOT_SHIFT) as u8;
-        if hot < HOT_MAX {
-            self.set_hot(offset, header, hot + 1);
-        }
-    }
-
-    /// Sets the hotness of the object at `offset` if its header is still `header`.
-    pub(crate) fn set_hot(&self, offset: usize, header: [u64; 2], hot: u8) {
-        let word = (header[1] & !(0xff << HOT_SHIFT)) | ((hot as u64) << HOT_SHIFT);
-        // SAFETY: a 16-byte-aligned header inside the arena (objects start at multiples of
-        // 16 of a 2 MiB-aligned mapping); revoked pages are reported; the swap happens only
-        // if the header still is what we read, so nothing else's bytes are ever written.
-        let _ = unsafe {
-            resilient::cas_header(self.address(offset) as *mut u64, header[0], header[1], word)
-        };
     }
 
     /// The header at `offset`, if readable, naming `slot`, and describing an object inside
@@ -844,34 +816,4 @@ pub(crate) fn tag(slot: u32, generation: u16) -> u64 {
 /// The slot word for an object placed at `at`.
 pub(crate) fn live_word(generation: u16, at: Placement) -> u64 {
     slots::word(slots::LIVE, generation, at.offset, at.incarnation)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_hotness_raise_on_a_revoked_page_is_a_no_op_not_a_crash() {
-        let arena = SoftArena::new(ArenaConfig {
-            budget: 4 * SEGMENT,
-            max_bytes: 64 * SEGMENT,
-        })
-        .unwrap();
-        let value = [5u8; 100];
-        // SAFETY: `value` holds 100 bytes.
-        let at = unsafe { arena.append(1, 0, 1, value.as_ptr(), value.len()) }.unwrap();
-        let header = arena.header(at.offset, 1, 0).unwrap();
-        arena.touch(at.offset, header);
-        let raised = arena.header(at.offset, 1, 0).unwrap();
-        assert_eq!(raised[1] >> HOT_SHIFT, 2, "written at 1, raised once");
-        // A stale header: no swap.
-        arena.touch(at.offset, header);
-        assert_eq!(arena.header(at.offset, 1, 0).unwrap(), raised);
-        // Revoked: the swap faults, the fixup returns, nothing happens.
-        arena
-            .punch_behind_back(at.offset / SEGMENT * SEGMENT, SEGMENT)
-            .unwrap();
-        arena.touch(at.offset, raised);
-        assert!(arena.header(at.offset, 1, 0).is_err());
-    }
 }

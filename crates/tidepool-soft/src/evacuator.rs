@@ -2,11 +2,11 @@
 //! for the least copying, drops cold objects, and orders segments coldest first so that
 //! direct reclamation takes the coldest.
 //!
-//! Hotness is a byte per object: reads raise it by one, and it halves each time the arena
-//! has allocated two budgets' worth since the last halving (an LFU with decay, which keeps
-//! a skewed working set much better than CLOCK's one bit). An object dropped as cold leaves
-//! its hotness in its slot (the slot's ghost), and comes back with it when it is rebuilt, so
-//! an object that keeps returning is not judged afresh each time. A pass that must free `need`
+//! Hotness is a byte per object, kept beside its slot: reads and writes raise it by one, and
+//! it halves each time the arena has allocated two budgets' worth since the last halving (an
+//! LFU with decay, which keeps a skewed working set much better than CLOCK's one bit). It
+//! stays with the slot when the object is dropped as cold, so a rebuilt object goes on from
+//! the standing it had rather than being judged afresh each time it returns. A pass that must free `need`
 //! bytes:
 //!
 //! 1. **Scans** every closed segment (read-only): which objects are live (their slot names
@@ -47,8 +47,6 @@ struct Found {
     offset: usize,
     total: usize,
     hot: u8,
-    /// Its header as read (hotness changes swap it whole, so a reused segment is untouched).
-    header: [u64; 2],
     /// The slot word naming this copy, if it is live.
     live: Option<(u32, u64)>,
 }
@@ -88,8 +86,7 @@ impl SoftArena {
             f(Found {
                 offset: at,
                 total,
-                hot: (h[1] >> HOT_SHIFT) as u8,
-                header: h,
+                hot: self.slots.hotness(slot),
                 live: live.then_some((slot, w)),
             });
             at += total;
@@ -133,7 +130,7 @@ impl SoftArena {
         }
         self.compact_all(&plan, chosen, &mut report);
         self.order_closed();
-        self.age_if_due(&scanned, &plan);
+        self.age_if_due();
         report
     }
 
@@ -290,27 +287,16 @@ impl SoftArena {
         s.closed.extend(order);
     }
 
-    /// Halves every live object's hotness, and every ghost, once [`AGE_BUDGETS`] budgets'
-    /// worth has been allocated since the last time (objects this pass just moved escape
-    /// this halving).
-    fn age_if_due(&self, scanned: &[Scanned], moved: &[Scanned]) {
+    /// Halves every slot's hotness once [`AGE_BUDGETS`] budgets' worth has been allocated
+    /// since the last time.
+    fn age_if_due(&self) {
         let allocated = self.counters.bytes_allocated.load(Relaxed);
         let last = self.aged_at.load(Relaxed);
         if allocated.saturating_sub(last) < AGE_BUDGETS * self.budget() as u64 {
             return;
         }
         self.aged_at.store(allocated, Relaxed);
-        self.slots.age_ghosts();
-        for x in scanned {
-            if moved.iter().any(|m| m.seg == x.seg) {
-                continue;
-            }
-            let _ = self.walk(x.seg, |o| {
-                if o.live.is_some() && o.hot > 0 {
-                    self.set_hot(o.offset, o.header, o.hot / 2);
-                }
-            });
-        }
+        self.slots.age();
     }
 
     /// Moves the live objects of `seg` hotter than `threshold` out, drops the others, and
@@ -337,7 +323,6 @@ impl SoftArena {
                 if s.compare_exchange(w, slots::with_state(w, LOST), AcqRel, Relaxed)
                     .is_ok()
                 {
-                    self.slots.remember(slot, o.hot);
                     report.objects_dropped += 1;
                 }
                 continue;
@@ -564,6 +549,7 @@ mod tests {
         for _ in 0..5 {
             assert!(objects.read(&hot, &mut Vec::new()));
         }
+        assert_eq!(arena.slots.hotness(hot.slot), 6, "a write and five reads");
         // Enough cold objects to close the first segment, then a pass that must drop
         // everything it scans.
         let cold: Vec<_> = (0..600).map(|_| objects.handle()).collect();
@@ -572,33 +558,19 @@ mod tests {
         assert!(report.objects_dropped > 500, "{report:?}");
         assert!(!objects.present(&hot), "dropped with the rest");
         assert!(objects.remembered(&hot));
-        // Written again (as a reconstruction would): written once and read five times
-        // before, once more now.
+        assert_eq!(
+            slots::state(arena.slots.get(cold[0].slot).load(Acquire)),
+            LOST
+        );
+        // Rebuilt (written again): it goes on from where it was.
         write(&hot);
-        assert!(!objects.remembered(&hot), "the ghost was taken");
-        let w = arena.slots.get(hot.slot).load(Acquire);
-        let (_, header) = arena
-            .read(
-                slots::location(w),
-                hot.slot,
-                hot.generation,
-                &mut Vec::new(),
-            )
-            .unwrap();
-        assert_eq!((header[1] >> HOT_SHIFT) as u8, 7);
-        // A cold object comes back at what it had: one write.
-        let w = arena.slots.get(cold[0].slot).load(Acquire);
-        assert_eq!(slots::state(w), LOST);
         write(&cold[0]);
-        let w = arena.slots.get(cold[0].slot).load(Acquire);
-        let (_, header) = arena
-            .read(
-                slots::location(w),
-                cold[0].slot,
-                cold[0].generation,
-                &mut Vec::new(),
-            )
-            .unwrap();
-        assert_eq!((header[1] >> HOT_SHIFT) as u8, 2);
+        assert_eq!(arena.slots.hotness(hot.slot), 7);
+        assert_eq!(arena.slots.hotness(cold[0].slot), 2);
+        // Freed: the slot's next owner starts cold.
+        objects.release(&hot);
+        let next = objects.handle();
+        assert_eq!(next.slot, hot.slot);
+        assert!(!objects.remembered(&next));
     }
 }

@@ -262,9 +262,9 @@ impl Objects {
         // this keeps the compiler from moving them).
         fence(Acquire);
         match copied {
-            Ok((len, header)) if self.arena.incarnation(offset) == slots::incarnation(w) => {
+            Ok((len, _)) if self.arena.incarnation(offset) == slots::incarnation(w) => {
                 sink.done(len);
-                self.arena.touch(offset, header);
+                self.arena.slots.heat(h.slot);
                 true
             }
             _ => false,
@@ -344,11 +344,11 @@ impl Objects {
         src: *const u8,
         len: usize,
     ) -> Result<u64, SoftError> {
-        // A write is an access; an object that was dropped as cold and is written again keeps
-        // the standing it had (see `SlotTable::recall`).
-        let hot = self.arena.slots.recall(h.slot).saturating_add(1);
         // SAFETY: the caller's `src`.
-        let at = unsafe { self.arena.append(h.slot, h.generation, hot, src, len)? };
+        let at = unsafe { self.arena.append(h.slot, h.generation, src, len)? };
+        // A write is an access (an object dropped as cold and rebuilt goes on from the
+        // hotness its slot kept).
+        self.arena.slots.heat(h.slot);
         let new = live_word(h.generation, at);
         let old = self.arena.slots.get(h.slot).swap(new, AcqRel);
         if slots::state(old) == LIVE {
@@ -409,9 +409,10 @@ impl Objects {
         self.arena.present(h.slot, h.generation)
     }
 
-    /// Whether the slot remembers the hotness of an object dropped as cold.
+    /// Whether the slot keeps some hotness (of its object, or of one dropped as cold that
+    /// has not aged away).
     pub fn remembered(&self, h: &Handle) -> bool {
-        self.arena.slots.haunted(h.slot)
+        self.arena.slots.hotness(h.slot) != 0
     }
 
     /// Frees the handle's slot and forgets its object.

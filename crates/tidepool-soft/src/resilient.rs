@@ -1,11 +1,10 @@
 //! The resilient copy: the only code that touches soft memory.
 //!
 //! A page of the arena may be revoked (its hole punched) at any moment, by this process or by a
-//! coordinator holding the memfd; touching it then raises SIGBUS. [`copy`] and
-//! [`cas_header`] are written in assembly; the fixup table has two entries, the copy's code
-//! range and the header compare-and-swap's one instruction: the SIGBUS handler checks that
-//! the faulting address lies in a registered arena and that the instruction is one of those,
-//! and if so resumes at that entry's fixup, which returns "lost". Any other
+//! coordinator holding the memfd; touching it then raises SIGBUS. [`copy`] is written in
+//! assembly; the fixup table is its code range: the SIGBUS handler checks that the faulting
+//! address lies in a registered arena and that the instruction is in that range, and if so
+//! resumes at the fixup, which returns "lost". Any other
 //! SIGBUS goes to the handler installed before ours (Rust's own, by default), so a genuine
 //! crash stays a crash.
 //!
@@ -26,10 +25,6 @@ compile_error!("tidepool-soft's resilient copy is written for x86-64 Linux");
 // tidepool_soft_copy(dst: rdi, src: rsi, len: rdx) -> eax: 0 copied, 1 a page was revoked.
 // Under 64 bytes it moves qwords, then bytes (a `rep movsb` costs tens of cycles to start);
 // from 64 bytes on, `rep movsb` (fast on CPUs with ERMS/FSRM).
-//
-// tidepool_soft_cas_header(dst: rdi, tag: rsi, old: rdx, new: rcx) -> eax: 0 swapped, 1 revoked,
-// 2 the header was not (tag, old). `lock cmpxchg16b` needs rbx, which is callee-saved: it is
-// kept in r11, so this routine has its own fixup, which restores it.
 std::arch::global_asm!(
     ".pushsection .text.tidepool_soft,\"ax\",@progbits",
     ".p2align 4",
@@ -67,40 +62,14 @@ std::arch::global_asm!(
     "tidepool_soft_fixup:",
     "    mov eax, 1",
     "    ret",
-    ".p2align 4",
-    ".globl tidepool_soft_cas_header",
-    ".type tidepool_soft_cas_header,@function",
-    "tidepool_soft_cas_header:",
-    "    mov r11, rbx",
-    // Compared: rdx:rax = (old, tag); stored if equal: rcx:rbx = (new, tag).
-    "    mov rax, rsi",
-    "    mov rbx, rsi",
-    ".globl tidepool_soft_cas_fault",
-    "tidepool_soft_cas_fault:",
-    "    lock cmpxchg16b [rdi]",
-    "    mov rbx, r11",
-    "    jne 5f",
-    "    xor eax, eax",
-    "    ret",
-    "5:  mov eax, 2",
-    "    ret",
-    ".size tidepool_soft_cas_header, . - tidepool_soft_cas_header",
-    ".globl tidepool_soft_cas_fixup",
-    "tidepool_soft_cas_fixup:",
-    "    mov rbx, r11",
-    "    mov eax, 1",
-    "    ret",
     ".popsection",
 );
 
 extern "C" {
     fn tidepool_soft_copy(dst: *mut u8, src: *const u8, len: usize) -> u32;
-    fn tidepool_soft_cas_header(dst: *mut u64, tag: u64, old: u64, new: u64) -> u32;
     static tidepool_soft_begin: u8;
     static tidepool_soft_end: u8;
     static tidepool_soft_fixup: u8;
-    static tidepool_soft_cas_fault: u8;
-    static tidepool_soft_cas_fixup: u8;
 }
 
 /// A page the copy touched had been revoked: what was there is gone.
@@ -122,29 +91,6 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) -> Result<(), Lost>
     // handler installed by `register_arena` (which every arena calls before its first copy).
     match unsafe { tidepool_soft_copy(dst, src, len) } {
         0 => Ok(()),
-        _ => Err(Lost),
-    }
-}
-
-/// Replaces the second word of a 16-byte object header at `dst`, if the header is still
-/// (`tag`, `old`): one `lock cmpxchg16b`. `Ok(true)` if swapped, `Ok(false)` if the header is
-/// something else now (another writer, or the segment reused: nothing is written then), and
-/// `Err(Lost)` if its page was revoked.
-///
-/// A plain store here would be wrong: between a reader's last check and its store, the
-/// segment can be evicted and reused, and the store would land in another object's bytes.
-///
-/// # Safety
-///
-/// `dst` is 16-byte aligned and valid for a 16-byte read and write, except that it may be a
-/// revoked page of a registered arena.
-#[inline]
-pub unsafe fn cas_header(dst: *mut u64, tag: u64, old: u64, new: u64) -> Result<bool, Lost> {
-    debug_assert!((dst as usize).is_multiple_of(16));
-    // SAFETY: as in `copy`; the cas routine's one faulting instruction has its own fixup.
-    match unsafe { tidepool_soft_cas_header(dst, tag, old, new) } {
-        0 => Ok(true),
-        2 => Ok(false),
         _ => Err(Lost),
     }
 }
@@ -267,17 +213,12 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut l
         let uc = ctx.cast::<libc::ucontext_t>();
         let rip = &mut (*uc).uc_mcontext.gregs[libc::REG_RIP as usize];
         let pc = *rip as usize;
-        if in_arena(addr) {
-            if pc >= &raw const tidepool_soft_begin as usize
-                && pc < &raw const tidepool_soft_end as usize
-            {
-                *rip = &raw const tidepool_soft_fixup as i64;
-                return;
-            }
-            if pc == &raw const tidepool_soft_cas_fault as usize {
-                *rip = &raw const tidepool_soft_cas_fixup as i64;
-                return;
-            }
+        if in_arena(addr)
+            && pc >= &raw const tidepool_soft_begin as usize
+            && pc < &raw const tidepool_soft_end as usize
+        {
+            *rip = &raw const tidepool_soft_fixup as i64;
+            return;
         }
         chain(sig, info, ctx);
     }
@@ -317,22 +258,6 @@ unsafe fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[repr(align(16))]
-    struct Header([u64; 2]);
-
-    #[test]
-    fn cas_header_swaps_only_an_unchanged_header() {
-        let mut h = Header([7, 100]);
-        let p = h.0.as_mut_ptr();
-        // SAFETY: our own aligned 16 bytes.
-        unsafe {
-            assert_eq!(cas_header(p, 7, 100, 101), Ok(true));
-            assert_eq!(cas_header(p, 7, 100, 102), Ok(false));
-            assert_eq!(cas_header(p, 8, 101, 102), Ok(false));
-        }
-        assert_eq!(h.0, [7, 101]);
-    }
 
     #[test]
     fn copy_copies_every_length() {

@@ -65,13 +65,15 @@ pub fn with_state(word: u64, state: u64) -> u64 {
 
 /// A growable array of slots with a free list.
 ///
-/// Beside each slot is its *ghost*: the hotness its object had when the evacuator dropped it
-/// as cold. The next object written to the slot starts from it, so an object that keeps
-/// coming back builds up the standing a resident one would have (the history TinyLFU keeps
-/// in a sketch, here free: the slot is already there). Ghosts age with hotness.
+/// Beside each slot is its object's *hotness*, a byte in normal memory: reads and writes raise
+/// it with a plain load and store (no locked instruction on the read path, and a read never
+/// writes to soft memory), the evacuator halves it as it ages. It stays with the slot when the
+/// object moves, and when the object is dropped as cold: rebuilt, it comes back with the
+/// standing it had, so an object that keeps returning is not judged afresh each time (the
+/// history TinyLFU keeps in a sketch; here the slot is already there).
 pub struct SlotTable {
     chunks: Box<[AtomicPtr<AtomicU64>]>,
-    ghosts: Box<[AtomicPtr<AtomicU8>]>,
+    hotness: Box<[AtomicPtr<AtomicU8>]>,
     /// Slots handed out so far (the high-water mark).
     next: AtomicU32,
     free: Mutex<Vec<u32>>,
@@ -92,7 +94,7 @@ impl Default for SlotTable {
             chunks: (0..CHUNKS)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
-            ghosts: (0..CHUNKS)
+            hotness: (0..CHUNKS)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             next: AtomicU32::new(0),
@@ -128,7 +130,7 @@ impl SlotTable {
                 Err(now) => w = now,
             }
         }
-        self.ghost(index).store(0, Relaxed);
+        self.heat_of(index).store(0, Relaxed);
         self.free.lock().push(index);
         w
     }
@@ -138,46 +140,41 @@ impl SlotTable {
         element(&self.chunks, index)
     }
 
-    /// The ghost beside slot `index`.
-    fn ghost(&self, index: u32) -> &AtomicU8 {
-        element(&self.ghosts, index)
+    /// The hotness byte beside slot `index`.
+    fn heat_of(&self, index: u32) -> &AtomicU8 {
+        element(&self.hotness, index)
     }
 
-    /// The object in slot `index` was dropped as cold, with hotness `hot`.
-    pub fn remember(&self, index: u32, hot: u8) {
-        self.ghost(index).store(hot, Relaxed);
-    }
-
-    /// The hotness a new object in slot `index` inherits (and the ghost is cleared).
-    pub fn recall(&self, index: u32) -> u8 {
-        let g = self.ghost(index);
-        if g.load(Relaxed) == 0 {
-            0 // the common case, without a locked instruction
-        } else {
-            g.swap(0, Relaxed)
+    /// An access to slot `index`'s object: its hotness rises by one. A plain load and store;
+    /// a racing raise may be lost (hotness is a statistic).
+    pub fn heat(&self, index: u32) {
+        let h = self.heat_of(index);
+        let v = h.load(Relaxed);
+        if v < u8::MAX {
+            h.store(v + 1, Relaxed);
         }
     }
 
-    /// Whether slot `index` remembers a dropped object.
-    pub fn haunted(&self, index: u32) -> bool {
-        self.ghost(index).load(Relaxed) != 0
+    /// The hotness of slot `index`'s object (or of the one it held, if that was dropped).
+    pub fn hotness(&self, index: u32) -> u8 {
+        self.heat_of(index).load(Relaxed)
     }
 
-    /// Halves every ghost (with the hotness of live objects).
-    pub fn age_ghosts(&self) {
+    /// Halves every slot's hotness.
+    pub fn age(&self) {
         let n = self.high_water() as usize;
-        for c in self.ghosts.iter().take(n.div_ceil(CHUNK)) {
+        for c in self.hotness.iter().take(n.div_ceil(CHUNK)) {
             let p = c.load(Acquire);
             if p.is_null() {
                 continue;
             }
             // SAFETY: a published chunk is a live CHUNK-long slice freed only in Drop.
             let chunk = unsafe { std::slice::from_raw_parts(p, CHUNK) };
-            for g in chunk {
-                let v = g.load(Relaxed);
+            for h in chunk {
+                let v = h.load(Relaxed);
                 if v != 0 {
-                    // A racing recall or remember may be overwritten: a ghost is a hint.
-                    let _ = g.compare_exchange(v, v / 2, Relaxed, Relaxed);
+                    // A raise racing with this may be lost, or undo the halving: a statistic.
+                    h.store(v / 2, Relaxed);
                 }
             }
         }
@@ -225,7 +222,7 @@ fn free_chunks<T>(chunks: &[AtomicPtr<T>]) {
 impl Drop for SlotTable {
     fn drop(&mut self) {
         free_chunks(&self.chunks);
-        free_chunks(&self.ghosts);
+        free_chunks(&self.hotness);
     }
 }
 
@@ -234,38 +231,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_ghost_is_recalled_once_ages_and_dies_with_its_slot() {
+    fn hotness_rises_ages_and_dies_with_its_slot() {
         let t = SlotTable::default();
         let (a, _) = t.allocate();
         let (b, _) = t.allocate();
-        assert_eq!(t.recall(a), 0, "nothing dropped yet");
-        t.remember(a, 9);
-        t.remember(b, 1);
-        assert!(t.haunted(a) && t.haunted(b));
-        t.age_ghosts();
-        assert!(!t.haunted(b), "1 halves to nothing");
-        assert_eq!(t.recall(a), 4);
-        assert_eq!(t.recall(a), 0, "a recall takes the ghost");
-        t.remember(a, 7);
+        assert_eq!(t.hotness(a), 0);
+        (0..9).for_each(|_| t.heat(a));
+        t.heat(b);
+        t.age();
+        assert_eq!((t.hotness(a), t.hotness(b)), (4, 0), "halved");
+        (0..300).for_each(|_| t.heat(a));
+        assert_eq!(t.hotness(a), u8::MAX, "saturates");
         t.release(a);
         let (again, _) = t.allocate();
         assert_eq!(again, a, "the freed slot is reused");
         assert_eq!(
-            t.recall(again),
+            t.hotness(again),
             0,
             "a new handle does not inherit a stranger's standing"
         );
     }
 
     #[test]
-    fn ghosts_beyond_the_first_chunk_age_too() {
+    fn slots_beyond_the_first_chunk_age_too() {
         let t = SlotTable::default();
         let last = (0..CHUNK as u32 + 10)
             .map(|_| t.allocate().0)
             .last()
             .unwrap();
-        t.remember(last, 200);
-        t.age_ghosts();
-        assert_eq!(t.recall(last), 100);
+        (0..200).for_each(|_| t.heat(last));
+        t.age();
+        assert_eq!(t.hotness(last), 100);
     }
 }
