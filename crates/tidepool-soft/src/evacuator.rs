@@ -86,7 +86,7 @@ impl SoftArena {
             f(Found {
                 offset: at,
                 total,
-                hot: self.slots.hotness(slot),
+                hot: if live { self.slots.hotness(slot) } else { 0 },
                 live: live.then_some((slot, w)),
             });
             at += total;
