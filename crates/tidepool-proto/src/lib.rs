@@ -21,6 +21,7 @@
 #![forbid(unsafe_code)]
 
 mod codec;
+pub mod coord;
 mod types;
 
 pub use codec::{

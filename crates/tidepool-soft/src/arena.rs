@@ -133,10 +133,15 @@ pub struct SoftArena {
     forks: usize,
     pub(crate) slots: SlotTable,
     pub(crate) counters: ArenaCounters,
+    /// What its memory is worth (for the coordinator).
+    pub(crate) demand: crate::demand::Demand,
     pub(crate) evacuator_idle: Arc<crate::evacuator::Doorbell>,
     /// Evacuator watermarks, as shares of the budget: wake under `low` free, reclaim up to
     /// `high`. Zero until an evacuator starts.
     watermarks: Mutex<(f64, f64)>,
+    /// Held through an evacuation pass: passes run one at a time (two would pick the same
+    /// victims, and one could walk a segment the other freed and a head reused).
+    pub(crate) pass: Mutex<()>,
     /// Threads compacting in a pass (the evacuator's pool).
     pub(crate) evacuator_threads: AtomicUsize,
     /// `bytes_allocated` when hotness was last halved.
@@ -171,7 +176,7 @@ impl SoftArena {
                 )
             });
         }
-        Ok(Arc::new(SoftArena {
+        let arena = Arc::new(SoftArena {
             meta: (0..count).map(|_| SegmentMeta::default()).collect(),
             segments: Mutex::new(Segments {
                 unpopulated: (0..count as u32).collect(),
@@ -183,16 +188,20 @@ impl SoftArena {
             forks: resilient::forks(),
             slots: SlotTable::default(),
             counters: ArenaCounters::default(),
+            demand: Default::default(),
             evacuator_idle: Default::default(),
             watermarks: Mutex::new((0.0, 0.0)),
             aged_at: AtomicU64::new(0),
             evacuator_threads: AtomicUsize::new(1),
+            pass: Mutex::new(()),
             parents: Default::default(),
             has_parents: Default::default(),
             huge_pages,
             map,
             registration,
-        }))
+        });
+        crate::coord::join_from_env(&arena);
+        Ok(arena)
     }
 
     /// What the arena has done so far.
@@ -226,6 +235,10 @@ impl SoftArena {
         let b = self.budget_segments() as f64;
         let low = ((low * b).ceil() as usize).max(1);
         (low, ((high * b).ceil() as usize).max(low + 1))
+    }
+
+    pub(crate) fn set_budget_segments(&self, segments: usize) {
+        self.budget_segments.store(segments.max(1), Relaxed);
     }
 
     pub(crate) fn budget_segments(&self) -> usize {
@@ -489,6 +502,9 @@ impl SoftArena {
         if let Some(seg) = s.free.pop() {
             self.release(s, seg);
         } else if let Some(seg) = self.pop_quiet_closed(s) {
+            if self.meta[seg as usize].kind.load(Relaxed) != REVOKED {
+                self.dropped_segments(self.meta[seg as usize].run.load(Relaxed).max(1) as usize);
+            }
             self.evict(seg);
             self.release(s, seg);
         } else {
@@ -552,6 +568,9 @@ impl SoftArena {
         while let Some(seg) = self.pop_quiet_closed(s) {
             self.counters.direct_evictions.fetch_add(1, Relaxed);
             let revoked = self.meta[seg as usize].kind.load(Relaxed) == REVOKED;
+            if !revoked {
+                self.dropped_segments(self.meta[seg as usize].run.load(Relaxed).max(1) as usize);
+            }
             self.evict(seg);
             if self.meta[seg as usize].run.load(Relaxed) <= 1 && !revoked {
                 return Ok(seg);

@@ -146,49 +146,75 @@ pub fn next_budget(
     .max(floor)
 }
 
+/// One `auto` budget's state between looks: the last PSI reading and eviction count.
+#[derive(Debug)]
+pub(crate) struct AutoStepper {
+    auto: AutoBudget,
+    view: MemoryView,
+    stalled: Option<u64>,
+    evicted: u64,
+    at: std::time::Instant,
+}
+
+impl AutoStepper {
+    pub(crate) fn new(auto: AutoBudget) -> AutoStepper {
+        AutoStepper {
+            auto,
+            view: MemoryView::of_this_process(),
+            stalled: memory_stall_us(),
+            evicted: 0,
+            at: std::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn interval(&self) -> Duration {
+        self.auto.interval
+    }
+
+    /// Looks once and sets the arena's next budget.
+    pub(crate) fn step(&mut self, arena: &SoftArena) {
+        // Pressure: the share of the time since the last look that some task spent stalled
+        // on memory.
+        let now = memory_stall_us();
+        let pressure = match (self.stalled, now) {
+            (Some(a), Some(b)) => {
+                let span = self.at.elapsed().as_micros().max(1) as f64;
+                100.0 * (b.saturating_sub(a)) as f64 / span
+            }
+            _ => 0.0,
+        };
+        (self.stalled, self.at) = (now, std::time::Instant::now());
+        let budget = arena.budget();
+        let now_evicted = arena.counters.segments_evicted.load(Relaxed);
+        let demand = now_evicted != self.evicted;
+        self.evicted = now_evicted;
+        let next = next_budget(
+            &self.auto,
+            budget,
+            arena.usage(),
+            self.view.headroom(),
+            pressure,
+            demand,
+        );
+        if next != budget {
+            arena.set_budget(next);
+        }
+    }
+}
+
 impl SoftArena {
     /// Makes the budget `auto`: a thread follows the headroom (see the module docs) until
     /// the arena is dropped.
     pub fn start_auto_budget(self: &Arc<Self>, auto: AutoBudget) -> std::io::Result<()> {
         let weak = Arc::downgrade(self);
-        let view = MemoryView::of_this_process();
+        let mut stepper = AutoStepper::new(auto);
         std::thread::Builder::new()
             .name("tp-soft-budget".into())
-            .spawn(move || {
-                let mut stalled = memory_stall_us();
-                let mut evicted = 0;
-                let mut at = std::time::Instant::now();
-                loop {
-                    let Some(arena) = weak.upgrade() else { return };
-                    // Pressure: the share of the time since the last look that some task
-                    // spent stalled on memory.
-                    let now = memory_stall_us();
-                    let pressure = match (stalled, now) {
-                        (Some(a), Some(b)) => {
-                            let span = at.elapsed().as_micros().max(1) as f64;
-                            100.0 * (b.saturating_sub(a)) as f64 / span
-                        }
-                        _ => 0.0,
-                    };
-                    (stalled, at) = (now, std::time::Instant::now());
-                    let budget = arena.budget();
-                    let now_evicted = arena.counters.segments_evicted.load(Relaxed);
-                    let demand = now_evicted != evicted;
-                    evicted = now_evicted;
-                    let next = next_budget(
-                        &auto,
-                        budget,
-                        arena.usage(),
-                        view.headroom(),
-                        pressure,
-                        demand,
-                    );
-                    if next != budget {
-                        arena.set_budget(next);
-                    }
-                    drop(arena);
-                    std::thread::sleep(auto.interval);
-                }
+            .spawn(move || loop {
+                let Some(arena) = weak.upgrade() else { return };
+                stepper.step(&arena);
+                drop(arena);
+                std::thread::sleep(stepper.interval());
             })?;
         Ok(())
     }

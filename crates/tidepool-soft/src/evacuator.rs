@@ -98,6 +98,7 @@ impl SoftArena {
     /// segment (0.0-1.0), lowest first, dropping only dead objects: cooperative reclamation
     /// that keeps every live object.
     pub fn evacuate(&self, max_victims: usize, max_live: f64) -> EvacuationReport {
+        let _pass = self.pass.lock();
         let mut report = EvacuationReport::default();
         let mut scanned = self.scan(&mut report);
         scanned.sort_by_key(|x| x.live);
@@ -115,6 +116,7 @@ impl SoftArena {
     /// Frees at least `need` bytes net if it can, dropping the coldest live objects as
     /// needed (see the module docs). The evacuator thread's pass.
     pub fn reclaim(&self, need: usize) -> EvacuationReport {
+        let _pass = self.pass.lock();
         let mut report = EvacuationReport::default();
         let scanned = self.scan(&mut report);
         // The lowest threshold (None: dead objects only) that frees enough.
@@ -273,6 +275,7 @@ impl SoftArena {
                 if s.compare_exchange(w, slots::with_state(w, LOST), AcqRel, Relaxed)
                     .is_ok()
                 {
+                    self.dropped_cold(slot, o.total);
                     report.objects_dropped += 1;
                 }
             }
@@ -323,6 +326,7 @@ impl SoftArena {
                 if s.compare_exchange(w, slots::with_state(w, LOST), AcqRel, Relaxed)
                     .is_ok()
                 {
+                    self.dropped_cold(slot, o.total);
                     report.objects_dropped += 1;
                 }
                 continue;

@@ -29,6 +29,8 @@
 
 pub mod arena;
 pub mod budget;
+pub mod coord;
+pub mod demand;
 pub mod evacuator;
 pub mod pool;
 pub mod resilient;
@@ -39,6 +41,7 @@ pub mod value;
 
 pub use arena::{ArenaConfig, SoftArena, SEGMENT};
 pub use budget::AutoBudget;
+pub use demand::DemandStats;
 pub use evacuator::EvacuationReport;
 pub use pool::{PoolStats, SoftBox, SoftPool};
 pub use structures::{SoftMap, SoftQueue, SoftVec};

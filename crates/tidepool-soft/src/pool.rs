@@ -50,7 +50,7 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// What a pool counts (Midas §4.4: the profile that says whether soft memory pays).
 #[derive(Debug, Default)]
 pub struct PoolCounters {
-    name: String,
+    name: Mutex<String>,
     shards: [Shard; SHARDS],
     reconstructions: AtomicU64,
     reconstruct_nanos: AtomicU64,
@@ -94,7 +94,7 @@ impl PoolStats {
 impl PoolCounters {
     pub(crate) fn named(name: &str) -> PoolCounters {
         PoolCounters {
-            name: name.to_string(),
+            name: Mutex::new(name.to_string()),
             ..Default::default()
         }
     }
@@ -112,7 +112,7 @@ impl PoolCounters {
         let n = self.mismatches.fetch_add(1, Relaxed) + 1;
         if n.is_power_of_two() {
             tracing::error!(
-                pool = %self.name,
+                pool = %self.name.lock(),
                 mismatches = n,
                 "soft memory debug mode: a cached value differs from what the reconstructor \
                  builds for it; the reconstructor is not deterministic, or a write went to soft \
@@ -136,7 +136,7 @@ impl PoolCounters {
         }
         *last = Some(Instant::now());
         tracing::warn!(
-            pool = %self.name,
+            pool = %self.name.lock(),
             reconstruct_us = s.reconstruct_us,
             miss_rate = s.miss_rate(),
             "soft memory: rebuilding costs {:.1} us per read ({:.1}% of reads miss, {:.1} us \
@@ -442,7 +442,13 @@ type Reconstructor<T, A, E> = dyn Fn(A) -> Result<T, E> + Send + Sync;
 struct PoolShared<T, A, E> {
     objects: Objects,
     reconstruct: Box<Reconstructor<T, A, E>>,
-    counters: PoolCounters,
+    counters: Arc<PoolCounters>,
+}
+
+impl<T, A, E> Drop for PoolShared<T, A, E> {
+    fn drop(&mut self) {
+        self.objects.arena.demand.retire(&self.counters);
+    }
 }
 
 /// A pool of soft objects of type `T` that share a reconstructor taking `A` (the arguments a
@@ -490,6 +496,8 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftPool<T, A, E> {
         arena: &Arc<SoftArena>,
         reconstruct: impl Fn(A) -> Result<T, E> + Send + Sync + 'static,
     ) -> SoftPool<T, A, E> {
+        let counters = Arc::new(PoolCounters::named(std::any::type_name::<T>()));
+        arena.demand.register(&counters);
         SoftPool {
             shared: Arc::new(PoolShared {
                 objects: Objects {
@@ -497,22 +505,15 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftPool<T, A, E> {
                     fixed_len: Some(len_of::<T>()),
                 },
                 reconstruct: Box::new(reconstruct),
-                counters: PoolCounters::named(std::any::type_name::<T>()),
+                counters,
             }),
         }
     }
 
     /// The same pool under a name that warnings and debug reports use.
     pub fn named(self, name: &str) -> Self {
-        match Arc::try_unwrap(self.shared) {
-            Ok(mut shared) => {
-                shared.counters.name = name.to_string();
-                SoftPool {
-                    shared: Arc::new(shared),
-                }
-            }
-            Err(shared) => SoftPool { shared },
-        }
+        *self.shared.counters.name.lock() = name.to_string();
+        self
     }
 
     /// Debug mode (Midas §4.4): every hit is checked against a fresh reconstruction from the
@@ -647,9 +648,9 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftBox<T, A, E> {
         let v = (shared.reconstruct)(args);
         match &v {
             Ok(v) => {
-                shared
-                    .counters
-                    .reconstructed(t0.elapsed().as_nanos() as u64);
+                let nanos = t0.elapsed().as_nanos() as u64;
+                shared.counters.reconstructed(nanos);
+                shared.objects.arena.rebuilt(Some(self.handle.slot), nanos);
                 // Best effort: with no room, the value is returned uncached.
                 let _ = self.write(*v);
             }

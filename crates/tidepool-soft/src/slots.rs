@@ -74,6 +74,10 @@ pub fn with_state(word: u64, state: u64) -> u64 {
 pub struct SlotTable {
     chunks: Box<[AtomicPtr<AtomicU64>]>,
     hotness: Box<[AtomicPtr<AtomicU8>]>,
+    /// Beside each slot whose object was dropped as cold: where the arena's count of dropped
+    /// bytes stood then (in 4 KiB units, plus one; 0: not dropped). A miss on it tells how
+    /// much more memory would have kept it (a ghost hit, for the coordinator).
+    dropped: Box<[AtomicPtr<AtomicU32>]>,
     /// Slots handed out so far (the high-water mark).
     next: AtomicU32,
     free: Mutex<Vec<u32>>,
@@ -95,6 +99,9 @@ impl Default for SlotTable {
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             hotness: (0..CHUNKS)
+                .map(|_| AtomicPtr::new(std::ptr::null_mut()))
+                .collect(),
+            dropped: (0..CHUNKS)
                 .map(|_| AtomicPtr::new(std::ptr::null_mut()))
                 .collect(),
             next: AtomicU32::new(0),
@@ -131,6 +138,9 @@ impl SlotTable {
             }
         }
         self.heat_of(index).store(0, Relaxed);
+        if let Some(d) = element_if(&self.dropped, index) {
+            d.store(0, Relaxed);
+        }
         self.free.lock().push(index);
         w
     }
@@ -158,6 +168,25 @@ impl SlotTable {
     /// The hotness of slot `index`'s object (or of the one it held, if that was dropped).
     pub fn hotness(&self, index: u32) -> u8 {
         self.heat_of(index).load(Relaxed)
+    }
+
+    /// Slot `index`'s object was dropped as cold when `stamp` (nonzero) was the arena's
+    /// dropped-bytes mark.
+    pub fn mark_dropped(&self, index: u32, stamp: u32) {
+        element(&self.dropped, index).store(stamp, Relaxed);
+    }
+
+    /// The mark slot `index`'s object was dropped at, if it was (and forgets it: the object
+    /// is being rebuilt).
+    pub fn take_dropped(&self, index: u32) -> Option<u32> {
+        let d = element_if(&self.dropped, index)?;
+        match d.load(Relaxed) {
+            0 => None,
+            stamp => {
+                d.store(0, Relaxed);
+                Some(stamp)
+            }
+        }
     }
 
     /// Halves every slot's hotness.
@@ -208,6 +237,15 @@ fn element<T: Default>(chunks: &[AtomicPtr<T>], index: u32) -> &T {
     unsafe { &*chunk.add(i) }
 }
 
+/// Element `index` of a chunked array, if its chunk exists (allocates nothing).
+fn element_if<T>(chunks: &[AtomicPtr<T>], index: u32) -> Option<&T> {
+    let (c, i) = (index as usize / CHUNK, index as usize % CHUNK);
+    let chunk = chunks[c].load(Acquire);
+    // SAFETY: as in `element`: a published chunk is a live CHUNK-long slice freed only when
+    // the table is dropped, and `i < CHUNK`.
+    (!chunk.is_null()).then(|| unsafe { &*chunk.add(i) })
+}
+
 /// Frees the published chunks of a chunked array.
 fn free_chunks<T>(chunks: &[AtomicPtr<T>]) {
     for c in chunks {
@@ -223,6 +261,7 @@ impl Drop for SlotTable {
     fn drop(&mut self) {
         free_chunks(&self.chunks);
         free_chunks(&self.hotness);
+        free_chunks(&self.dropped);
     }
 }
 

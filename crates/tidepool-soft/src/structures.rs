@@ -23,7 +23,13 @@ thread_local! {
 #[derive(Debug)]
 struct Core {
     objects: Objects,
-    counters: PoolCounters,
+    counters: Arc<PoolCounters>,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.objects.arena.demand.retire(&self.counters);
+    }
 }
 
 /// Debug mode's comparison of a cached value with a fresh reconstruction.
@@ -31,12 +37,14 @@ type Same<V> = fn(&V, &V) -> bool;
 
 impl Core {
     fn new(arena: &Arc<SoftArena>, name: &str) -> Core {
+        let counters = Arc::new(PoolCounters::named(name));
+        arena.demand.register(&counters);
         Core {
             objects: Objects {
                 arena: arena.clone(),
                 fixed_len: None,
             },
-            counters: PoolCounters::named(name),
+            counters,
         }
     }
 
@@ -84,7 +92,9 @@ impl Core {
         let v = f();
         match &v {
             Ok(v) => {
-                self.counters.reconstructed(t0.elapsed().as_nanos() as u64);
+                let nanos = t0.elapsed().as_nanos() as u64;
+                self.counters.reconstructed(nanos);
+                self.objects.arena.rebuilt(Some(h.slot), nanos);
                 let _ = self.put(h, v);
             }
             Err(_) => self.counters.failed(),
@@ -321,9 +331,10 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
         let v = f(&key);
         match v {
             Ok(v) => {
-                self.core
-                    .counters
-                    .reconstructed(t0.elapsed().as_nanos() as u64);
+                let nanos = t0.elapsed().as_nanos() as u64;
+                self.core.counters.reconstructed(nanos);
+                let slot = self.shard(&key).read().get(&key).map(|h| h.slot);
+                self.core.objects.arena.rebuilt(slot, nanos);
                 let _ = self.insert(key, &v);
                 Ok(Some(v))
             }

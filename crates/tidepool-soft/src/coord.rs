@@ -1,0 +1,525 @@
+//! Joining `tidepool coord` (Midas §4.3): the coordinator decides the arena's budget.
+//!
+//! When a coordinator is configured (`TIDEPOOL_COORD=/path/to/socket`, or
+//! [`SoftArena::join_coordinator`]), a thread per arena connects over a Unix `SOCK_SEQPACKET`
+//! socket, hands over the arena's memfd (`SCM_RIGHTS`), and reports every heartbeat: budget,
+//! usage, hits and misses, reconstruction time, ghost hits ([`crate::demand`]) and the closed
+//! segments coldest first. It follows the budgets it is sent — shrinking *cooperatively*: the
+//! evacuator drops the coldest objects and compacts the rest before segments are given back
+//! — and retires the segments the coordinator punched itself (*direct* reclamation, when the
+//! runtime is too slow or pressure too severe). The coordinator may punch any page at any
+//! time: the resilient copy makes that safe; being told only keeps the accounting exact.
+//!
+//! If the coordinator is not there or goes away, the arena follows memory pressure on its
+//! own (the `auto` budget) and tries again every second.
+
+use crate::arena::{Placement, SoftArena, CLOSED, CONTINUATION, FREE, REVOKED, SEGMENT};
+use crate::budget::{AutoBudget, AutoStepper};
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketType,
+};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use tidepool_proto::coord::{FromCoord, Report, SegmentRun, ToCoord, MAX_COLD, MAX_MESSAGE};
+
+/// The environment variable naming the coordinator's socket.
+pub const ENV_SOCKET: &str = "TIDEPOOL_COORD";
+
+// ---- the transport ----------------------------------------------------------------------------
+
+/// One end of a coordinator connection: a Unix `SOCK_SEQPACKET` socket, one message per packet.
+#[derive(Debug)]
+pub struct Channel {
+    fd: OwnedFd,
+}
+
+impl Channel {
+    /// Connects to the coordinator listening at `path`.
+    pub fn connect(path: &Path) -> io::Result<Channel> {
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        rustix::net::connect(&fd, &SocketAddrUnix::new(path)?)?;
+        Ok(Channel { fd })
+    }
+
+    /// Sends one message.
+    pub fn send(&self, msg: &[u8]) -> io::Result<()> {
+        rustix::net::send(&self.fd, msg, SendFlags::NOSIGNAL)?;
+        Ok(())
+    }
+
+    /// Sends one message with a file descriptor attached.
+    pub fn send_with_fd(&self, msg: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let fds = [fd];
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+        rustix::net::sendmsg(
+            &self.fd,
+            &[io::IoSlice::new(msg)],
+            &mut control,
+            SendFlags::NOSIGNAL,
+        )?;
+        Ok(())
+    }
+
+    /// Waits up to `timeout` (forever with `None`) for one message into `buf`: its length and
+    /// the file descriptor that came with it. `Ok(None)` on timeout; `UnexpectedEof` once the
+    /// peer has closed.
+    pub fn recv(
+        &self,
+        buf: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> io::Result<Option<(usize, Option<OwnedFd>)>> {
+        if let Some(t) = timeout {
+            let mut fds = [rustix::event::PollFd::new(
+                &self.fd,
+                rustix::event::PollFlags::IN,
+            )];
+            let ts = rustix::event::Timespec {
+                tv_sec: t.as_secs() as i64,
+                tv_nsec: t.subsec_nanos() as i64,
+            };
+            loop {
+                match rustix::event::poll(&mut fds, Some(&ts)) {
+                    Ok(0) => return Ok(None),
+                    Ok(_) => break,
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let got = loop {
+            match rustix::net::recvmsg(
+                &self.fd,
+                &mut [io::IoSliceMut::new(buf)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            ) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => break r?,
+            }
+        };
+        let mut passed = None;
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = m {
+                for fd in fds {
+                    passed.get_or_insert(fd); // any beyond the first are closed
+                }
+            }
+        }
+        if got.bytes == 0 && passed.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the other side closed the connection",
+            ));
+        }
+        if got.flags.contains(rustix::net::ReturnFlags::TRUNC) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a message longer than {} bytes", buf.len()),
+            ));
+        }
+        Ok(Some((got.bytes, passed)))
+    }
+}
+
+impl AsFd for Channel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// The coordinator's listening socket; the socket file goes when it is dropped.
+#[derive(Debug)]
+pub struct Listener {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl Listener {
+    /// Listens at `path`. A socket file nobody answers on is a leftover and is replaced; one
+    /// that answers belongs to a coordinator that is running, and is an error.
+    pub fn bind(path: &Path) -> io::Result<Listener> {
+        if path.exists() {
+            if Channel::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "a coordinator is already listening at {}; stop it, or pass another --socket",
+                        path.display()
+                    ),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        rustix::net::bind(&fd, &SocketAddrUnix::new(path)?)?;
+        rustix::net::listen(&fd, 64)?;
+        // Any user's programs may join (they hand over memory, they take none).
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+        Ok(Listener {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Waits for the next runtime to connect.
+    pub fn accept(&self) -> io::Result<Channel> {
+        loop {
+            match rustix::net::accept_with(&self.fd, rustix::net::SocketFlags::CLOEXEC) {
+                Ok(fd) => return Ok(Channel { fd }),
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+// ---- the runtime's side -------------------------------------------------------------------------
+
+/// Where the coordinator is and how this arena introduces itself.
+#[derive(Debug, Clone)]
+pub struct CoordConfig {
+    pub socket: PathBuf,
+    /// Shown on the dashboard (default: the program's name).
+    pub name: String,
+    /// The operator's weight (default 1).
+    pub weight: f64,
+}
+
+impl CoordConfig {
+    /// From the environment: `TIDEPOOL_COORD` (the socket; nothing without it),
+    /// `TIDEPOOL_APP` (the name), `TIDEPOOL_WEIGHT`.
+    pub fn from_env() -> Option<CoordConfig> {
+        let socket = std::env::var_os(ENV_SOCKET).filter(|s| !s.is_empty())?;
+        let name = std::env::var("TIDEPOOL_APP").ok().unwrap_or_else(|| {
+            std::fs::read_to_string("/proc/self/comm")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "soft".into())
+        });
+        let weight = std::env::var("TIDEPOOL_WEIGHT")
+            .ok()
+            .and_then(|w| w.parse().ok())
+            .filter(|w: &f64| w.is_finite() && *w > 0.0)
+            .unwrap_or(1.0);
+        Some(CoordConfig {
+            socket: socket.into(),
+            name,
+            weight,
+        })
+    }
+}
+
+/// How an arena's link to the coordinator stands.
+#[derive(Debug, Default)]
+pub struct CoordLink {
+    connected: AtomicBool,
+    app: AtomicU32,
+    budgets: AtomicU64,
+    punched_segments: AtomicU64,
+    reports: AtomicU64,
+}
+
+impl CoordLink {
+    /// Registered, and the coordinator is answering.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Acquire)
+    }
+    /// The id the coordinator gave this arena.
+    pub fn app(&self) -> u32 {
+        self.app.load(Relaxed)
+    }
+    /// Budgets received so far (the welcome's included).
+    pub fn budgets(&self) -> u64 {
+        self.budgets.load(Relaxed)
+    }
+    /// Segments the coordinator said it punched.
+    pub fn punched_segments(&self) -> u64 {
+        self.punched_segments.load(Relaxed)
+    }
+    /// Reports sent.
+    pub fn reports(&self) -> u64 {
+        self.reports.load(Relaxed)
+    }
+}
+
+enum Ended {
+    ArenaGone,
+    Lost(io::Error),
+}
+
+impl SoftArena {
+    /// Hands the arena's budget to the coordinator at `config.socket` (see the module docs);
+    /// a thread keeps the link until the arena is dropped.
+    pub fn join_coordinator(self: &Arc<Self>, config: CoordConfig) -> io::Result<Arc<CoordLink>> {
+        let link = Arc::new(CoordLink::default());
+        let weak = Arc::downgrade(self);
+        let l = link.clone();
+        std::thread::Builder::new()
+            .name("tp-soft-coord".into())
+            .spawn(move || keep_link(weak, config, l))?;
+        Ok(link)
+    }
+
+    /// Keeps to a budget the coordinator set: shrinking evacuates first (the coldest objects
+    /// go, the rest are compacted), then gives back segments.
+    pub fn follow_budget(&self, bytes: usize) {
+        let target = bytes.div_ceil(SEGMENT).max(1);
+        self.set_budget_segments(target);
+        let populated = self.segments.lock().populated;
+        if populated > target {
+            self.reclaim((populated - target) * SEGMENT);
+        }
+        self.set_budget(bytes);
+    }
+
+    /// Closed segments (runs) coldest first, as the last evacuation ordered them: what direct
+    /// reclamation should take first.
+    pub fn cold_runs(&self, max: usize) -> Vec<SegmentRun> {
+        let s = self.segments.lock();
+        s.closed
+            .iter()
+            .filter(|&&c| self.meta[c as usize].kind.load(Relaxed) == CLOSED)
+            .take(max)
+            .map(|&c| SegmentRun {
+                first: c,
+                len: self.meta[c as usize].run.load(Relaxed).max(1),
+            })
+            .collect()
+    }
+
+    /// The coordinator punched these segments: retire them (their objects read as lost
+    /// anyway; this keeps the count of memory held exact and stops allocation there).
+    pub fn punched(&self, runs: &[SegmentRun]) {
+        let count = self.meta.len() as u32;
+        for r in runs {
+            let end = r.first.saturating_add(r.len.max(1)).min(count);
+            for seg in r.first.min(count)..end {
+                // A large object's continuation: its run starts further back.
+                let mut first = seg;
+                while first > 0 && self.meta[first as usize].kind.load(Relaxed) == CONTINUATION {
+                    first -= 1;
+                }
+                let kind = self.meta[first as usize].kind.load(Relaxed);
+                if matches!(kind, FREE | crate::arena::ACTIVE | CLOSED) {
+                    let offset = first as usize * SEGMENT;
+                    self.revoked(Placement {
+                        offset,
+                        incarnation: self.incarnation(offset),
+                    });
+                }
+            }
+        }
+        self.release_revoked();
+    }
+
+    /// Gives back revoked segments no writer is still copying into.
+    fn release_revoked(&self) {
+        let mut s = self.segments.lock();
+        let quiet: Vec<u32> = s
+            .closed
+            .iter()
+            .copied()
+            .filter(|&c| {
+                let m = &self.meta[c as usize];
+                m.kind.load(Relaxed) == REVOKED && m.writers.load(Acquire) == 0
+            })
+            .collect();
+        s.closed.retain(|c| !quiet.contains(c));
+        for seg in quiet {
+            self.release(&mut s, seg);
+        }
+    }
+
+    /// What the coordinator is told every heartbeat.
+    pub fn report(&self) -> Report {
+        let d = self.demand();
+        Report {
+            budget: self.budget() as u64,
+            usage: self.usage() as u64,
+            hits: d.hits,
+            misses: d.misses,
+            reconstructions: d.reconstructions,
+            reconstruct_nanos: d.reconstruct_nanos,
+            ghost_hits: d.ghost_hits,
+            ghost_nanos: d.ghost_nanos,
+            bytes_dropped: d.bytes_dropped,
+            cold: self.cold_runs(MAX_COLD),
+        }
+    }
+}
+
+/// The link thread: sessions with the coordinator, and the arena on its own in between.
+fn keep_link(weak: Weak<SoftArena>, config: CoordConfig, link: Arc<CoordLink>) {
+    let mut outage_said = false;
+    let mut alone = AutoStepper::new(AutoBudget::default());
+    loop {
+        match session(&weak, &config, &link, &mut outage_said) {
+            Ended::ArenaGone => return,
+            Ended::Lost(e) => {
+                link.connected.store(false, Release);
+                if !outage_said {
+                    tracing::warn!(
+                        socket = %config.socket.display(),
+                        "soft memory: no coordinator ({e}); following memory pressure alone \
+                         and trying again every second (start one with `tidepool coord`)"
+                    );
+                    outage_said = true;
+                }
+            }
+        }
+        let until = Instant::now() + Duration::from_secs(1);
+        while Instant::now() < until {
+            let Some(arena) = weak.upgrade() else { return };
+            alone.step(&arena);
+            drop(arena);
+            std::thread::sleep(alone.interval());
+        }
+    }
+}
+
+fn session(
+    weak: &Weak<SoftArena>,
+    config: &CoordConfig,
+    link: &CoordLink,
+    outage_said: &mut bool,
+) -> Ended {
+    let lost = Ended::Lost;
+    let ch = match Channel::connect(&config.socket) {
+        Ok(ch) => ch,
+        Err(e) => return lost(e),
+    };
+    let hello = {
+        let Some(arena) = weak.upgrade() else {
+            return Ended::ArenaGone;
+        };
+        let msg = ToCoord::Hello {
+            pid: std::process::id(),
+            weight: config.weight,
+            segment: SEGMENT as u32,
+            capacity: arena.capacity() as u64,
+            budget: arena.budget() as u64,
+            name: config.name.clone(),
+        };
+        ch.send_with_fd(&msg.encode(), arena.memfd())
+    };
+    if let Err(e) = hello {
+        return lost(e);
+    }
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let heartbeat = match ch.recv(&mut buf, Some(Duration::from_secs(5))) {
+        Ok(Some((n, _))) => match FromCoord::decode(&buf[..n]) {
+            Ok(FromCoord::Welcome {
+                app,
+                budget,
+                heartbeat_ms,
+            }) => {
+                link.app.store(app, Relaxed);
+                let Some(arena) = weak.upgrade() else {
+                    return Ended::ArenaGone;
+                };
+                arena.follow_budget(budget as usize);
+                link.budgets.fetch_add(1, Relaxed);
+                Duration::from_millis(heartbeat_ms.clamp(1, 10_000) as u64)
+            }
+            Ok(FromCoord::Error { message }) => {
+                return lost(io::Error::other(format!("refused: {message}")))
+            }
+            Ok(other) => {
+                return lost(io::Error::other(format!(
+                    "expected a welcome, got {other:?}"
+                )))
+            }
+            Err(e) => return lost(io::Error::new(io::ErrorKind::InvalidData, e)),
+        },
+        Ok(None) => return lost(io::Error::other("no welcome within 5 s")),
+        Err(e) => return lost(e),
+    };
+    link.connected.store(true, Release);
+    if *outage_said {
+        tracing::info!(socket = %config.socket.display(), "soft memory: coordinator is back");
+        *outage_said = false;
+    }
+    loop {
+        {
+            let Some(arena) = weak.upgrade() else {
+                let _ = ch.send(&ToCoord::Bye.encode());
+                return Ended::ArenaGone;
+            };
+            if let Err(e) = ch.send(&ToCoord::Report(Box::new(arena.report())).encode()) {
+                return lost(e);
+            }
+            link.reports.fetch_add(1, Relaxed);
+        }
+        let due = Instant::now() + heartbeat;
+        loop {
+            let left = due.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let n = match ch.recv(&mut buf, Some(left)) {
+                Ok(Some((n, _))) => n,
+                Ok(None) => break,
+                Err(e) => return lost(e),
+            };
+            let Some(arena) = weak.upgrade() else {
+                let _ = ch.send(&ToCoord::Bye.encode());
+                return Ended::ArenaGone;
+            };
+            match FromCoord::decode(&buf[..n]) {
+                Ok(FromCoord::Budget { budget }) => {
+                    arena.follow_budget(budget as usize);
+                    link.budgets.fetch_add(1, Relaxed);
+                }
+                Ok(FromCoord::Punched { runs }) => {
+                    let n: u64 = runs.iter().map(|r| r.len as u64).sum();
+                    arena.punched(&runs);
+                    link.punched_segments.fetch_add(n, Relaxed);
+                }
+                Ok(FromCoord::Weight { .. } | FromCoord::Welcome { .. }) => {}
+                Ok(FromCoord::Error { message }) => {
+                    return lost(io::Error::other(format!("the coordinator said: {message}")))
+                }
+                Err(e) => return lost(io::Error::new(io::ErrorKind::InvalidData, e)),
+            }
+        }
+    }
+}
+
+/// Joins the coordinator named in the environment, if any (see [`CoordConfig::from_env`]).
+pub(crate) fn join_from_env(arena: &Arc<SoftArena>) {
+    if let Some(config) = CoordConfig::from_env() {
+        if let Err(e) = arena.join_coordinator(config) {
+            tracing::warn!("soft memory: cannot start the coordinator link: {e}");
+        }
+    }
+}
