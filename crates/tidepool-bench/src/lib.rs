@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod alloc;
+pub mod coord;
 pub mod libs;
 pub mod pager;
 pub mod report;
@@ -189,6 +190,7 @@ pub fn suites() -> Vec<Box<dyn Suite>> {
         Box::new(alloc::AllocSuite),
         Box::new(pager::PagerSuite),
         Box::new(soft::SoftSuite),
+        Box::new(coord::CoordSuite),
     ]
 }
 

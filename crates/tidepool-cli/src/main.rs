@@ -1,6 +1,7 @@
 //! `tidepool`: far and soft memory for Linux programs.
 #![forbid(unsafe_code)]
 
+mod coord;
 mod demo;
 mod run;
 
@@ -144,6 +145,61 @@ enum Cmd {
         #[arg(long, default_value = "auto")]
         placement: tidepool_bench::Placement,
     },
+    /// Run the soft-memory coordinator: idle memory moved between applications to where it
+    /// is worth most, and taken back under pressure before anything is OOM-killed.
+    ///
+    /// Programs using tidepool soft memory join when started with TIDEPOOL_COORD=SOCKET
+    /// (optionally TIDEPOOL_APP=name, TIDEPOOL_WEIGHT=w): they hand over their soft memory's
+    /// memfd and report hits, misses, reconstruction time and ghost hits every 100 ms. Idle
+    /// memory is MemAvailable (and the coordinator's memory cgroup's headroom) minus --reserve,
+    /// plus what soft memory already holds. Under pressure budgets are cut (the programs
+    /// evacuate and give back segments); when pressure is severe or a program is slow the
+    /// coordinator punches holes in its coldest segments itself.
+    ///
+    /// Example: tidepool coord --http 127.0.0.1:7171 --policy midas
+    Coord {
+        /// Unix socket to listen on [default: $XDG_RUNTIME_DIR or /tmp, tidepool-coord.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// Serve the dashboard, /api/state and Prometheus /metrics at this address.
+        #[arg(long)]
+        http: Option<std::net::SocketAddr>,
+        /// midas (reconstruction time saved per byte), hitrate (hits per byte, like
+        /// Cliffhanger) or static (even split by weight).
+        #[arg(long, default_value = "midas")]
+        policy: tidepool_coord::Policy,
+        /// Headroom always left to everything else.
+        #[arg(long, default_value = "512M", value_parser = parse_size_arg)]
+        reserve: u64,
+        /// Soft memory in all never exceeds this.
+        #[arg(long, value_parser = parse_size_arg)]
+        max: Option<u64>,
+        /// Milliseconds between budget plans.
+        #[arg(long, default_value_t = 250)]
+        epoch_ms: u64,
+        /// No application's budget is cut under this while idle memory allows.
+        #[arg(long, default_value = "8M", value_parser = parse_size_arg)]
+        floor: u64,
+    },
+    /// Show a coordinator's applications live in the terminal (needs `tidepool coord --http`).
+    Top {
+        /// The coordinator's --http address.
+        #[arg(long, default_value = "127.0.0.1:7171")]
+        http: String,
+        /// Print once and exit.
+        #[arg(long)]
+        once: bool,
+    },
+    /// Change an application's weight in the coordinator while it runs.
+    Weight {
+        /// The application's id (as `tidepool top` shows it).
+        app: u32,
+        /// The new weight (1 is the default; 2 counts its utility twice).
+        weight: f64,
+        /// The coordinator's --http address.
+        #[arg(long, default_value = "127.0.0.1:7171")]
+        http: String,
+    },
     /// Internal: a client process of a benchmark.
     #[command(hide = true)]
     BenchWorker { kind: String, args: Vec<String> },
@@ -259,6 +315,25 @@ fn run(cli: Cli) -> Result<()> {
             program,
         } => run::run(local, &backend, stats, &program),
         Cmd::Resize { pid, local } => run::resize(pid, local),
+        Cmd::Coord {
+            socket,
+            http,
+            policy,
+            reserve,
+            max,
+            epoch_ms,
+            floor,
+        } => coord::run(coord::CoordArgs {
+            socket,
+            http,
+            policy,
+            reserve,
+            max,
+            epoch_ms,
+            floor,
+        }),
+        Cmd::Top { http, once } => coord::top(&http, once),
+        Cmd::Weight { app, weight, http } => coord::set_weight(&http, app, weight),
         Cmd::Status { pid } => run::status(pid),
         Cmd::BenchWorker { kind, args } => match kind.as_str() {
             "verify" => run::verify_worker(&args),
@@ -267,6 +342,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             "alloc" => tidepool_bench::alloc::worker(&args),
             "pager" => tidepool_bench::pager::worker(&args),
+            "coord-app" => tidepool_bench::coord::worker(&args),
             other => anyhow::bail!("unknown bench worker '{other}'"),
         },
     }

@@ -503,7 +503,7 @@ impl SoftArena {
             self.release(s, seg);
         } else if let Some(seg) = self.pop_quiet_closed(s) {
             if self.meta[seg as usize].kind.load(Relaxed) != REVOKED {
-                self.dropped_segments(self.meta[seg as usize].run.load(Relaxed).max(1) as usize);
+                self.dropping_segment(seg);
             }
             self.evict(seg);
             self.release(s, seg);
@@ -569,7 +569,7 @@ impl SoftArena {
             self.counters.direct_evictions.fetch_add(1, Relaxed);
             let revoked = self.meta[seg as usize].kind.load(Relaxed) == REVOKED;
             if !revoked {
-                self.dropped_segments(self.meta[seg as usize].run.load(Relaxed).max(1) as usize);
+                self.dropping_segment(seg);
             }
             self.evict(seg);
             if self.meta[seg as usize].run.load(Relaxed) <= 1 && !revoked {

@@ -100,7 +100,8 @@ impl MemoryView {
     }
 }
 
-fn mem_available() -> Option<usize> {
+/// MemAvailable from /proc/meminfo, in bytes.
+pub fn mem_available() -> Option<usize> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -95,11 +95,18 @@ impl SoftArena {
         self.slots.mark_dropped(slot, mark);
     }
 
-    /// Whole segments' worth of objects were lost to make room (no per-object marks).
-    pub(crate) fn dropped_segments(&self, segments: usize) {
-        self.demand
-            .bytes_dropped
-            .fetch_add((segments * crate::SEGMENT) as u64, Relaxed);
+    /// A closed segment (or run) is about to be evicted whole to make room: its live objects
+    /// are dropped as the evacuator would drop them, marks included (call before the
+    /// eviction bumps its incarnation).
+    pub(crate) fn dropping_segment(&self, seg: u32) {
+        let mut live = Vec::new();
+        let walked = self.walk_live(seg, |slot, total| live.push((slot, total)));
+        if walked.is_err() {
+            return; // revoked: nothing of it to remember
+        }
+        for (slot, total) in live {
+            self.dropped_cold(slot, total);
+        }
     }
 
     /// A reconstruction of slot `slot`'s object (if it has one) took `nanos`.
@@ -131,7 +138,10 @@ mod tests {
     fn a_miss_on_a_dropped_object_is_a_ghost_hit_at_its_distance() {
         let arena = SoftArena::new(ArenaConfig::default()).unwrap();
         arena.dropped_cold(7, 4096);
-        arena.dropped_segments(2); // 4 MiB dropped after it
+        arena
+            .demand
+            .bytes_dropped
+            .fetch_add(4 << 20, std::sync::atomic::Ordering::Relaxed); // 4 MiB dropped after it
         arena.rebuilt(Some(7), 1000);
         arena.rebuilt(Some(7), 500); // rebuilt again: no longer a ghost
         arena.rebuilt(Some(8), 10); // never dropped

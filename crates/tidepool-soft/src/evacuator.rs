@@ -94,6 +94,16 @@ impl SoftArena {
         Ok(())
     }
 
+    /// Calls `f(slot, bytes)` for each live object of a closed segment (or the first of a
+    /// run); `Err(Lost)` if it was revoked.
+    pub(crate) fn walk_live(&self, seg: u32, mut f: impl FnMut(u32, usize)) -> Result<(), Lost> {
+        self.walk(seg, |o| {
+            if let Some((slot, _)) = o.live {
+                f(slot, o.total)
+            }
+        })
+    }
+
     /// Compacts at most `max_victims` segments whose live data is at most `max_live` of a
     /// segment (0.0-1.0), lowest first, dropping only dead objects: cooperative reclamation
     /// that keeps every live object.

@@ -1,0 +1,161 @@
+//! `tidepool coord` and `tidepool top`.
+
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+use tidepool_coord::{Config, Coordinator, Policy, Snapshot};
+use tidepool_node::format_size;
+
+pub struct CoordArgs {
+    pub socket: Option<PathBuf>,
+    pub http: Option<std::net::SocketAddr>,
+    pub policy: Policy,
+    pub reserve: u64,
+    pub max: Option<u64>,
+    pub epoch_ms: u64,
+    pub floor: u64,
+}
+
+pub fn run(a: CoordArgs) -> Result<()> {
+    let mut cfg = Config {
+        policy: a.policy,
+        reserve: a.reserve,
+        max: a.max.unwrap_or(u64::MAX),
+        epoch: Duration::from_millis(a.epoch_ms.max(10)),
+        floor: a.floor,
+        ..Config::default()
+    };
+    if let Some(s) = a.socket {
+        cfg.socket = s;
+    }
+    let socket = cfg.socket.clone();
+    let coord = Coordinator::start(cfg)
+        .with_context(|| format!("cannot listen at {}", socket.display()))?;
+    let http = match a.http {
+        Some(addr) => {
+            let bound = coord
+                .serve_http(addr)
+                .with_context(|| format!("cannot serve HTTP at {addr}"))?;
+            format!("; dashboard at http://{bound}/")
+        }
+        None => String::new(),
+    };
+    // The first line names the socket and the dashboard: scripts and `tidepool bench` read it.
+    println!(
+        "tidepool coord listening on {} (policy {}, reserve {}{}){http}",
+        socket.display(),
+        a.policy,
+        format_size(a.reserve),
+        a.max
+            .map(|m| format!(", at most {}", format_size(m)))
+            .unwrap_or_default(),
+    );
+    println!(
+        "soft-memory programs join when started with TIDEPOOL_COORD={}",
+        socket.display()
+    );
+    std::io::stdout().flush()?;
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// Reads a coordinator's state over HTTP.
+pub fn fetch(addr: &str) -> Result<Snapshot> {
+    let url = format!("http://{addr}/api/state");
+    let body = ureq::get(&url)
+        .timeout(Duration::from_secs(5))
+        .call()
+        .with_context(|| {
+            format!("cannot reach the coordinator at {url} (is `tidepool coord --http {addr}` running?)")
+        })?
+        .into_string()?;
+    serde_json::from_str(&body).context("the coordinator's state did not parse")
+}
+
+pub fn top(addr: &str, once: bool) -> Result<()> {
+    loop {
+        let s = fetch(addr)?;
+        let mut out = String::new();
+        if !once {
+            out.push_str("\x1b[H\x1b[2J");
+        }
+        out.push_str(&render(&s));
+        print!("{out}");
+        std::io::stdout().flush()?;
+        if once {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn mib(x: u64) -> String {
+    format!("{:.0}", x as f64 / (1u64 << 20) as f64)
+}
+
+pub fn render(s: &Snapshot) -> String {
+    let mut o = format!(
+        "tidepool coord · policy {} · up {:.0} s\n\
+         idle pool {} MiB · granted {} · held {} · MemAvailable {} · reserve {} · pressure {:.1}% · \
+         longest under reserve {:.0} ms · punched {} MiB\n\n",
+        s.policy,
+        s.seconds,
+        mib(s.pool),
+        mib(s.granted),
+        mib(s.held),
+        mib(s.mem_available),
+        mib(s.reserve),
+        100.0 * s.pressure,
+        s.longest_below_reserve_ms,
+        mib(s.punched_bytes)
+    );
+    o.push_str(&format!(
+        "{:>4} {:<20} {:>8} {:>6} {:>10} {:>10} {:>8} {:>10} {:>9} {:>12}\n",
+        "id",
+        "application",
+        "pid",
+        "weight",
+        "budget MiB",
+        "held MiB",
+        "hit",
+        "reads/s",
+        "rebuild",
+        "utility/MiB"
+    ));
+    for a in &s.apps {
+        o.push_str(&format!(
+            "{:>4} {:<20} {:>8} {:>6.2} {:>10} {:>10} {:>8.3} {:>10.0} {:>8.1}% {:>12.4}\n",
+            a.id,
+            a.name.chars().take(20).collect::<String>(),
+            a.pid,
+            a.weight,
+            mib(a.budget),
+            mib(a.held),
+            a.hit_rate,
+            a.reads_per_s,
+            100.0 * a.rebuild_share,
+            a.utility_per_mib
+        ));
+    }
+    if s.apps.is_empty() {
+        o.push_str("(no applications: start soft-memory programs with TIDEPOOL_COORD set)\n");
+    }
+    o
+}
+
+/// `tidepool weight`: changes an application's weight.
+pub fn set_weight(addr: &str, app: u32, weight: f64) -> Result<()> {
+    let url = format!("http://{addr}/api/apps/{app}/weight");
+    match ureq::post(&url)
+        .timeout(Duration::from_secs(5))
+        .send_json(serde_json::json!({ "weight": weight }))
+    {
+        Ok(_) => Ok(()),
+        Err(ureq::Error::Status(code, r)) => {
+            anyhow::bail!("{code}: {}", r.into_string().unwrap_or_default().trim())
+        }
+        Err(e) => Err(e).with_context(|| format!("cannot reach the coordinator at {url}")),
+    }
+}

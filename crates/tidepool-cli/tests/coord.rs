@@ -1,0 +1,245 @@
+//! `tidepool coord` as a user runs it: a real daemon, real application processes that join
+//! through TIDEPOOL_COORD, the JSON API, Prometheus metrics, `tidepool top`, weights changed
+//! at run time, an application killed with SIGKILL, and the dashboard rendered by headless
+//! Chromium with live data.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const EXE: &str = env!("CARGO_BIN_EXE_tidepool");
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Coord {
+    _proc: Proc,
+    _out: BufReader<ChildStdout>,
+    http: String,
+    socket: std::path::PathBuf,
+}
+
+fn coord(name: &str, args: &[&str]) -> Coord {
+    let socket =
+        std::env::temp_dir().join(format!("tp-cli-coord-{name}-{}.sock", std::process::id()));
+    let mut child = Command::new(EXE)
+        .args([
+            "coord",
+            "--http",
+            "127.0.0.1:0",
+            "--reserve",
+            "0",
+            "--floor",
+            "4M",
+        ])
+        .arg("--socket")
+        .arg(&socket)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start tidepool coord");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let http = line
+        .split("http://")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap_or_else(|| panic!("coord did not announce its dashboard: {line:?}"))
+        .to_string();
+    Coord {
+        _proc: Proc(child),
+        _out: out,
+        http,
+        socket,
+    }
+}
+
+/// A synthetic soft-memory application joining the coordinator.
+fn app(c: &Coord, name: &str, rebuild_us: &str, seconds: &str) -> Proc {
+    let child = Command::new(EXE)
+        .args([
+            "bench-worker",
+            "coord-app",
+            name,
+            "8192",
+            "0.99",
+            rebuild_us,
+            "5",
+        ])
+        .args([seconds, "0", "1"])
+        .env("TIDEPOOL_COORD", &c.socket)
+        .env("TIDEPOOL_APP", name)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start an application");
+    Proc(child)
+}
+
+fn state(c: &Coord) -> serde_json::Value {
+    let body = ureq::get(&format!("http://{}/api/state", c.http))
+        .call()
+        .expect("GET /api/state")
+        .into_string()
+        .unwrap();
+    serde_json::from_str(&body).unwrap()
+}
+
+fn find<'a>(s: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    s["apps"].as_array()?.iter().find(|a| a["name"] == name)
+}
+
+fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn tidepool(args: &[&str]) -> String {
+    let out = Command::new(EXE).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "tidepool {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn applications_join_are_watched_and_a_killed_one_frees_its_budget() {
+    let c = coord("join", &["--max", "48M", "--epoch-ms", "100"]);
+    let mut cheap = app(&c, "cheap", "1", "60");
+    let _dear = app(&c, "dear", "100", "60");
+    wait_for("both applications", || {
+        let s = state(&c);
+        find(&s, "cheap").is_some() && find(&s, "dear").is_some()
+    });
+    let s = state(&c);
+    let budget = |s: &serde_json::Value, n| find(s, n).unwrap()["budget"].as_u64().unwrap();
+    assert!(budget(&s, "cheap") + budget(&s, "dear") <= 48 << 20, "{s}");
+    // Each fills its share (8192 objects of 4 KiB are 32 MiB, more than 24).
+    wait_for("soft memory to be used", || {
+        let s = state(&c);
+        find(&s, "dear").unwrap()["held"].as_u64().unwrap() >= 16 << 20
+    });
+    let top = tidepool(&["top", "--once", "--http", &c.http]);
+    assert!(top.contains("cheap") && top.contains("dear"), "{top}");
+    let metrics = ureq::get(&format!("http://{}/metrics", c.http))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        metrics.contains("tidepool_coord_app_budget_bytes{app=\"dear\""),
+        "{metrics}"
+    );
+    // The operator doubles an application's weight.
+    let id = find(&state(&c), "dear").unwrap()["id"].as_u64().unwrap();
+    tidepool(&["weight", &id.to_string(), "2.5", "--http", &c.http]);
+    assert_eq!(find(&state(&c), "dear").unwrap()["weight"], 2.5);
+    let err = Command::new(EXE)
+        .args(["weight", "999", "2", "--http", &c.http])
+        .output()
+        .unwrap();
+    assert!(
+        !err.status.success()
+            && String::from_utf8_lossy(&err.stderr).contains("no application 999")
+    );
+    // A crash: the budget is free at once, and the one that wants more gets it.
+    let before = budget(&state(&c), "dear");
+    cheap.0.kill().unwrap();
+    cheap.0.wait().unwrap();
+    wait_for("the dead application to leave", || {
+        find(&state(&c), "cheap").is_none()
+    });
+    wait_for("its budget to go to the other", || {
+        budget(&state(&c), "dear") > before
+    });
+}
+
+/// Chromium, if this machine has it (scripts/setup installs it).
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+}
+
+#[test]
+fn headless_chromium_renders_the_dashboard_with_live_charts() {
+    let browser = chromium().expect(
+        "no Chromium on this machine: scripts/setup installs it (apt-get install chromium)",
+    );
+    let c = coord("dash", &["--max", "32M", "--epoch-ms", "100"]);
+    let _a = app(&c, "charted", "20", "60");
+    wait_for("history to build up", || {
+        let s = state(&c);
+        find(&s, "charted").is_some_and(|a| a["held"].as_u64().unwrap() > 0)
+            && s["seconds"].as_f64().unwrap() > 3.0
+    });
+    let url = format!("http://{}/", c.http);
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let shot = dir.join("coord-dashboard.png");
+    let _ = std::fs::remove_file(&shot);
+    let common = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--window-size=1400,1000",
+        "--virtual-time-budget=4000",
+    ];
+    let dom = Command::new(browser)
+        .args(common)
+        .arg("--dump-dom")
+        .arg(&url)
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    // The page fetched the history and drew it: dygraphs made its canvases, the script
+    // recorded how many samples the idle chart holds, and the table names the application.
+    let samples: usize = dom
+        .split("data-samples=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("the dashboard did not render its charts: {dom}"));
+    assert!(samples > 1, "the idle chart has {samples} samples");
+    assert!(dom.matches("<canvas").count() >= 4, "four charts drawn");
+    assert!(dom.contains("charted #"), "the application's row");
+    let out = Command::new(browser)
+        .args(common)
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 20_000,
+        "{} bytes",
+        png.len()
+    );
+    eprintln!("dashboard screenshot: {}", shot.display());
+}

@@ -1,0 +1,112 @@
+//! The operator's surface over HTTP: the dashboard (`/`), the state as JSON (`/api/state`),
+//! its history (`/api/history`), Prometheus metrics (`/metrics`), and weights
+//! (`POST /api/apps/{id}/weight` with `{"weight": 2.0}`).
+
+use crate::Shared;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Binds `addr` and serves on a thread of its own; the bound address.
+pub(crate) fn serve(shared: Arc<Shared>, addr: SocketAddr) -> io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("tp-coord-http".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => return tracing::error!("coordinator: HTTP: {e}"),
+                };
+                if let Err(e) = axum::serve(listener, router(shared)).await {
+                    tracing::error!("coordinator: HTTP server stopped: {e}");
+                }
+            })
+        })?;
+    Ok(bound)
+}
+
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/", get(dashboard))
+        .route("/vendor/dygraph.min.js", get(dygraph_js))
+        .route("/vendor/dygraph.min.css", get(dygraph_css))
+        .route("/api/state", get(state))
+        .route("/api/history", get(history))
+        .route("/api/apps/{id}/weight", post(weight))
+        .route("/metrics", get(metrics))
+        .with_state(shared)
+}
+
+async fn dashboard() -> Html<&'static str> {
+    Html(include_str!("../web/index.html"))
+}
+
+async fn dygraph_js() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../web/vendor/dygraph.min.js"),
+    )
+        .into_response()
+}
+
+async fn dygraph_css() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("../web/vendor/dygraph.min.css"),
+    )
+        .into_response()
+}
+
+async fn state(State(s): State<Arc<Shared>>) -> Json<crate::Snapshot> {
+    Json(s.snapshot())
+}
+
+async fn history(State(s): State<Arc<Shared>>) -> Json<Vec<crate::Sample>> {
+    Json(s.state.lock().history.iter().cloned().collect())
+}
+
+#[derive(serde::Deserialize)]
+struct WeightBody {
+    weight: f64,
+}
+
+async fn weight(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<u32>,
+    Json(body): Json<WeightBody>,
+) -> Response {
+    if !(body.weight.is_finite() && body.weight > 0.0) {
+        return (
+            StatusCode::BAD_REQUEST,
+            "weight must be a positive number\n",
+        )
+            .into_response();
+    }
+    if s.set_weight(id, body.weight) {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (StatusCode::NOT_FOUND, format!("no application {id}\n")).into_response()
+    }
+}
+
+async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        crate::metrics::render(&s.snapshot()),
+    )
+        .into_response()
+}
