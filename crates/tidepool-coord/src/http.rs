@@ -44,6 +44,7 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/api/state", get(state))
         .route("/api/history", get(history))
         .route("/api/apps/{id}/weight", post(weight))
+        .route("/api/max", post(max))
         .route("/metrics", get(metrics))
         .with_state(shared)
 }
@@ -98,6 +99,18 @@ async fn weight(
     } else {
         (StatusCode::NOT_FOUND, format!("no application {id}\n")).into_response()
     }
+}
+
+#[derive(serde::Deserialize)]
+struct MaxBody {
+    bytes: u64,
+}
+
+/// The operator resizes the memory soft memory may take in all.
+async fn max(State(s): State<Arc<Shared>>, Json(body): Json<MaxBody>) -> Response {
+    s.state.lock().max = body.bytes;
+    tracing::info!(bytes = body.bytes, "soft memory limited");
+    (StatusCode::OK, "ok\n").into_response()
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {

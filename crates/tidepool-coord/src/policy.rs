@@ -152,8 +152,12 @@ impl Planner {
             // Turned back: the optimum is between; smaller steps.
             Some((_, t)) if t == pair.0 => self.step = self.round(self.step / 2).max(self.segment),
             // The same receiver again: the climb is far from the top; longer strides.
+            // (At least a segment longer: half of one segment rounds back down to it.)
             Some((_, t)) if t == pair.1 => {
-                self.step = self.round(self.step * 3 / 2).min(self.round(total / 4))
+                self.step = self
+                    .round(self.step * 3 / 2)
+                    .max(self.step + self.segment)
+                    .min(self.round(total / 4).max(self.segment))
             }
             _ => {}
         }
@@ -264,6 +268,20 @@ mod tests {
         let back = vec![app(1, b[0], 10.0, true), app(2, b[1], 1.0, true)];
         p.plan(&back, 100 * S);
         assert!(p.step() < first);
+    }
+
+    #[test]
+    fn the_same_receiver_again_lengthens_the_step_even_from_one_segment() {
+        let mut p = Planner::new(Policy::Midas, S, 4 * S);
+        p.step = S;
+        let a = vec![app(1, 50 * S, 1.0, true), app(2, 50 * S, 10.0, true)];
+        p.plan(&a, 100 * S);
+        p.plan(&a, 100 * S);
+        assert!(
+            p.step() >= 2 * S,
+            "step {} stuck at one segment",
+            p.step() / S
+        );
     }
 
     #[test]

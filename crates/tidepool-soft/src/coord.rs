@@ -282,6 +282,7 @@ impl SoftArena {
     /// a thread keeps the link until the arena is dropped.
     pub fn join_coordinator(self: &Arc<Self>, config: CoordConfig) -> io::Result<Arc<CoordLink>> {
         let link = Arc::new(CoordLink::default());
+        self.demand.track_segments.store(true, Relaxed);
         let weak = Arc::downgrade(self);
         let l = link.clone();
         std::thread::Builder::new()
@@ -521,5 +522,69 @@ pub(crate) fn join_from_env(arena: &Arc<SoftArena>) {
         if let Err(e) = arena.join_coordinator(config) {
             tracing::warn!("soft memory: cannot start the coordinator link: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ArenaConfig, SoftVec};
+
+    #[test]
+    fn segments_the_coordinator_punched_are_retired_and_their_objects_rebuilt() {
+        let arena = SoftArena::new(ArenaConfig {
+            budget: 32 << 20,
+            max_bytes: 1 << 30,
+        })
+        .unwrap();
+        let v: SoftVec<[u8; 4096]> = SoftVec::new(&arena, 4000, |i| [i as u8; 4096]);
+        for i in 0..4000 {
+            assert_eq!(v.get(i)[0], i as u8);
+        }
+        let cold = arena.cold_runs(MAX_COLD);
+        assert!(cold.len() >= 4, "closed segments to punch: {cold:?}");
+        let before = arena.usage();
+        let victims = &cold[..3];
+        for r in victims {
+            crate::sys::punch_hole(
+                arena.memfd(),
+                r.first as usize * SEGMENT,
+                r.len as usize * SEGMENT,
+            )
+            .unwrap();
+        }
+        arena.punched(victims);
+        assert_eq!(arena.usage(), before - 3 * SEGMENT, "retired at once");
+        assert!(arena
+            .cold_runs(MAX_COLD)
+            .iter()
+            .all(|r| !victims.contains(r)));
+        // Told twice (a stale list): nothing changes.
+        arena.punched(victims);
+        assert_eq!(arena.usage(), before - 3 * SEGMENT);
+        let misses = v.stats().misses;
+        for i in 0..4000 {
+            assert_eq!(v.get(i)[0], i as u8, "value {i} after the punch");
+        }
+        assert!(v.stats().misses > misses, "punched objects were rebuilt");
+    }
+
+    #[test]
+    fn a_report_says_what_the_arena_holds() {
+        let arena = SoftArena::new(ArenaConfig {
+            budget: 16 << 20,
+            max_bytes: 1 << 30,
+        })
+        .unwrap();
+        let v: SoftVec<[u8; 4096]> = SoftVec::new(&arena, 100, |i| [i as u8; 4096]);
+        for i in 0..100 {
+            v.get(i);
+            v.get(i);
+        }
+        let r = arena.report();
+        assert_eq!(r.budget, 16 << 20);
+        assert_eq!(r.usage, arena.usage() as u64);
+        assert_eq!((r.hits, r.misses, r.reconstructions), (100, 100, 100));
+        assert!(r.reconstruct_nanos > 0);
     }
 }

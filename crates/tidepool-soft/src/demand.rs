@@ -32,6 +32,8 @@ pub struct Demand {
     pools: Mutex<Vec<Weak<PoolCounters>>>,
     /// Hits and misses of pools that are gone.
     gone: Mutex<(u64, u64)>,
+    /// Mark the objects of segments evicted whole too (set once a coordinator is joined).
+    pub(crate) track_segments: std::sync::atomic::AtomicBool,
 }
 
 /// A snapshot of an arena's demand.
@@ -99,6 +101,11 @@ impl SoftArena {
     /// are dropped as the evacuator would drop them, marks included (call before the
     /// eviction bumps its incarnation).
     pub(crate) fn dropping_segment(&self, seg: u32) {
+        // A walk of the segment's headers (tens of thousands for small objects) under the
+        // segment lock: only when a coordinator reads the ghost hits.
+        if !self.demand.track_segments.load(Relaxed) {
+            return;
+        }
         let mut live = Vec::new();
         let walked = self.walk_live(seg, |slot, total| live.push((slot, total)));
         if walked.is_err() {
