@@ -570,6 +570,46 @@ fn phase(points: &[[f64; 6]], from: f64, to: f64) -> (f64, f64, f64) {
     )
 }
 
+/// Rows of an application's throughput, hit rate and soft memory in each (name, from, to)
+/// phase of a run.
+fn push_phases(
+    ctx: &mut Ctx,
+    workload: &str,
+    params: &[(&str, f64)],
+    trace: &[[f64; 6]],
+    phases: &[(&str, f64, f64)],
+) {
+    for &(name, from, to) in phases {
+        let (tput, hit, usage) = phase(trace, from, to);
+        let r = &mut ctx.report;
+        r.push(
+            "tidepool",
+            workload,
+            &format!("{name}: ops/s"),
+            tput,
+            "ops/s",
+            params,
+        );
+        r.push(
+            "tidepool",
+            workload,
+            &format!("{name}: hit rate"),
+            hit,
+            "",
+            params,
+        );
+        let mib = usage / (1 << 20) as f64;
+        r.push(
+            "tidepool",
+            workload,
+            &format!("{name}: soft MiB"),
+            mib,
+            "MiB",
+            params,
+        );
+    }
+}
+
 /// The coordinator and one application in the cgroup; returns them and the app's trace reader.
 fn start_in(
     cg: &Cgroup,
@@ -713,39 +753,14 @@ fn pressure(ctx: &mut Ctx, cg: &Cgroup) -> Result<()> {
         &params,
     );
     // The app's time base starts a little after t0; near enough at these scales.
-    for (name, from, to) in [
+    let phases = [
         ("before", moderate_at - p / 2.0, moderate_at),
         ("moderate, held", moderate_at + p, moderate_at + 2.0 * p),
         ("between", fast_at - p / 2.0, fast_at),
         ("fast, held", fast_at + p / 3.0, fast_at + p),
         ("after", run - p / 2.0, run),
-    ] {
-        let (tput, hit, usage) = phase(&trace, from, to);
-        ctx.report.push(
-            "tidepool",
-            "pressure",
-            &format!("{name}: ops/s"),
-            tput,
-            "ops/s",
-            &params,
-        );
-        ctx.report.push(
-            "tidepool",
-            "pressure",
-            &format!("{name}: hit rate"),
-            hit,
-            "",
-            &params,
-        );
-        ctx.report.push(
-            "tidepool",
-            "pressure",
-            &format!("{name}: soft MiB"),
-            usage / (1 << 20) as f64,
-            "MiB",
-            &params,
-        );
-    }
+    ];
+    push_phases(ctx, "pressure", &params, &trace, &phases);
     write_timeline(ctx, "pressure", &w, &trace, ps.reserve)?;
     Ok(())
 }
@@ -807,37 +822,12 @@ fn harvest(ctx: &mut Ctx, cg: &Cgroup) -> Result<()> {
         &params,
     );
     let shift = 2.0; // the app started about two seconds after t0
-    for (name, from, to) in [
+    let phases = [
         ("two balloons", first - p / 2.0 - shift, first - shift),
         ("one balloon", second - p / 2.0 - shift, second - shift),
         ("none", run - p / 2.0, run),
-    ] {
-        let (tput, hit, usage) = phase(&trace, from, to);
-        ctx.report.push(
-            "tidepool",
-            "harvest",
-            &format!("{name}: ops/s"),
-            tput,
-            "ops/s",
-            &params,
-        );
-        ctx.report.push(
-            "tidepool",
-            "harvest",
-            &format!("{name}: hit rate"),
-            hit,
-            "",
-            &params,
-        );
-        ctx.report.push(
-            "tidepool",
-            "harvest",
-            &format!("{name}: soft MiB"),
-            usage / (1 << 20) as f64,
-            "MiB",
-            &params,
-        );
-    }
+    ];
+    push_phases(ctx, "harvest", &params, &trace, &phases);
     // How long soft memory took to take up each balloon's worth (90% of the step).
     for (name, at, until) in [
         ("first balloon", first - shift, second - shift),

@@ -177,6 +177,18 @@ impl App {
         }
     }
 
+    /// What the planner sees of it.
+    fn candidate(&self) -> Candidate {
+        Candidate {
+            id: self.id,
+            weight: self.weight,
+            budget: self.budget,
+            capacity: self.capacity,
+            utility: self.utility,
+            demand: self.demand,
+        }
+    }
+
     fn send(&self, m: &FromCoord) {
         // A failed send means the runtime is gone; its own thread notices and removes it.
         let _ = self.chan.send(&m.encode());
@@ -627,18 +639,7 @@ fn epoch(s: &mut State, _dt: Duration, started: Instant) {
         a.base = r.clone();
         a.base_at = a.last_report;
     }
-    let candidates: Vec<Candidate> = s
-        .apps
-        .iter()
-        .map(|a| Candidate {
-            id: a.id,
-            weight: a.weight,
-            budget: a.budget,
-            capacity: a.capacity,
-            utility: a.utility,
-            demand: a.demand,
-        })
-        .collect();
+    let candidates: Vec<Candidate> = s.apps.iter().map(App::candidate).collect();
     let budgets = s.planner.plan(&candidates, s.pool);
     apply(s, &budgets);
     s.history.push_back(Sample {
@@ -659,18 +660,7 @@ fn epoch(s: &mut State, _dt: Duration, started: Instant) {
 
 /// Between epochs: budgets over the pool are cut at once (the least valuable first).
 fn cut(s: &mut State) {
-    let candidates: Vec<Candidate> = s
-        .apps
-        .iter()
-        .map(|a| Candidate {
-            id: a.id,
-            weight: a.weight,
-            budget: a.budget,
-            capacity: a.capacity,
-            utility: a.utility,
-            demand: a.demand,
-        })
-        .collect();
+    let candidates: Vec<Candidate> = s.apps.iter().map(App::candidate).collect();
     let mut b: Vec<u64> = s.apps.iter().map(|a| a.budget).collect();
     let over = b.iter().sum::<u64>().saturating_sub(s.pool);
     s.planner.shrink(&candidates, &mut b, over);
