@@ -510,6 +510,33 @@ struct Watch {
     longest_below: f64,
 }
 
+/// A thread watching a cgroup's headroom until finished.
+struct Sampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Watch>,
+}
+
+impl Sampler {
+    fn start(cg: &Cgroup, reserve: u64, t0: Instant) -> Sampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (st, dir) = (stop.clone(), cg.dir.clone());
+        let thread = std::thread::spawn(move || {
+            let cg = Cgroup { dir };
+            let w = watch(&cg, reserve, &st, t0);
+            std::mem::forget(cg); // the caller's guard removes it
+            w
+        });
+        Sampler { stop, thread }
+    }
+
+    fn finish(self) -> Result<Watch> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("sampler panicked"))
+    }
+}
+
 fn watch(cg: &Cgroup, reserve: u64, stop: &std::sync::atomic::AtomicBool, t0: Instant) -> Watch {
     let mut w = Watch::default();
     let mut below_since: Option<f64> = None;
@@ -701,23 +728,12 @@ fn pressure(ctx: &mut Ctx, cg: &Cgroup) -> Result<()> {
     let t0 = Instant::now();
     let log = ctx.opts.out.join("coord-pressure.log");
     let (coord, mut app, reader) = start_in(cg, &ps, run, &log)?;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (st, reserve) = (stop.clone(), ps.reserve);
-    let cg_dir = cg.dir.clone();
-    let sampler = std::thread::spawn(move || {
-        let cg = Cgroup { dir: cg_dir };
-        let w = watch(&cg, reserve, &st, t0);
-        std::mem::forget(cg); // the caller's guard removes it
-        w
-    });
+    let sampler = Sampler::start(cg, ps.reserve, t0);
     let mut moderate = antagonist(cg, take, rate, moderate_at, p)?;
     let mut fast = antagonist(cg, take, 0.0, fast_at, p)?;
     let app_status = app.0.wait()?;
     let (m, f) = (moderate.0.wait()?, fast.0.wait()?);
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let w = sampler
-        .join()
-        .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    let w = sampler.finish()?;
     drop(coord);
     let trace = reader
         .join()
@@ -782,21 +798,10 @@ fn harvest(ctx: &mut Ctx, cg: &Cgroup) -> Result<()> {
     std::thread::sleep(Duration::from_secs(2)); // the balloons fill before the application starts
     let log = ctx.opts.out.join("coord-harvest.log");
     let (coord, mut app, reader) = start_in(cg, &ps, run, &log)?;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (st, reserve) = (stop.clone(), ps.reserve);
-    let cg_dir = cg.dir.clone();
-    let sampler = std::thread::spawn(move || {
-        let cg = Cgroup { dir: cg_dir };
-        let w = watch(&cg, reserve, &st, t0);
-        std::mem::forget(cg);
-        w
-    });
+    let sampler = Sampler::start(cg, ps.reserve, t0);
     let status = app.0.wait()?;
     let _ = (b1.0.wait(), b2.0.wait());
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let w = sampler
-        .join()
-        .map_err(|_| anyhow::anyhow!("sampler panicked"))?;
+    let w = sampler.finish()?;
     drop(coord);
     let trace = reader
         .join()
