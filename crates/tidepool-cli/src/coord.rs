@@ -7,13 +7,29 @@ use std::time::Duration;
 use tidepool_coord::{Config, Coordinator, Policy, Snapshot};
 use tidepool_node::format_size;
 
+#[derive(clap::Args, Debug)]
 pub struct CoordArgs {
+    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR or /tmp, tidepool-coord.sock].
+    #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Serve the dashboard, /api/state and Prometheus /metrics at this address.
+    #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
+    /// midas (reconstruction time saved per byte), hitrate (hits per byte, like
+    /// Cliffhanger) or static (even split by weight).
+    #[arg(long, default_value = "midas")]
     pub policy: Policy,
+    /// Headroom always left to everything else.
+    #[arg(long, default_value = "512M", value_parser = crate::parse_size_arg)]
     pub reserve: u64,
+    /// Soft memory in all never exceeds this.
+    #[arg(long, value_parser = crate::parse_size_arg)]
     pub max: Option<u64>,
+    /// Milliseconds between budget plans.
+    #[arg(long, default_value_t = 250)]
     pub epoch_ms: u64,
+    /// No application's budget is cut under this while idle memory allows.
+    #[arg(long, default_value = "8M", value_parser = crate::parse_size_arg)]
     pub floor: u64,
 }
 

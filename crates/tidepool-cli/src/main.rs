@@ -157,30 +157,7 @@ enum Cmd {
     /// coordinator punches holes in its coldest segments itself.
     ///
     /// Example: tidepool coord --http 127.0.0.1:7171 --policy midas
-    Coord {
-        /// Unix socket to listen on [default: $XDG_RUNTIME_DIR or /tmp, tidepool-coord.sock].
-        #[arg(long)]
-        socket: Option<PathBuf>,
-        /// Serve the dashboard, /api/state and Prometheus /metrics at this address.
-        #[arg(long)]
-        http: Option<std::net::SocketAddr>,
-        /// midas (reconstruction time saved per byte), hitrate (hits per byte, like
-        /// Cliffhanger) or static (even split by weight).
-        #[arg(long, default_value = "midas")]
-        policy: tidepool_coord::Policy,
-        /// Headroom always left to everything else.
-        #[arg(long, default_value = "512M", value_parser = parse_size_arg)]
-        reserve: u64,
-        /// Soft memory in all never exceeds this.
-        #[arg(long, value_parser = parse_size_arg)]
-        max: Option<u64>,
-        /// Milliseconds between budget plans.
-        #[arg(long, default_value_t = 250)]
-        epoch_ms: u64,
-        /// No application's budget is cut under this while idle memory allows.
-        #[arg(long, default_value = "8M", value_parser = parse_size_arg)]
-        floor: u64,
-    },
+    Coord(coord::CoordArgs),
     /// Show a coordinator's applications live in the terminal (needs `tidepool coord --http`).
     Top {
         /// The coordinator's --http address.
@@ -315,23 +292,7 @@ fn run(cli: Cli) -> Result<()> {
             program,
         } => run::run(local, &backend, stats, &program),
         Cmd::Resize { pid, local } => run::resize(pid, local),
-        Cmd::Coord {
-            socket,
-            http,
-            policy,
-            reserve,
-            max,
-            epoch_ms,
-            floor,
-        } => coord::run(coord::CoordArgs {
-            socket,
-            http,
-            policy,
-            reserve,
-            max,
-            epoch_ms,
-            floor,
-        }),
+        Cmd::Coord(args) => coord::run(args),
         Cmd::Top { http, once } => coord::top(&http, once),
         Cmd::Weight { app, weight, http } => coord::set_weight(&http, app, weight),
         Cmd::Status { pid } => run::status(pid),

@@ -309,7 +309,16 @@ fn open(msg: &[u8]) -> Result<(u8, Reader<'_>), DecodeError> {
 }
 
 impl ToCoord {
+    fn kind(&self) -> u8 {
+        match self {
+            ToCoord::Hello { .. } => HELLO,
+            ToCoord::Report(_) => REPORT,
+            ToCoord::Bye => BYE,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new(self.kind());
         match self {
             ToCoord::Hello {
                 pid,
@@ -319,17 +328,14 @@ impl ToCoord {
                 budget,
                 name,
             } => {
-                let mut w = Writer::new(HELLO);
                 w.u32(*pid)
                     .f64(*weight)
                     .u32(*segment)
                     .u64(*capacity)
                     .u64(*budget)
                     .str(name, MAX_NAME);
-                w.finish()
             }
             ToCoord::Report(r) => {
-                let mut w = Writer::new(REPORT);
                 w.u64(r.budget)
                     .u64(r.usage)
                     .u64(r.hits)
@@ -340,10 +346,10 @@ impl ToCoord {
                     w.u64(*x);
                 }
                 w.u64(r.bytes_dropped).runs(&r.cold, MAX_COLD);
-                w.finish()
             }
-            ToCoord::Bye => Writer::new(BYE).finish(),
+            ToCoord::Bye => {}
         }
+        w.finish()
     }
 
     pub fn decode(msg: &[u8]) -> Result<ToCoord, DecodeError> {
@@ -386,38 +392,40 @@ impl ToCoord {
 }
 
 impl FromCoord {
+    fn kind(&self) -> u8 {
+        match self {
+            FromCoord::Welcome { .. } => WELCOME,
+            FromCoord::Budget { .. } => BUDGET,
+            FromCoord::Punched { .. } => PUNCHED,
+            FromCoord::Weight { .. } => WEIGHT,
+            FromCoord::Error { .. } => ERROR,
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::new(self.kind());
         match self {
             FromCoord::Welcome {
                 app,
                 budget,
                 heartbeat_ms,
             } => {
-                let mut w = Writer::new(WELCOME);
                 w.u32(*app).u64(*budget).u32(*heartbeat_ms);
-                w.finish()
             }
             FromCoord::Budget { budget } => {
-                let mut w = Writer::new(BUDGET);
                 w.u64(*budget);
-                w.finish()
             }
             FromCoord::Punched { runs } => {
-                let mut w = Writer::new(PUNCHED);
                 w.runs(runs, MAX_PUNCHED);
-                w.finish()
             }
             FromCoord::Weight { weight } => {
-                let mut w = Writer::new(WEIGHT);
                 w.f64(*weight);
-                w.finish()
             }
             FromCoord::Error { message } => {
-                let mut w = Writer::new(ERROR);
                 w.str(message, 4096);
-                w.finish()
             }
         }
+        w.finish()
     }
 
     pub fn decode(msg: &[u8]) -> Result<FromCoord, DecodeError> {
