@@ -162,6 +162,10 @@ struct App {
     joined: Instant,
     utility: f64,
     demand: bool,
+    /// The last epoch in which it dropped objects to make room, and the last in which its
+    /// budget grew (a drop counts as wanting more only if it came after the growth).
+    dropped_epoch: Option<u64>,
+    grown_epoch: u64,
     hit_rate: f64,
     reads_per_s: f64,
     rebuild_share: f64,
@@ -177,9 +181,16 @@ impl App {
         }
     }
 
-    /// What the planner sees of it.
-    fn candidate(&self) -> Candidate {
+    /// What the planner sees of it (`epochs`: the coordinator's count).
+    fn candidate(&self, epochs: u64) -> Candidate {
+        // Budget given in the last seconds is being rebuilt into, not unused.
+        let settled = !self.demand && epochs > self.grown_epoch + 2 * DEMAND_EPOCHS;
         Candidate {
+            unused: if settled {
+                self.budget.saturating_sub(self.held + 2 * self.segment)
+            } else {
+                0
+            },
             id: self.id,
             weight: self.weight,
             budget: self.budget,
@@ -230,8 +241,14 @@ struct State {
     longest_below: Duration,
     punched_bytes: u64,
     epoch_due: bool,
+    /// Epochs so far.
+    epochs: u64,
     history: VecDeque<Sample>,
 }
+
+/// Epochs a drop counts as wanting more. Evacuation drops in bursts: an application that
+/// holds nearly all it uses drops a few objects every second or two, not every epoch.
+const DEMAND_EPOCHS: u64 = 8;
 
 struct Shared {
     config: Config,
@@ -277,6 +294,7 @@ impl Coordinator {
                 longest_below: Duration::ZERO,
                 punched_bytes: 0,
                 epoch_due: true,
+                epochs: 0,
                 history: VecDeque::new(),
             }),
             config,
@@ -479,6 +497,8 @@ fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
             joined: now,
             utility: mean_utility,
             demand: false,
+            dropped_epoch: None,
+            grown_epoch: 0,
             hit_rate: 0.0,
             reads_per_s: 0.0,
             rebuild_share: 0.0,
@@ -591,13 +611,14 @@ fn control_loop(shared: Arc<Shared>) {
 
 /// Utilities from the last epoch's reports, then a plan.
 fn epoch(s: &mut State, _dt: Duration, started: Instant) {
-    let probe = s.planner.step().max(2 * s.planner.segment);
-    // The smallest ghost bucket that covers the probe.
-    let k = (0..GHOST_BUCKETS)
-        .find(|&k| ghost_bucket_limit(k) >= probe)
-        .unwrap_or(GHOST_BUCKETS - 1);
+    s.epochs += 1;
     let policy = s.planner.policy;
     for a in s.apps.iter_mut() {
+        let probe = s.planner.step(a.id).max(2 * s.planner.segment);
+        // The smallest ghost bucket that covers the probe.
+        let k = (0..GHOST_BUCKETS)
+            .find(|&k| ghost_bucket_limit(k) >= probe)
+            .unwrap_or(GHOST_BUCKETS - 1);
         let (r, b) = (&a.report, &a.base);
         let secs = a.last_report.duration_since(a.base_at).as_secs_f64();
         if secs <= 0.0 {
@@ -624,7 +645,12 @@ fn epoch(s: &mut State, _dt: Duration, started: Instant) {
         // Dropping objects to make room is wanting more. (Not also "holds its whole budget":
         // an arena keeps a few segments of its budget unpopulated as it evacuates, so that
         // test starved every application of grants.)
-        a.demand = r.bytes_dropped > b.bytes_dropped;
+        if r.bytes_dropped > b.bytes_dropped {
+            a.dropped_epoch = Some(s.epochs);
+        }
+        a.demand = a
+            .dropped_epoch
+            .is_some_and(|e| e > a.grown_epoch && s.epochs - e < DEMAND_EPOCHS);
         tracing::debug!(
             app = a.id,
             name = %a.name,
@@ -639,7 +665,7 @@ fn epoch(s: &mut State, _dt: Duration, started: Instant) {
         a.base = r.clone();
         a.base_at = a.last_report;
     }
-    let candidates: Vec<Candidate> = s.apps.iter().map(App::candidate).collect();
+    let candidates: Vec<Candidate> = s.apps.iter().map(|a| a.candidate(s.epochs)).collect();
     let budgets = s.planner.plan(&candidates, s.pool);
     apply(s, &budgets);
     s.history.push_back(Sample {
@@ -660,7 +686,7 @@ fn epoch(s: &mut State, _dt: Duration, started: Instant) {
 
 /// Between epochs: budgets over the pool are cut at once (the least valuable first).
 fn cut(s: &mut State) {
-    let candidates: Vec<Candidate> = s.apps.iter().map(App::candidate).collect();
+    let candidates: Vec<Candidate> = s.apps.iter().map(|a| a.candidate(s.epochs)).collect();
     let mut b: Vec<u64> = s.apps.iter().map(|a| a.budget).collect();
     let over = b.iter().sum::<u64>().saturating_sub(s.pool);
     s.planner.shrink(&candidates, &mut b, over);
@@ -675,6 +701,8 @@ fn apply(s: &mut State, budgets: &[u64]) {
         }
         if b < a.budget {
             a.shrink_deadline.get_or_insert(Instant::now());
+        } else {
+            a.grown_epoch = s.epochs;
         }
         a.budget = b;
         a.send(&FromCoord::Budget { budget: b });

@@ -4,16 +4,28 @@
 //! - `midas`: maximise Σ wᵢ Γᵢ(mᵢ) with Γᵢ = −(time spent reconstructing). The marginal
 //!   utility of an application is the reconstruction time per second that Δ more bytes would
 //!   save, read off its ghost hits ([`tidepool_soft::demand`]); memory climbs from the
-//!   application where it is worth least to the one where it is worth most, a step at a time,
-//!   the step halving whenever the climb turns back (damping).
+//!   application where it is worth least to the one where it is worth most, a step at a time.
+//!   Each application has its own stride: it lengthens while the application keeps
+//!   receiving and halves when it turns to giving (damping). One shared stride was shrunk
+//!   to a segment by the small caches' back-and-forth, and the application that needed a
+//!   lot more (a dear one filling up) then climbed at a segment a move.
 //! - `hitrate`: the same climb on hits per second instead of time (Cliffhanger: the best
 //!   overall hit rate, whatever a miss costs).
 //! - `static`: an even split (by weight), whatever the applications need.
 //!
 //! Idle memory not yet wanted stays unallocated and is granted, in steps, to applications that
 //! are evicting (they want more): small grants that the next epoch's utilities judge.
+//!
+//! Ghost hits tell what more memory would *gain*; what a giver would *lose* is another
+//! number, and for a concave utility a larger one. An application that holds everything it
+//! uses drops nothing, has no ghost hits, and looks worth nothing as a giver, though every
+//! byte taken from it is an object to rebuild. So the planner remembers, for each
+//! application, the utilities it showed at smaller budgets (a probe by revocation that has
+//! already happened): the loss of giving a step is what it was worth within a step below
+//! its budget, fading with a half-life of `memory_epochs`.
 
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 /// A coordination policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,6 +73,9 @@ pub struct Candidate {
     pub utility: f64,
     /// It dropped objects to make room lately: it wants more.
     pub demand: bool,
+    /// Budget it has had for a while without using (not counting an evacuating arena's
+    /// free segments): giving it up costs nothing.
+    pub unused: u64,
 }
 
 impl Candidate {
@@ -77,13 +92,38 @@ pub struct Planner {
     pub segment: u64,
     /// No budget goes under this (while the pool allows).
     pub floor: u64,
-    /// Bytes the next move shifts.
+    /// Bytes a first move to an application shifts.
     step: u64,
-    /// The last move (from, to).
-    last_move: Option<(u32, u32)>,
+    /// Per application: the bytes a move to it shifts, and whether its last move was
+    /// receiving.
+    strides: HashMap<u32, Stride>,
     /// A move needs the receiver's value over the giver's by this factor.
     pub hysteresis: f64,
+    /// Plans made so far.
+    epoch: u64,
+    /// Per application: utilities it showed at budgets it had, newest last.
+    seen: HashMap<u32, Vec<Seen>>,
+    /// Epochs over which a remembered utility halves.
+    pub memory_epochs: f64,
 }
+
+/// One application's climb.
+#[derive(Debug, Clone, Copy)]
+struct Stride {
+    step: u64,
+    received: bool,
+}
+
+/// A utility an application showed at a budget.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    budget: u64,
+    utility: f64,
+    epoch: u64,
+}
+
+/// Budgets remembered per application.
+const SEEN: usize = 64;
 
 impl Planner {
     pub fn new(policy: Policy, segment: u64, floor: u64) -> Planner {
@@ -92,14 +132,54 @@ impl Planner {
             segment,
             floor,
             step: 0,
-            last_move: None,
+            strides: HashMap::new(),
             hysteresis: 1.1,
+            epoch: 0,
+            seen: HashMap::new(),
+            memory_epochs: 120.0,
         }
     }
 
-    /// Bytes the next move shifts (0 until the first plan).
-    pub fn step(&self) -> u64 {
-        self.step
+    /// Records what each application is worth at its budget now, and forgets applications
+    /// that left.
+    fn remember(&mut self, apps: &[Candidate]) {
+        self.epoch += 1;
+        self.seen.retain(|id, _| apps.iter().any(|a| a.id == *id));
+        self.strides
+            .retain(|id, _| apps.iter().any(|a| a.id == *id));
+        for a in apps.iter().filter(|a| a.utility > 0.0) {
+            let seen = self.seen.entry(a.id).or_default();
+            seen.retain(|s| s.budget != a.budget);
+            if seen.len() == SEEN {
+                seen.remove(0);
+            }
+            seen.push(Seen {
+                budget: a.budget,
+                utility: a.utility,
+                epoch: self.epoch,
+            });
+        }
+    }
+
+    /// What giving up `bytes` would cost `a` (weighted): what it was worth in the `bytes`
+    /// under its budget as remembered (a mean: the most of many noisy epochs would be
+    /// noise; old memories weigh less and fade), or what it is worth now if more.
+    pub fn loss(&self, a: &Candidate, bytes: u64) -> f64 {
+        let (mut sum, mut weights) = (0.0, 0.0);
+        for s in self.seen.get(&a.id).into_iter().flatten() {
+            if s.budget < a.budget && s.budget + bytes >= a.budget {
+                let w = 0.5f64.powf((self.epoch - s.epoch) as f64 / self.memory_epochs);
+                sum += w * s.utility;
+                weights += w;
+            }
+        }
+        let used = bytes.saturating_sub(a.unused) as f64 / bytes.max(1) as f64;
+        a.weight * a.utility.max(sum / weights.max(1.0)) * used
+    }
+
+    /// Bytes the next move to application `id` shifts (0 until the first plan).
+    pub fn step(&self, id: u32) -> u64 {
+        self.strides.get(&id).map_or(self.step, |s| s.step)
     }
 
     fn round(&self, bytes: u64) -> u64 {
@@ -117,9 +197,11 @@ impl Planner {
         if self.policy == Policy::Static {
             return self.even(apps, total);
         }
+        self.remember(apps);
         let mut b: Vec<u64> = apps.iter().map(|a| a.budget.min(a.capacity)).collect();
         let sum: u64 = b.iter().sum();
         if sum > total {
+            tracing::debug!(sum, total, "over the pool");
             self.shrink(apps, &mut b, sum - total);
             return b;
         }
@@ -135,49 +217,76 @@ impl Planner {
             b[i] += g;
             spare -= g;
         }
-        // The climb: from the least valuable to the most valuable that wants more.
+        // The climb: from the one that would lose least to the most valuable that wants more.
         let Some(&to) = wanting.first() else {
             return b;
         };
+        let step = self.step(apps[to].id);
+        let loss: Vec<f64> = apps.iter().map(|a| self.loss(a, step)).collect();
         let from = (0..apps.len())
             .filter(|&i| i != to && b[i] > self.floor)
-            .min_by(|&x, &y| apps[x].value().total_cmp(&apps[y].value()));
-        let Some(from) = from else { return b };
-        let (vt, vf) = (apps[to].value(), apps[from].value());
+            .min_by(|&x, &y| loss[x].total_cmp(&loss[y]));
+        let Some(from) = from else {
+            tracing::debug!(to = apps[to].id, "no move: nobody to take from");
+            return b;
+        };
+        let (vt, vf) = (apps[to].value(), loss[from]);
         if vt <= 0.0 || vt <= vf * self.hysteresis {
+            tracing::debug!(
+                to = apps[to].id,
+                from = apps[from].id,
+                vt,
+                vf,
+                "no move: not worth it"
+            );
             return b;
         }
         let pair = (apps[from].id, apps[to].id);
-        match self.last_move {
-            // Turned back: the optimum is between; smaller steps.
-            Some((_, t)) if t == pair.0 => self.step = self.round(self.step / 2).max(self.segment),
-            // The same receiver again: the climb is far from the top; longer strides.
-            // (At least a segment longer: half of one segment rounds back down to it.)
-            Some((_, t)) if t == pair.1 => {
-                self.step = self
-                    .round(self.step * 3 / 2)
-                    .max(self.step + self.segment)
-                    .min(self.round(total / 4).max(self.segment))
-            }
-            _ => {}
+        let (first, segment, cap) = (
+            self.step,
+            self.segment,
+            self.round(total / 4).max(self.segment),
+        );
+        // The giver turned back: its optimum is between; smaller steps to it.
+        let g = self.strides.entry(pair.0).or_insert(Stride {
+            step: first,
+            received: false,
+        });
+        if g.received {
+            g.step = (g.step / 2 / segment * segment).max(segment);
         }
-        self.last_move = Some(pair);
+        g.received = false;
+        // The same receiver again: its climb is far from the top; longer strides. (At least
+        // a segment longer: half of one segment rounds back down to it.)
+        let r = self.strides.entry(pair.1).or_insert(Stride {
+            step: first,
+            received: false,
+        });
+        let moved = r.step;
+        if r.received {
+            r.step = (r.step * 3 / 2 / segment * segment)
+                .max(r.step + segment)
+                .min(cap);
+        }
+        r.received = true;
         let room = apps[to].capacity.saturating_sub(b[to]);
-        let moved = self.step.min(b[from] - self.floor).min(room);
+        let moved = moved.min(b[from] - self.floor).min(room);
         b[from] -= moved;
         b[to] += moved;
+        tracing::debug!(from = pair.0, to = pair.1, moved, vt, vf, "move");
         b
     }
 
-    /// Takes `over` bytes back: from the least valuable first, down to the floor; then
-    /// evenly from everyone.
+    /// Takes `over` bytes back: from the one that loses least first, down to the floor;
+    /// then evenly from everyone.
     pub fn shrink(&self, apps: &[Candidate], b: &mut [u64], mut over: u64) {
         let mut order: Vec<usize> = (0..apps.len()).collect();
         if self.policy == Policy::Static {
             // Even: the largest first.
             order.sort_by_key(|&i| std::cmp::Reverse(b[i]));
         } else {
-            order.sort_by(|&x, &y| apps[x].value().total_cmp(&apps[y].value()));
+            let loss: Vec<f64> = apps.iter().map(|a| self.loss(a, over)).collect();
+            order.sort_by(|&x, &y| loss[x].total_cmp(&loss[y]));
         }
         for &i in &order {
             let take = over.min(b[i].saturating_sub(self.floor));
@@ -232,6 +341,7 @@ mod tests {
             capacity: 1 << 40,
             utility,
             demand,
+            unused: 0,
         }
     }
 
@@ -264,10 +374,41 @@ mod tests {
         let mut p = Planner::new(Policy::Midas, S, 4 * S);
         let a = vec![app(1, 50 * S, 1.0, true), app(2, 50 * S, 10.0, true)];
         let b = p.plan(&a, 100 * S);
-        let first = p.step();
-        let back = vec![app(1, b[0], 10.0, true), app(2, b[1], 1.0, true)];
+        let first = p.step(2);
+        // (Over what app 2 was worth before the move, which it would lose now.)
+        let back = vec![app(1, b[0], 30.0, true), app(2, b[1], 1.0, true)];
         p.plan(&back, 100 * S);
-        assert!(p.step() < first);
+        assert!(p.step(2) < first);
+    }
+
+    #[test]
+    fn others_turning_back_leave_a_climber_its_stride() {
+        let mut p = Planner::new(Policy::Midas, S, 4 * S);
+        p.step = 2 * S;
+        // Without memory of losses (this is about strides).
+        p.memory_epochs = 1e-9;
+        let mut a = vec![
+            app(1, 40 * S, 1.0, true),
+            app(2, 40 * S, 1.0, true),
+            app(3, 20 * S, 9.0, true),
+        ];
+        let mut reversals = 0;
+        for round in 0..6 {
+            // Every other epoch app 3 wants more (and gets it); in between, apps 1 and 2
+            // trade memory back and forth.
+            a[2].demand = round % 2 == 0;
+            a[0].utility = if round % 4 == 1 { 30.0 } else { 1.0 };
+            a[1].utility = if round % 4 == 3 { 30.0 } else { 1.0 };
+            let b = p.plan(&a, 100 * S);
+            if round % 2 == 1 && b[0] != a[0].budget {
+                reversals += 1;
+            }
+            for (x, y) in a.iter_mut().zip(&b) {
+                x.budget = *y;
+            }
+        }
+        assert!(reversals >= 2, "apps 1 and 2 should have traded");
+        assert!(p.step(3) >= 4 * S, "stride {} segments", p.step(3) / S);
     }
 
     #[test]
@@ -278,10 +419,38 @@ mod tests {
         p.plan(&a, 100 * S);
         p.plan(&a, 100 * S);
         assert!(
-            p.step() >= 2 * S,
+            p.step(2) >= 2 * S,
             "step {} stuck at one segment",
-            p.step() / S
+            p.step(2) / S
         );
+    }
+
+    #[test]
+    fn an_application_that_just_filled_up_is_not_the_giver() {
+        let mut p = Planner::new(Policy::Midas, S, 4 * S);
+        p.step = 4 * S;
+        // App 2 was worth much a little under its budget; now it holds all it uses.
+        let before = vec![
+            app(1, 30 * S, 2.0, true),
+            app(2, 60 * S, 50.0, true),
+            app(3, 10 * S, 3.0, true),
+        ];
+        p.remember(&before);
+        let now = vec![
+            app(1, 30 * S, 2.0, false),
+            app(2, 62 * S, 0.0, false),
+            app(3, 8 * S, 9.0, true),
+        ];
+        let b = p.plan(&now, 100 * S);
+        assert_eq!(b[1], 62 * S, "took from the full one: {b:?}");
+        assert!(b[0] < 30 * S && b[2] > 8 * S, "{b:?}");
+        // Budget it does not use is free to take.
+        let mut idle = now[1].clone();
+        idle.unused = 4 * S;
+        assert!(p.loss(&idle, 4 * S) < 1e-9);
+        // Long forgotten, its loss is what it shows now.
+        p.epoch += 100 * p.memory_epochs as u64;
+        assert!(p.loss(&now[1], 4 * S) < 1e-9);
     }
 
     #[test]
