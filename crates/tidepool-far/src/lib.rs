@@ -1,0 +1,97 @@
+//! Far data structures with cache sections (Mira's runtime, without its compiler).
+//!
+//! A far structure keeps its elements in a [`FarStore`] (in-process, a memory node, Redis,
+//! memcached) in *lines* of several elements, and caches lines in a [`Section`]: a local area
+//! with its own structure (direct-mapped, set-associative or fully associative with CLOCK),
+//! line size and capacity. Structures with different access patterns get different sections,
+//! so a scan cannot evict what a random walk keeps hot (Mira §4.1).
+//!
+//! Access goes through *line guards* and iterators: a guard borrows a resident line, and the
+//! elements in it are plain loads from a slice, with no per-element metadata or lookup (what
+//! made AIFM slow even with all data local). The metadata is per line: a tag, a few flag bits
+//! and a borrow count.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use tidepool_far::{Far, FarVec, Section, SectionConfig, Structure};
+//!
+//! let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+//! // 16 lines of 4 KiB, 4-way set-associative.
+//! let section = Section::new(SectionConfig::new(Structure::SetAssociative(4), 4096, 16 * 4096))?;
+//! let v: FarVec<u64> = FarVec::from_slice(&far, &section, &(0..100_000).collect::<Vec<u64>>())?;
+//! let mut sum = 0;
+//! for x in v.iter() {
+//!     sum += x?;
+//! }
+//! assert_eq!(sum, (0..100_000u64).sum());
+//! # Ok::<(), tidepool_far::FarError>(())
+//! ```
+
+mod section;
+mod vec;
+
+pub use section::{Section, SectionConfig, SectionStats, Structure};
+pub use vec::{FarIter, FarVec, LineMut, LineRef};
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tidepool_store::{FarStore, StoreError};
+
+/// Bits of a far key that number lines within one structure; the rest name the structure.
+pub(crate) const LINE_BITS: u32 = 40;
+
+/// What can go wrong with far data.
+#[derive(Debug, thiserror::Error)]
+pub enum FarError {
+    #[error("far store: {0}")]
+    Store(#[from] StoreError),
+    #[error("bad section configuration: {0}")]
+    Config(String),
+    #[error(
+        "every line that index {index} could go to in this section is borrowed by a guard \
+         (hold fewer guards at once, or give the section more lines or ways)"
+    )]
+    AllBorrowed { index: usize },
+    #[error("line {line} is borrowed {how}; it cannot also be borrowed {want}")]
+    Borrowed {
+        line: usize,
+        how: &'static str,
+        want: &'static str,
+    },
+    #[error("index {index} is out of bounds for a far vector of {len} elements")]
+    OutOfBounds { index: usize, len: usize },
+    #[error("far store returned a line of {got} bytes where {want} were expected")]
+    BadLine { got: usize, want: usize },
+}
+
+/// The far memory far structures live in: a store, and the names of structures in it.
+#[derive(Debug, Clone)]
+pub struct Far {
+    pub(crate) store: Arc<dyn FarStore>,
+    next: Arc<AtomicU64>,
+}
+
+impl Far {
+    pub fn new(store: Arc<dyn FarStore>) -> Far {
+        Far {
+            store,
+            // Structure 0 is never used: key 0 stays free for whoever shares the store.
+            next: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// The store's description.
+    pub fn describe(&self) -> String {
+        self.store.describe()
+    }
+
+    /// The first key of a new structure.
+    pub(crate) fn new_base(&self) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        assert!(id < 1 << (64 - LINE_BITS), "too many far structures");
+        id << LINE_BITS
+    }
+}
+
+#[cfg(test)]
+mod tests;

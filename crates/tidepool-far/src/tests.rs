@@ -1,0 +1,263 @@
+//! Unit tests: far vectors over an in-process store that can be made to fail.
+
+use crate::{Far, FarError, FarVec, Section, SectionConfig, Structure};
+use bytes::Bytes;
+use proptest::prelude::*;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use tidepool_store::{FarStore, Key, LocalStore, StoreError};
+
+/// An in-process store that counts the keys read and written and fails while told to.
+#[derive(Debug)]
+struct Flaky {
+    inner: LocalStore,
+    fail: AtomicBool,
+    read: AtomicU64,
+    written: AtomicU64,
+}
+
+impl Flaky {
+    fn new() -> Arc<Flaky> {
+        Arc::new(Flaky {
+            inner: LocalStore::new(false),
+            fail: AtomicBool::new(false),
+            read: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+        })
+    }
+
+    fn check(&self) -> Result<(), StoreError> {
+        if self.fail.load(Relaxed) {
+            return Err(StoreError::Io {
+                backend: "test store",
+                op: "anything",
+                cause: std::io::Error::other("told to fail"),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl FarStore for Flaky {
+    fn describe(&self) -> String {
+        "flaky".into()
+    }
+    fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
+        self.check()?;
+        self.written.fetch_add(items.len() as u64, Relaxed);
+        self.inner.write_many(items)
+    }
+    fn read_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        self.check()?;
+        self.read.fetch_add(keys.len() as u64, Relaxed);
+        self.inner.read_many(keys)
+    }
+    fn take_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        self.check()?;
+        self.inner.take_many(keys)
+    }
+    fn remove_many(&self, keys: &[Key]) -> Result<(), StoreError> {
+        self.check()?;
+        self.inner.remove_many(keys)
+    }
+}
+
+const STRUCTURES: [Structure; 3] = [
+    Structure::Direct,
+    Structure::SetAssociative(4),
+    Structure::Full,
+];
+
+fn section(structure: Structure, line: usize, lines: usize) -> Rc<Section> {
+    Section::new(SectionConfig::new(structure, line, line * lines)).unwrap()
+}
+
+#[test]
+fn a_vector_larger_than_its_section_reads_back_in_every_structure() {
+    for st in STRUCTURES {
+        let far = Far::new(Flaky::new());
+        let sec = section(st, 256, 8);
+        let values: Vec<u64> = (0..10_000).map(|i| i * 7 + 1).collect();
+        let v = FarVec::from_slice(&far, &sec, &values).unwrap();
+        assert_eq!(v.to_vec().unwrap(), values, "{st}");
+        // Random access too.
+        for i in (0..10_000).step_by(997) {
+            assert_eq!(v.get(i).unwrap(), values[i], "{st} at {i}");
+        }
+        let s = sec.stats();
+        assert!(s.misses >= v.lines() as u64, "{st}: {s:?}");
+    }
+}
+
+#[test]
+fn writes_survive_eviction_and_drop_takes_the_far_copies() {
+    for st in STRUCTURES {
+        let store = Flaky::new();
+        let far = Far::new(store.clone());
+        let sec = section(st, 64, 4);
+        let v: FarVec<u32> = FarVec::new(&far, &sec, 5000).unwrap();
+        for i in 0..5000 {
+            v.set(i, i as u32 ^ 0xABCD).unwrap();
+        }
+        for i in (0..5000).rev() {
+            assert_eq!(v.get(i).unwrap(), i as u32 ^ 0xABCD, "{st} at {i}");
+        }
+        assert!(sec.stats().writebacks > 0);
+        drop(v);
+        assert_eq!(store.inner.stats().unwrap().objects, Some(0), "{st}");
+        // Nothing of it stays in the section.
+        let w: FarVec<u32> = FarVec::new(&far, &sec, 16).unwrap();
+        assert_eq!(w.get(3).unwrap(), 0);
+    }
+}
+
+#[test]
+fn a_failing_store_loses_no_written_line() {
+    for st in STRUCTURES {
+        let store = Flaky::new();
+        let far = Far::new(store.clone());
+        let sec = section(st, 64, 4);
+        let v: FarVec<u64> = FarVec::new(&far, &sec, 512).unwrap();
+        for i in 0..64 {
+            v.set(i, 1000 + i as u64).unwrap();
+        }
+        store.fail.store(true, Relaxed);
+        // Every miss now fails, and says why.
+        let mut failed = 0;
+        for i in 0..512 {
+            match v.set(i, 1000 + i as u64) {
+                Ok(()) => {}
+                Err(FarError::Store(_)) => failed += 1,
+                Err(e) => panic!("{st}: {e}"),
+            }
+        }
+        assert!(failed > 0, "{st}: the store never failed");
+        store.fail.store(false, Relaxed);
+        for i in 0..64 {
+            assert_eq!(v.get(i).unwrap(), 1000 + i as u64, "{st}: lost {i}");
+        }
+    }
+}
+
+#[test]
+fn whole_line_writes_skip_the_fetch() {
+    let store = Flaky::new();
+    let far = Far::new(store.clone());
+    let sec = section(Structure::Direct, 128, 4);
+    let v: FarVec<u64> = FarVec::new(&far, &sec, 1600).unwrap();
+    for first in (0..1600).step_by(v.per_line()) {
+        let mut l = v.overwrite_line(first).unwrap();
+        for (j, x) in l.iter_mut().enumerate() {
+            *x = (first + j) as u64;
+        }
+    }
+    assert_eq!(store.read.load(Relaxed), 0, "an overwrite fetched");
+    v.flush().unwrap();
+    assert_eq!(v.to_vec().unwrap(), (0..1600).collect::<Vec<u64>>());
+}
+
+#[test]
+fn a_scan_fetches_many_lines_a_round_trip() {
+    let far = Far::new(Flaky::new());
+    let sec = section(Structure::Direct, 64, 64);
+    let v = FarVec::from_slice(&far, &sec, &(0..8000u64).collect::<Vec<_>>()).unwrap();
+    v.set_prefetch(15);
+    assert_eq!(v.iter().map(|x| x.unwrap()).sum::<u64>(), (0..8000).sum());
+    let s = sec.stats();
+    assert_eq!(s.misses, v.lines() as u64);
+    assert_eq!(s.fetches, (v.lines() as u64).div_ceil(16), "{s:?}");
+}
+
+#[test]
+fn guards_on_every_way_give_an_error_not_a_panic() {
+    let far = Far::new(Flaky::new());
+    let sec = section(Structure::Direct, 64, 1);
+    let v: FarVec<u64> = FarVec::new(&far, &sec, 64).unwrap();
+    let held = v.line(0).unwrap();
+    assert!(matches!(
+        v.get(40),
+        Err(FarError::AllBorrowed { index: 40 })
+    ));
+    // The same line read twice is fine; written while read is not.
+    assert_eq!(v.line(1).unwrap().len(), 8);
+    assert!(matches!(v.line_mut(2), Err(FarError::Borrowed { .. })));
+    drop(held);
+    assert_eq!(v.get(40).unwrap(), 0);
+}
+
+#[test]
+fn evictable_lines_go_first_and_pinned_lines_stay() {
+    let store = Flaky::new();
+    let far = Far::new(store.clone());
+    let sec = section(Structure::Full, 64, 4);
+    let v = FarVec::from_slice(&far, &sec, &(0..64u64).collect::<Vec<_>>()).unwrap();
+    v.set_prefetch(0);
+    for line in 0..4 {
+        v.get(line * 8).unwrap();
+    }
+    v.pin(0).unwrap();
+    v.evictable(16);
+    v.get(32).unwrap(); // needs a slot: line 2 (evictable) gives it
+    let before = store.read.load(Relaxed);
+    v.get(0).unwrap();
+    v.get(8).unwrap();
+    v.get(24).unwrap();
+    assert_eq!(store.read.load(Relaxed), before, "a kept line was evicted");
+    // However much else is read, the pinned line stays.
+    for i in 0..64 {
+        v.get(i).unwrap();
+    }
+    let before = store.read.load(Relaxed);
+    v.get(0).unwrap();
+    assert_eq!(
+        store.read.load(Relaxed),
+        before,
+        "the pinned line was evicted"
+    );
+}
+
+#[test]
+fn bad_configurations_are_refused_with_reasons() {
+    let e = Section::new(SectionConfig::new(Structure::Direct, 60, 600)).unwrap_err();
+    assert!(e.to_string().contains("multiple of 8"), "{e}");
+    let e = Section::new(SectionConfig::new(Structure::SetAssociative(8), 64, 256)).unwrap_err();
+    assert!(e.to_string().contains("fewer than one set"), "{e}");
+    let far = Far::new(Flaky::new());
+    let sec = section(Structure::Direct, 64, 4);
+    let e = FarVec::<[u8; 24]>::new(&far, &sec, 10).unwrap_err();
+    assert!(e.to_string().contains("whole elements"), "{e}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Any sequence of reads, writes, overwrites, hints and flushes reads like a Vec.
+    #[test]
+    fn behaves_like_a_vec(
+        st in 0..3usize,
+        lines in 1..6usize,
+        ops in prop::collection::vec((0..5u8, 0..300usize, any::<u32>()), 1..400),
+    ) {
+        let far = Far::new(Flaky::new());
+        let sec = section(STRUCTURES[st], 32, lines.max(if st == 1 { 4 } else { 1 }));
+        let v: FarVec<u32> = FarVec::new(&far, &sec, 300).unwrap();
+        let mut model = vec![0u32; 300];
+        for (op, i, x) in ops {
+            match op {
+                0 => prop_assert_eq!(v.get(i).unwrap(), model[i]),
+                1 => { v.set(i, x).unwrap(); model[i] = x; }
+                2 => {
+                    let mut l = v.overwrite_line(i).unwrap();
+                    let first = l.first;
+                    for (j, e) in l.iter_mut().enumerate() {
+                        *e = x.wrapping_add(j as u32);
+                        model[first + j] = *e;
+                    }
+                }
+                3 => v.evictable(i),
+                _ => v.flush().unwrap(),
+            }
+        }
+        prop_assert_eq!(v.to_vec().unwrap(), model);
+    }
+}
