@@ -555,8 +555,9 @@ fn control_loop(shared: Arc<Shared>) {
     let mut last_epoch = Instant::now();
     while !shared.stop.load(Acquire) {
         std::thread::sleep(cfg.tick);
-        let headroom = view.headroom() as u64;
-        let mem_available = mem_available().unwrap_or(0) as u64;
+        let available = mem_available();
+        let headroom = view.headroom_under(available) as u64;
+        let mem_available = available.unwrap_or(0) as u64;
         // PSI over the last 100 ms or so.
         let span = stall.1.elapsed();
         let mut pressure = None;
