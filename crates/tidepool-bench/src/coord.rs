@@ -56,6 +56,8 @@ const APPS: [AppSpec; 4] = [
 ];
 /// The CPU a bench application pins itself to.
 const PIN_ENV: &str = "TIDEPOOL_BENCH_CPU";
+/// Spin iterations per microsecond, calibrated once by the harness.
+const SPIN_ENV: &str = "TIDEPOOL_BENCH_SPIN";
 /// Work per request, microseconds of CPU.
 const WORK_US: f64 = 10.0;
 /// Bytes an object takes in soft memory (4 KiB and its header).
@@ -65,6 +67,10 @@ const IDLE_SHARE: f64 = 0.3;
 
 struct Scale {
     objects: u64,
+    /// Spin iterations per microsecond of work, measured once for every run (each
+    /// application calibrating for itself, at the start of each run, added a few percent of
+    /// noise between runs to every ratio to the ideal).
+    spin: f64,
     /// Seconds of a policy run and of its measured tail.
     run_s: f64,
     tail_s: f64,
@@ -74,12 +80,14 @@ fn scale(opts: &BenchOpts) -> Scale {
     if opts.quick {
         Scale {
             objects: 8192,
+            spin: 0.0,
             run_s: 20.0,
             tail_s: 8.0,
         }
     } else {
         Scale {
             objects: 65536,
+            spin: 0.0,
             run_s: 150.0,
             tail_s: 40.0,
         }
@@ -124,10 +132,12 @@ impl Suite for CoordSuite {
     }
 }
 
-/// What one application did: (seconds, ops, budget bytes) every quarter second.
+/// What one application did: (seconds, ops, budget bytes) every quarter second, and the
+/// lines it printed (kept beside the report, to see where a policy lost).
 #[derive(Debug, Default, Clone)]
 struct Trace {
     points: Vec<(f64, u64, u64)>,
+    lines: Vec<serde_json::Value>,
 }
 
 impl Trace {
@@ -176,7 +186,8 @@ fn converged_at(traces: &[Trace], tail: f64, band: f64) -> f64 {
 }
 
 fn coordinate(ctx: &mut Ctx) -> Result<()> {
-    let sc = scale(&ctx.opts);
+    let mut sc = scale(&ctx.opts);
+    sc.spin = Spinner::calibrate().iters_per_us;
     let state = sc.objects * OBJECT;
     let idle = ((state * APPS.len() as u64) as f64 * IDLE_SHARE) as u64 >> 21 << 21;
     let params = [
@@ -226,6 +237,16 @@ fn coordinate(ctx: &mut Ctx) -> Result<()> {
     for policy in ["midas", "hitrate", "static"] {
         ctx.step(format!("{policy}: four applications, {} MiB", idle >> 20));
         let traces = run_apps(&sc, Some((policy, idle)), None, sc.run_s)?;
+        // Every application's quarter-second lines (ops, hits, misses, budget, usage).
+        let timeline: serde_json::Map<String, serde_json::Value> = APPS
+            .iter()
+            .zip(&traces)
+            .map(|(a, t)| (a.name.to_string(), serde_json::Value::from(t.lines.clone())))
+            .collect();
+        std::fs::write(
+            ctx.opts.out.join(format!("coord-coordinate-{policy}.json")),
+            serde_json::to_vec(&timeline)?,
+        )?;
         let mut norm = Vec::new();
         for (i, a) in APPS.iter().enumerate() {
             let x = traces[i].throughput(sc.tail_s);
@@ -345,6 +366,7 @@ fn run_apps(
             // in the others, and the normalised figures moved with it (0.80 to 0.88 for the
             // same policy).
             .env(PIN_ENV, (i % tidepool_sys::online_cpus()).to_string())
+            .env(SPIN_ENV, sc.spin.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             // Rebuild-cost warnings are the point of this bench, not news.
@@ -374,6 +396,7 @@ fn run_apps(
                             v["ops"].as_u64().unwrap_or(0),
                             v["budget"].as_u64().unwrap_or(0),
                         ));
+                        t.lines.push(v);
                     }
                 }
                 t
@@ -1030,7 +1053,12 @@ pub fn worker(args: &[String]) -> Result<()> {
     // The clock starts before the warm-up: applications started together end together, and
     // measurements of their tails overlap.
     let start = Instant::now();
-    let spinner = std::sync::Arc::new(Spinner::calibrate());
+    let spinner = std::sync::Arc::new(
+        match std::env::var(SPIN_ENV).ok().and_then(|s| s.parse().ok()) {
+            Some(iters_per_us) if iters_per_us > 0.0 => Spinner { iters_per_us },
+            _ => Spinner::calibrate(),
+        },
+    );
     // With TIDEPOOL_BENCH_JOIN_LATE, the application warms up on BUDGET alone and joins the
     // coordinator afterwards (as in Midas §7.1, where every application starts with the same
     // soft memory): a warm-up scan has no ghost hits, and would look worth nothing to the
