@@ -685,7 +685,8 @@ fn epoch(s: &mut State, _dt: Duration, started: Instant) {
     });
 }
 
-/// Between epochs: budgets over the pool are cut at once (the least valuable first).
+/// Between epochs: budgets over the pool are cut at once (unused budget, then those that
+/// would lose least, first).
 fn cut(s: &mut State) {
     let candidates: Vec<Candidate> = s.apps.iter().map(|a| a.candidate(s.epochs)).collect();
     let mut b: Vec<u64> = s.apps.iter().map(|a| a.budget).collect();
