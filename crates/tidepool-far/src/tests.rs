@@ -170,6 +170,28 @@ fn a_scan_fetches_many_lines_a_round_trip() {
 }
 
 #[test]
+fn a_request_brings_scattered_lines_in_one_round_trip() {
+    let store = Flaky::new();
+    let far = Far::new(store.clone());
+    let sec = section(Structure::SetAssociative(4), 64, 64);
+    let v = FarVec::from_slice(&far, &sec, &(0..10_000u64).collect::<Vec<_>>()).unwrap();
+    let wanted = [9_000, 17, 4_321, 5_555, 18, 777, 9_999, 3_000];
+    v.request(&wanted).unwrap();
+    let s = sec.stats();
+    assert_eq!(
+        (s.fetches, s.misses),
+        (1, 7),
+        "two of the indices share a line: {s:?}"
+    );
+    for &i in &wanted {
+        assert_eq!(v.get(i).unwrap(), i as u64);
+    }
+    assert_eq!(sec.stats().fetches, 1, "an access after the request missed");
+    // Out-of-range indices are ignored, not an error (it is a hint).
+    v.request(&[10_000, 123_456]).unwrap();
+}
+
+#[test]
 fn guards_on_every_way_give_an_error_not_a_panic() {
     let far = Far::new(Flaky::new());
     let sec = section(Structure::Direct, 64, 1);

@@ -146,31 +146,31 @@ where
             return Ok(s);
         }
         let last = (line + 1 + ahead).min(self.lines());
-        self.fill(line..last, index)?;
+        let lines: Vec<usize> = (line..last).collect();
+        self.fill(&lines, true, index)?;
         self.section
             .lookup(self.base + line as u64)
             .ok_or(FarError::AllBorrowed { index })
     }
 
     /// Fetches the lines of `lines` that are not resident, writing back the dirty lines they
-    /// replace, in one round trip. The first line must find a slot; the others are prefetches
-    /// and are skipped when none is free.
-    fn fill(&self, lines: std::ops::Range<usize>, index: usize) -> Result<(), FarError> {
+    /// replace, in one round trip. With `required`, the first line must find a slot; the
+    /// others are prefetches, skipped when no slot is free.
+    fn fill(&self, lines: &[usize], required: bool, index: usize) -> Result<(), FarError> {
         let sec = &self.section;
-        let first = lines.start;
         // (slot, new key, old tag, old flags)
         let mut taken: Vec<(usize, Key, u64, u8)> = Vec::new();
-        for line in lines {
+        for (n, &line) in lines.iter().enumerate() {
             let key = self.base + line as u64;
             if sec.find(key).is_some() {
                 continue;
             }
             let Some(slot) = sec.victim(key) else {
-                if line == first {
+                if required && n == 0 {
                     self.undo(&taken);
                     return Err(FarError::AllBorrowed { index });
                 }
-                break;
+                continue;
             };
             let s = sec.slot(slot);
             taken.push((slot, key, s.tag.get(), s.flags.get()));
@@ -227,7 +227,7 @@ where
         let n = taken.len() as u64;
         sec.bump(|s| {
             s.misses += n;
-            s.prefetched += n - 1;
+            s.prefetched += n - required as u64;
             s.writebacks += dirty.len() as u64;
             s.fetches += 1;
             s.fetch_nanos += nanos;
@@ -244,6 +244,22 @@ where
                 self.section.install(slot, old - 1, flags);
             }
         }
+    }
+
+    /// Split phase, first half: brings in the lines holding `indices` that are not resident,
+    /// all in one round trip, so the accesses that follow hit (Mira's `fetch` before `wait`;
+    /// a program that knows its next accesses, as a graph walk knows the nodes of the edges
+    /// ahead, turns many misses into one). A hint: lines that find no free slot are skipped,
+    /// and asking for more lines than the section holds evicts some of them again.
+    pub fn request(&self, indices: &[usize]) -> Result<(), FarError> {
+        let mut lines: Vec<usize> = indices
+            .iter()
+            .filter(|&&i| i < self.len)
+            .map(|&i| i / self.per_line)
+            .collect();
+        lines.sort_unstable();
+        lines.dedup();
+        self.fill(&lines, false, 0)
     }
 
     /// A guard on the line holding element `index`: its elements are a plain slice.
