@@ -27,11 +27,13 @@
 //! # Ok::<(), tidepool_far::FarError>(())
 //! ```
 
+mod lines;
 mod section;
 mod vec;
 
+pub use lines::{LineMut, LineRef};
 pub use section::{Section, SectionConfig, SectionStats, Structure};
-pub use vec::{FarIter, FarVec, LineMut, LineRef};
+pub use vec::{FarIter, FarLines, FarVec};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

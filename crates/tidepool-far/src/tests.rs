@@ -240,6 +240,83 @@ fn evictable_lines_go_first_and_pinned_lines_stay() {
 }
 
 #[test]
+fn a_vector_alone_in_a_section_that_holds_it_is_one_plain_slice() {
+    let store = Flaky::new();
+    let far = Far::new(store.clone());
+    let sec = section(Structure::Direct, 64, 20);
+    let values: Vec<u64> = (0..150).map(|i| i * 3).collect(); // 19 lines, the last short
+    let v = FarVec::from_slice(&far, &sec, &values).unwrap();
+    assert!(v.local().is_none(), "nothing is resident yet");
+    v.load_all().unwrap();
+    assert_eq!(&v.local().unwrap()[..], &values[..]);
+    {
+        let mut l = v.local_mut().unwrap();
+        l[149] = 7;
+        assert!(v.line(0).is_err(), "the slice borrows every line");
+        // A second vector's miss cannot take a line from under the slice.
+        let w: FarVec<u64> = FarVec::new(&far, &sec, 1000).unwrap();
+        let refused = (0..1000)
+            .step_by(8)
+            .filter(|&i| match w.get(i) {
+                Ok(_) => false,
+                Err(FarError::AllBorrowed { .. }) => true,
+                Err(e) => panic!("{e}"),
+            })
+            .count();
+        // 125 lines, and only one slot (the 20th) is not the slice's.
+        assert!(refused >= 100, "{refused}");
+    }
+    // Written back like any line, once evicted.
+    v.flush().unwrap();
+    let w: FarVec<u64> = FarVec::new(&far, &sec, 20 * 8).unwrap();
+    for i in 0..w.len() {
+        w.set(i, 1).unwrap();
+    }
+    assert!(v.local().is_none(), "evicted");
+    assert_eq!(v.get(149).unwrap(), 7);
+    assert_eq!(v.get(148).unwrap(), 148 * 3);
+}
+
+#[test]
+fn a_section_too_small_never_gives_a_slice() {
+    let far = Far::new(Flaky::new());
+    let sec = section(Structure::Direct, 64, 4);
+    let v = FarVec::from_slice(&far, &sec, &[1u64; 100]).unwrap();
+    v.load_all().unwrap();
+    assert!(v.local().is_none());
+    assert_eq!(v.iter().map(|x| x.unwrap()).sum::<u64>(), 100);
+}
+
+#[test]
+fn line_iter_yields_every_line_in_order() {
+    let far = Far::new(Flaky::new());
+    let sec = section(Structure::SetAssociative(2), 128, 8);
+    let values: Vec<u32> = (0..1000).collect();
+    let v = FarVec::from_slice(&far, &sec, &values).unwrap();
+    let mut seen = Vec::new();
+    for l in v.line_iter() {
+        let l = l.unwrap();
+        assert_eq!(l.first, seen.len());
+        seen.extend_from_slice(&l);
+    }
+    assert_eq!(seen, values);
+}
+
+#[test]
+#[should_panic(expected = "outlived")]
+fn update_refuses_to_write_under_a_guard_its_closure_left() {
+    let far = Far::new(Flaky::new());
+    let sec = section(Structure::Full, 64, 4);
+    let v: FarVec<u64> = FarVec::new(&far, &sec, 8).unwrap();
+    v.set(0, 1).unwrap();
+    let kept = std::cell::RefCell::new(None);
+    let _ = v.update(0, |x| {
+        *x += 1;
+        *kept.borrow_mut() = Some(v.line(0).unwrap());
+    });
+}
+
+#[test]
 fn bad_configurations_are_refused_with_reasons() {
     let e = Section::new(SectionConfig::new(Structure::Direct, 60, 600)).unwrap_err();
     assert!(e.to_string().contains("multiple of 8"), "{e}");

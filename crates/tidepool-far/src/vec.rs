@@ -1,17 +1,19 @@
 //! `FarVec<T>`: a fixed-length vector of plain values in far memory, cached by lines.
 
-use crate::section::{Section, DIRTY, EVICTABLE, FILLING, PINNED, REFERENCED};
+use crate::lines::{LineMut, LineRef};
+use crate::section::{Section, Table, DIRTY, EVICTABLE, FILLING, NONE, PINNED, REFERENCED};
 use crate::{Far, FarError, LINE_BITS};
-use std::cell::{Cell, Ref, RefMut};
+use std::cell::Cell;
 use std::marker::PhantomData;
-use std::ops::{Deref, DerefMut};
 use std::rc::Rc;
 use std::time::Instant;
-use tidepool_store::{FetchMode, Key};
+use tidepool_store::Key;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 
 /// Lines written to the store per call when filling or flushing.
 const BATCH: usize = 256;
+/// `shift` when elements per line are not a power of two.
+const NO_SHIFT: u32 = u32::MAX;
 
 /// A vector of `len` values of `T` in far memory. Elements are kept in lines of the section's
 /// line size; reading one brings its whole line into the section.
@@ -20,9 +22,13 @@ const BATCH: usize = 256;
 pub struct FarVec<T> {
     far: Far,
     section: Rc<Section>,
+    /// Where each line is resident, kept by the section.
+    table: Table,
     base: u64,
     len: usize,
     per_line: usize,
+    /// log2 of `per_line`, or `NO_SHIFT`.
+    shift: u32,
     /// Lines an iterator fetches with a miss, beyond the one it needs.
     ahead: Cell<usize>,
     _t: PhantomData<T>,
@@ -54,17 +60,25 @@ where
             )));
         }
         let per_line = lb / size;
-        if len.div_ceil(per_line) as u64 >= 1 << LINE_BITS {
+        let lines = len.div_ceil(per_line);
+        if lines as u64 >= 1 << LINE_BITS {
             return Err(FarError::Config(format!(
                 "{len} elements are too many lines"
             )));
         }
+        let base = far.new_base();
         Ok(FarVec {
             far: far.clone(),
             section: section.clone(),
-            base: far.new_base(),
+            table: section.attach(base, lines),
+            base,
             len,
             per_line,
+            shift: if per_line.is_power_of_two() {
+                per_line.trailing_zeros()
+            } else {
+                NO_SHIFT
+            },
             ahead: Cell::new((section.lines() / 4).clamp(1, 64)),
             _t: PhantomData,
         })
@@ -114,7 +128,7 @@ where
 
     /// Lines in all.
     pub fn lines(&self) -> usize {
-        self.len.div_ceil(self.per_line)
+        self.table.len()
     }
 
     /// Sets how many lines past the one it needs an iterator fetches in the same round trip.
@@ -132,25 +146,52 @@ where
         Ok(())
     }
 
-    /// The elements of line `line` that exist (the last line may be short).
-    fn valid(&self, line: usize) -> std::ops::Range<usize> {
-        let first = line * self.per_line;
-        first..(first + self.per_line).min(self.len)
+    /// The line holding element `index`, and the element's place in it.
+    #[inline]
+    fn split(&self, index: usize) -> (usize, usize) {
+        if self.shift != NO_SHIFT {
+            (index >> self.shift, index & (self.per_line - 1))
+        } else {
+            (index / self.per_line, index % self.per_line)
+        }
+    }
+
+    /// The slot holding line `line`, if resident.
+    #[inline]
+    fn resident(&self, line: usize) -> Option<usize> {
+        let slot = self.table[line].get();
+        (slot != NONE).then_some(slot as usize)
+    }
+
+    #[inline]
+    fn hit(&self) {
+        let h = &self.section.hits;
+        h.set(h.get() + 1);
+    }
+
+    /// Elements in line `line` (the last line may be short).
+    #[inline]
+    fn valid(&self, line: usize) -> usize {
+        (self.len - line * self.per_line).min(self.per_line)
     }
 
     /// The slot holding line `line`, fetching it (and `ahead` more lines in the same round
     /// trip) if it is not resident.
+    #[inline]
     fn ensure(&self, line: usize, ahead: usize, index: usize) -> Result<usize, FarError> {
-        if let Some(s) = self.section.lookup(self.base + line as u64) {
-            self.section.bump(|s| s.hits += 1);
+        if let Some(s) = self.resident(line) {
+            self.hit();
             return Ok(s);
         }
+        self.miss(line, ahead, index)
+    }
+
+    #[inline(never)]
+    fn miss(&self, line: usize, ahead: usize, index: usize) -> Result<usize, FarError> {
         let last = (line + 1 + ahead).min(self.lines());
         let lines: Vec<usize> = (line..last).collect();
         self.fill(&lines, true, index)?;
-        self.section
-            .lookup(self.base + line as u64)
-            .ok_or(FarError::AllBorrowed { index })
+        self.resident(line).ok_or(FarError::AllBorrowed { index })
     }
 
     /// Fetches the lines of `lines` that are not resident, writing back the dirty lines they
@@ -161,10 +202,10 @@ where
         // (slot, new key, old tag, old flags)
         let mut taken: Vec<(usize, Key, u64, u8)> = Vec::new();
         for (n, &line) in lines.iter().enumerate() {
-            let key = self.base + line as u64;
-            if sec.find(key).is_some() {
+            if self.resident(line).is_some() {
                 continue;
             }
+            let key = self.base + line as u64;
             let Some(slot) = sec.victim(key) else {
                 if required && n == 0 {
                     self.undo(&taken);
@@ -172,63 +213,60 @@ where
                 }
                 continue;
             };
-            let s = sec.slot(slot);
-            taken.push((slot, key, s.tag.get(), s.flags.get()));
+            taken.push((slot, key, sec.tag(slot), sec.flags(slot)));
             sec.install(slot, key, FILLING | REFERENCED);
         }
         if taken.is_empty() {
             return Ok(());
         }
-        let dirty: Vec<&(usize, Key, u64, u8)> = taken
-            .iter()
-            .filter(|t| t.2 != 0 && t.3 & DIRTY != 0)
-            .collect();
-        let t0 = Instant::now();
-        let result = {
-            let guards: Vec<Ref<'_, Box<[u64]>>> =
-                dirty.iter().map(|t| sec.slot(t.0).data.borrow()).collect();
-            let evict: Vec<(Key, &[u8])> = dirty
-                .iter()
-                .zip(&guards)
-                .map(|(t, g)| (t.2 - 1, g.as_bytes()))
-                .collect();
-            let fetch: Vec<Key> = taken.iter().map(|t| t.1).collect();
-            self.far.store.evict_fetch(&evict, &fetch, FetchMode::Keep)
-        };
-        let values = match result {
-            Ok(v) => v,
-            Err(e) => {
-                // Nothing lost: the dirty lines are still here, under their own keys.
-                self.undo(&taken);
-                return Err(e.into());
-            }
-        };
-        let nanos = t0.elapsed().as_nanos() as u64;
         let lb = sec.line_bytes();
+        let mut data = vec![0u8; taken.len() * lb];
+        let mut lens = vec![None; taken.len()];
+        let fetch: Vec<Key> = taken.iter().map(|t| t.1).collect();
+        let t0 = Instant::now();
+        let (result, writebacks) = {
+            // Victims are never borrowed, so their old contents can be read for write-back.
+            let dirty: Vec<(Key, LineRef<'_, u8>)> = taken
+                .iter()
+                .filter(|t| t.2 != 0 && t.3 & DIRTY != 0)
+                .map(|t| {
+                    (
+                        t.2 - 1,
+                        sec.buf.bytes(t.0).expect("a victim is not borrowed"),
+                    )
+                })
+                .collect();
+            let evict: Vec<(Key, &[u8])> = dirty.iter().map(|(k, g)| (*k, &g[..])).collect();
+            let r = self
+                .far
+                .store
+                .evict_fetch_into(&evict, &fetch, lb, &mut data, &mut lens);
+            (r, evict.len() as u64)
+        };
+        if let Err(e) = result {
+            // Nothing lost: the dirty lines are still here, under their own keys.
+            self.undo(&taken);
+            return Err(e.into());
+        }
+        let nanos = t0.elapsed().as_nanos() as u64;
         let mut bad = None;
-        for (t, v) in taken.iter().zip(values) {
-            let s = sec.slot(t.0);
-            let mut d = s.data.borrow_mut();
-            match v {
-                Some(v) if v.len() == lb => d.as_mut_bytes().copy_from_slice(&v),
-                Some(v) => {
-                    bad.get_or_insert(FarError::BadLine {
-                        got: v.len(),
-                        want: lb,
-                    });
-                    drop(d);
+        for (k, (t, len)) in taken.iter().zip(lens).enumerate() {
+            match len {
+                Some(n) if n != lb => {
+                    bad.get_or_insert(FarError::BadLine { got: n, want: lb });
                     sec.clear(t.0);
                     continue;
                 }
-                None => d.fill(0),
-            }
-            s.flags.set(REFERENCED);
+                Some(_) => sec.buf.fill(t.0, &data[k * lb..(k + 1) * lb]),
+                None => sec.buf.fill(t.0, &[]),
+            };
+            sec.set_flags(t.0, REFERENCED);
         }
         let n = taken.len() as u64;
         sec.bump(|s| {
             s.misses += n;
             s.prefetched += n - required as u64;
-            s.writebacks += dirty.len() as u64;
+            s.writebacks += writebacks;
             s.fetches += 1;
             s.fetch_nanos += nanos;
         });
@@ -255,105 +293,220 @@ where
         let mut lines: Vec<usize> = indices
             .iter()
             .filter(|&&i| i < self.len)
-            .map(|&i| i / self.per_line)
+            .map(|&i| self.split(i).0)
+            .filter(|&l| self.resident(l).is_none())
             .collect();
+        if lines.is_empty() {
+            return Ok(());
+        }
         lines.sort_unstable();
         lines.dedup();
         self.fill(&lines, false, 0)
     }
 
     /// A guard on the line holding element `index`: its elements are a plain slice.
+    #[inline]
     pub fn line(&self, index: usize) -> Result<LineRef<'_, T>, FarError> {
         self.check(index)?;
-        let line = index / self.per_line;
+        let line = self.split(index).0;
         let slot = self.ensure(line, 0, index)?;
         self.readable(line, slot)
     }
 
+    #[inline]
     fn readable(&self, line: usize, slot: usize) -> Result<LineRef<'_, T>, FarError> {
-        let valid = self.valid(line);
-        let data = self
-            .section
-            .slot(slot)
-            .data
-            .try_borrow()
-            .map_err(|_| FarError::Borrowed {
+        self.section
+            .buf
+            .read(
+                slot,
+                1,
+                self.valid(line),
+                line * self.per_line,
+                REFERENCED,
+                EVICTABLE,
+            )
+            .ok_or(FarError::Borrowed {
                 line,
                 how: "for writing",
                 want: "for reading",
-            })?;
-        let n = valid.len();
-        Ok(LineRef {
-            first: valid.start,
-            data: Ref::map(data, |d| &as_elems::<T>(d)[..n]),
-        })
+            })
     }
 
     /// A writable guard on the line holding element `index` (the line becomes dirty).
+    #[inline]
     pub fn line_mut(&self, index: usize) -> Result<LineMut<'_, T>, FarError> {
         self.check(index)?;
-        let line = index / self.per_line;
+        let line = self.split(index).0;
         let slot = self.ensure(line, 0, index)?;
         self.writable(line, slot)
     }
 
+    #[inline]
     fn writable(&self, line: usize, slot: usize) -> Result<LineMut<'_, T>, FarError> {
-        let valid = self.valid(line);
-        let s = self.section.slot(slot);
-        let data = s.data.try_borrow_mut().map_err(|_| FarError::Borrowed {
-            line,
-            how: "already",
-            want: "for writing",
-        })?;
-        s.flags.set(s.flags.get() | DIRTY);
-        let n = valid.len();
-        Ok(LineMut {
-            first: valid.start,
-            data: RefMut::map(data, |d| &mut as_elems_mut::<T>(d)[..n]),
-        })
+        self.section
+            .buf
+            .write(
+                slot,
+                1,
+                self.valid(line),
+                line * self.per_line,
+                REFERENCED | DIRTY,
+                EVICTABLE,
+            )
+            .ok_or(FarError::Borrowed {
+                line,
+                how: "already",
+                want: "for writing",
+            })
+    }
+
+    /// Brings every line of the vector in, many lines per round trip; lines that find no free
+    /// slot are skipped (the section is smaller than the vector). Use before [`FarVec::local`].
+    pub fn load_all(&self) -> Result<(), FarError> {
+        let lines: Vec<usize> = (0..self.lines())
+            .filter(|&l| self.resident(l).is_none())
+            .collect();
+        for chunk in lines.chunks(4 * BATCH) {
+            self.fill(chunk, false, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The first slot of the run of slots holding every line in order, if there is one.
+    fn run(&self) -> Option<usize> {
+        if self.is_empty() {
+            return None;
+        }
+        let first = self.resident(0)?;
+        (1..self.lines())
+            .all(|l| self.resident(l) == Some(first + l))
+            .then_some(first)
+    }
+
+    /// The whole vector as one plain slice, when every line is resident in consecutive slots,
+    /// in order: as they are after [`FarVec::load_all`] in a direct-mapped section at least as
+    /// large as the vector that it has to itself. Then the vector costs what a `Vec` costs,
+    /// the case Mira compiles to native loads. `None` otherwise (use the line guards); nothing
+    /// is fetched. No line is evicted while the guard lives.
+    pub fn local(&self) -> Option<LineRef<'_, T>> {
+        let first = self.run()?;
+        self.section
+            .buf
+            .read(first, self.lines(), self.len, 0, REFERENCED, EVICTABLE)
+    }
+
+    /// [`FarVec::local`], writable (every line becomes dirty).
+    pub fn local_mut(&self) -> Option<LineMut<'_, T>> {
+        let first = self.run()?;
+        self.section.buf.write(
+            first,
+            self.lines(),
+            self.len,
+            0,
+            REFERENCED | DIRTY,
+            EVICTABLE,
+        )
     }
 
     /// A writable guard on the line holding `index`, whose old contents are not fetched:
     /// the caller writes the whole line (it starts as zeros).
     pub fn overwrite_line(&self, index: usize) -> Result<LineMut<'_, T>, FarError> {
         self.check(index)?;
-        let line = index / self.per_line;
-        let key = self.base + line as u64;
-        let slot = match self.section.lookup(key) {
-            Some(s) => s,
+        let line = self.split(index).0;
+        let slot = match self.resident(line) {
+            Some(s) => {
+                self.hit();
+                s
+            }
             None => {
-                let slot = self
-                    .section
-                    .victim(key)
-                    .ok_or(FarError::AllBorrowed { index })?;
-                let s = self.section.slot(slot);
-                let (old, flags) = (s.tag.get(), s.flags.get());
+                let key = self.base + line as u64;
+                let sec = &self.section;
+                let slot = sec.victim(key).ok_or(FarError::AllBorrowed { index })?;
+                let (old, flags) = (sec.tag(slot), sec.flags(slot));
                 if old != 0 && flags & DIRTY != 0 {
-                    let d = s.data.borrow();
-                    self.far.store.write_many(&[(old - 1, d.as_bytes())])?;
-                    self.section.bump(|s| s.writebacks += 1);
+                    let d = sec.buf.bytes(slot).expect("a victim is not borrowed");
+                    self.far.store.write_many(&[(old - 1, &d[..])])?;
+                    sec.bump(|s| s.writebacks += 1);
                 }
-                self.section.install(slot, key, REFERENCED);
-                s.data.borrow_mut().fill(0);
-                self.section.bump(|s| s.misses += 1);
+                sec.install(slot, key, REFERENCED);
+                sec.buf.fill(slot, &[]);
+                sec.bump(|s| s.misses += 1);
                 slot
             }
         };
         self.writable(line, slot)
     }
 
-    /// Element `index`.
+    /// Element `index`. A resident line makes this a bounds check, a table load, a state load
+    /// and the load itself (not counted in [`crate::SectionStats::hits`]: a counter on this path
+    /// costs a quarter of its time on random access).
+    #[inline]
     pub fn get(&self, index: usize) -> Result<T, FarError> {
+        if index < self.len {
+            let (line, at) = self.split(index);
+            if let Some(slot) = self.resident(line) {
+                if let Some(x) = self.section.buf.load(slot, at, REFERENCED, EVICTABLE) {
+                    return Ok(x);
+                }
+            }
+        }
+        self.get_cold(index)
+    }
+
+    #[inline(never)]
+    fn get_cold(&self, index: usize) -> Result<T, FarError> {
         let l = self.line(index)?;
         Ok(l[index - l.first])
     }
 
     /// Sets element `index`.
+    #[inline]
     pub fn set(&self, index: usize, value: T) -> Result<(), FarError> {
+        if index < self.len {
+            let (line, at) = self.split(index);
+            if let Some(slot) = self.resident(line) {
+                if self
+                    .section
+                    .buf
+                    .store(slot, at, value, REFERENCED | DIRTY, EVICTABLE)
+                {
+                    return Ok(());
+                }
+            }
+        }
+        self.set_cold(index, value)
+    }
+
+    #[inline(never)]
+    fn set_cold(&self, index: usize, value: T) -> Result<(), FarError> {
         let mut l = self.line_mut(index)?;
         let first = l.first;
         l[index - first] = value;
         Ok(())
+    }
+
+    /// Replaces element `index` with `f` applied to a copy of it (one lookup for a
+    /// read-modify-write). `f` must not leave a guard of this vector alive when it returns: that
+    /// panics, as writing the element would then change memory a guard reads.
+    #[inline]
+    pub fn update<R, F: FnOnce(&mut T) -> R>(&self, index: usize, f: F) -> Result<R, FarError> {
+        let mut f = f;
+        if index < self.len {
+            let (line, at) = self.split(index);
+            if let Some(slot) = self.resident(line) {
+                match self
+                    .section
+                    .buf
+                    .modify(slot, at, f, REFERENCED | DIRTY, EVICTABLE)
+                {
+                    Ok(r) => return Ok(r),
+                    Err(back) => f = back,
+                }
+            }
+        }
+        let mut l = self.line_mut(index)?;
+        let first = l.first;
+        Ok(f(&mut l[index - first]))
     }
 
     /// The elements in order, a line at a time (each miss fetches further lines with it).
@@ -371,37 +524,56 @@ where
         }
     }
 
+    /// The lines of the vector in order, as guards (each miss fetches further lines with it):
+    /// within one, elements are a plain slice.
+    pub fn line_iter(&self) -> FarLines<'_, T> {
+        FarLines { v: self, next: 0 }
+    }
+
     /// Every element, copied out.
     pub fn to_vec(&self) -> Result<Vec<T>, FarError> {
         self.iter().collect()
     }
 
+    /// Slots holding this vector's lines.
+    fn resident_slots(&self) -> impl Iterator<Item = usize> + '_ {
+        self.table
+            .iter()
+            .map(|s| s.get())
+            .filter(|&s| s != NONE)
+            .map(|s| s as usize)
+    }
+
     /// Writes this vector's dirty lines back to the store (they stay cached, clean).
     pub fn flush(&self) -> Result<(), FarError> {
-        let hi = self.base + self.lines() as u64;
+        let sec = &self.section;
         let dirty: Vec<usize> = self
-            .section
-            .resident_in(self.base, hi)
-            .filter(|&i| self.section.slot(i).flags.get() & DIRTY != 0)
+            .resident_slots()
+            .filter(|&i| sec.flags(i) & DIRTY != 0)
             .collect();
         for chunk in dirty.chunks(BATCH) {
-            let guards: Vec<Ref<'_, Box<[u64]>>> = chunk
+            let guards: Vec<LineRef<'_, u8>> = chunk
                 .iter()
-                .map(|&i| self.section.slot(i).data.borrow())
-                .collect();
+                .map(|&i| {
+                    sec.buf.bytes(i).ok_or(FarError::Borrowed {
+                        line: (sec.tag(i) - 1 - self.base) as usize,
+                        how: "for writing",
+                        want: "to flush it",
+                    })
+                })
+                .collect::<Result<_, _>>()?;
             let items: Vec<(Key, &[u8])> = chunk
                 .iter()
                 .zip(&guards)
-                .map(|(&i, g)| (self.section.slot(i).tag.get() - 1, g.as_bytes()))
+                .map(|(&i, g)| (sec.tag(i) - 1, &g[..]))
                 .collect();
             self.far.store.write_many(&items)?;
             drop(items);
             drop(guards);
             for &i in chunk {
-                let s = self.section.slot(i);
-                s.flags.set(s.flags.get() & !DIRTY);
+                sec.set_flags(i, sec.flags(i) & !DIRTY);
             }
-            self.section.bump(|s| s.writebacks += chunk.len() as u64);
+            sec.bump(|s| s.writebacks += chunk.len() as u64);
         }
         Ok(())
     }
@@ -409,40 +581,37 @@ where
     /// Eviction hint: the program is done with the line holding `index` for now; it goes
     /// before any line CLOCK would choose.
     pub fn evictable(&self, index: usize) {
-        let key = self.base + (index / self.per_line) as u64;
-        if let Some(i) = self.section.find(key) {
-            let s = self.section.slot(i);
-            s.flags.set((s.flags.get() | EVICTABLE) & !REFERENCED);
+        if index < self.len {
+            if let Some(i) = self.resident(self.split(index).0) {
+                let f = self.section.flags(i);
+                self.section.set_flags(i, (f | EVICTABLE) & !REFERENCED);
+            }
         }
     }
 
     /// Keeps the line holding `index` resident until [`FarVec::unpin`].
     pub fn pin(&self, index: usize) -> Result<(), FarError> {
         self.check(index)?;
-        let slot = self.ensure(index / self.per_line, 0, index)?;
-        let s = self.section.slot(slot);
-        s.flags.set(s.flags.get() | PINNED);
+        let slot = self.ensure(self.split(index).0, 0, index)?;
+        self.section
+            .set_flags(slot, self.section.flags(slot) | PINNED);
         Ok(())
     }
 
     pub fn unpin(&self, index: usize) {
-        let key = self.base + (index / self.per_line) as u64;
-        if let Some(i) = self.section.find(key) {
-            let s = self.section.slot(i);
-            s.flags.set(s.flags.get() & !PINNED);
+        if index < self.len {
+            if let Some(i) = self.resident(self.split(index).0) {
+                self.section.set_flags(i, self.section.flags(i) & !PINNED);
+            }
         }
     }
 }
 
 impl<T> Drop for FarVec<T> {
     fn drop(&mut self) {
-        let lines = self.len.div_ceil(self.per_line) as u64;
-        let hi = self.base + lines;
-        let resident: Vec<usize> = self.section.resident_in(self.base, hi).collect();
-        for i in resident {
-            self.section.clear(i);
-        }
+        self.section.detach(self.base);
         // The far copies go too (a failure leaves garbage in the store, nothing worse).
+        let hi = self.base + self.table.len() as u64;
         let mut key = self.base;
         while key < hi {
             let n = (hi - key).min(4096);
@@ -450,66 +619,6 @@ impl<T> Drop for FarVec<T> {
             let _ = self.far.store.remove_many(&keys);
             key += n;
         }
-    }
-}
-
-fn as_elems<T: FromBytes + Immutable + KnownLayout>(d: &[u64]) -> &[T] {
-    // Element size and alignment were checked against the line when the vector was made.
-    <[T]>::ref_from_bytes(d.as_bytes()).expect("line holds whole aligned elements")
-}
-
-fn as_elems_mut<T: FromBytes + IntoBytes + KnownLayout>(d: &mut [u64]) -> &mut [T] {
-    <[T]>::mut_from_bytes(d.as_mut_bytes()).expect("line holds whole aligned elements")
-}
-
-/// A resident line, borrowed for reading: its elements are a slice.
-pub struct LineRef<'a, T> {
-    /// Index of its first element in the vector.
-    pub first: usize,
-    data: Ref<'a, [T]>,
-}
-
-impl<T> Deref for LineRef<'_, T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        &self.data
-    }
-}
-
-impl<T: std::fmt::Debug> std::fmt::Debug for LineRef<'_, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LineRef")
-            .field("first", &self.first)
-            .field("elems", &self.data.len())
-            .finish()
-    }
-}
-
-/// A resident line, borrowed for writing (it is written back when evicted or flushed).
-pub struct LineMut<'a, T> {
-    pub first: usize,
-    data: RefMut<'a, [T]>,
-}
-
-impl<T> Deref for LineMut<'_, T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        &self.data
-    }
-}
-
-impl<T> DerefMut for LineMut<'_, T> {
-    fn deref_mut(&mut self) -> &mut [T] {
-        &mut self.data
-    }
-}
-
-impl<T: std::fmt::Debug> std::fmt::Debug for LineMut<'_, T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LineMut")
-            .field("first", &self.first)
-            .field("elems", &self.data.len())
-            .finish()
     }
 }
 
@@ -573,5 +682,42 @@ where
     fn size_hint(&self) -> (usize, Option<usize>) {
         let n = self.end.saturating_sub(self.next);
         (n, Some(n))
+    }
+}
+
+/// Iterates over a far vector's lines; see [`FarVec::line_iter`].
+pub struct FarLines<'a, T> {
+    v: &'a FarVec<T>,
+    next: usize,
+}
+
+impl<T> std::fmt::Debug for FarLines<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FarLines")
+            .field("next", &self.next)
+            .finish()
+    }
+}
+
+impl<'a, T> Iterator for FarLines<'a, T>
+where
+    T: FromBytes + IntoBytes + Immutable + KnownLayout + Copy,
+{
+    type Item = Result<LineRef<'a, T>, FarError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let line = self.next;
+        if line >= self.v.lines() {
+            return None;
+        }
+        self.next += 1;
+        let r = self
+            .v
+            .ensure(line, self.v.ahead.get(), line * self.v.per_line)
+            .and_then(|slot| self.v.readable(line, slot));
+        if r.is_err() {
+            self.next = self.v.lines();
+        }
+        Some(r)
     }
 }

@@ -123,6 +123,28 @@ pub trait FarStore: Send + Sync + fmt::Debug {
         }
     }
 
+    /// [`FarStore::evict_fetch`] with [`FetchMode::Keep`], reading into `out` as
+    /// [`FarStore::read_many_into`] does. The default makes one `evict_fetch` round trip and
+    /// copies; a backend with a cheaper path (the in-process store) overrides it.
+    fn evict_fetch_into(
+        &self,
+        evict: &[(Key, &[u8])],
+        fetch: &[Key],
+        chunk: usize,
+        out: &mut [u8],
+        lens: &mut [Option<usize>],
+    ) -> Result<(), StoreError> {
+        assert!(out.len() >= fetch.len() * chunk && lens.len() >= fetch.len());
+        if evict.is_empty() {
+            return self.read_many_into(fetch, chunk, out, lens);
+        }
+        let values = self.evict_fetch(evict, fetch, FetchMode::Keep)?;
+        for (i, v) in values.into_iter().enumerate() {
+            lens[i] = copy_into_chunk(v.as_deref(), chunk, &mut out[i * chunk..])?;
+        }
+        Ok(())
+    }
+
     /// What the backend can tell about its use.
     fn stats(&self) -> Result<StoreStats, StoreError> {
         Ok(StoreStats::default())
