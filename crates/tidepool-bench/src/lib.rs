@@ -9,6 +9,7 @@
 
 pub mod alloc;
 pub mod coord;
+pub mod far;
 pub mod libs;
 pub mod pager;
 pub mod report;
@@ -191,6 +192,7 @@ pub fn suites() -> Vec<Box<dyn Suite>> {
         Box::new(pager::PagerSuite),
         Box::new(soft::SoftSuite),
         Box::new(coord::CoordSuite),
+        Box::new(far::FarSuite),
     ]
 }
 

@@ -26,7 +26,7 @@ const RATIOS: [f64; 4] = [0.25, 0.5, 0.75, 1.0];
 /// Local memory every system gets on top of its share of the working set: for zram's cgroup
 /// the process itself (binary, stacks, libraries), for tidepool's budget the heap besides the
 /// working set and the evictor's margin. Without it "100% local" would not fit for either.
-const ALLOWANCE: u64 = 16 << 20;
+pub(crate) const ALLOWANCE: u64 = 16 << 20;
 
 #[derive(Debug)]
 pub struct PagerSuite;
@@ -235,7 +235,7 @@ impl Suite for PagerSuite {
 }
 
 /// Runs a worker; its throughput (GB/s for the scan, ops/s otherwise).
-fn run_worker(mut cmd: Command) -> Result<f64> {
+pub(crate) fn run_worker(mut cmd: Command) -> Result<f64> {
     let out = cmd.stdin(Stdio::null()).output()?;
     if !out.status.success() {
         bail!(
@@ -322,7 +322,7 @@ fn verdict(ctx: &mut Ctx) {
 }
 
 /// Linux swap to zram, and a cgroup v1 memory group to run programs in.
-struct Zram {
+pub(crate) struct Zram {
     cgroup: PathBuf,
 }
 
@@ -343,7 +343,7 @@ fn sh(cmd: &str) -> Result<()> {
 }
 
 impl Zram {
-    fn start(disksize: u64) -> Result<Zram> {
+    pub(crate) fn start(disksize: u64) -> Result<Zram> {
         let memcg = Path::new("/sys/fs/cgroup/memory");
         if !memcg.join("cgroup.procs").exists() {
             bail!("no cgroup v1 memory controller at {}", memcg.display());
@@ -367,7 +367,7 @@ impl Zram {
     }
 
     /// A command that runs its arguments inside the group, limited to `limit` bytes.
-    fn command(&self, limit: u64) -> Result<Command> {
+    pub(crate) fn command(&self, limit: u64) -> Result<Command> {
         write(self.cgroup.join("memory.limit_in_bytes"), limit.to_string())?;
         let mut c = Command::new("sh");
         c.arg("-c")

@@ -303,6 +303,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             "alloc" => tidepool_bench::alloc::worker(&args),
             "pager" => tidepool_bench::pager::worker(&args),
+            "far-graph" => tidepool_bench::far::graph_worker(&args),
             "coord-app" => tidepool_bench::coord::worker(&args),
             "antagonist" => tidepool_bench::coord::antagonist_worker(&args),
             other => anyhow::bail!("unknown bench worker '{other}'"),

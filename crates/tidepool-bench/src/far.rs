@@ -1,0 +1,425 @@
+//! The `far` suite: far data structures (Mira's runtime) against the transparent pager, Linux
+//! swap to zram and native code.
+//!
+//! (a) Mira's graph traversal (its Figure 4): edges read in order, each adding to its two
+//! nodes, chosen at random. The footprint is the edges and the nodes together; local-memory
+//! ratios are of it. Systems, each in a fresh process:
+//! - `tidepool-far`: far vectors over the in-process store, a small direct-mapped section for
+//!   the edges (4 KiB lines, prefetched) and a set-associative one of 64-byte lines for the
+//!   nodes, whose misses are requested a line of edges ahead (the split phase); when the
+//!   nodes fit, a direct-mapped section that holds them all, used as a plain slice.
+//! - `tidepool-far-swap`: the same vectors in one fully associative section of 4 KiB lines,
+//!   accessed element by element: far memory as a swap system sees it.
+//! - `tidepool-pager`: the native program under `tidepool run` (in-process store).
+//! - `linux-zram`: the native program in a memory cgroup of the same size, swapping to zram.
+//! - `native`: the native program with everything local.
+//!
+//! Every system's local memory is the ratio times the footprint. zram and the pager get
+//! [`ALLOWANCE`] on top for the rest of the process; the far sections do not, and their line
+//! tables count against their share.
+
+use crate::pager::{run_worker, Zram};
+use crate::{median, BenchOpts, Ctx, Suite};
+use anyhow::{bail, Context, Result};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidepool_far::{Far, FarVec, Section, SectionConfig, Structure};
+
+/// The native worker's resident set with an empty graph (4.2 MiB measured): what the process
+/// needs besides the graph. The pager suite's 16 MiB would hand zram and the pager a quarter of
+/// the footprint for free at small ratios.
+const ALLOWANCE: u64 = 4 << 20;
+const RATIOS: [f64; 5] = [0.1, 0.25, 0.5, 0.75, 1.0];
+const GRAPH_SYSTEMS: [&str; 5] = [
+    "tidepool-far",
+    "tidepool-far-swap",
+    "tidepool-pager",
+    "linux-zram",
+    "native",
+];
+
+#[derive(Debug)]
+pub struct FarSuite;
+
+struct Sizes {
+    nodes: u64,
+    edges: u64,
+    seconds: f64,
+    rounds: usize,
+}
+
+fn sizes(opts: &BenchOpts) -> Sizes {
+    if opts.quick {
+        Sizes {
+            nodes: 2 << 20,
+            edges: 2 << 20,
+            seconds: 0.5,
+            rounds: 1,
+        }
+    } else {
+        Sizes {
+            nodes: 8 << 20,
+            edges: 8 << 20,
+            seconds: 2.0,
+            rounds: 3,
+        }
+    }
+}
+
+impl Suite for FarSuite {
+    fn name(&self) -> &'static str {
+        "far"
+    }
+
+    fn about(&self) -> &'static str {
+        "far data structures with cache sections: Mira's graph traversal against the \
+         transparent pager, Linux swap to zram and native"
+    }
+
+    fn steps(&self, opts: &BenchOpts) -> u64 {
+        (sizes(opts).rounds * RATIOS.len()) as u64
+    }
+
+    fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        let s = sizes(&ctx.opts);
+        let footprint = (s.nodes + s.edges) * 8;
+        let exe = std::env::current_exe()?;
+        let preload = crate::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")?;
+        let zram = match Zram::start(footprint * 2) {
+            Ok(z) => Some(z),
+            Err(e) => {
+                ctx.note(format!("linux-zram skipped: {e:#}"));
+                None
+            }
+        };
+        let mut samples: std::collections::BTreeMap<(String, u64), Vec<f64>> = Default::default();
+        for round in 0..s.rounds {
+            for &ratio in &RATIOS {
+                ctx.step(format!(
+                    "graph at {:.0}% local, round {}",
+                    ratio * 100.0,
+                    round + 1
+                ));
+                let local = (footprint as f64 * ratio) as u64;
+                let systems: Vec<&str> = GRAPH_SYSTEMS
+                    .into_iter()
+                    .filter(|&n| n != "linux-zram" || zram.is_some())
+                    .filter(|&n| n != "native" || ratio == 1.0)
+                    .collect();
+                let n = systems.len();
+                for k in 0..n {
+                    let system = systems[(k + round) % n];
+                    let worker_system = match system {
+                        "tidepool-far" => "far",
+                        "tidepool-far-swap" => "far-swap",
+                        _ => "native",
+                    };
+                    let mut cmd = match system {
+                        "linux-zram" => zram
+                            .as_ref()
+                            .expect("listed only if started")
+                            .command(local + ALLOWANCE)?,
+                        "tidepool-pager" => {
+                            let mut c = Command::new(&exe);
+                            c.args(["run", "--local", &(local + ALLOWANCE).to_string()])
+                                .args(["--backend", "local:", "--"])
+                                .env("TIDEPOOL_PRELOAD", &preload);
+                            c
+                        }
+                        _ => Command::new("env"),
+                    };
+                    cmd.arg(&exe).args([
+                        "bench-worker",
+                        "far-graph",
+                        worker_system,
+                        &s.nodes.to_string(),
+                        &s.edges.to_string(),
+                        &s.seconds.to_string(),
+                        &local.to_string(),
+                    ]);
+                    match run_worker(cmd) {
+                        Ok(v) => samples
+                            .entry((system.into(), (ratio * 100.0).round() as u64))
+                            .or_default()
+                            .push(v),
+                        Err(e) => ctx.note(format!(
+                            "graph on {system} at {:.0}% local, round {}: {e:#}",
+                            ratio * 100.0,
+                            round + 1
+                        )),
+                    }
+                }
+                ctx.advance();
+            }
+        }
+        for ((system, pct), mut v) in samples {
+            ctx.report.push(
+                &system,
+                "graph",
+                "edges_per_s",
+                median(&mut v),
+                "edges/s",
+                &[
+                    ("local_ratio", pct as f64 / 100.0),
+                    ("footprint_mib", (footprint >> 20) as f64),
+                ],
+            );
+        }
+        verdict(ctx);
+        Ok(())
+    }
+}
+
+/// The issue's acceptance ratios, from this run, as notes.
+fn verdict(ctx: &mut Ctx) {
+    let at = |r: &crate::Report, system: &str, ratio: f64| {
+        r.results
+            .iter()
+            .find(|row| {
+                row.system == system
+                    && row.workload == "graph"
+                    && row.params.get("local_ratio").copied() == Some(ratio)
+            })
+            .map(|row| row.value)
+    };
+    let targets = [
+        (0.25, "linux-zram", 5.0),
+        (0.25, "tidepool-pager", 2.0),
+        (1.0, "native", 1.0 / 1.1),
+    ];
+    let mut notes = Vec::new();
+    for (ratio, peer, want) in targets {
+        if let (Some(t), Some(p)) = (
+            at(&ctx.report, "tidepool-far", ratio),
+            at(&ctx.report, peer, ratio),
+        ) {
+            notes.push(format!(
+                "graph at {:.0}% local: tidepool-far / {peer} = {:.2}x (target >= {want:.2}x)",
+                ratio * 100.0,
+                t / p
+            ));
+        }
+    }
+    for n in notes {
+        ctx.note(n);
+    }
+}
+
+#[derive(
+    Clone,
+    Copy,
+    Default,
+    zerocopy::FromBytes,
+    zerocopy::IntoBytes,
+    zerocopy::Immutable,
+    zerocopy::KnownLayout,
+)]
+#[repr(C)]
+struct Edge {
+    from: u32,
+    to: u32,
+}
+
+/// Edge `i` of a graph of `nodes` nodes: both ends uniformly random (SplitMix64 of `i`), so
+/// every system can make the same graph in any order without storing it first.
+fn edge(i: u64, nodes: u64) -> Edge {
+    let mut z = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    Edge {
+        from: ((z & 0xFFFF_FFFF) % nodes) as u32,
+        to: ((z >> 32) % nodes) as u32,
+    }
+}
+
+/// Edges between looks at the clock.
+const CHECK_EVERY: u64 = 1 << 14;
+
+/// `tidepool bench-worker far-graph SYSTEM NODES EDGES SECONDS LOCAL_BYTES`: builds the graph,
+/// then walks its edges (over and over) for SECONDS, and prints `{"value": edges/s, ...}`.
+/// SYSTEM is `native` (plain vectors), `far` or `far-swap` (far vectors over the in-process
+/// store in LOCAL_BYTES of sections).
+pub fn graph_worker(args: &[String]) -> Result<()> {
+    let [system, nodes, edges, seconds, local] = args else {
+        bail!("usage: tidepool bench-worker far-graph SYSTEM NODES EDGES SECONDS LOCAL_BYTES");
+    };
+    let nodes: u64 = nodes.parse().context("NODES")?;
+    let edges: u64 = edges.parse().context("EDGES")?;
+    if nodes == 0 || nodes > u32::MAX as u64 || edges == 0 {
+        bail!("NODES must be 1..2^32 and EDGES positive");
+    }
+    let run_for = Duration::from_secs_f64(seconds.parse().context("SECONDS")?);
+    let local: usize = local.parse().context("LOCAL_BYTES")?;
+    let (done, secs, checksum, extra) = match system.as_str() {
+        "native" => graph_native(nodes, edges, run_for),
+        "far" => graph_far(nodes, edges, run_for, local, false)?,
+        "far-swap" => graph_far(nodes, edges, run_for, local, true)?,
+        other => bail!("unknown far-graph system '{other}' (native, far, far-swap)"),
+    };
+    println!(
+        "{{\"value\": {}, \"edges\": {done}, \"checksum\": {checksum}{extra}}}",
+        done as f64 / secs
+    );
+    Ok(())
+}
+
+fn graph_native(nodes: u64, edges: u64, run_for: Duration) -> (u64, f64, u64, String) {
+    let e: Vec<Edge> = (0..edges).map(|i| edge(i, nodes)).collect();
+    let mut n = vec![0u64; nodes as usize];
+    // Touched before the clock starts, as the far systems load their sections first.
+    n.fill(0);
+    std::hint::black_box(&mut n);
+    let start = Instant::now();
+    let (mut i, mut done) = (0usize, 0u64);
+    loop {
+        for _ in 0..CHECK_EVERY {
+            let x = e[i];
+            n[x.from as usize] += i as u64;
+            n[x.to as usize] += 1;
+            i += 1;
+            if i == e.len() {
+                i = 0;
+            }
+        }
+        done += CHECK_EVERY;
+        if start.elapsed() >= run_for {
+            break;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    (done, secs, n.iter().sum(), String::new())
+}
+
+/// Bytes of a far vector's line table: local memory it uses besides its section.
+fn table_bytes(bytes: u64, line: u64) -> u64 {
+    bytes.div_ceil(line) * 4
+}
+
+fn graph_far(
+    nodes: u64,
+    edges: u64,
+    run_for: Duration,
+    local: usize,
+    swap_like: bool,
+) -> Result<(u64, f64, u64, String)> {
+    let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+    let (node_bytes, edge_bytes) = (nodes * 8, edges * 8);
+    const PAGE: u64 = 4096;
+    const NODE_LINE: u64 = 64;
+    let (es, ns, nodes_local) = if swap_like {
+        let tables = table_bytes(node_bytes, PAGE) + table_bytes(edge_bytes, PAGE);
+        let cap = (local as u64).saturating_sub(tables).max(2 * PAGE);
+        let s = Section::new(SectionConfig::new(
+            Structure::Full,
+            PAGE as usize,
+            cap as usize,
+        ))?;
+        (s.clone(), s, false)
+    } else {
+        // Edges: a small window, prefetched far enough ahead to hide a fetch.
+        let edge_cap = 64 * PAGE;
+        let es = Section::new(SectionConfig::new(
+            Structure::Direct,
+            PAGE as usize,
+            edge_cap as usize,
+        ))?;
+        let left = (local as u64).saturating_sub(edge_cap + table_bytes(edge_bytes, PAGE));
+        let whole = node_bytes.div_ceil(PAGE) * PAGE;
+        if left >= whole + table_bytes(node_bytes, PAGE) {
+            let ns = Section::new(SectionConfig::new(
+                Structure::Direct,
+                PAGE as usize,
+                whole as usize,
+            ))?;
+            (es, ns, true)
+        } else {
+            let cap = left.saturating_sub(table_bytes(node_bytes, NODE_LINE));
+            let set = 8 * NODE_LINE;
+            let ns = Section::new(SectionConfig::new(
+                Structure::SetAssociative(8),
+                NODE_LINE as usize,
+                (cap / set * set).max(set) as usize,
+            ))?;
+            (es, ns, false)
+        }
+    };
+    let ev: FarVec<Edge> = FarVec::new(&far, &es, edges as usize)?;
+    // Written a line at a time through the section (no fetch: whole lines), never all local.
+    let per = ev.per_line();
+    for l in 0..ev.lines() {
+        let mut line = ev.overwrite_line(l * per)?;
+        let first = line.first as u64;
+        for (k, x) in line.iter_mut().enumerate() {
+            *x = edge(first + k as u64, nodes);
+        }
+    }
+    ev.flush()?;
+    ev.set_prefetch(if swap_like { 8 } else { 16 });
+    let nv: FarVec<u64> = FarVec::new(&far, &ns, nodes as usize)?;
+    if nodes_local {
+        nv.load_all()?;
+    }
+    let start = Instant::now();
+    let mut done = 0u64;
+    let mut wanted = Vec::with_capacity(2 * per);
+    'walk: loop {
+        if swap_like {
+            // Element by element, as a program on swap would.
+            let mut i = 0u64;
+            for x in ev.iter() {
+                let x = x?;
+                nv.update(x.from as usize, |n| *n += i)?;
+                nv.update(x.to as usize, |n| *n += 1)?;
+                i += 1;
+                if i.is_multiple_of(CHECK_EVERY) && start.elapsed() >= run_for {
+                    done += i;
+                    break 'walk;
+                }
+            }
+            done += i;
+        } else if let Some(mut n) = nv.local_mut() {
+            let mut i = 0u64;
+            for line in ev.line_iter() {
+                for x in line?.iter() {
+                    n[x.from as usize] += i;
+                    n[x.to as usize] += 1;
+                    i += 1;
+                }
+                if start.elapsed() >= run_for {
+                    done += i;
+                    break 'walk;
+                }
+            }
+            done += i;
+        } else {
+            let mut i = 0u64;
+            for line in ev.line_iter() {
+                let line = line?;
+                // Split phase: the node lines of this line of edges, in one round trip.
+                wanted.clear();
+                wanted.extend(line.iter().flat_map(|x| [x.from as usize, x.to as usize]));
+                nv.request(&wanted)?;
+                for x in line.iter() {
+                    nv.update(x.from as usize, |n| *n += i)?;
+                    nv.update(x.to as usize, |n| *n += 1)?;
+                    i += 1;
+                }
+                if start.elapsed() >= run_for {
+                    done += i;
+                    break 'walk;
+                }
+            }
+            done += i;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let checksum = nv.iter().try_fold(0u64, |a, x| x.map(|x| a + x))?;
+    let (e, n) = (es.stats(), ns.stats());
+    let extra = format!(
+        ", \"node_misses\": {}, \"node_fetches\": {}, \"edge_misses\": {}",
+        n.misses, n.fetches, e.misses
+    );
+    Ok((done, secs, checksum, extra))
+}
