@@ -4,6 +4,7 @@
 //! remain before anything is allocated for it, so a forged header cannot make the receiver
 //! reserve memory it was never sent.
 
+use crate::scan::{Agg, AggKind, Cmp, Column, ElemType, Filter, Group, Scan, MAX_RESULTS};
 use crate::types::{ErrorCode, EvictItem, Handle, HelloInfo, ItemResult, Op, Request, Response};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -184,6 +185,16 @@ pub fn decode_request(
             }
         }
         Op::Stats => Request::Stats,
+        Op::Scan => Request::Scan(r.scan()?),
+        Op::Gather => Request::Gather {
+            column: r.column()?,
+            indices: {
+                let n = r.count(8)?;
+                (0..n)
+                    .map(|_| r.u64("row index"))
+                    .collect::<Result<_, _>>()?
+            },
+        },
     };
     r.finish()?;
     Ok(Some((h.id, req)))
@@ -220,7 +231,15 @@ pub fn decode_response(
             max_body: r.u32("max body")?,
         }),
         Op::Put => Response::Handle(r.handle()?),
-        Op::Get | Op::Take => Response::Data(r.blob()?),
+        Op::Get | Op::Take | Op::Gather => Response::Data(r.blob()?),
+        Op::Scan => {
+            let n = r.u32("value count")? as usize;
+            if n > MAX_RESULTS {
+                return Err(DecodeError::TooManyItems(n as u32));
+            }
+            r.need(n * 8, "values")?;
+            Response::Values((0..n).map(|_| r.u64("value")).collect::<Result<_, _>>()?)
+        }
         Op::Write | Op::Free => Response::Done,
         Op::PutMany => Response::Handles(r.items(|r| r.handle())?),
         Op::GetMany | Op::TakeMany => Response::DataMany(r.items(|r| r.blob())?),
@@ -302,6 +321,81 @@ impl Reader {
         }
         self.need(n as usize * min_item, "batch items")?;
         Ok(n as usize)
+    }
+    fn opt_handle(&mut self) -> Result<Option<Handle>, DecodeError> {
+        Ok(if self.flag("line present")? {
+            Some(self.handle()?)
+        } else {
+            None
+        })
+    }
+    fn column(&mut self) -> Result<Column<Option<Handle>>, DecodeError> {
+        let t = self.u8("element type")?;
+        let ty = ElemType::from_u8(t).ok_or(DecodeError::BadFlag(t, "element type"))?;
+        let line_elems = self.u32("elements per line")?;
+        let n = self.count(1)?;
+        let mut lines = Vec::with_capacity(n);
+        for _ in 0..n {
+            lines.push(self.opt_handle()?);
+        }
+        Ok(Column {
+            ty,
+            line_elems,
+            lines,
+        })
+    }
+    fn scan(&mut self) -> Result<Scan<Option<Handle>>, DecodeError> {
+        let rows = self.u64("rows")?;
+        let nc = self.u8("column count")?;
+        let mut columns = Vec::with_capacity(nc.min(8) as usize);
+        for _ in 0..nc {
+            columns.push(self.column()?);
+        }
+        let filter = if self.flag("filter present")? {
+            let column = self.u8("filter column")?;
+            let c = self.u8("comparison")?;
+            Some(Filter {
+                column,
+                cmp: Cmp::from_u8(c).ok_or(DecodeError::BadFlag(c, "comparison"))?,
+                value: self.u64("filter value")?,
+            })
+        } else {
+            None
+        };
+        let group = if self.flag("group present")? {
+            Some(Group {
+                column: self.u8("group column")?,
+                groups: self.u32("groups")?,
+            })
+        } else {
+            None
+        };
+        let na = self.u8("aggregation count")?;
+        let mut aggs = Vec::with_capacity(na.min(16) as usize);
+        for _ in 0..na {
+            let column = self.u8("aggregation column")?;
+            let k = self.u8("aggregation")?;
+            let kind = match k {
+                1 => AggKind::Sum,
+                2 => AggKind::Min,
+                3 => AggKind::Max,
+                4 => AggKind::Count,
+                5 => AggKind::Histogram {
+                    lo: self.u64("histogram low")?,
+                    hi: self.u64("histogram high")?,
+                    buckets: self.u32("buckets")?,
+                },
+                k => return Err(DecodeError::BadFlag(k, "aggregation")),
+            };
+            aggs.push(Agg { column, kind });
+        }
+        Ok(Scan {
+            rows,
+            columns,
+            filter,
+            group,
+            aggs,
+        })
     }
     fn handles(&mut self) -> Result<Vec<Handle>, DecodeError> {
         let n = self.count(Handle::ENCODED_LEN)?;
@@ -495,8 +589,72 @@ impl Request {
                 put_handles(&mut w, fetch);
             }
             Request::Stats => {}
+            Request::Scan(scan) => put_scan(&mut w, scan),
+            Request::Gather { column, indices } => {
+                put_column(&mut w, column);
+                w.put_u32(indices.len() as u32);
+                for &i in indices {
+                    w.put_u64(i);
+                }
+            }
         }
         w.finish();
+    }
+}
+
+fn put_column(w: &mut FrameWriter<'_>, c: &Column<Option<Handle>>) {
+    w.put_u8(c.ty as u8);
+    w.put_u32(c.line_elems);
+    w.put_u32(c.lines.len() as u32);
+    for l in &c.lines {
+        match l {
+            Some(h) => {
+                w.put_u8(1);
+                w.put_handle(*h);
+            }
+            None => w.put_u8(0),
+        }
+    }
+}
+
+fn put_scan(w: &mut FrameWriter<'_>, s: &Scan<Option<Handle>>) {
+    w.put_u64(s.rows);
+    w.put_u8(s.columns.len() as u8);
+    for c in &s.columns {
+        put_column(w, c);
+    }
+    match s.filter {
+        Some(f) => {
+            w.put_u8(1);
+            w.put_u8(f.column);
+            w.put_u8(f.cmp as u8);
+            w.put_u64(f.value);
+        }
+        None => w.put_u8(0),
+    }
+    match s.group {
+        Some(g) => {
+            w.put_u8(1);
+            w.put_u8(g.column);
+            w.put_u32(g.groups);
+        }
+        None => w.put_u8(0),
+    }
+    w.put_u8(s.aggs.len() as u8);
+    for a in &s.aggs {
+        w.put_u8(a.column);
+        match a.kind {
+            AggKind::Sum => w.put_u8(1),
+            AggKind::Min => w.put_u8(2),
+            AggKind::Max => w.put_u8(3),
+            AggKind::Count => w.put_u8(4),
+            AggKind::Histogram { lo, hi, buckets } => {
+                w.put_u8(5);
+                w.put_u64(lo);
+                w.put_u64(hi);
+                w.put_u32(buckets);
+            }
+        }
     }
 }
 
@@ -558,6 +716,12 @@ impl Response {
                 for (k, val) in v {
                     w.put_str16(k);
                     w.put_u64(*val);
+                }
+            }
+            Response::Values(v) => {
+                w.put_u32(v.len() as u32);
+                for &x in v {
+                    w.put_u64(x);
                 }
             }
         }
@@ -625,11 +789,59 @@ mod tests {
                     take
                 }),
             Just(Request::Stats),
+            (
+                any::<u64>(),
+                prop::collection::vec(column(), 0..3),
+                any::<Option<(u8, u8, u64)>>(),
+                any::<Option<(u8, u32)>>(),
+                prop::collection::vec(agg(), 0..4)
+            )
+                .prop_map(|(rows, columns, filter, group, aggs)| Request::Scan(Scan {
+                    rows,
+                    columns,
+                    filter: filter.map(|(column, c, value)| Filter {
+                        column,
+                        cmp: Cmp::from_u8(c % 6 + 1).unwrap(),
+                        value,
+                    }),
+                    group: group.map(|(column, groups)| Group { column, groups }),
+                    aggs,
+                })),
+            (column(), prop::collection::vec(any::<u64>(), 0..5))
+                .prop_map(|(column, indices)| Request::Gather { column, indices }),
         ]
     }
 
+    fn column() -> impl Strategy<Value = Column<Option<Handle>>> {
+        (
+            1u8..=6,
+            any::<u32>(),
+            prop::collection::vec(proptest::option::of(handle()), 0..4),
+        )
+            .prop_map(|(t, line_elems, lines)| Column {
+                ty: ElemType::from_u8(t).unwrap(),
+                line_elems,
+                lines,
+            })
+    }
+
+    fn agg() -> impl Strategy<Value = Agg> {
+        (any::<u8>(), 1u8..=5, any::<(u64, u64, u32)>()).prop_map(
+            |(column, k, (lo, hi, buckets))| Agg {
+                column,
+                kind: match k {
+                    1 => AggKind::Sum,
+                    2 => AggKind::Min,
+                    3 => AggKind::Max,
+                    4 => AggKind::Count,
+                    _ => AggKind::Histogram { lo, hi, buckets },
+                },
+            },
+        )
+    }
+
     fn code() -> impl Strategy<Value = ErrorCode> {
-        (1u8..=12).prop_map(|c| ErrorCode::from_u8(c).unwrap())
+        (1u8..=13).prop_map(|c| ErrorCode::from_u8(c).unwrap())
     }
 
     fn item<T: std::fmt::Debug + Clone>(
@@ -684,6 +896,8 @@ mod tests {
                 (Op::Stats, Response::Stats(vec![("tenant.objects".into(), 3)])),
                 (Op::Hello, Response::Hello(HelloInfo { tenant_id: 1, quota: 2, capacity: 3, max_body: 4 })),
                 (Op::Write, Response::Done),
+                (Op::Scan, Response::Values(vec![1, u64::MAX, 0])),
+                (Op::Gather, Response::Data(Bytes::from_static(b"12345678"))),
             ];
             for (op, resp) in cases {
                 let mut buf = BytesMut::new();

@@ -22,6 +22,7 @@
 
 mod codec;
 pub mod coord;
+pub mod scan;
 mod types;
 
 pub use codec::{

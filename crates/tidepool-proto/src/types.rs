@@ -1,5 +1,6 @@
 //! Message types: ops, handles, requests, responses and error codes.
 
+use crate::scan::{Column, Scan};
 use bytes::Bytes;
 use std::fmt;
 
@@ -20,6 +21,8 @@ pub enum Op {
     FreeMany = 0x16,
     EvictFetch = 0x20,
     Stats = 0x30,
+    Scan = 0x40,
+    Gather = 0x41,
 }
 
 impl Op {
@@ -38,6 +41,8 @@ impl Op {
             0x16 => Op::FreeMany,
             0x20 => Op::EvictFetch,
             0x30 => Op::Stats,
+            0x40 => Op::Scan,
+            0x41 => Op::Gather,
             _ => return None,
         })
     }
@@ -117,6 +122,8 @@ pub enum ErrorCode {
     Busy = 10,
     Internal = 11,
     AlreadyAuthenticated = 12,
+    /// An offloaded scan or gather that cannot run (the message says why).
+    BadOffload = 13,
 }
 
 impl ErrorCode {
@@ -135,6 +142,7 @@ impl ErrorCode {
             10 => Busy,
             11 => Internal,
             12 => AlreadyAuthenticated,
+            13 => BadOffload,
             _ => return None,
         })
     }
@@ -155,6 +163,7 @@ impl ErrorCode {
             Busy => "server busy (connection limit reached)",
             Internal => "internal server error",
             AlreadyAuthenticated => "hello was already sent on this connection",
+            BadOffload => "offloaded operation cannot run",
         }
     }
 }
@@ -238,6 +247,13 @@ pub enum Request {
         take: bool,
     },
     Stats,
+    /// Compute aggregations over far vectors stored here (see [`crate::scan`]).
+    Scan(Scan<Option<Handle>>),
+    /// The elements at `indices` (row numbers) of one far vector, concatenated.
+    Gather {
+        column: Column<Option<Handle>>,
+        indices: Vec<u64>,
+    },
 }
 
 impl Request {
@@ -256,6 +272,8 @@ impl Request {
             Request::FreeMany { .. } => Op::FreeMany,
             Request::EvictFetch { .. } => Op::EvictFetch,
             Request::Stats => Op::Stats,
+            Request::Scan(_) => Op::Scan,
+            Request::Gather { .. } => Op::Gather,
         }
     }
 }
@@ -286,4 +304,6 @@ pub enum Response {
     },
     /// Named counters: the tenant's own (`tenant.*`) and the node's (`node.*`).
     Stats(Vec<(String, u64)>),
+    /// Answer to scan.
+    Values(Vec<u64>),
 }

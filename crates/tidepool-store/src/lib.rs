@@ -25,6 +25,7 @@ mod url;
 use bytes::Bytes;
 use std::fmt;
 use std::sync::Arc;
+use tidepool_proto::scan::{Column, Scan};
 
 pub use backends::local::LocalStore;
 pub use backends::memcached::MemcachedStore;
@@ -143,6 +144,21 @@ pub trait FarStore: Send + Sync + fmt::Debug {
             lens[i] = copy_into_chunk(v.as_deref(), chunk, &mut out[i * chunk..])?;
         }
         Ok(())
+    }
+
+    /// Runs an offloaded scan (aggregations over far vectors, see [`tidepool_proto::scan`])
+    /// where the data is, over lines named by keys (a missing key is a line of zeros).
+    /// `Ok(None)`: this backend cannot compute; the caller fetches and computes itself.
+    fn scan(&self, scan: &Scan<Key>) -> Result<Option<Vec<u64>>, StoreError> {
+        let _ = scan;
+        Ok(None)
+    }
+
+    /// The elements at `indices` of one far vector, concatenated, gathered where the data is;
+    /// `Ok(None)` as for [`FarStore::scan`].
+    fn gather(&self, column: &Column<Key>, indices: &[u64]) -> Result<Option<Bytes>, StoreError> {
+        let _ = (column, indices);
+        Ok(None)
     }
 
     /// What the backend can tell about its use.

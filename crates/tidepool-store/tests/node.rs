@@ -70,3 +70,101 @@ fn get_then_mutate_the_same_object_in_one_batch() {
     assert_eq!(answers[4], Response::Data(Bytes::from(vec![9u8; 8192])));
     server.shutdown();
 }
+
+#[test]
+fn the_node_runs_a_fused_filter_group_aggregate_scan_and_a_gather() {
+    use tidepool_proto::scan::{Agg, AggKind, Cmp, Column, ElemType, Filter, Group, Scan};
+    let server = node(64 << 20);
+    let store = open(&format!("node://scan@{}", server.local_addr())).unwrap();
+    // 1000 rows, 64 per line: key = i % 5 (u64), fare = i as f64 / 2 (f64). Line 3 of the
+    // fares is never written: zeros.
+    let rows = 1000u64;
+    let le = 64usize;
+    let lines = (rows as usize).div_ceil(le);
+    let key = |i: u64| i % 5;
+    let fare = |i: u64| if i / 64 == 3 { 0.0 } else { i as f64 / 2.0 };
+    for l in 0..lines {
+        let r = (l * le) as u64..((l + 1) * le) as u64;
+        let k: Vec<u8> = r.clone().flat_map(|i| key(i).to_le_bytes()).collect();
+        let f: Vec<u8> = r.flat_map(|i| fare(i).to_le_bytes()).collect();
+        let mut items = vec![(1000 + l as u64, &k[..])];
+        if l != 3 {
+            items.push((2000 + l as u64, &f[..]));
+        }
+        store.write_many(&items).unwrap();
+    }
+    let col = |ty, base: u64| Column {
+        ty,
+        line_elems: le as u32,
+        lines: (0..lines as u64).map(|l| base + l).collect(),
+    };
+    let scan = Scan {
+        rows,
+        columns: vec![col(ElemType::U64, 1000), col(ElemType::F64, 2000)],
+        filter: Some(Filter {
+            column: 1,
+            cmp: Cmp::Ge,
+            value: 100f64.to_bits(),
+        }),
+        group: Some(Group {
+            column: 0,
+            groups: 5,
+        }),
+        aggs: vec![
+            Agg {
+                column: 1,
+                kind: AggKind::Sum,
+            },
+            Agg {
+                column: 1,
+                kind: AggKind::Max,
+            },
+            Agg {
+                column: 1,
+                kind: AggKind::Count,
+            },
+        ],
+    };
+    let got = store.scan(&scan).unwrap().expect("the node computes");
+    for g in 0..5u64 {
+        let kept: Vec<f64> = (0..rows)
+            .filter(|&i| key(i) == g && fare(i) >= 100.0)
+            .map(fare)
+            .collect();
+        let at = g as usize * 3;
+        assert_eq!(
+            f64::from_bits(got[at]),
+            kept.iter().sum::<f64>(),
+            "group {g}"
+        );
+        assert_eq!(
+            f64::from_bits(got[at + 1]),
+            kept.iter().cloned().fold(f64::MIN, f64::max)
+        );
+        assert_eq!(got[at + 2], kept.len() as u64);
+    }
+    let picked = store
+        .gather(&col(ElemType::F64, 2000), &[5, 200, 999])
+        .unwrap()
+        .unwrap();
+    let want: Vec<u8> = [5, 200, 999]
+        .iter()
+        .flat_map(|&i| fare(i).to_le_bytes())
+        .collect();
+    assert_eq!(&picked[..], &want[..]);
+    // A scan that cannot run says why, and the connection goes on working.
+    let mut bad = scan.clone();
+    bad.group = Some(Group {
+        column: 1,
+        groups: 5,
+    });
+    let err = store.scan(&bad).unwrap_err().to_string();
+    assert!(err.contains("integer column"), "{err}");
+    assert!(store.scan(&scan).unwrap().is_some());
+    // The in-process store does not compute: the caller does.
+    assert!(tidepool_store::LocalStore::new(false)
+        .scan(&scan)
+        .unwrap()
+        .is_none());
+    server.shutdown();
+}

@@ -19,6 +19,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use std::io::{IoSlice, Write};
 use std::net::TcpStream;
 use std::time::Duration;
+use tidepool_proto::scan::{Column, Scan};
 use tidepool_proto::{
     decode_response, peek_header, put_header, ErrorCode, Handle, HelloInfo, ItemResult, Op,
     Request, Response, HEADER_LEN, MAX_BODY, RESPONSE_BIT,
@@ -558,6 +559,15 @@ impl NodeStore {
         self.shard(key).lock().get(&key).copied()
     }
 
+    /// A column named by keys, named by the handles the node knows (`None`: never written).
+    fn column(&self, c: &Column<Key>) -> Column<Option<Handle>> {
+        Column {
+            ty: c.ty,
+            line_elems: c.line_elems,
+            lines: c.lines.iter().map(|&k| self.lookup(k)).collect(),
+        }
+    }
+
     fn forget(&self, key: Key) -> Option<Handle> {
         self.shard(key).lock().remove(&key)
     }
@@ -751,6 +761,31 @@ impl FarStore for NodeStore {
     fn remove_many(&self, keys: &[Key]) -> Result<(), StoreError> {
         let handles: Vec<Handle> = keys.iter().filter_map(|k| self.forget(*k)).collect();
         self.free_quietly(handles)
+    }
+
+    fn scan(&self, scan: &Scan<Key>) -> Result<Option<Vec<u64>>, StoreError> {
+        let req = Request::Scan(Scan {
+            rows: scan.rows,
+            columns: scan.columns.iter().map(|c| self.column(c)).collect(),
+            filter: scan.filter,
+            group: scan.group,
+            aggs: scan.aggs.clone(),
+        });
+        match self.client.call(&req)? {
+            Response::Values(v) => Ok(Some(v)),
+            other => Err(unexpected("scan", &other)),
+        }
+    }
+
+    fn gather(&self, column: &Column<Key>, indices: &[u64]) -> Result<Option<Bytes>, StoreError> {
+        let req = Request::Gather {
+            column: self.column(column),
+            indices: indices.to_vec(),
+        };
+        match self.client.call(&req)? {
+            Response::Data(d) => Ok(Some(d)),
+            other => Err(unexpected("gather", &other)),
+        }
     }
 
     fn evict_fetch(
