@@ -149,39 +149,6 @@ impl LineBuf {
         true
     }
 
-    /// Replaces element `elem` of `line` with `f` of a copy of it, unless the line is
-    /// borrowed; then updates its flags. `f` works on a copy, so nothing it does can alias the
-    /// line, and a line whose flags are already set costs one state load and no store.
-    #[inline]
-    pub(crate) fn modify<T: FromBytes + IntoBytes, R, F: FnOnce(&mut T) -> R>(
-        &self,
-        line: usize,
-        elem: usize,
-        f: F,
-        set: u8,
-        clear: u8,
-    ) -> Result<R, F> {
-        let s = &self.states[line];
-        let st = s.get();
-        if st & !FLAGS != 0 {
-            return Err(f);
-        }
-        let p = self.elem_ptr::<T>(line, 1, elem, 1);
-        self.touch(s, st, set, clear);
-        // SAFETY: in bounds and aligned as in `load`; no reference to the line exists (no
-        // borrow at all); any bytes are a valid `T`.
-        let mut value = unsafe { p.read() };
-        let r = f(&mut value);
-        // `f` may have borrowed the line meanwhile (it holds `&self` somewhere up the stack);
-        // write only if no guard it made is still alive.
-        if s.get() & !FLAGS != 0 {
-            panic!("a guard made inside update() outlived it");
-        }
-        // SAFETY: as above; checked again just now that no reference to the line exists.
-        unsafe { p.write(value) };
-        Ok(r)
-    }
-
     /// A shared borrow of the first `n` elements of the `span` lines from `line` (consecutive
     /// lines hold consecutive elements), unless one is borrowed for writing (or has as many
     /// readers as the count holds).

@@ -303,17 +303,28 @@ fn line_iter_yields_every_line_in_order() {
 }
 
 #[test]
-#[should_panic(expected = "outlived")]
-fn update_refuses_to_write_under_a_guard_its_closure_left() {
+fn update_lands_wherever_its_closure_moved_the_line() {
     let far = Far::new(Flaky::new());
-    let sec = section(Structure::Full, 64, 4);
-    let v: FarVec<u64> = FarVec::new(&far, &sec, 8).unwrap();
+    // One slot: any other line's access inside the closure evicts the element's line.
+    let sec = section(Structure::Full, 64, 1);
+    let v: FarVec<u64> = FarVec::new(&far, &sec, 64).unwrap();
     v.set(0, 1).unwrap();
+    v.set(40, 5).unwrap();
+    v.update(0, |x| {
+        *x += v.get(40).unwrap();
+    })
+    .unwrap();
+    assert_eq!(v.get(0).unwrap(), 6);
+    assert_eq!(v.get(40).unwrap(), 5);
+    // A guard the closure leaves alive on the line makes it an error, not a silent write.
     let kept = std::cell::RefCell::new(None);
-    let _ = v.update(0, |x| {
-        *x += 1;
-        *kept.borrow_mut() = Some(v.line(0).unwrap());
+    let r = v.update(1, |x| {
+        *x = 9;
+        *kept.borrow_mut() = Some(v.line(1).unwrap());
     });
+    assert!(matches!(r, Err(FarError::Borrowed { .. })), "{r:?}");
+    drop(kept);
+    assert_eq!(v.get(1).unwrap(), 0);
 }
 
 #[test]

@@ -486,27 +486,29 @@ where
     }
 
     /// Replaces element `index` with `f` applied to a copy of it (one lookup for a
-    /// read-modify-write). `f` must not leave a guard of this vector alive when it returns: that
-    /// panics, as writing the element would then change memory a guard reads.
+    /// read-modify-write). `f` may use this vector: the result is written to wherever the
+    /// element is when `f` returns (fetching its line again if `f` caused its eviction), and an
+    /// error if `f` left a guard on its line alive.
     #[inline]
     pub fn update<R, F: FnOnce(&mut T) -> R>(&self, index: usize, f: F) -> Result<R, FarError> {
-        let mut f = f;
         if index < self.len {
             let (line, at) = self.split(index);
             if let Some(slot) = self.resident(line) {
-                match self
-                    .section
-                    .buf
-                    .modify(slot, at, f, REFERENCED | DIRTY, EVICTABLE)
-                {
-                    Ok(r) => return Ok(r),
-                    Err(back) => f = back,
+                let buf = &self.section.buf;
+                if let Some(mut x) = buf.load::<T>(slot, at, REFERENCED, EVICTABLE) {
+                    let r = f(&mut x);
+                    let same = self.resident(line) == Some(slot);
+                    if !(same && buf.store(slot, at, x, REFERENCED | DIRTY, EVICTABLE)) {
+                        self.set_cold(index, x)?;
+                    }
+                    return Ok(r);
                 }
             }
         }
-        let mut l = self.line_mut(index)?;
-        let first = l.first;
-        Ok(f(&mut l[index - first]))
+        let mut x = self.get_cold(index)?;
+        let r = f(&mut x);
+        self.set(index, x)?;
+        Ok(r)
     }
 
     /// The elements in order, a line at a time (each miss fetches further lines with it).
