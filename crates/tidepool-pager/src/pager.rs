@@ -559,7 +559,10 @@ impl Inner {
     }
 
     fn local_pages(&self) -> usize {
-        self.resident.load(Relaxed) + self.slots.in_use.load(Relaxed)
+        // Modular sum: a counter that dips below zero for a moment still adds up right.
+        self.resident
+            .load(Relaxed)
+            .wrapping_add(self.slots.in_use.load(Relaxed))
     }
 
     /// Pages kept free below the budget so that faults rarely wait for eviction.
@@ -1138,6 +1141,9 @@ impl Inner {
                 run = i + 1;
             }
         }
+        // Counted before the pages are published: once unlocked, another thread may evict or
+        // discard them and subtract them again.
+        self.resident.fetch_add(batch.len(), Relaxed);
         let mut waiters = false;
         for &(p, new) in &list {
             region.note_touched(p);
@@ -1152,7 +1158,6 @@ impl Inner {
             self.uffd
                 .wake(region.addr(first), (last + 1 - first) * PAGE);
         }
-        self.resident.fetch_add(batch.len(), Relaxed);
         Counters::add(&self.counters.prefetched, batch.len() as u64);
         self.clock
             .lock()
