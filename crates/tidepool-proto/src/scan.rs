@@ -12,7 +12,8 @@
 //! value (a histogram: one per bucket). Sums of integers wrap (signed ones in two's
 //! complement); sums, minima and maxima of floats are `f64` bits; minima and maxima of
 //! integers are the value itself (signed: two's complement). An empty minimum is the type's
-//! largest value, an empty maximum its smallest (floats: +inf and -inf).
+//! largest value, an empty maximum its smallest (floats: +inf and -inf). Float minima and
+//! maxima skip NaN, and of values that compare equal (-0.0 and +0.0) keep the first seen.
 
 use std::fmt;
 
@@ -88,21 +89,6 @@ impl Cmp {
             6 => Cmp::Ne,
             _ => return None,
         })
-    }
-
-    fn holds(self, o: Option<std::cmp::Ordering>) -> bool {
-        use std::cmp::Ordering::*;
-        match (self, o) {
-            // NaN compares with nothing.
-            (Cmp::Ne, None) => true,
-            (_, None) => false,
-            (Cmp::Lt, Some(o)) => o == Less,
-            (Cmp::Le, Some(o)) => o != Greater,
-            (Cmp::Gt, Some(o)) => o == Greater,
-            (Cmp::Ge, Some(o)) => o != Less,
-            (Cmp::Eq, Some(o)) => o == Equal,
-            (Cmp::Ne, Some(o)) => o != Equal,
-        }
     }
 }
 
@@ -234,14 +220,12 @@ impl Val {
     }
 }
 
-/// An aggregation's running state for one group.
-#[derive(Debug, Clone, Copy)]
-enum Acc {
-    Int(i128),
-    Float(f64),
-}
-
 /// Computes a scan a line at a time: see the module docs.
+///
+/// Each line is done column by column, as a vectorised query engine does: the filter makes a
+/// list of the rows that pass, the group column a key per row, and each aggregation then runs
+/// one loop over its column, typed, with its kind chosen once per line. Accumulators are kept
+/// as the result bits they end as.
 #[derive(Debug)]
 pub struct Evaluator {
     rows: u64,
@@ -253,11 +237,21 @@ pub struct Evaluator {
     /// Per group, per aggregation: its first value in `acc`.
     offsets: Vec<usize>,
     stride: usize,
-    acc: Vec<Acc>,
-    /// Decoded values of the current line, per column.
-    vals: Vec<Vec<Val>>,
+    /// Histograms' counts, in the results' layout (the rest is filled in by `finish`).
+    acc: Vec<u64>,
+    /// Per column with a sum, minimum or maximum: all three, per group, computed in one pass
+    /// (the fusion a DataFrame's `agg(["sum", "min", "max"])` asks for).
+    fused: Vec<Fused>,
+    /// Rows per group, if counted.
+    counts: Vec<u64>,
     /// Which columns are read at all.
     used: Vec<bool>,
+    /// Rows of the current line that pass the filter.
+    sel: Vec<u32>,
+    /// Group of each row of the current line.
+    keys: Vec<u32>,
+    /// A line of zeros, for lines never written.
+    zeros: Vec<u8>,
 }
 
 impl Evaluator {
@@ -308,36 +302,35 @@ impl Evaluator {
         };
         let mut offsets = Vec::with_capacity(scan.aggs.len());
         let mut init = Vec::new();
+        let mut fused = Vec::new();
         for a in &scan.aggs {
             let ty = col(a.column)?;
             offsets.push(init.len());
-            let float = ty.is_float();
-            let start = match a.kind {
-                AggKind::Sum if float => Acc::Float(0.0),
-                AggKind::Min if float => Acc::Float(f64::INFINITY),
-                AggKind::Max if float => Acc::Float(f64::NEG_INFINITY),
-                AggKind::Sum | AggKind::Count => Acc::Int(0),
-                AggKind::Min => Acc::Int(match ty {
-                    ElemType::U32 => u32::MAX as i128,
-                    ElemType::U64 => u64::MAX as i128,
-                    ElemType::I32 => i32::MAX as i128,
-                    _ => i64::MAX as i128,
-                }),
-                AggKind::Max => Acc::Int(match ty {
-                    ElemType::I32 => i32::MIN as i128,
-                    ElemType::I64 => i64::MIN as i128,
-                    _ => 0,
-                }),
-                AggKind::Histogram { lo, hi, buckets } => {
-                    let ok = buckets > 0
-                        && buckets <= MAX_GROUPS
-                        && ty.value(lo).cmp_to(ty.value(hi)) == Some(std::cmp::Ordering::Less);
-                    if !ok {
-                        return Err(ScanError::BadHistogram);
-                    }
-                    Acc::Int(0)
+            if let AggKind::Histogram { lo, hi, buckets } = a.kind {
+                let ok = buckets > 0
+                    && buckets <= MAX_GROUPS
+                    && ty.value(lo).cmp_to(ty.value(hi)) == Some(std::cmp::Ordering::Less);
+                if !ok {
+                    return Err(ScanError::BadHistogram);
                 }
-            };
+            }
+            let start = identity(a.kind, ty);
+            if matches!(a.kind, AggKind::Sum | AggKind::Min | AggKind::Max)
+                && !fused.iter().any(|f: &Fused| f.column == a.column)
+            {
+                fused.push(Fused {
+                    column: a.column,
+                    stats: vec![
+                        [
+                            identity(AggKind::Sum, ty),
+                            identity(AggKind::Min, ty),
+                            identity(AggKind::Max, ty),
+                            0,
+                        ];
+                        groups
+                    ],
+                });
+            }
             if a.kind != AggKind::Count {
                 used[a.column as usize] = true;
             }
@@ -359,8 +352,16 @@ impl Evaluator {
             offsets,
             stride,
             acc,
-            vals: vec![Vec::new(); nc],
+            fused,
+            counts: if scan.aggs.iter().any(|a| a.kind == AggKind::Count) {
+                vec![0; groups]
+            } else {
+                Vec::new()
+            },
             used,
+            sel: Vec::with_capacity(le as usize),
+            keys: Vec::with_capacity(if scan.group.is_some() { le as usize } else { 0 }),
+            zeros: Vec::new(),
         })
     }
 
@@ -378,135 +379,440 @@ impl Evaluator {
     pub fn feed(&mut self, line: usize, columns: &[Option<&[u8]>]) -> Result<(), ScanError> {
         let first = line as u64 * self.line_elems as u64;
         let n = (self.rows.saturating_sub(first)).min(self.line_elems as u64) as usize;
-        for (c, data) in columns.iter().enumerate().take(self.types.len()) {
-            let v = &mut self.vals[c];
-            v.clear();
+        if n == 0 {
+            return Ok(());
+        }
+        let nc = self.types.len();
+        // A line never written, or a column not handed in at all, reads as zeros.
+        let missing = (0..nc).any(|c| columns.get(c).copied().flatten().is_none());
+        if missing && self.zeros.is_empty() {
+            self.zeros = vec![0; self.line_elems * 8];
+        }
+        let mut data: [&[u8]; MAX_COLUMNS] = [&[]; MAX_COLUMNS];
+        for (c, slot) in data.iter_mut().enumerate().take(nc) {
             if !self.used[c] {
                 continue;
             }
-            let ty = self.types[c];
-            let size = ty.size();
-            match data {
-                None => v.resize(n, ty.value(0)),
-                Some(d) if d.len() < n * size => {
+            let need = n * self.types[c].size();
+            *slot = match columns.get(c).copied().flatten() {
+                None => &self.zeros[..need],
+                Some(d) if d.len() < need => {
                     return Err(ScanError::ShortLine {
                         column: c,
                         line,
                         have: d.len(),
-                        need: n * size,
+                        need,
                     })
                 }
-                Some(d) => decode(ty, &d[..n * size], v),
-            }
-        }
-        for r in 0..n {
-            if let Some(f) = self.filter {
-                let t = self.types[f.column as usize];
-                let v = self.vals[f.column as usize][r];
-                if !f.cmp.holds(v.cmp_to(t.value(f.value))) {
-                    continue;
-                }
-            }
-            let base = match self.group {
-                Some(g) => {
-                    let Val::Int(k) = self.vals[g.column as usize][r] else {
-                        unreachable!("group columns are integers (checked in new)")
-                    };
-                    if k < 0 || k >= g.groups as i128 {
-                        return Err(ScanError::GroupKey {
-                            key: k,
-                            groups: g.groups,
-                        });
-                    }
-                    k as usize * self.stride
-                }
-                None => 0,
+                Some(d) => &d[..need],
             };
-            for (a, &off) in self.aggs.iter().zip(&self.offsets) {
-                let slot = base + off;
-                if a.kind == AggKind::Count {
-                    if let Acc::Int(x) = &mut self.acc[slot] {
-                        *x += 1;
-                    }
-                    continue;
+        }
+        let sel = match self.filter {
+            Some(f) => {
+                let d = data[f.column as usize];
+                with_type!(
+                    self.types[f.column as usize],
+                    T,
+                    select::<T>(d, f.cmp, f.value, &mut self.sel)
+                );
+                Some(&self.sel[..])
+            }
+            None => None,
+        };
+        let keys = match self.group {
+            Some(g) => {
+                self.keys.clear();
+                let d = data[g.column as usize];
+                let bad = with_type!(
+                    self.types[g.column as usize],
+                    T,
+                    group_keys::<T>(d, g.groups, &mut self.keys)
+                );
+                if let Some(key) = bad {
+                    return Err(ScanError::GroupKey {
+                        key,
+                        groups: g.groups,
+                    });
                 }
-                let v = self.vals[a.column as usize][r];
-                match (a.kind, &mut self.acc[slot], v) {
-                    (AggKind::Sum, Acc::Int(s), Val::Int(x)) => *s = s.wrapping_add(x),
-                    (AggKind::Sum, Acc::Float(s), Val::Float(x)) => *s += x,
-                    (AggKind::Min, Acc::Int(s), Val::Int(x)) => *s = (*s).min(x),
-                    (AggKind::Min, Acc::Float(s), Val::Float(x)) => *s = s.min(x),
-                    (AggKind::Max, Acc::Int(s), Val::Int(x)) => *s = (*s).max(x),
-                    (AggKind::Max, Acc::Float(s), Val::Float(x)) => *s = s.max(x),
-                    (AggKind::Histogram { lo, hi, buckets }, _, v) => {
-                        let ty = self.types[a.column as usize];
-                        if let Some(b) = bucket(v, ty.value(lo), ty.value(hi), buckets) {
-                            if let Acc::Int(x) = &mut self.acc[slot + b] {
-                                *x += 1;
-                            }
-                        }
-                    }
-                    _ => unreachable!("accumulators match their column's type"),
-                }
+                Some(&self.keys[..])
+            }
+            None => None,
+        };
+        let rows = Rows {
+            n,
+            sel,
+            keys,
+            stride: self.stride,
+        };
+        // Rows are counted in the first fused pass, or in a pass of their own.
+        if let Some((f, rest)) = self.fused.split_first_mut() {
+            let c = f.column as usize;
+            if self.counts.is_empty() {
+                with_type!(
+                    self.types[c],
+                    T,
+                    fused::<T, false>(data[c], &rows, &mut f.stats)
+                );
+            } else {
+                with_type!(
+                    self.types[c],
+                    T,
+                    fused::<T, true>(data[c], &rows, &mut f.stats)
+                );
+            }
+            for f in rest {
+                let c = f.column as usize;
+                with_type!(
+                    self.types[c],
+                    T,
+                    fused::<T, false>(data[c], &rows, &mut f.stats)
+                );
+            }
+        } else if !self.counts.is_empty() {
+            count_rows(&rows, &mut self.counts);
+        }
+        for (a, &off) in self.aggs.iter().zip(&self.offsets) {
+            if let AggKind::Histogram { lo, hi, buckets } = a.kind {
+                let d = data[a.column as usize];
+                let acc = &mut self.acc[..];
+                with_type!(self.types[a.column as usize], T, {
+                    histogram::<T>(d, &rows, acc, off, lo, hi, buckets)
+                });
             }
         }
         Ok(())
     }
 
     /// The results (see the module docs).
-    pub fn finish(self) -> Vec<u64> {
-        self.acc
-            .into_iter()
-            .map(|a| match a {
-                Acc::Int(x) => x as u64,
-                Acc::Float(x) => x.to_bits(),
-            })
-            .collect()
-    }
-}
-
-fn decode(ty: ElemType, d: &[u8], out: &mut Vec<Val>) {
-    let four = |c: &[u8]| [c[0], c[1], c[2], c[3]];
-    let eight = |c: &[u8]| [c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]];
-    match ty {
-        ElemType::U32 => out.extend(
-            d.chunks_exact(4)
-                .map(|c| Val::Int(u32::from_le_bytes(four(c)) as i128)),
-        ),
-        ElemType::I32 => out.extend(
-            d.chunks_exact(4)
-                .map(|c| Val::Int(i32::from_le_bytes(four(c)) as i128)),
-        ),
-        ElemType::F32 => out.extend(
-            d.chunks_exact(4)
-                .map(|c| Val::Float(f32::from_le_bytes(four(c)) as f64)),
-        ),
-        ElemType::U64 => out.extend(
-            d.chunks_exact(8)
-                .map(|c| Val::Int(u64::from_le_bytes(eight(c)) as i128)),
-        ),
-        ElemType::I64 => out.extend(
-            d.chunks_exact(8)
-                .map(|c| Val::Int(i64::from_le_bytes(eight(c)) as i128)),
-        ),
-        ElemType::F64 => out.extend(
-            d.chunks_exact(8)
-                .map(|c| Val::Float(f64::from_le_bytes(eight(c)))),
-        ),
-    }
-}
-
-/// The bucket of `v` among `buckets` equal parts of `[lo, hi)`.
-fn bucket(v: Val, lo: Val, hi: Val, buckets: u32) -> Option<usize> {
-    let b = buckets as i128;
-    match (v, lo, hi) {
-        (Val::Int(v), Val::Int(lo), Val::Int(hi)) => {
-            (v >= lo && v < hi).then(|| ((v - lo) * b / (hi - lo)) as usize)
+    pub fn finish(mut self) -> Vec<u64> {
+        let groups = self.acc.len() / self.stride.max(1);
+        for (a, &off) in self.aggs.iter().zip(&self.offsets) {
+            let which = match a.kind {
+                AggKind::Sum => 0,
+                AggKind::Min => 1,
+                AggKind::Max => 2,
+                AggKind::Count => {
+                    for g in 0..groups {
+                        self.acc[g * self.stride + off] = match self.fused.first() {
+                            Some(f) => f.stats[g][3],
+                            None => self.counts[g],
+                        };
+                    }
+                    continue;
+                }
+                AggKind::Histogram { .. } => continue,
+            };
+            let f = self
+                .fused
+                .iter()
+                .find(|f| f.column == a.column)
+                .expect("every summed column has its fused pass");
+            for g in 0..groups {
+                self.acc[g * self.stride + off] = f.stats[g][which];
+            }
         }
-        (Val::Float(v), Val::Float(lo), Val::Float(hi)) => (v >= lo && v < hi)
-            .then(|| (((v - lo) / (hi - lo) * buckets as f64) as usize).min(buckets as usize - 1)),
-        _ => None,
+        self.acc
     }
+}
+
+/// Runs `$e` with `$t` the Rust type of element type `$ty`.
+macro_rules! with_type {
+    ($ty:expr, $t:ident, $e:expr) => {
+        match $ty {
+            ElemType::U32 => {
+                type $t = u32;
+                $e
+            }
+            ElemType::U64 => {
+                type $t = u64;
+                $e
+            }
+            ElemType::I32 => {
+                type $t = i32;
+                $e
+            }
+            ElemType::I64 => {
+                type $t = i64;
+                $e
+            }
+            ElemType::F32 => {
+                type $t = f32;
+                $e
+            }
+            ElemType::F64 => {
+                type $t = f64;
+                $e
+            }
+        }
+    };
+}
+use with_type;
+
+/// An element type's arithmetic, on accumulators kept as result bits.
+trait Num: Copy + PartialOrd {
+    const SIZE: usize;
+    fn load(b: &[u8]) -> Self;
+    /// A constant given as raw bits.
+    fn from_bits(bits: u64) -> Self;
+    fn add(acc: u64, x: Self) -> u64;
+    fn min(acc: u64, x: Self) -> u64;
+    fn max(acc: u64, x: Self) -> u64;
+    /// Integers only: the value, for group keys and histogram buckets.
+    fn int(self) -> i128;
+    fn bucket(self, lo: Self, hi: Self, buckets: u32) -> Option<usize>;
+}
+
+macro_rules! int_num {
+    ($t:ty, $u:ty, $wide:ty) => {
+        impl Num for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            #[inline(always)]
+            fn load(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b[..Self::SIZE].try_into().expect("sized"))
+            }
+            fn from_bits(bits: u64) -> Self {
+                bits as $u as $t
+            }
+            #[inline(always)]
+            fn add(acc: u64, x: Self) -> u64 {
+                acc.wrapping_add(x as $wide as u64)
+            }
+            #[inline(always)]
+            fn min(acc: u64, x: Self) -> u64 {
+                (acc as $wide).min(x as $wide) as u64
+            }
+            #[inline(always)]
+            fn max(acc: u64, x: Self) -> u64 {
+                (acc as $wide).max(x as $wide) as u64
+            }
+            #[inline(always)]
+            fn int(self) -> i128 {
+                self as i128
+            }
+            #[inline(always)]
+            fn bucket(self, lo: Self, hi: Self, buckets: u32) -> Option<usize> {
+                (self >= lo && self < hi).then(|| {
+                    ((self as i128 - lo as i128) * buckets as i128 / (hi as i128 - lo as i128))
+                        as usize
+                })
+            }
+        }
+    };
+}
+int_num!(u32, u32, u64);
+int_num!(u64, u64, u64);
+int_num!(i32, u32, i64);
+int_num!(i64, u64, i64);
+
+macro_rules! float_num {
+    ($t:ty, $bits:ty) => {
+        impl Num for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            #[inline(always)]
+            fn load(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b[..Self::SIZE].try_into().expect("sized"))
+            }
+            fn from_bits(bits: u64) -> Self {
+                <$t>::from_bits(bits as $bits)
+            }
+            #[inline(always)]
+            fn add(acc: u64, x: Self) -> u64 {
+                (f64::from_bits(acc) + x as f64).to_bits()
+            }
+            #[inline(always)]
+            fn min(acc: u64, x: Self) -> u64 {
+                // The accumulator is never NaN, so a NaN `x` (which compares false) leaves it.
+                let (a, x) = (f64::from_bits(acc), x as f64);
+                (if x < a { x } else { a }).to_bits()
+            }
+            #[inline(always)]
+            fn max(acc: u64, x: Self) -> u64 {
+                let (a, x) = (f64::from_bits(acc), x as f64);
+                (if x > a { x } else { a }).to_bits()
+            }
+            fn int(self) -> i128 {
+                unreachable!("group columns are integers (checked in new)")
+            }
+            #[inline(always)]
+            fn bucket(self, lo: Self, hi: Self, buckets: u32) -> Option<usize> {
+                let (v, lo, hi) = (self as f64, lo as f64, hi as f64);
+                (v >= lo && v < hi).then(|| {
+                    (((v - lo) / (hi - lo) * buckets as f64) as usize).min(buckets as usize - 1)
+                })
+            }
+        }
+    };
+}
+float_num!(f32, u32);
+float_num!(f64, u64);
+
+/// The current line's rows: how many, which pass the filter (`None`: all), their groups.
+struct Rows<'a> {
+    n: usize,
+    /// The rows that pass the filter (`None`: all).
+    sel: Option<&'a [u32]>,
+    /// Each row's group (`None`: not grouped).
+    keys: Option<&'a [u32]>,
+    stride: usize,
+}
+
+impl Rows<'_> {
+    /// Calls `f(row, value)` for every selected row.
+    #[inline(always)]
+    fn each<T: Num>(&self, d: &[u8], mut f: impl FnMut(usize, T)) {
+        match self.sel {
+            None => {
+                for (r, c) in d.chunks_exact(T::SIZE).take(self.n).enumerate() {
+                    f(r, T::load(c));
+                }
+            }
+            Some(sel) => {
+                for &r in sel {
+                    let r = r as usize;
+                    f(r, T::load(&d[r * T::SIZE..]));
+                }
+            }
+        }
+    }
+}
+
+/// The rows of a line where `value CMP constant` holds.
+fn select<T: Num>(d: &[u8], cmp: Cmp, bits: u64, sel: &mut Vec<u32>) {
+    let v = T::from_bits(bits);
+    let n = d.len() / T::SIZE;
+    sel.resize(n, 0);
+    let mut k = 0;
+    // Branch-free: every row is written, and the count moves on only past the ones that pass.
+    macro_rules! pick {
+        ($p:expr) => {
+            for (r, c) in d.chunks_exact(T::SIZE).enumerate() {
+                let x = T::load(c);
+                sel[k] = r as u32;
+                k += $p(x) as usize;
+            }
+        };
+    }
+    // NaN compares with nothing: only `Ne` holds for it, as `!=` says.
+    match cmp {
+        Cmp::Lt => pick!(|x: T| x < v),
+        Cmp::Le => pick!(|x: T| x <= v),
+        Cmp::Gt => pick!(|x: T| x > v),
+        Cmp::Ge => pick!(|x: T| x >= v),
+        Cmp::Eq => pick!(|x: T| x == v),
+        Cmp::Ne => pick!(|x: T| x != v),
+    }
+    sel.truncate(k);
+}
+
+/// The group of every row of a line, or the first key that is not below `groups`.
+fn group_keys<T: Num>(d: &[u8], groups: u32, keys: &mut Vec<u32>) -> Option<i128> {
+    let mut bad = false;
+    keys.extend(d.chunks_exact(T::SIZE).map(|c| {
+        let k = T::load(c).int();
+        bad |= !(0..groups as i128).contains(&k);
+        k as u32
+    }));
+    bad.then(|| {
+        d.chunks_exact(T::SIZE)
+            .map(|c| T::load(c).int())
+            .find(|k| !(0..groups as i128).contains(k))
+            .expect("a bad key was seen")
+    })
+}
+
+/// A column's sum, minimum and maximum per group, computed together.
+#[derive(Debug)]
+struct Fused {
+    column: u8,
+    /// Per group: sum, minimum, maximum (as result bits), and rows if this is the first
+    /// fused column and the scan counts rows.
+    stats: Vec<[u64; 4]>,
+}
+
+/// What an aggregation starts from (the result for no rows).
+fn identity(kind: AggKind, ty: ElemType) -> u64 {
+    let float = ty.is_float();
+    match kind {
+        AggKind::Sum if float => 0f64.to_bits(),
+        AggKind::Min if float => f64::INFINITY.to_bits(),
+        AggKind::Max if float => f64::NEG_INFINITY.to_bits(),
+        AggKind::Min => match ty {
+            ElemType::U32 => u32::MAX as u64,
+            ElemType::U64 => u64::MAX,
+            ElemType::I32 => i32::MAX as u64,
+            _ => i64::MAX as u64,
+        },
+        AggKind::Max => match ty {
+            ElemType::I32 => i32::MIN as i64 as u64,
+            ElemType::I64 => i64::MIN as u64,
+            _ => 0,
+        },
+        AggKind::Sum | AggKind::Count | AggKind::Histogram { .. } => 0,
+    }
+}
+
+/// Adds a line of one column to its sum, minimum and maximum (and, with `COUNT`, counts the
+/// rows), in one pass.
+fn fused<T: Num, const COUNT: bool>(d: &[u8], rows: &Rows<'_>, stats: &mut [[u64; 4]]) {
+    match rows.keys {
+        None => {
+            let [mut s, mut lo, mut hi, _] = stats[0];
+            rows.each(d, |_, x: T| {
+                s = T::add(s, x);
+                lo = T::min(lo, x);
+                hi = T::max(hi, x);
+            });
+            (stats[0][0], stats[0][1], stats[0][2]) = (s, lo, hi);
+            if COUNT {
+                stats[0][3] += rows.sel.map_or(rows.n, |s| s.len()) as u64;
+            }
+        }
+        Some(keys) => rows.each(d, |r, x: T| {
+            let st = &mut stats[keys[r] as usize];
+            st[0] = T::add(st[0], x);
+            st[1] = T::min(st[1], x);
+            st[2] = T::max(st[2], x);
+            if COUNT {
+                st[3] += 1;
+            }
+        }),
+    }
+}
+
+/// Counts a line's selected rows per group.
+fn count_rows(rows: &Rows<'_>, counts: &mut [u64]) {
+    match (rows.keys, rows.sel) {
+        (None, sel) => counts[0] += sel.map_or(rows.n, |s| s.len()) as u64,
+        (Some(keys), None) => {
+            for &k in &keys[..rows.n] {
+                counts[k as usize] += 1;
+            }
+        }
+        (Some(keys), Some(sel)) => {
+            for &r in sel {
+                counts[keys[r as usize] as usize] += 1;
+            }
+        }
+    }
+}
+
+/// Adds a line of one column to a histogram.
+fn histogram<T: Num>(
+    d: &[u8],
+    rows: &Rows<'_>,
+    acc: &mut [u64],
+    off: usize,
+    lo: u64,
+    hi: u64,
+    buckets: u32,
+) {
+    let (lo, hi) = (T::from_bits(lo), T::from_bits(hi));
+    rows.each(d, |r, x: T| {
+        if let Some(b) = x.bucket(lo, hi, buckets) {
+            let base = rows.keys.map_or(0, |k| k[r] as usize * rows.stride);
+            acc[base + off + b] += 1;
+        }
+    });
 }
 
 impl fmt::Display for ElemType {
@@ -703,5 +1009,217 @@ mod tests {
             ev.feed(0, &[Some(&bytes_u64(&[1, 2]))]),
             Err(ScanError::GroupKey { key: 2, groups: 2 })
         ));
+    }
+
+    /// A column's value at a row, decoded the plain way.
+    #[derive(Debug, Clone, Copy)]
+    enum V {
+        I(i128),
+        F(f64),
+    }
+
+    fn read(ty: ElemType, b: &[u8]) -> V {
+        let mut w = [0u8; 8];
+        w[..ty.size()].copy_from_slice(&b[..ty.size()]);
+        let x = u64::from_le_bytes(w);
+        match ty {
+            ElemType::U32 => V::I(x as u32 as i128),
+            ElemType::I32 => V::I(x as u32 as i32 as i128),
+            ElemType::U64 => V::I(x as i128),
+            ElemType::I64 => V::I(x as i64 as i128),
+            ElemType::F32 => V::F(f32::from_bits(x as u32) as f64),
+            ElemType::F64 => V::F(f64::from_bits(x)),
+        }
+    }
+
+    /// The scan, row by row, as the module docs say it.
+    fn reference(scan: &Scan<Option<Vec<u8>>>) -> Vec<u64> {
+        let le = scan.columns[0].line_elems as usize;
+        let val = |c: usize, r: usize| {
+            let col = &scan.columns[c];
+            let size = col.ty.size();
+            match &col.lines[r / le] {
+                Some(d) => read(col.ty, &d[(r % le) * size..]),
+                None => read(col.ty, &[0; 8]),
+            }
+        };
+        let mut ev = Evaluator::new(scan).unwrap();
+        let stride = ev.stride;
+        let mut acc = std::mem::take(&mut ev.acc);
+        for r in 0..scan.rows as usize {
+            if let Some(f) = scan.filter {
+                let c = f.column as usize;
+                let k = read(scan.columns[c].ty, &f.value.to_le_bytes());
+                let o = match (val(c, r), k) {
+                    (V::I(a), V::I(b)) => Some(a.cmp(&b)),
+                    (V::F(a), V::F(b)) => a.partial_cmp(&b),
+                    _ => unreachable!(),
+                };
+                use std::cmp::Ordering::*;
+                let keep = match (f.cmp, o) {
+                    (Cmp::Ne, None) => true,
+                    (_, None) => false,
+                    (Cmp::Lt, Some(o)) => o == Less,
+                    (Cmp::Le, Some(o)) => o != Greater,
+                    (Cmp::Gt, Some(o)) => o == Greater,
+                    (Cmp::Ge, Some(o)) => o != Less,
+                    (Cmp::Eq, Some(o)) => o == Equal,
+                    (Cmp::Ne, Some(o)) => o != Equal,
+                };
+                if !keep {
+                    continue;
+                }
+            }
+            let base = match scan.group {
+                Some(g) => match val(g.column as usize, r) {
+                    V::I(k) => k as usize * stride,
+                    V::F(_) => unreachable!(),
+                },
+                None => 0,
+            };
+            for (a, &off) in scan.aggs.iter().zip(&ev.offsets) {
+                let slot = &mut acc[base + off];
+                let ty = scan.columns[a.column as usize].ty;
+                match (a.kind, val(a.column as usize, r)) {
+                    (AggKind::Count, _) => *slot += 1,
+                    (AggKind::Sum, V::I(x)) => *slot = slot.wrapping_add(x as u64),
+                    (AggKind::Sum, V::F(x)) => *slot = (f64::from_bits(*slot) + x).to_bits(),
+                    (AggKind::Min, V::I(x)) => {
+                        let cur = read(ty, &slot.to_le_bytes());
+                        if let V::I(c) = cur {
+                            *slot = c.min(x) as u64;
+                        }
+                    }
+                    (AggKind::Max, V::I(x)) => {
+                        if let V::I(c) = read(ty, &slot.to_le_bytes()) {
+                            *slot = c.max(x) as u64;
+                        }
+                    }
+                    (AggKind::Min, V::F(x)) if x < f64::from_bits(*slot) => *slot = x.to_bits(),
+                    (AggKind::Max, V::F(x)) if x > f64::from_bits(*slot) => *slot = x.to_bits(),
+                    (AggKind::Min | AggKind::Max, V::F(_)) => {}
+                    (AggKind::Histogram { lo, hi, buckets }, v) => {
+                        let lo = read(ty, &lo.to_le_bytes());
+                        let hi = read(ty, &hi.to_le_bytes());
+                        let b = match (v, lo, hi) {
+                            (V::I(v), V::I(lo), V::I(hi)) => (v >= lo && v < hi)
+                                .then(|| ((v - lo) * buckets as i128 / (hi - lo)) as usize),
+                            (V::F(v), V::F(lo), V::F(hi)) => (v >= lo && v < hi).then(|| {
+                                (((v - lo) / (hi - lo) * buckets as f64) as usize)
+                                    .min(buckets as usize - 1)
+                            }),
+                            _ => unreachable!(),
+                        };
+                        if let Some(b) = b {
+                            acc[base + off + b] += 1;
+                        }
+                    }
+                }
+            }
+        }
+        acc
+    }
+
+    const TYPES: [ElemType; 6] = [
+        ElemType::U32,
+        ElemType::U64,
+        ElemType::I32,
+        ElemType::I64,
+        ElemType::F32,
+        ElemType::F64,
+    ];
+
+    /// Bits of a value of `ty` from a small pool, so filters and histograms cut somewhere:
+    /// small integers, negative ones, extremes, and for floats fractions and NaN.
+    fn pick(ty: ElemType, r: u64) -> u64 {
+        let i = (r % 13) as i64 - 6;
+        match ty {
+            ElemType::U32 => [i as u32, u32::MAX, 0][(r % 3) as usize] as u64,
+            ElemType::I32 => [i as i32, i32::MIN, i32::MAX][(r % 3) as usize] as u32 as u64,
+            ElemType::U64 => [i as u64, u64::MAX, 3][(r % 3) as usize],
+            ElemType::I64 => [i, i64::MIN, i64::MAX][(r % 3) as usize] as u64,
+            ElemType::F32 => [i as f32 / 4.0, f32::NAN, -0.0][(r % 3) as usize].to_bits() as u64,
+            ElemType::F64 => [i as f64 / 4.0, f64::NAN, 1e300][(r % 3) as usize].to_bits(),
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_columnar_evaluator_matches_row_by_row(
+            rows in 0u64..40,
+            le in 1u32..7,
+            types in proptest::collection::vec(0usize..6, 1..4),
+            seed in proptest::collection::vec(proptest::prelude::any::<u64>(), 400),
+            holes in proptest::collection::vec(proptest::prelude::any::<bool>(), 40),
+            filter in proptest::option::of((0u8..4, 1u8..7, proptest::prelude::any::<u64>())),
+            grouped in proptest::prelude::any::<bool>(),
+            aggs in proptest::collection::vec((0u8..4, 0u8..5, 1u32..5, proptest::prelude::any::<u64>()), 1..6),
+        ) {
+            // Column 0 is group keys below 3 (u32); the others are of random types.
+            let mut tys = vec![ElemType::U32];
+            tys.extend(types.iter().map(|&t| TYPES[t]));
+            let nc = tys.len();
+            let lines = rows.div_ceil(le as u64) as usize;
+            let mut k = 0;
+            let mut next = || { k += 1; seed[k % seed.len()] };
+            let columns: Vec<Column<Option<Vec<u8>>>> = tys.iter().enumerate().map(|(c, &ty)| {
+                let lines = (0..lines).map(|l| {
+                    if c > 0 && holes[(l + c) % holes.len()] && l % 3 == 1 {
+                        return None;
+                    }
+                    Some((0..le).flat_map(|_| {
+                        let bits = if c == 0 { next() % 3 } else { pick(ty, next()) };
+                        bits.to_le_bytes()[..ty.size()].to_vec()
+                    }).collect())
+                }).collect();
+                Column { ty, line_elems: le, lines }
+            }).collect();
+            let filter = filter.map(|(c, cmp, r)| {
+                let c = c % nc as u8;
+                Filter { column: c, cmp: Cmp::from_u8(cmp).unwrap(), value: pick(tys[c as usize], r) }
+            });
+            let aggs = aggs.into_iter().map(|(c, kind, b, r)| {
+                let c = c % nc as u8;
+                let ty = tys[c as usize];
+                let kind = match kind {
+                    0 => AggKind::Sum,
+                    1 => AggKind::Min,
+                    2 => AggKind::Max,
+                    3 => AggKind::Count,
+                    _ => {
+                        let (lo, hi) = if ty.is_float() {
+                            ((-1.5f64).to_bits(), (r % 7) as f64)
+                        } else {
+                            (0, (r % 7 + 1) as f64)
+                        };
+                        match ty {
+                            ElemType::F32 => AggKind::Histogram {
+                                lo: (f64::from_bits(lo) as f32).to_bits() as u64,
+                                hi: (hi as f32).to_bits() as u64,
+                                buckets: b,
+                            },
+                            ElemType::F64 => AggKind::Histogram { lo, hi: hi.to_bits(), buckets: b },
+                            _ => AggKind::Histogram { lo, hi: hi as u64, buckets: b },
+                        }
+                    }
+                };
+                Agg { column: c, kind }
+            }).collect();
+            let scan = Scan {
+                rows,
+                columns,
+                filter,
+                group: grouped.then_some(Group { column: 0, groups: 3 }),
+                aggs,
+            };
+            let want = reference(&scan);
+            let mut ev = Evaluator::new(&scan).unwrap();
+            for l in 0..ev.lines() {
+                let slices: Vec<Option<&[u8]>> =
+                    scan.columns.iter().map(|c| c.lines[l].as_deref()).collect();
+                ev.feed(l, &slices).unwrap();
+            }
+            proptest::prop_assert_eq!(ev.finish(), want);
+        }
     }
 }
