@@ -28,15 +28,17 @@
 //! ```
 
 mod lines;
+mod query;
 mod section;
 mod vec;
 
 pub use lines::{LineMut, LineRef};
+pub use query::{Answer, Buckets, Cmp, Col, Decode, Elem, Estimate, Offload, Out, Query, Ran};
 pub use section::{Section, SectionConfig, SectionStats, Structure};
 pub use vec::{FarIter, FarLines, FarVec};
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tidepool_store::{FarStore, StoreError};
 
 /// Bits of a far key that number lines within one structure; the rest name the structure.
@@ -64,6 +66,13 @@ pub enum FarError {
     OutOfBounds { index: usize, len: usize },
     #[error("far store returned a line of {got} bytes where {want} were expected")]
     BadLine { got: usize, want: usize },
+    #[error("query: {0}")]
+    Query(String),
+    #[error(
+        "the far store {0} cannot run queries (use a memory node, node://..., or \
+         Offload::Auto to compute here)"
+    )]
+    NoOffload(String),
 }
 
 /// The far memory far structures live in: a store, and the names of structures in it.
@@ -71,6 +80,8 @@ pub enum FarError {
 pub struct Far {
     pub(crate) store: Arc<dyn FarStore>,
     next: Arc<AtomicU64>,
+    /// What queries and fetches have measured, for deciding where queries run.
+    pub(crate) costs: Arc<Mutex<query::Costs>>,
 }
 
 impl Far {
@@ -79,6 +90,7 @@ impl Far {
             store,
             // Structure 0 is never used: key 0 stays free for whoever shares the store.
             next: Arc::new(AtomicU64::new(1)),
+            costs: Arc::default(),
         }
     }
 

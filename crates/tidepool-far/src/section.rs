@@ -34,6 +34,20 @@ pub(crate) type Table = Rc<[Cell<u32>]>;
 /// Not resident.
 pub(crate) const NONE: u32 = u32::MAX;
 
+/// Sets of up to this many ways are searched whole for an empty or evictable slot; wider
+/// ones (fully associative sections) keep counts so that a miss costs O(1), not O(ways).
+const NARROW: usize = 16;
+
+#[derive(Debug, Default)]
+struct Wide {
+    /// Empty slots in the set.
+    empty: Cell<u32>,
+    /// Eviction hints given and not yet used (at least as many as evictable slots).
+    hinted: Cell<u32>,
+    /// Where to start looking for an empty slot: past the last one found.
+    seek: Cell<u32>,
+}
+
 pub(crate) const DIRTY: u8 = 1;
 pub(crate) const REFERENCED: u8 = 2;
 pub(crate) const EVICTABLE: u8 = 4;
@@ -113,6 +127,9 @@ pub struct Section {
     owners: RefCell<FxHashMap<u64, (Table, u64)>>,
     /// CLOCK hands: one per set (one set in all when fully associative).
     hands: Box<[Cell<u32>]>,
+    /// Per set, for sets of more than [`NARROW`] ways (empty otherwise): what spares
+    /// `victim` from looking at every way on every miss.
+    wide: Box<[Wide]>,
     /// Hits, counted apart: they are on every access's fast path.
     pub(crate) hits: Cell<u64>,
     stats: Cell<SectionStats>,
@@ -172,6 +189,16 @@ impl Section {
             ways,
             owners: RefCell::new(FxHashMap::default()),
             hands: (0..sets).map(|_| Cell::new(0)).collect(),
+            wide: if ways > NARROW {
+                (0..sets)
+                    .map(|_| Wide {
+                        empty: Cell::new(ways as u32),
+                        ..Wide::default()
+                    })
+                    .collect()
+            } else {
+                Box::default()
+            },
             hits: Cell::new(0),
             stats: Cell::new(SectionStats::default()),
         }))
@@ -232,6 +259,9 @@ impl Section {
             if slot != NONE {
                 self.tags[slot as usize].set(0);
                 self.buf.set_flags(slot as usize, 0);
+                if let Some(w) = self.wide.get(slot as usize / self.ways) {
+                    w.empty.set(w.empty.get() + 1);
+                }
             }
         }
     }
@@ -281,17 +311,37 @@ impl Section {
         let free =
             |i: usize| self.buf.flags(i) & (PINNED | FILLING) == 0 && !self.buf.is_borrowed(i);
         let candidates = first..first + self.ways;
-        if let Some(i) = candidates
-            .clone()
-            .find(|&i| self.tags[i].get() == 0 && free(i))
-        {
-            return Some(i);
-        }
-        if let Some(i) = candidates
-            .clone()
-            .find(|&i| self.buf.flags(i) & EVICTABLE != 0 && free(i))
-        {
-            return Some(i);
+        let evictable = |i: &usize| self.buf.flags(*i) & EVICTABLE != 0 && free(*i);
+        if let Some(w) = self.wide.get(set) {
+            if w.empty.get() > 0 {
+                let start = w.seek.get() as usize;
+                let found = (0..self.ways)
+                    .map(|k| (start + k) % self.ways)
+                    .find(|&j| self.tags[first + j].get() == 0 && free(first + j));
+                if let Some(j) = found {
+                    w.seek.set(((j + 1) % self.ways) as u32);
+                    return Some(first + j);
+                }
+            }
+            if w.hinted.get() > 0 {
+                match candidates.clone().find(evictable) {
+                    Some(i) => {
+                        w.hinted.set(w.hinted.get() - 1);
+                        return Some(i);
+                    }
+                    None => w.hinted.set(0),
+                }
+            }
+        } else {
+            if let Some(i) = candidates
+                .clone()
+                .find(|&i| self.tags[i].get() == 0 && free(i))
+            {
+                return Some(i);
+            }
+            if let Some(i) = candidates.clone().find(evictable) {
+                return Some(i);
+            }
         }
         // CLOCK: at most two sweeps (the first may only clear reference bits).
         let hand = &self.hands[set];
@@ -318,6 +368,17 @@ impl Section {
             .expect("a line of an attached structure");
         self.tags[i].set(key + 1);
         self.buf.set_flags(i, flags);
+        if let Some(w) = self.wide.get(i / self.ways) {
+            w.empty.set(w.empty.get() - 1);
+        }
+    }
+
+    /// Marks slot `i` to go before any line CLOCK would choose.
+    pub(crate) fn hint_evictable(&self, i: usize) {
+        self.set_flags(i, (self.flags(i) | EVICTABLE) & !REFERENCED);
+        if let Some(w) = self.wide.get(i / self.ways) {
+            w.hinted.set(w.hinted.get() + 1);
+        }
     }
 
     /// Empties slot `i` (its line dropped without writing back).
@@ -325,6 +386,9 @@ impl Section {
         let old = self.tags[i].get();
         if old != 0 {
             self.entry(old - 1, |e| e.set(NONE));
+            if let Some(w) = self.wide.get(i / self.ways) {
+                w.empty.set(w.empty.get() + 1);
+            }
         }
         self.tags[i].set(0);
         self.buf.set_flags(i, 0);

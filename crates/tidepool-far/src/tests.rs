@@ -371,3 +371,39 @@ proptest! {
         prop_assert_eq!(v.to_vec().unwrap(), model);
     }
 }
+
+/// A fully associative section wider than the sets searched whole: its counts of empty slots
+/// and eviction hints must lead `victim` to the same choices a full search would.
+#[test]
+fn a_wide_full_section_takes_empty_slots_then_hints_then_clock() {
+    let far = Far::new(Flaky::new());
+    let sec = section(Structure::Full, 64, 64);
+    let values: Vec<u64> = (0..8 * 200).collect();
+    let v = FarVec::from_slice(&far, &sec, &values).unwrap();
+    let resident = |v: &FarVec<u64>| (0..v.lines()).filter(|&l| v.is_resident(l)).count();
+    for l in 0..64 {
+        assert_eq!(v.get(l * 8).unwrap(), (l * 8) as u64);
+    }
+    assert_eq!(resident(&v), 64);
+    // The hinted line goes first, however referenced the others are.
+    v.evictable(10 * 8);
+    assert_eq!(v.get(64 * 8).unwrap(), 64 * 8);
+    assert!(!v.is_resident(10) && v.is_resident(11) && v.is_resident(64));
+    // A second vector's slots come back empty when it is dropped, and are taken before any
+    // of the first vector's lines.
+    let w = FarVec::from_slice(&far, &sec, &values[..8 * 8]).unwrap();
+    for l in 0..8 {
+        assert_eq!(w.get(l * 8).unwrap(), (l * 8) as u64);
+    }
+    assert_eq!(resident(&v), 56);
+    drop(w);
+    for l in 100..108 {
+        assert_eq!(v.get(l * 8).unwrap(), (l * 8) as u64);
+    }
+    assert_eq!(resident(&v), 64);
+    // Then CLOCK, for as long as it likes.
+    for l in (0..200).rev() {
+        assert_eq!(v.get(l * 8).unwrap(), (l * 8) as u64);
+    }
+    assert_eq!(resident(&v), 64);
+}

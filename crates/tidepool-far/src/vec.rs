@@ -20,7 +20,7 @@ const NO_SHIFT: u32 = u32::MAX;
 ///
 /// Lines never written read as zeros (nothing is stored for them).
 pub struct FarVec<T> {
-    far: Far,
+    pub(crate) far: Far,
     section: Rc<Section>,
     /// Where each line is resident, kept by the section.
     table: Table,
@@ -360,6 +360,36 @@ where
             })
     }
 
+    /// A guard on line `line` (not element), fetching it and the prefetch distance of lines
+    /// after it if it is not resident.
+    pub(crate) fn line_ahead(&self, line: usize) -> Result<LineRef<'_, T>, FarError> {
+        let slot = self.ensure(line, self.ahead.get(), line * self.per_line)?;
+        self.readable(line, slot)
+    }
+
+    pub(crate) fn is_resident(&self, line: usize) -> bool {
+        self.resident(line).is_some()
+    }
+
+    /// The store keys of the vector's lines, in order.
+    pub(crate) fn keys(&self) -> std::ops::Range<Key> {
+        self.base..self.base + self.lines() as u64
+    }
+
+    /// Lines not resident, and resident lines that are dirty.
+    pub(crate) fn residency(&self) -> (usize, usize) {
+        let mut missing = 0;
+        let mut dirty = 0;
+        for s in self.table.iter() {
+            match s.get() {
+                NONE => missing += 1,
+                s if self.section.flags(s as usize) & DIRTY != 0 => dirty += 1,
+                _ => {}
+            }
+        }
+        (missing, dirty)
+    }
+
     /// Brings every line of the vector in, many lines per round trip; lines that find no free
     /// slot are skipped (the section is smaller than the vector). Use before [`FarVec::local`].
     pub fn load_all(&self) -> Result<(), FarError> {
@@ -585,8 +615,7 @@ where
     pub fn evictable(&self, index: usize) {
         if index < self.len {
             if let Some(i) = self.resident(self.split(index).0) {
-                let f = self.section.flags(i);
-                self.section.set_flags(i, (f | EVICTABLE) & !REFERENCED);
+                self.section.hint_evictable(i);
             }
         }
     }
@@ -713,10 +742,7 @@ where
             return None;
         }
         self.next += 1;
-        let r = self
-            .v
-            .ensure(line, self.v.ahead.get(), line * self.v.per_line)
-            .and_then(|slot| self.v.readable(line, slot));
+        let r = self.v.line_ahead(line);
         if r.is_err() {
             self.next = self.v.lines();
         }
