@@ -47,6 +47,13 @@ struct Sizes {
     edges: u64,
     seconds: f64,
     rounds: usize,
+    /// Rows of part (b)'s table.
+    rows: usize,
+}
+
+/// `TIDEPOOL_FAR_PARTS=b` runs only some parts (`a`, `b`; default all).
+fn part(p: &str) -> bool {
+    std::env::var("TIDEPOOL_FAR_PARTS").map_or(true, |v| v.split(',').any(|x| x.trim() == p))
 }
 
 fn sizes(opts: &BenchOpts) -> Sizes {
@@ -56,6 +63,7 @@ fn sizes(opts: &BenchOpts) -> Sizes {
             edges: 2 << 20,
             seconds: 0.5,
             rounds: 1,
+            rows: 2 << 20,
         }
     } else {
         Sizes {
@@ -63,6 +71,7 @@ fn sizes(opts: &BenchOpts) -> Sizes {
             edges: 8 << 20,
             seconds: 2.0,
             rounds: 3,
+            rows: 8 << 20,
         }
     }
 }
@@ -78,107 +87,125 @@ impl Suite for FarSuite {
     }
 
     fn steps(&self, opts: &BenchOpts) -> u64 {
-        (sizes(opts).rounds * RATIOS.len()) as u64
+        let s = sizes(opts);
+        let a = if part("a") { RATIOS.len() } else { 0 };
+        let b = if part("b") {
+            crate::far_query::RATIOS.len()
+        } else {
+            0
+        };
+        (s.rounds * (a + b)) as u64
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
         let s = sizes(&ctx.opts);
-        let footprint = (s.nodes + s.edges) * 8;
-        let exe = std::env::current_exe()?;
-        let preload = crate::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")?;
-        let zram = match Zram::start(footprint * 2) {
-            Ok(z) => Some(z),
-            Err(e) => {
-                ctx.note(format!("linux-zram skipped: {e:#}"));
-                None
-            }
-        };
-        let mut samples: std::collections::BTreeMap<(String, u64), Vec<f64>> = Default::default();
-        for round in 0..s.rounds {
-            for &ratio in &RATIOS {
-                ctx.step(format!(
-                    "graph at {:.0}% local, round {}",
-                    ratio * 100.0,
-                    round + 1
-                ));
-                let local = (footprint as f64 * ratio) as u64;
-                let systems: Vec<&str> = GRAPH_SYSTEMS
-                    .into_iter()
-                    .filter(|&n| n != "linux-zram" || zram.is_some())
-                    .filter(|&n| n != "native" || ratio == 1.0)
-                    .collect();
-                let n = systems.len();
-                for k in 0..n {
-                    let system = systems[(k + round) % n];
-                    let worker_system = match system {
-                        "tidepool-far" => "far",
-                        "tidepool-far-swap" => "far-swap",
-                        _ => "native",
-                    };
-                    let mut cmd = match system {
-                        "linux-zram" => zram
-                            .as_ref()
-                            .expect("listed only if started")
-                            .command(local + ALLOWANCE)?,
-                        "tidepool-pager" => {
-                            let mut c = Command::new(&exe);
-                            c.args(["run", "--local", &(local + ALLOWANCE).to_string()])
-                                .args(["--backend", "local:", "--"])
-                                .env("TIDEPOOL_PRELOAD", &preload);
-                            c
-                        }
-                        _ => Command::new("env"),
-                    };
-                    cmd.arg(&exe).args([
-                        "bench-worker",
-                        "far-graph",
-                        worker_system,
-                        &s.nodes.to_string(),
-                        &s.edges.to_string(),
-                        &s.seconds.to_string(),
-                        &local.to_string(),
-                    ]);
-                    match run_worker(cmd) {
-                        Ok(v) => samples
-                            .entry((system.into(), (ratio * 100.0).round() as u64))
-                            .or_default()
-                            .push(v),
-                        Err(e) => ctx.note(format!(
-                            "graph on {system} at {:.0}% local, round {}: {e:#}",
-                            ratio * 100.0,
-                            round + 1
-                        )),
-                    }
-                }
-                ctx.advance();
-            }
+        if part("a") {
+            graph(ctx, &s)?;
         }
-        for ((system, pct), mut v) in samples {
-            ctx.report.push(
-                &system,
-                "graph",
-                "edges_per_s",
-                median(&mut v),
-                "edges/s",
-                &[
-                    ("local_ratio", pct as f64 / 100.0),
-                    ("footprint_mib", (footprint >> 20) as f64),
-                ],
-            );
+        if part("b") {
+            crate::far_query::run(ctx, s.rows, s.rounds)?;
         }
         verdict(ctx);
         Ok(())
     }
 }
 
+/// Part (a): see the module docs.
+fn graph(ctx: &mut Ctx, s: &Sizes) -> Result<()> {
+    let footprint = (s.nodes + s.edges) * 8;
+    let exe = std::env::current_exe()?;
+    let preload = crate::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")?;
+    let zram = match Zram::start(footprint * 2) {
+        Ok(z) => Some(z),
+        Err(e) => {
+            ctx.note(format!("linux-zram skipped: {e:#}"));
+            None
+        }
+    };
+    let mut samples: std::collections::BTreeMap<(String, u64), Vec<f64>> = Default::default();
+    for round in 0..s.rounds {
+        for &ratio in &RATIOS {
+            ctx.step(format!(
+                "graph at {:.0}% local, round {}",
+                ratio * 100.0,
+                round + 1
+            ));
+            let local = (footprint as f64 * ratio) as u64;
+            let systems: Vec<&str> = GRAPH_SYSTEMS
+                .into_iter()
+                .filter(|&n| n != "linux-zram" || zram.is_some())
+                .filter(|&n| n != "native" || ratio == 1.0)
+                .collect();
+            let n = systems.len();
+            for k in 0..n {
+                let system = systems[(k + round) % n];
+                let worker_system = match system {
+                    "tidepool-far" => "far",
+                    "tidepool-far-swap" => "far-swap",
+                    _ => "native",
+                };
+                let mut cmd = match system {
+                    "linux-zram" => zram
+                        .as_ref()
+                        .expect("listed only if started")
+                        .command(local + ALLOWANCE)?,
+                    "tidepool-pager" => {
+                        let mut c = Command::new(&exe);
+                        c.args(["run", "--local", &(local + ALLOWANCE).to_string()])
+                            .args(["--backend", "local:", "--"])
+                            .env("TIDEPOOL_PRELOAD", &preload);
+                        c
+                    }
+                    _ => Command::new("env"),
+                };
+                cmd.arg(&exe).args([
+                    "bench-worker",
+                    "far-graph",
+                    worker_system,
+                    &s.nodes.to_string(),
+                    &s.edges.to_string(),
+                    &s.seconds.to_string(),
+                    &local.to_string(),
+                ]);
+                match run_worker(cmd) {
+                    Ok(v) => samples
+                        .entry((system.into(), (ratio * 100.0).round() as u64))
+                        .or_default()
+                        .push(v),
+                    Err(e) => ctx.note(format!(
+                        "graph on {system} at {:.0}% local, round {}: {e:#}",
+                        ratio * 100.0,
+                        round + 1
+                    )),
+                }
+            }
+            ctx.advance();
+        }
+    }
+    for ((system, pct), mut v) in samples {
+        ctx.report.push(
+            &system,
+            "graph",
+            "edges_per_s",
+            median(&mut v),
+            "edges/s",
+            &[
+                ("local_ratio", pct as f64 / 100.0),
+                ("footprint_mib", (footprint >> 20) as f64),
+            ],
+        );
+    }
+    Ok(())
+}
+
 /// The acceptance ratios, from this run, as notes.
 fn verdict(ctx: &mut Ctx) {
-    let at = |r: &crate::Report, system: &str, ratio: f64| {
+    let at = |r: &crate::Report, workload: &str, system: &str, ratio: f64| {
         r.results
             .iter()
             .find(|row| {
                 row.system == system
-                    && row.workload == "graph"
+                    && row.workload == workload
                     && row.params.get("local_ratio").copied() == Some(ratio)
             })
             .map(|row| row.value)
@@ -191,8 +218,8 @@ fn verdict(ctx: &mut Ctx) {
     let mut notes = Vec::new();
     for (ratio, peer, want) in targets {
         if let (Some(t), Some(p)) = (
-            at(&ctx.report, "tidepool-far", ratio),
-            at(&ctx.report, peer, ratio),
+            at(&ctx.report, "graph", "tidepool-far", ratio),
+            at(&ctx.report, "graph", peer, ratio),
         ) {
             notes.push(format!(
                 "graph at {:.0}% local: tidepool-far / {peer} = {:.2}x (target >= {want:.2}x)",
@@ -200,6 +227,15 @@ fn verdict(ctx: &mut Ctx) {
                 t / p
             ));
         }
+    }
+    if let (Some(o), Some(f)) = (
+        at(&ctx.report, "query", "tidepool-far-offload", 0.1),
+        at(&ctx.report, "query", "tidepool-far-fetch", 0.1),
+    ) {
+        notes.push(format!(
+            "query at 10% local: offload / fetch = {:.2}x (target >= 2.00x)",
+            o / f
+        ));
     }
     for n in notes {
         ctx.note(n);

@@ -1,0 +1,235 @@
+//! The `far` suite, part (b): DataFrame-style analytics over far vectors on a real
+//! `tidepool node`, offloaded to the node against fetched and computed here.
+//!
+//! A table of `rows` rows in three far columns: `region` (u32, 64 groups), `qty` (u32) and
+//! `price` (f64), 16 bytes a row. The query is
+//! `df[df.qty > 20].groupby("region").price.agg(["sum", "min", "max", "count"])`: a filter, a
+//! group-by and aggregations over one column that one pass computes together. Systems:
+//! - `tidepool-far-offload`: the query runs on the node (`Offload::Always`);
+//! - `tidepool-far-fetch`: the lines come here and the query runs here (`Offload::Never`),
+//!   through sections of the ratio's size, prefetching as usual;
+//! - `tidepool-far-auto`: the cost model decides (`Offload::Auto`); where it ran is reported;
+//! - `native`: plain vectors, all local.
+//!
+//! Each system gets a fresh client and freshly written columns, runs the query [`RUNS`] times
+//! and reports the median, in rows per second. Every answer is checked against the native one.
+
+use crate::store::NodeProcess;
+use crate::{median, Ctx};
+use anyhow::{bail, Result};
+use std::rc::Rc;
+use std::time::Instant;
+use tidepool_far::{Cmp, Far, FarVec, Offload, Query, Ran, Section, SectionConfig, Structure};
+
+pub(crate) const RATIOS: [f64; 3] = [0.1, 0.5, 1.0];
+const SYSTEMS: [&str; 4] = [
+    "tidepool-far-offload",
+    "tidepool-far-fetch",
+    "tidepool-far-auto",
+    "native",
+];
+/// Queries per system and round; the first one may be the cost model's exploration.
+const RUNS: usize = 4;
+const GROUPS: u32 = 64;
+const MIN_QTY: u32 = 20;
+
+/// Row `i`: (region, qty, price), from SplitMix64 of `i`.
+fn row(i: u64) -> (u32, u32, f64) {
+    let mut z = i.wrapping_add(7).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (
+        (z % GROUPS as u64) as u32,
+        ((z >> 8) % 100) as u32,
+        ((z >> 20) % 100_000) as f64 / 100.0,
+    )
+}
+
+/// Per group: sum, min, max, count.
+type Groups = Vec<(f64, f64, f64, u64)>;
+
+fn native(rows: usize) -> (f64, Groups) {
+    let (mut region, mut qty, mut price) = (
+        Vec::with_capacity(rows),
+        Vec::with_capacity(rows),
+        Vec::with_capacity(rows),
+    );
+    for i in 0..rows as u64 {
+        let (r, q, p) = row(i);
+        region.push(r);
+        qty.push(q);
+        price.push(p);
+    }
+    let mut times = Vec::new();
+    let mut out = Vec::new();
+    for _ in 0..RUNS {
+        let t0 = Instant::now();
+        let mut g = vec![(0.0, f64::INFINITY, f64::NEG_INFINITY, 0u64); GROUPS as usize];
+        for i in 0..rows {
+            if qty[i] > MIN_QTY {
+                let a = &mut g[region[i] as usize];
+                a.0 += price[i];
+                a.1 = a.1.min(price[i]);
+                a.2 = a.2.max(price[i]);
+                a.3 += 1;
+            }
+        }
+        times.push(t0.elapsed().as_secs_f64());
+        out = std::hint::black_box(g);
+    }
+    (rows as f64 / median(&mut times), out)
+}
+
+/// Writes a column a line at a time through its section (whole lines: nothing fetched).
+fn column<T>(
+    far: &Far,
+    section: &Rc<Section>,
+    rows: usize,
+    f: impl Fn(u64) -> T,
+) -> Result<FarVec<T>>
+where
+    T: tidepool_far::Elem,
+{
+    let v: FarVec<T> = FarVec::new(far, section, rows)?;
+    let per = v.per_line();
+    for l in 0..v.lines() {
+        let mut line = v.overwrite_line(l * per)?;
+        let first = line.first as u64;
+        for (k, x) in line.iter_mut().enumerate() {
+            *x = f(first + k as u64);
+        }
+    }
+    v.flush()?;
+    Ok(v)
+}
+
+/// Rows per second of the query over far columns on the node at `url`, with `local` bytes of
+/// sections; and where the last run ran.
+fn far(url: &str, rows: usize, local: u64, how: Offload, want: &Groups) -> Result<(f64, Ran)> {
+    let far = Far::new(tidepool_store::open(url)?);
+    // Lines of 1024 elements: 4 KiB for the u32 columns, 8 KiB for price; each column's
+    // section is its share of the budget (half for price, a quarter each for the others).
+    let section = |line: usize, share: u64| {
+        Section::new(SectionConfig::new(
+            Structure::Full,
+            line,
+            ((share as usize).max(4 * line) / line) * line,
+        ))
+    };
+    let (rs, qs, ps) = (
+        section(4096, local / 4)?,
+        section(4096, local / 4)?,
+        section(8192, local / 2)?,
+    );
+    let region = column(&far, &rs, rows, |i| row(i).0)?;
+    let qty = column(&far, &qs, rows, |i| row(i).1)?;
+    let price = column(&far, &ps, rows, |i| row(i).2)?;
+    let mut times = Vec::new();
+    let mut ran = Ran::Local;
+    for _ in 0..RUNS {
+        let t0 = Instant::now();
+        let mut q = Query::new();
+        let (r, n, p) = (q.column(&region)?, q.column(&qty)?, q.column(&price)?);
+        q.filter(n, Cmp::Gt, MIN_QTY).group_by(r, GROUPS);
+        let (sum, min, max, count) = (q.sum(p), q.min(p), q.max(p), q.count());
+        let a = q.run(how)?;
+        times.push(t0.elapsed().as_secs_f64());
+        ran = a.ran;
+        let got: Groups = (0..a.groups())
+            .map(|g| {
+                (
+                    a.get(g, &sum),
+                    a.get(g, &min),
+                    a.get(g, &max),
+                    a.get(g, &count),
+                )
+            })
+            .collect();
+        if &got != want {
+            bail!("the query's answer ({ran:?}) differs from the native one");
+        }
+    }
+    Ok((rows as f64 / median(&mut times), ran))
+}
+
+/// Part (b): see the module docs. `rows` rows, `rounds` rounds, one step per round and ratio.
+pub(crate) fn run(ctx: &mut Ctx, rows: usize, rounds: usize) -> Result<()> {
+    let footprint = rows as u64 * 16;
+    // Room for the columns, and for a fresh set per system while the old one is freed.
+    let node = NodeProcess::start(&(footprint * 4).to_string())?;
+    // A throughput workload: the node gets a CPU of its own, as a memory node would.
+    ctx.opts
+        .placement
+        .for_workload(false)
+        .pin_server(node.pid())?;
+    let url = format!("node://far-query@{}", node.addr);
+    let mut samples: std::collections::BTreeMap<(&str, u64), Vec<f64>> = Default::default();
+    let mut placed: std::collections::BTreeMap<u64, Vec<Ran>> = Default::default();
+    let (native_rate, want) = native(rows);
+    for round in 0..rounds {
+        for &ratio in &RATIOS {
+            ctx.step(format!(
+                "query at {:.0}% local, round {}",
+                ratio * 100.0,
+                round + 1
+            ));
+            let pct = (ratio * 100.0).round() as u64;
+            let local = (footprint as f64 * ratio) as u64;
+            for k in 0..SYSTEMS.len() {
+                let system = SYSTEMS[(k + round) % SYSTEMS.len()];
+                let how = match system {
+                    "tidepool-far-offload" => Offload::Always,
+                    "tidepool-far-fetch" => Offload::Never,
+                    "tidepool-far-auto" => Offload::Auto,
+                    _ => {
+                        if ratio == 1.0 {
+                            let v = if round == 0 {
+                                native_rate
+                            } else {
+                                native(rows).0
+                            };
+                            samples.entry((system, pct)).or_default().push(v);
+                        }
+                        continue;
+                    }
+                };
+                match far(&url, rows, local, how, &want) {
+                    Ok((v, ran)) => {
+                        samples.entry((system, pct)).or_default().push(v);
+                        if how == Offload::Auto {
+                            placed.entry(pct).or_default().push(ran);
+                        }
+                    }
+                    Err(e) => ctx.note(format!(
+                        "query on {system} at {pct}% local, round {}: {e:#}",
+                        round + 1
+                    )),
+                }
+            }
+            ctx.advance();
+        }
+    }
+    for ((system, pct), mut v) in samples {
+        ctx.report.push(
+            system,
+            "query",
+            "rows_per_s",
+            median(&mut v),
+            "rows/s",
+            &[
+                ("local_ratio", pct as f64 / 100.0),
+                ("rows", rows as f64),
+                ("footprint_mib", (footprint >> 20) as f64),
+            ],
+        );
+    }
+    for (pct, ran) in placed {
+        let node = ran.iter().filter(|&&r| r == Ran::Node).count();
+        ctx.note(format!(
+            "query at {pct}% local: tidepool-far-auto ran on the node in {node} of {} rounds",
+            ran.len()
+        ));
+    }
+    Ok(())
+}
