@@ -23,18 +23,21 @@
 //! for x in v.iter() {
 //!     sum += x?;
 //! }
-//! assert_eq!(sum, (0..100_000u64).sum());
+//! assert_eq!(sum, (0..100_000u64).sum::<u64>());
 //! # Ok::<(), tidepool_far::FarError>(())
 //! ```
 
 mod lines;
+pub mod profile;
 mod query;
 mod section;
+pub mod tune;
 mod vec;
 
 pub use lines::{LineMut, LineRef};
 pub use query::{Answer, Buckets, Cmp, Col, Decode, Elem, Estimate, Offload, Out, Query, Ran};
 pub use section::{Section, SectionConfig, SectionStats, Structure};
+pub use tune::{Config, SiteConfig};
 pub use vec::{FarIter, FarLines, FarVec};
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -82,6 +85,9 @@ pub struct Far {
     next: Arc<AtomicU64>,
     /// What queries and fetches have measured, for deciding where queries run.
     pub(crate) costs: Arc<Mutex<query::Costs>>,
+    /// Whether vectors made now are profiled, and the profiles of those dropped.
+    profiling: Arc<std::sync::atomic::AtomicBool>,
+    profile: Arc<Mutex<profile::Profile>>,
 }
 
 impl Far {
@@ -91,7 +97,28 @@ impl Far {
             // Structure 0 is never used: key 0 stays free for whoever shares the store.
             next: Arc::new(AtomicU64::new(1)),
             costs: Arc::default(),
+            profiling: Arc::default(),
+            profile: Arc::default(),
         }
+    }
+
+    /// Profiles every far vector made from now on (a profiling run: it costs time on every
+    /// access). See [`profile`].
+    pub fn enable_profiling(&self) {
+        self.profiling.store(true, Ordering::Relaxed);
+    }
+
+    pub(crate) fn profiling(&self) -> bool {
+        self.profiling.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_profile(&self, p: profile::SiteProfile) {
+        self.profile.lock().expect("profile lock").add(p);
+    }
+
+    /// The profiles of the profiled vectors dropped so far, by site.
+    pub fn profile(&self) -> profile::Profile {
+        self.profile.lock().expect("profile lock").clone()
     }
 
     /// The store's description.

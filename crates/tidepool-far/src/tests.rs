@@ -163,7 +163,7 @@ fn a_scan_fetches_many_lines_a_round_trip() {
     let sec = section(Structure::Direct, 64, 64);
     let v = FarVec::from_slice(&far, &sec, &(0..8000u64).collect::<Vec<_>>()).unwrap();
     v.set_prefetch(15);
-    assert_eq!(v.iter().map(|x| x.unwrap()).sum::<u64>(), (0..8000).sum());
+    assert_eq!(v.iter().map(|x| x.unwrap()).sum::<u64>(), (0..8000).sum::<u64>());
     let s = sec.stats();
     assert_eq!(s.misses, v.lines() as u64);
     assert_eq!(s.fetches, (v.lines() as u64).div_ceil(16), "{s:?}");
@@ -406,4 +406,134 @@ fn a_wide_full_section_takes_empty_slots_then_hints_then_clock() {
         assert_eq!(v.get(l * 8).unwrap(), (l * 8) as u64);
     }
     assert_eq!(resident(&v), 64);
+}
+
+mod profiling {
+    use super::*;
+    use crate::profile::Profile;
+    use crate::tune::{tune, Config};
+
+    /// Runs `f` on a profiled far vector of `len` u64s in a section of `lines` 64 B lines and
+    /// returns the profile.
+    fn profiled(len: usize, lines: usize, f: impl FnOnce(&FarVec<u64>)) -> Profile {
+        let far = Far::new(Flaky::new());
+        far.enable_profiling();
+        let sec = section(Structure::SetAssociative(8), 64, lines);
+        let v: FarVec<u64> = FarVec::named(&far, &sec, len, "site").unwrap();
+        f(&v);
+        drop(v);
+        far.profile()
+    }
+
+    /// SplitMix64, for random indices.
+    fn mix(i: u64) -> u64 {
+        let mut z = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    #[test]
+    fn a_scan_is_a_stream_and_reuses_nothing_across_lines() {
+        let p = profiled(1 << 16, 64, |v| {
+            for x in v.iter() {
+                x.unwrap();
+            }
+        });
+        let s = &p.sites[0];
+        assert_eq!((s.site.as_str(), s.reads, s.writes), ("site", 1 << 16, 0));
+        assert!(s.strides.sequential() > 0.99, "{:?}", s.strides);
+        assert!(s.misses >= (1 << 16) / 8, "{s:?}");
+        // Every line is touched once in a row: cold once, then only reuses at distance 0.
+        for c in &s.curves {
+            assert_eq!(c.distances[1..].iter().sum::<u64>(), 0, "{c:?}");
+            assert!(
+                (c.miss_ratio(1) - 8.0 / c.line_bytes as f64).abs() < 0.01,
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn random_access_gives_a_miss_ratio_curve_of_the_working_set() {
+        // 4096 lines of 64 B, read at random many times over.
+        let n = 4096 * 8;
+        let p = profiled(n, 64, |v| {
+            for i in 0..200_000u64 {
+                v.get((mix(i) % n as u64) as usize).unwrap();
+            }
+        });
+        let s = &p.sites[0];
+        assert!(s.strides.sequential() < 0.1, "{:?}", s.strides);
+        let c = s.curves.iter().find(|c| c.line_bytes == 64).unwrap();
+        // LRU over uniform random access: about 1 - C/N missed with C of N lines.
+        for (lines, want) in [(1024, 0.75), (2048, 0.5), (3072, 0.25)] {
+            let got = c.miss_ratio(lines);
+            assert!(
+                (got - want).abs() < 0.12,
+                "{lines} lines: {got} (want {want})"
+            );
+        }
+        assert!(c.miss_ratio(8192) < 0.05);
+        // Through JSON and back.
+        assert_eq!(Profile::from_json(&p.to_json()).unwrap(), p);
+    }
+
+    #[test]
+    fn tune_gives_a_stream_a_window_and_the_rest_to_random_access() {
+        let stream = profiled(1 << 18, 64, |v| {
+            for x in v.iter() {
+                x.unwrap();
+            }
+        });
+        let random = profiled(1 << 18, 64, |v| {
+            for i in 0..300_000u64 {
+                v.update((mix(i) % (1 << 18)) as usize, |x| *x += 1)
+                    .unwrap();
+            }
+        });
+        let mut p = Profile::default();
+        let mut s = stream.sites[0].clone();
+        s.site = "edges".into();
+        p.sites.push(s);
+        let mut r = random.sites[0].clone();
+        r.site = "nodes".into();
+        p.sites.push(r);
+        // A quarter of the 2 MiB of data.
+        let t = tune(&p, 1 << 19);
+        let e = &t.config.site["edges"];
+        assert_eq!((e.structure.as_str(), e.line_bytes), ("direct", 4096));
+        assert!(e.prefetch > 0);
+        let n = &t.config.site["nodes"];
+        assert_eq!(
+            (n.structure.as_str(), n.line_bytes),
+            ("set-associative", 64)
+        );
+        let total: usize = t.config.site.values().map(|s| s.capacity).sum();
+        assert!(total <= 1 << 19, "{total}");
+        // Nodes get the rest, less their line table (4 bytes a line: 128 KiB of 64 B lines).
+        let tables = (2 << 20) / 4096 * 4 + (2 << 20) / 64 * 4;
+        assert!(total + tables > (1 << 19) - 8 * 64, "{t:?}");
+        assert!(n.capacity > e.capacity, "{t:?}");
+        // With room for everything, the random site gets all of its vector.
+        let t = tune(&p, 8 << 20);
+        let n = &t.config.site["nodes"];
+        assert_eq!(n.structure, "direct");
+        assert!(n.capacity >= 2 << 20, "{t:?}");
+        // The configuration makes its sections, through TOML and back.
+        let c = Config::from_toml(&t.config.to_toml()).unwrap();
+        assert_eq!(c, t.config);
+        for s in c.site.values() {
+            s.section().unwrap();
+        }
+        let err = Config::from_toml(
+            "[site.x]\nstructure = \"ring\"\nline_bytes = 64\ncapacity = 4096\nprefetch = 0\n",
+        )
+        .unwrap()
+        .site["x"]
+            .section()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("ring"), "{err}");
+    }
 }

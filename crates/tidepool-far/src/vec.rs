@@ -1,9 +1,10 @@
 //! `FarVec<T>`: a fixed-length vector of plain values in far memory, cached by lines.
 
 use crate::lines::{LineMut, LineRef};
+use crate::profile::Recorder;
 use crate::section::{Section, Table, DIRTY, EVICTABLE, FILLING, NONE, PINNED, REFERENCED};
 use crate::{Far, FarError, LINE_BITS};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::rc::Rc;
 use std::time::Instant;
@@ -31,6 +32,8 @@ pub struct FarVec<T> {
     shift: u32,
     /// Lines an iterator fetches with a miss, beyond the one it needs.
     ahead: Cell<usize>,
+    /// Set in a profiling run (see [`crate::profile`]).
+    prof: Option<Box<RefCell<Recorder>>>,
     _t: PhantomData<T>,
 }
 
@@ -49,8 +52,21 @@ impl<T> FarVec<T>
 where
     T: FromBytes + IntoBytes + Immutable + KnownLayout + Copy,
 {
-    /// A far vector of `len` zeros, cached in `section`.
+    /// A far vector of `len` zeros, cached in `section`. Its profile's site is the caller's
+    /// `file:line`.
+    #[track_caller]
     pub fn new(far: &Far, section: &Rc<Section>, len: usize) -> Result<FarVec<T>, FarError> {
+        let at = std::panic::Location::caller();
+        FarVec::named(far, section, len, &format!("{}:{}", at.file(), at.line()))
+    }
+
+    /// [`FarVec::new`], profiled (and tuned) under the site name `site`.
+    pub fn named(
+        far: &Far,
+        section: &Rc<Section>,
+        len: usize,
+        site: &str,
+    ) -> Result<FarVec<T>, FarError> {
         let size = std::mem::size_of::<T>();
         let lb = section.line_bytes();
         if size == 0 || !lb.is_multiple_of(size) || std::mem::align_of::<T>() > 8 {
@@ -80,11 +96,15 @@ where
                 NO_SHIFT
             },
             ahead: Cell::new((section.lines() / 4).clamp(1, 64)),
+            prof: far
+                .profiling()
+                .then(|| Box::new(RefCell::new(Recorder::new(site.to_string(), size, len, lb)))),
             _t: PhantomData,
         })
     }
 
     /// A far vector holding `values`, written to the store directly (not through the cache).
+    #[track_caller]
     pub fn from_slice(
         far: &Far,
         section: &Rc<Section>,
@@ -134,6 +154,15 @@ where
     /// Sets how many lines past the one it needs an iterator fetches in the same round trip.
     pub fn set_prefetch(&self, lines: usize) {
         self.ahead.set(lines);
+    }
+
+    /// Records an access in a profiling run.
+    #[cold]
+    #[inline(never)]
+    fn note(&self, first: usize, n: usize, write: bool) {
+        if let Some(p) = &self.prof {
+            p.borrow_mut().access(first, n, write);
+        }
     }
 
     fn check(&self, index: usize) -> Result<(), FarError> {
@@ -249,6 +278,9 @@ where
             return Err(e.into());
         }
         let nanos = t0.elapsed().as_nanos() as u64;
+        if let Some(p) = &self.prof {
+            p.borrow_mut().fetched(taken.len() as u64, nanos);
+        }
         let mut bad = None;
         for (k, (t, len)) in taken.iter().zip(lens).enumerate() {
             match len {
@@ -309,6 +341,14 @@ where
     pub fn line(&self, index: usize) -> Result<LineRef<'_, T>, FarError> {
         self.check(index)?;
         let line = self.split(index).0;
+        if self.prof.is_some() {
+            self.note(line * self.per_line, self.valid(line), false);
+        }
+        self.line_quiet(line, index)
+    }
+
+    /// [`FarVec::line`] of a checked index, not profiled.
+    fn line_quiet(&self, line: usize, index: usize) -> Result<LineRef<'_, T>, FarError> {
         let slot = self.ensure(line, 0, index)?;
         self.readable(line, slot)
     }
@@ -337,6 +377,13 @@ where
     pub fn line_mut(&self, index: usize) -> Result<LineMut<'_, T>, FarError> {
         self.check(index)?;
         let line = self.split(index).0;
+        if self.prof.is_some() {
+            self.note(line * self.per_line, self.valid(line), true);
+        }
+        self.line_mut_quiet(line, index)
+    }
+
+    fn line_mut_quiet(&self, line: usize, index: usize) -> Result<LineMut<'_, T>, FarError> {
         let slot = self.ensure(line, 0, index)?;
         self.writable(line, slot)
     }
@@ -363,6 +410,9 @@ where
     /// A guard on line `line` (not element), fetching it and the prefetch distance of lines
     /// after it if it is not resident.
     pub(crate) fn line_ahead(&self, line: usize) -> Result<LineRef<'_, T>, FarError> {
+        if self.prof.is_some() {
+            self.note(line * self.per_line, self.valid(line), false);
+        }
         let slot = self.ensure(line, self.ahead.get(), line * self.per_line)?;
         self.readable(line, slot)
     }
@@ -420,6 +470,9 @@ where
     /// is fetched. No line is evicted while the guard lives.
     pub fn local(&self) -> Option<LineRef<'_, T>> {
         let first = self.run()?;
+        if self.prof.is_some() {
+            self.note(0, self.len, false);
+        }
         self.section
             .buf
             .read(first, self.lines(), self.len, 0, REFERENCED, EVICTABLE)
@@ -428,6 +481,9 @@ where
     /// [`FarVec::local`], writable (every line becomes dirty).
     pub fn local_mut(&self) -> Option<LineMut<'_, T>> {
         let first = self.run()?;
+        if self.prof.is_some() {
+            self.note(0, self.len, true);
+        }
         self.section.buf.write(
             first,
             self.lines(),
@@ -443,6 +499,9 @@ where
     pub fn overwrite_line(&self, index: usize) -> Result<LineMut<'_, T>, FarError> {
         self.check(index)?;
         let line = self.split(index).0;
+        if self.prof.is_some() {
+            self.note(line * self.per_line, self.valid(line), true);
+        }
         let slot = match self.resident(line) {
             Some(s) => {
                 self.hit();
@@ -472,6 +531,9 @@ where
     /// costs a quarter of its time on random access).
     #[inline]
     pub fn get(&self, index: usize) -> Result<T, FarError> {
+        if self.prof.is_some() {
+            self.note(index, 1, false);
+        }
         if index < self.len {
             let (line, at) = self.split(index);
             if let Some(slot) = self.resident(line) {
@@ -485,13 +547,17 @@ where
 
     #[inline(never)]
     fn get_cold(&self, index: usize) -> Result<T, FarError> {
-        let l = self.line(index)?;
+        self.check(index)?;
+        let l = self.line_quiet(self.split(index).0, index)?;
         Ok(l[index - l.first])
     }
 
     /// Sets element `index`.
     #[inline]
     pub fn set(&self, index: usize, value: T) -> Result<(), FarError> {
+        if self.prof.is_some() {
+            self.note(index, 1, true);
+        }
         if index < self.len {
             let (line, at) = self.split(index);
             if let Some(slot) = self.resident(line) {
@@ -509,7 +575,8 @@ where
 
     #[inline(never)]
     fn set_cold(&self, index: usize, value: T) -> Result<(), FarError> {
-        let mut l = self.line_mut(index)?;
+        self.check(index)?;
+        let mut l = self.line_mut_quiet(self.split(index).0, index)?;
         let first = l.first;
         l[index - first] = value;
         Ok(())
@@ -521,6 +588,9 @@ where
     /// error if `f` left a guard on its line alive.
     #[inline]
     pub fn update<R, F: FnOnce(&mut T) -> R>(&self, index: usize, f: F) -> Result<R, FarError> {
+        if self.prof.is_some() {
+            self.note(index, 1, true);
+        }
         if index < self.len {
             let (line, at) = self.split(index);
             if let Some(slot) = self.resident(line) {
@@ -537,7 +607,7 @@ where
         }
         let mut x = self.get_cold(index)?;
         let r = f(&mut x);
-        self.set(index, x)?;
+        self.set_cold(index, x)?;
         Ok(r)
     }
 
@@ -640,6 +710,9 @@ where
 
 impl<T> Drop for FarVec<T> {
     fn drop(&mut self) {
+        if let Some(p) = self.prof.take() {
+            self.far.add_profile(p.into_inner().finish());
+        }
         self.section.detach(self.base);
         // The far copies go too (a failure leaves garbage in the store, nothing worse).
         let hi = self.base + self.table.len() as u64;
@@ -684,6 +757,9 @@ where
             return None;
         }
         let i = self.next;
+        if self.v.prof.is_some() {
+            self.v.note(i, 1, false);
+        }
         if let Some(l) = &self.cur {
             if let Some(&x) = l.get(i.wrapping_sub(l.first)) {
                 self.next += 1;
