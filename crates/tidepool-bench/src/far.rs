@@ -4,10 +4,14 @@
 //! (a) Mira's graph traversal (its Figure 4): edges read in order, each adding to its two
 //! nodes, chosen at random. The footprint is the edges and the nodes together; local-memory
 //! ratios are of it. Systems, each in a fresh process:
-//! - `tidepool-far`: far vectors over the in-process store, a small direct-mapped section for
-//!   the edges (4 KiB lines, prefetched) and a set-associative one of 64-byte lines for the
-//!   nodes, whose misses are requested a line of edges ahead (the split phase); when the
-//!   nodes fit, a direct-mapped section that holds them all, used as a plain slice.
+//! - `tidepool-far-tuned`: far vectors over the in-process store, in the sections
+//!   `tidepool tune` chose: the tuning loop runs first at every ratio (profile, tune, run,
+//!   keep the configuration if faster, until it is not; see [`tune_loop`]), and its steps are
+//!   notes of the report; the configurations it kept are written next to the report. The
+//!   walk requests the nodes of each line of edges before updating them (the split phase);
+//!   nodes given a section of their own size are one plain slice.
+//! - `tidepool-far-untuned`: the same program in [`Config::untuned`] sections: one fully
+//!   associative section of 4 KiB lines per vector, the budget split by size.
 //! - `tidepool-far-swap`: the same vectors in one fully associative section of 4 KiB lines,
 //!   accessed element by element: far memory as a swap system sees it.
 //! - `tidepool-pager`: the native program under `tidepool run` (in-process store).
@@ -24,15 +28,16 @@ use anyhow::{bail, Context, Result};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidepool_far::{Far, FarVec, Section, SectionConfig, Structure};
+use tidepool_far::{Config, Far, FarVec, Section, SectionConfig, Structure};
 
 /// The native worker's resident set with an empty graph (4.2 MiB measured): what the process
 /// needs besides the graph. The pager suite's 16 MiB would hand zram and the pager a quarter of
 /// the footprint for free at small ratios.
 const ALLOWANCE: u64 = 4 << 20;
 const RATIOS: [f64; 5] = [0.1, 0.25, 0.5, 0.75, 1.0];
-const GRAPH_SYSTEMS: [&str; 5] = [
-    "tidepool-far",
+const GRAPH_SYSTEMS: [&str; 6] = [
+    "tidepool-far-tuned",
+    "tidepool-far-untuned",
     "tidepool-far-swap",
     "tidepool-pager",
     "linux-zram",
@@ -88,13 +93,14 @@ impl Suite for FarSuite {
 
     fn steps(&self, opts: &BenchOpts) -> u64 {
         let s = sizes(opts);
+        // Tuning, then the rounds.
         let a = if part("a") { RATIOS.len() } else { 0 };
         let b = if part("b") {
             crate::far_query::RATIOS.len()
         } else {
             0
         };
-        (s.rounds * (a + b)) as u64
+        (s.rounds * (a + b) + a) as u64
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
@@ -123,6 +129,23 @@ fn graph(ctx: &mut Ctx, s: &Sizes) -> Result<()> {
         }
     };
     let mut samples: std::collections::BTreeMap<(String, u64), Vec<f64>> = Default::default();
+    // Each ratio's configurations: untuned, and what the tuning loop kept.
+    let mut configs = std::collections::BTreeMap::new();
+    for &ratio in &RATIOS {
+        ctx.step(format!("tuning the graph at {:.0}% local", ratio * 100.0));
+        let pct = (ratio * 100.0).round() as u64;
+        let local = (footprint as f64 * ratio) as u64;
+        let untuned = Config::untuned(
+            &[("graph.edges", s.edges * 8), ("graph.nodes", s.nodes * 8)],
+            local,
+        );
+        let dir = ctx.opts.out.clone();
+        let path = |what: &str| dir.join(format!("far-graph-{pct}-{what}"));
+        std::fs::write(path("untuned.toml"), untuned.to_toml())?;
+        let tuned = tune_loop(ctx, s, pct, local, &untuned, &path)?;
+        configs.insert(pct, (path("untuned.toml"), tuned));
+        ctx.advance();
+    }
     for round in 0..s.rounds {
         for &ratio in &RATIOS {
             ctx.step(format!(
@@ -140,9 +163,15 @@ fn graph(ctx: &mut Ctx, s: &Sizes) -> Result<()> {
             for k in 0..n {
                 let system = systems[(k + round) % n];
                 let worker_system = match system {
-                    "tidepool-far" => "far",
+                    "tidepool-far-tuned" | "tidepool-far-untuned" => "far",
                     "tidepool-far-swap" => "far-swap",
                     _ => "native",
+                };
+                let pct = (ratio * 100.0).round() as u64;
+                let config = match system {
+                    "tidepool-far-tuned" => configs[&pct].1.display().to_string(),
+                    "tidepool-far-untuned" => configs[&pct].0.display().to_string(),
+                    _ => "-".into(),
                 };
                 let mut cmd = match system {
                     "linux-zram" => zram
@@ -166,6 +195,7 @@ fn graph(ctx: &mut Ctx, s: &Sizes) -> Result<()> {
                     &s.edges.to_string(),
                     &s.seconds.to_string(),
                     &local.to_string(),
+                    &config,
                 ]);
                 match run_worker(cmd) {
                     Ok(v) => samples
@@ -198,6 +228,76 @@ fn graph(ctx: &mut Ctx, s: &Sizes) -> Result<()> {
     Ok(())
 }
 
+/// Mira's loop at one ratio: profile the program in the best configuration so far, tune
+/// from the profile, run the result, keep it if faster (by more than noise), and stop at
+/// the first that is not (rolling it back) or after [`TUNE_ROUNDS`]. Each step is a note.
+/// Returns the path of the configuration kept.
+fn tune_loop(
+    ctx: &mut Ctx,
+    s: &Sizes,
+    pct: u64,
+    local: u64,
+    untuned: &Config,
+    path: &dyn Fn(&str) -> std::path::PathBuf,
+) -> Result<std::path::PathBuf> {
+    let exe = std::env::current_exe()?;
+    let run = |config: &std::path::Path, profile: Option<&std::path::Path>| {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "bench-worker",
+            "far-graph",
+            "far",
+            &s.nodes.to_string(),
+            &s.edges.to_string(),
+            &s.seconds.to_string(),
+            &local.to_string(),
+        ])
+        .arg(config);
+        if let Some(p) = profile {
+            cmd.arg(p);
+        }
+        run_worker(cmd)
+    };
+    let mut best = path("untuned.toml");
+    let mut best_rate = run(&best, None)?;
+    let mut steps = vec![format!("untuned {best_rate:.3e}")];
+    let mut current = untuned.clone();
+    for round in 1..=TUNE_ROUNDS {
+        let profile = path(&format!("profile-{round}.json"));
+        run(&best, Some(&profile))?;
+        let p = tidepool_far::profile::Profile::from_json(&std::fs::read_to_string(&profile)?)?;
+        let t = tidepool_far::tune::tune(&p, local);
+        if t.config == current {
+            steps.push(format!(
+                "round {round}: the profile gives the same configuration, done"
+            ));
+            break;
+        }
+        let candidate = path(&format!("tuned-{round}.toml"));
+        std::fs::write(&candidate, t.config.to_toml())?;
+        let rate = run(&candidate, None)?;
+        if rate > best_rate * 1.02 {
+            steps.push(format!("round {round}: {rate:.3e} (kept)"));
+            best = candidate;
+            best_rate = rate;
+            current = t.config;
+        } else {
+            steps.push(format!("round {round}: {rate:.3e} (rolled back)"));
+            break;
+        }
+    }
+    ctx.note(format!(
+        "tuning the graph at {pct}% local (edges/s): {}; kept {}",
+        steps.join(", "),
+        best.file_name()
+            .map_or(String::new(), |f| f.to_string_lossy().into_owned())
+    ));
+    Ok(best)
+}
+
+/// Profile-tune-run rounds at most.
+const TUNE_ROUNDS: usize = 3;
+
 /// The issue's acceptance ratios, from this run, as notes.
 fn verdict(ctx: &mut Ctx) {
     let at = |r: &crate::Report, workload: &str, system: &str, ratio: f64| {
@@ -214,15 +314,20 @@ fn verdict(ctx: &mut Ctx) {
         (0.25, "linux-zram", 5.0),
         (0.25, "tidepool-pager", 2.0),
         (1.0, "native", 1.0 / 1.1),
+        (0.1, "tidepool-far-untuned", 1.0),
+        (0.25, "tidepool-far-untuned", 1.0),
+        (0.5, "tidepool-far-untuned", 1.0),
+        (0.75, "tidepool-far-untuned", 1.0),
+        (1.0, "tidepool-far-untuned", 1.0),
     ];
     let mut notes = Vec::new();
     for (ratio, peer, want) in targets {
         if let (Some(t), Some(p)) = (
-            at(&ctx.report, "graph", "tidepool-far", ratio),
+            at(&ctx.report, "graph", "tidepool-far-tuned", ratio),
             at(&ctx.report, "graph", peer, ratio),
         ) {
             notes.push(format!(
-                "graph at {:.0}% local: tidepool-far / {peer} = {:.2}x (target >= {want:.2}x)",
+                "graph at {:.0}% local: tidepool-far-tuned / {peer} = {:.2}x (target >= {want:.2}x)",
                 ratio * 100.0,
                 t / p
             ));
@@ -278,8 +383,13 @@ const CHECK_EVERY: u64 = 1 << 14;
 /// SYSTEM is `native` (plain vectors), `far` or `far-swap` (far vectors over the in-process
 /// store in LOCAL_BYTES of sections).
 pub fn graph_worker(args: &[String]) -> Result<()> {
-    let [system, nodes, edges, seconds, local] = args else {
-        bail!("usage: tidepool bench-worker far-graph SYSTEM NODES EDGES SECONDS LOCAL_BYTES");
+    let (system, nodes, edges, seconds, local, config, profile) = match args {
+        [a, b, c, d, e, f] => (a, b, c, d, e, f, None),
+        [a, b, c, d, e, f, g] => (a, b, c, d, e, f, Some(std::path::PathBuf::from(g))),
+        _ => bail!(
+            "usage: tidepool bench-worker far-graph SYSTEM NODES EDGES SECONDS LOCAL_BYTES \
+             CONFIG|- [PROFILE_OUT]"
+        ),
     };
     let nodes: u64 = nodes.parse().context("NODES")?;
     let edges: u64 = edges.parse().context("EDGES")?;
@@ -290,8 +400,13 @@ pub fn graph_worker(args: &[String]) -> Result<()> {
     let local: usize = local.parse().context("LOCAL_BYTES")?;
     let (done, secs, checksum, extra) = match system.as_str() {
         "native" => graph_native(nodes, edges, run_for),
-        "far" => graph_far(nodes, edges, run_for, local, false)?,
-        "far-swap" => graph_far(nodes, edges, run_for, local, true)?,
+        "far" => {
+            let text = std::fs::read_to_string(config)
+                .with_context(|| format!("reading the section configuration {config}"))?;
+            let config = Config::from_toml(&text)?;
+            graph_far(nodes, edges, run_for, local, Some(&config), profile)?
+        }
+        "far-swap" => graph_far(nodes, edges, run_for, local, None, None)?,
         other => bail!("unknown far-graph system '{other}' (native, far, far-swap)"),
     };
     println!(
@@ -333,55 +448,46 @@ fn table_bytes(bytes: u64, line: u64) -> u64 {
     bytes.div_ceil(line) * 4
 }
 
+/// The graph over far vectors: in `config`'s sections (profiling into `profile` if given),
+/// or, without one, swap-like: one fully associative section, element by element.
 fn graph_far(
     nodes: u64,
     edges: u64,
     run_for: Duration,
     local: usize,
-    swap_like: bool,
+    config: Option<&Config>,
+    profile: Option<std::path::PathBuf>,
 ) -> Result<(u64, f64, u64, String)> {
     let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+    if profile.is_some() {
+        far.enable_profiling();
+    }
     let (node_bytes, edge_bytes) = (nodes * 8, edges * 8);
     const PAGE: u64 = 4096;
-    const NODE_LINE: u64 = 64;
-    let (es, ns, nodes_local) = if swap_like {
-        let tables = table_bytes(node_bytes, PAGE) + table_bytes(edge_bytes, PAGE);
-        let cap = (local as u64).saturating_sub(tables).max(2 * PAGE);
-        let s = Section::new(SectionConfig::new(
-            Structure::Full,
-            PAGE as usize,
-            cap as usize,
-        ))?;
-        (s.clone(), s, false)
-    } else {
-        // Edges: a small window, prefetched far enough ahead to hide a fetch.
-        let edge_cap = 64 * PAGE;
-        let es = Section::new(SectionConfig::new(
-            Structure::Direct,
-            PAGE as usize,
-            edge_cap as usize,
-        ))?;
-        let left = (local as u64).saturating_sub(edge_cap + table_bytes(edge_bytes, PAGE));
-        let whole = node_bytes.div_ceil(PAGE) * PAGE;
-        if left >= whole + table_bytes(node_bytes, PAGE) {
-            let ns = Section::new(SectionConfig::new(
-                Structure::Direct,
+    let swap_like = config.is_none();
+    let (es, ns, nodes_local, ahead) = match config {
+        None => {
+            let tables = table_bytes(node_bytes, PAGE) + table_bytes(edge_bytes, PAGE);
+            let cap = (local as u64).saturating_sub(tables).max(2 * PAGE);
+            let s = Section::new(SectionConfig::new(
+                Structure::Full,
                 PAGE as usize,
-                whole as usize,
+                cap as usize,
             ))?;
-            (es, ns, true)
-        } else {
-            let cap = left.saturating_sub(table_bytes(node_bytes, NODE_LINE));
-            let set = 8 * NODE_LINE;
-            let ns = Section::new(SectionConfig::new(
-                Structure::SetAssociative(8),
-                NODE_LINE as usize,
-                (cap / set * set).max(set) as usize,
-            ))?;
-            (es, ns, false)
+            (s.clone(), s, false, 8)
+        }
+        Some(c) => {
+            let site = |name: &str| {
+                c.site
+                    .get(name)
+                    .with_context(|| format!("the configuration has no section for {name}"))
+            };
+            let (e, n) = (site("graph.edges")?, site("graph.nodes")?);
+            let whole = n.structure()? == Structure::Direct && n.capacity as u64 >= node_bytes;
+            (e.section()?, n.section()?, whole, e.prefetch)
         }
     };
-    let ev: FarVec<Edge> = FarVec::new(&far, &es, edges as usize)?;
+    let ev: FarVec<Edge> = FarVec::named(&far, &es, edges as usize, "graph.edges")?;
     // Written a line at a time through the section (no fetch: whole lines), never all local.
     let per = ev.per_line();
     for l in 0..ev.lines() {
@@ -392,8 +498,8 @@ fn graph_far(
         }
     }
     ev.flush()?;
-    ev.set_prefetch(if swap_like { 8 } else { 16 });
-    let nv: FarVec<u64> = FarVec::new(&far, &ns, nodes as usize)?;
+    ev.set_prefetch(ahead);
+    let nv: FarVec<u64> = FarVec::named(&far, &ns, nodes as usize, "graph.nodes")?;
     if nodes_local {
         nv.load_all()?;
     }
@@ -451,11 +557,21 @@ fn graph_far(
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let checksum = nv.iter().try_fold(0u64, |a, x| x.map(|x| a + x))?;
+    // Not in a profiling run: the profile is of the walk, not of a check after it.
+    let checksum = if profile.is_some() {
+        0
+    } else {
+        nv.iter().try_fold(0u64, |a, x| x.map(|x| a + x))?
+    };
     let (e, n) = (es.stats(), ns.stats());
     let extra = format!(
         ", \"node_misses\": {}, \"node_fetches\": {}, \"edge_misses\": {}",
         n.misses, n.fetches, e.misses
     );
+    if let Some(path) = profile {
+        drop((ev, nv));
+        std::fs::write(&path, far.profile().to_json())
+            .with_context(|| format!("writing the profile {}", path.display()))?;
+    }
     Ok((done, secs, checksum, extra))
 }

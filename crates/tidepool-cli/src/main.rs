@@ -120,6 +120,24 @@ enum Cmd {
         #[arg(value_parser = parse_size_arg)]
         local: u64,
     },
+    /// Choose far-data-structure sections from a profile (Mira's profile-guided tuning).
+    ///
+    /// PROFILE is the JSON a profiling run wrote (Far::enable_profiling, then Far::profile()).
+    /// Streams get a small window of long lines fetched ahead; the rest of --budget goes, a
+    /// slice at a time, to the site whose misses it saves most, from each site's miss-ratio
+    /// curves at 64 B to 4 KiB lines. Prints the configuration as TOML (or writes it to
+    /// --out) and, on stderr, why each site got what it got. Run the program with it,
+    /// profile again and tune again until it stops getting faster.
+    Tune {
+        /// Profile JSON from a profiling run.
+        profile: PathBuf,
+        /// Local memory for all sections together (line tables included), e.g. 32M.
+        #[arg(long, value_parser = parse_size_arg)]
+        budget: u64,
+        /// Write the TOML here instead of standard output.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Print the pager statistics of a program running under `tidepool run`.
     Status {
         /// The program's process id.
@@ -296,6 +314,11 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Top { http, once } => coord::top(&http, once),
         Cmd::Weight { app, weight, http } => coord::set_weight(&http, app, weight),
         Cmd::Status { pid } => run::status(pid),
+        Cmd::Tune {
+            profile,
+            budget,
+            out,
+        } => tune(&profile, budget, out.as_deref()),
         Cmd::BenchWorker { kind, args } => match kind.as_str() {
             "verify" => run::verify_worker(&args),
             "share" => {
@@ -309,4 +332,33 @@ fn run(cli: Cli) -> Result<()> {
             other => anyhow::bail!("unknown bench worker '{other}'"),
         },
     }
+}
+
+fn tune(profile: &std::path::Path, budget: u64, out: Option<&std::path::Path>) -> Result<()> {
+    let text = std::fs::read_to_string(profile)
+        .with_context(|| format!("cannot read the profile {}", profile.display()))?;
+    let p = tidepool_far::profile::Profile::from_json(&text).with_context(|| {
+        format!(
+            "{} is not a far-structure profile (JSON from Far::profile().to_json())",
+            profile.display()
+        )
+    })?;
+    if p.sites.is_empty() {
+        anyhow::bail!(
+            "{} holds no sites: profile a run with Far::enable_profiling() before making \
+             the vectors, and write the profile after they are dropped",
+            profile.display()
+        );
+    }
+    let t = tidepool_far::tune::tune(&p, budget);
+    for n in &t.notes {
+        eprintln!("{n}");
+    }
+    let toml = t.config.to_toml();
+    match out {
+        Some(path) => std::fs::write(path, toml)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{toml}"),
+    }
+    Ok(())
 }

@@ -163,7 +163,10 @@ fn a_scan_fetches_many_lines_a_round_trip() {
     let sec = section(Structure::Direct, 64, 64);
     let v = FarVec::from_slice(&far, &sec, &(0..8000u64).collect::<Vec<_>>()).unwrap();
     v.set_prefetch(15);
-    assert_eq!(v.iter().map(|x| x.unwrap()).sum::<u64>(), (0..8000).sum::<u64>());
+    assert_eq!(
+        v.iter().map(|x| x.unwrap()).sum::<u64>(),
+        (0..8000).sum::<u64>()
+    );
     let s = sec.stats();
     assert_eq!(s.misses, v.lines() as u64);
     assert_eq!(s.fetches, (v.lines() as u64).div_ceil(16), "{s:?}");
