@@ -489,15 +489,8 @@ fn graph_far(
     };
     let ev: FarVec<Edge> = FarVec::named(&far, &es, edges as usize, "graph.edges")?;
     // Written a line at a time through the section (no fetch: whole lines), never all local.
+    ev.fill_with(|i| edge(i as u64, nodes))?;
     let per = ev.per_line();
-    for l in 0..ev.lines() {
-        let mut line = ev.overwrite_line(l * per)?;
-        let first = line.first as u64;
-        for (k, x) in line.iter_mut().enumerate() {
-            *x = edge(first + k as u64, nodes);
-        }
-    }
-    ev.flush()?;
     ev.set_prefetch(ahead);
     let nv: FarVec<u64> = FarVec::named(&far, &ns, nodes as usize, "graph.nodes")?;
     if nodes_local {

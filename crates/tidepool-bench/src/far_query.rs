@@ -92,15 +92,7 @@ where
     T: tidepool_far::Elem,
 {
     let v: FarVec<T> = FarVec::new(far, section, rows)?;
-    let per = v.per_line();
-    for l in 0..v.lines() {
-        let mut line = v.overwrite_line(l * per)?;
-        let first = line.first as u64;
-        for (k, x) in line.iter_mut().enumerate() {
-            *x = f(first + k as u64);
-        }
-    }
-    v.flush()?;
+    v.fill_with(|i| f(i as u64))?;
     Ok(v)
 }
 

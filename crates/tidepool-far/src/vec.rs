@@ -440,6 +440,20 @@ where
         (missing, dirty)
     }
 
+    /// Sets every element `i` to `f(i)`, a line at a time through the section without
+    /// fetching (whole lines are written), then writes the lines back: how a vector larger
+    /// than its section is filled.
+    pub fn fill_with(&self, mut f: impl FnMut(usize) -> T) -> Result<(), FarError> {
+        for l in 0..self.lines() {
+            let mut line = self.overwrite_line(l * self.per_line)?;
+            let first = line.first;
+            for (k, x) in line.iter_mut().enumerate() {
+                *x = f(first + k);
+            }
+        }
+        self.flush()
+    }
+
     /// Brings every line of the vector in, many lines per round trip; lines that find no free
     /// slot are skipped (the section is smaller than the vector). Use before [`FarVec::local`].
     pub fn load_all(&self) -> Result<(), FarError> {
