@@ -21,6 +21,9 @@
 //! Every system's local memory is the ratio times the footprint. zram and the pager get
 //! [`ALLOWANCE`] on top for the rest of the process; the far sections do not, and their line
 //! tables count against their share.
+//!
+//! (b) DataFrame analytics offloaded to a memory node against fetched: see `far_query.rs`.
+//! (c) Each access API's overhead at 100% local against a `Vec`: see `far_overhead.rs`.
 
 use crate::pager::{run_worker, Zram};
 use crate::{median, BenchOpts, Ctx, Suite};
@@ -56,7 +59,7 @@ struct Sizes {
     rows: usize,
 }
 
-/// `TIDEPOOL_FAR_PARTS=b` runs only some parts (`a`, `b`; default all).
+/// `TIDEPOOL_FAR_PARTS=b` runs only some parts (`a`, `b`, `c`; default all).
 fn part(p: &str) -> bool {
     std::env::var("TIDEPOOL_FAR_PARTS").map_or(true, |v| v.split(',').any(|x| x.trim() == p))
 }
@@ -100,7 +103,8 @@ impl Suite for FarSuite {
         } else {
             0
         };
-        (s.rounds * (a + b) + a) as u64
+        let c = usize::from(part("c"));
+        (s.rounds * (a + b + c) + a) as u64
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
@@ -110,6 +114,9 @@ impl Suite for FarSuite {
         }
         if part("b") {
             crate::far_query::run(ctx, s.rows, s.rounds)?;
+        }
+        if part("c") {
+            crate::far_overhead::run(ctx, s.rounds)?;
         }
         verdict(ctx);
         Ok(())

@@ -10,6 +10,7 @@
 pub mod alloc;
 pub mod coord;
 pub mod far;
+mod far_overhead;
 mod far_query;
 pub mod libs;
 pub mod pager;

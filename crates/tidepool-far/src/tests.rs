@@ -549,5 +549,8 @@ fn fill_with_writes_whole_lines_without_fetching() {
     let v: FarVec<u32> = FarVec::new(&far, &sec, 1000).unwrap();
     v.fill_with(|i| i as u32 * 3).unwrap();
     assert_eq!(store.read.load(Relaxed), 0, "nothing was fetched to fill");
-    assert_eq!(v.to_vec().unwrap(), (0..1000).map(|i| i * 3).collect::<Vec<u32>>());
+    assert_eq!(
+        v.to_vec().unwrap(),
+        (0..1000).map(|i| i * 3).collect::<Vec<u32>>()
+    );
 }

@@ -1,0 +1,159 @@
+//! The `far` suite, part (c): what each way of reaching a far vector costs when all of it is
+//! local, against a plain `Vec` (AIFM's lesson: per-element metadata and bookkeeping made it
+//! slow even with all data local).
+//!
+//! A vector of [`ELEMS`] u64s (64 MiB) in a direct-mapped section that holds all of it, loaded
+//! first. Workloads, in nanoseconds per element: `scan` (sum of every element in order),
+//! `random-read` (sum of elements at random indices) and `random-rmw` (increment elements at
+//! random indices). Systems: `native` (a `Vec`), `tidepool-far-slice` (`local`/`local_mut`:
+//! the whole vector as one slice), `tidepool-far-lines` (line guards: `line_iter` to scan, a
+//! guard per access at random) and `tidepool-far-elem` (`iter` to scan, `get`/`update` at
+//! random).
+
+use crate::{median, Ctx};
+use anyhow::{Context, Result};
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Instant;
+use tidepool_far::{Far, FarVec, Section, SectionConfig, Structure};
+
+const ELEMS: usize = 8 << 20;
+const RANDOM_OPS: usize = 4 << 20;
+const SYSTEMS: [&str; 4] = [
+    "native",
+    "tidepool-far-slice",
+    "tidepool-far-lines",
+    "tidepool-far-elem",
+];
+
+/// Random indices below `n` (SplitMix64 of `i`).
+fn index(i: u64, n: usize) -> usize {
+    let mut z = i.wrapping_add(11).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) % n as u64) as usize
+}
+
+/// Nanoseconds per element of `f` (which returns how many elements it did).
+fn time(f: impl FnOnce() -> Result<usize>) -> Result<f64> {
+    let t0 = Instant::now();
+    let n = f()?;
+    Ok(t0.elapsed().as_nanos() as f64 / n as f64)
+}
+
+/// One round: ns/element of every workload on `system`; checksums must agree across systems.
+fn round(system: &str, idx: &[usize]) -> Result<[(f64, u64); 3]> {
+    let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+    let section = Section::new(SectionConfig::new(Structure::Direct, 4096, ELEMS * 8))?;
+    let v: FarVec<u64> = FarVec::new(&far, &section, ELEMS)?;
+    let mut plain: Vec<u64> = Vec::new();
+    if system == "native" {
+        plain = (0..ELEMS as u64).collect();
+    } else {
+        v.fill_with(|i| i as u64)?;
+        v.load_all()?;
+    }
+    let mut out = [(0.0, 0u64); 3];
+    let mut sum = 0u64;
+    out[0].0 = time(|| {
+        sum = match system {
+            "native" => black_box(&plain).iter().sum(),
+            "tidepool-far-slice" => v.local().context("not one slice")?.iter().sum(),
+            "tidepool-far-lines" => {
+                let mut s = 0u64;
+                for l in v.line_iter() {
+                    s += l?.iter().sum::<u64>();
+                }
+                s
+            }
+            _ => v.iter().try_fold(0u64, |a, x| x.map(|x| a + x))?,
+        };
+        Ok(ELEMS)
+    })?;
+    out[0].1 = sum;
+    out[1].0 = time(|| {
+        sum = 0;
+        match system {
+            "native" => idx.iter().for_each(|&i| sum += plain[i]),
+            "tidepool-far-slice" => {
+                let s = v.local().context("not one slice")?;
+                idx.iter().for_each(|&i| sum += s[i]);
+            }
+            "tidepool-far-lines" => {
+                for &i in idx {
+                    let l = v.line(i)?;
+                    sum += l[i - l.first];
+                }
+            }
+            _ => {
+                for &i in idx {
+                    sum += v.get(i)?;
+                }
+            }
+        }
+        Ok(idx.len())
+    })?;
+    out[1].1 = sum;
+    out[2].0 = time(|| {
+        match system {
+            "native" => idx.iter().for_each(|&i| plain[i] += 1),
+            "tidepool-far-slice" => {
+                let mut s = v.local_mut().context("not one slice")?;
+                idx.iter().for_each(|&i| s[i] += 1);
+            }
+            "tidepool-far-lines" => {
+                for &i in idx {
+                    let mut l = v.line_mut(i)?;
+                    let first = l.first;
+                    l[i - first] += 1;
+                }
+            }
+            _ => {
+                for &i in idx {
+                    v.update(i, |x| *x += 1)?;
+                }
+            }
+        }
+        Ok(idx.len())
+    })?;
+    out[2].1 = if system == "native" {
+        plain.iter().sum()
+    } else {
+        v.local().context("not one slice")?.iter().sum()
+    };
+    Ok(out)
+}
+
+/// Part (c): see the module docs.
+pub(crate) fn run(ctx: &mut Ctx, rounds: usize) -> Result<()> {
+    let idx: Vec<usize> = (0..RANDOM_OPS as u64).map(|i| index(i, ELEMS)).collect();
+    let workloads = ["scan", "random-read", "random-rmw"];
+    let mut samples: std::collections::BTreeMap<(&str, &str), Vec<f64>> = Default::default();
+    for r in 0..rounds {
+        ctx.step(format!("overhead against a Vec, round {}", r + 1));
+        let mut sums = None;
+        for k in 0..SYSTEMS.len() {
+            let system = SYSTEMS[(k + r) % SYSTEMS.len()];
+            let got = round(system, &idx)?;
+            let these: Vec<u64> = got.iter().map(|g| g.1).collect();
+            if *sums.get_or_insert_with(|| these.clone()) != these {
+                anyhow::bail!("{system} computed different sums: {these:?} against {sums:?}");
+            }
+            for (w, (ns, _)) in workloads.iter().zip(got) {
+                samples.entry((system, w)).or_default().push(ns);
+            }
+        }
+        ctx.advance();
+    }
+    for ((system, workload), mut v) in samples {
+        ctx.report.push(
+            system,
+            &format!("overhead-{workload}"),
+            "ns_per_elem",
+            median(&mut v),
+            "ns",
+            &[("local_ratio", 1.0), ("elems", ELEMS as f64)],
+        );
+    }
+    Ok(())
+}
