@@ -27,14 +27,18 @@
 //! # Ok::<(), tidepool_far::FarError>(())
 //! ```
 
+mod boxed;
 mod lines;
+mod map;
 pub mod profile;
 mod query;
 mod section;
 pub mod tune;
 mod vec;
 
+pub use boxed::FarBox;
 pub use lines::{LineMut, LineRef};
+pub use map::FarMap;
 pub use query::{Answer, Buckets, Cmp, Col, Decode, Elem, Estimate, Offload, Out, Query, Ran};
 pub use section::{Section, SectionConfig, SectionStats, Structure};
 pub use tune::{Config, SiteConfig};

@@ -554,3 +554,112 @@ fn fill_with_writes_whole_lines_without_fetching() {
         (0..1000).map(|i| i * 3).collect::<Vec<u32>>()
     );
 }
+
+mod map_and_box {
+    use super::*;
+    use crate::{FarBox, FarMap};
+    use std::collections::HashMap;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// A far map in a small section (so lines are evicted and fetched again), growing from
+        /// a small capacity, against a HashMap, in every structure.
+        #[test]
+        fn a_far_map_matches_a_hash_map(
+            ops in proptest::collection::vec((0u8..3, 0u32..300, any::<u64>()), 1..600),
+            st in 0usize..3,
+        ) {
+            let far = Far::new(Flaky::new());
+            let sec = section(STRUCTURES[st], 128, 8);
+            let mut m: FarMap<u32, u64> = FarMap::with_capacity(&far, &sec, 4).unwrap();
+            let mut model = HashMap::new();
+            for (op, k, v) in ops {
+                match op {
+                    0 => prop_assert_eq!(m.insert(k, v).unwrap(), model.insert(k, v)),
+                    1 => prop_assert_eq!(m.remove(&k).unwrap(), model.remove(&k)),
+                    _ => prop_assert_eq!(m.get(&k).unwrap(), model.get(&k).copied()),
+                }
+                prop_assert_eq!(m.len(), model.len());
+            }
+            let mut got = m.entries().unwrap();
+            got.sort_unstable();
+            let mut want: Vec<(u32, u64)> = model.into_iter().collect();
+            want.sort_unstable();
+            prop_assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn a_map_that_cannot_grow_keeps_its_entries() {
+        let store = Flaky::new();
+        let far = Far::new(store.clone());
+        let sec = section(Structure::Full, 128, 4);
+        let mut m: FarMap<u64, u64> = FarMap::with_capacity(&far, &sec, 8).unwrap();
+        let mut k = 0;
+        // Fill until the next insert must grow, with everything written back.
+        while (m.len() + 2) * 4 <= 11 * 3 {
+            m.insert(k, k * 10).unwrap();
+            k += 1;
+        }
+        m.flush().unwrap();
+        store.fail.store(true, Relaxed);
+        for i in 0..40 {
+            if m.insert(1000 + i, 0).is_err() {
+                break;
+            }
+        }
+        store.fail.store(false, Relaxed);
+        for i in 0..k {
+            assert_eq!(m.get(&i).unwrap(), Some(i * 10), "key {i}");
+        }
+    }
+
+    #[derive(
+        Clone,
+        Copy,
+        Debug,
+        PartialEq,
+        zerocopy::FromBytes,
+        zerocopy::IntoBytes,
+        zerocopy::Immutable,
+        zerocopy::KnownLayout,
+    )]
+    #[repr(C)]
+    struct Big {
+        head: u64,
+        body: [u64; 100],
+        tail: u64,
+    }
+
+    #[test]
+    fn a_far_box_spans_lines_and_reads_only_the_part_asked_for() {
+        let store = Flaky::new();
+        let far = Far::new(store.clone());
+        let sec = section(Structure::Full, 64, 16);
+        let mut v = Big {
+            head: 1,
+            body: [7; 100],
+            tail: 99,
+        };
+        let b = FarBox::new(&far, &sec, v).unwrap();
+        // Evict it all by reading something else.
+        let other = FarVec::from_slice(&far, &sec, &[0u64; 16 * 8]).unwrap();
+        other.to_vec().unwrap();
+        let before = store.read.load(Relaxed);
+        assert_eq!(b.field::<u64>(808).unwrap(), 99);
+        assert_eq!(
+            store.read.load(Relaxed) - before,
+            1,
+            "one line for the tail"
+        );
+        assert_eq!(b.get().unwrap(), v);
+        v.body[50] = 3;
+        b.set(v).unwrap();
+        b.update(|x| x.head += 1).unwrap();
+        other.to_vec().unwrap();
+        v.head = 2;
+        assert_eq!(b.get().unwrap(), v);
+        assert_eq!(b.read(8 + 400..8 + 408).unwrap(), 3u64.to_le_bytes());
+        assert!(b.read(800..900).is_err());
+    }
+}
