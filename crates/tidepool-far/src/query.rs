@@ -216,7 +216,7 @@ impl<T: Elem> Source for FarVec<T> {
     }
     fn fetch_line_ns(&self) -> Option<f64> {
         let s = self.section().stats();
-        (s.misses > 0).then(|| s.fetch_nanos as f64 / s.misses as f64)
+        (s.fetched > 0).then(|| s.fetch_nanos as f64 / s.fetched as f64)
     }
     fn flush(&self) -> Result<(), FarError> {
         FarVec::flush(self)

@@ -104,6 +104,8 @@ pub struct SectionStats {
     pub hits: u64,
     /// Lines fetched (or installed without fetching) on a miss or a prefetch.
     pub misses: u64,
+    /// Of those, lines fetched from the store (what `fetch_nanos` was spent on).
+    pub fetched: u64,
     /// Lines brought in ahead of use.
     pub prefetched: u64,
     /// Dirty lines written back.
@@ -132,6 +134,8 @@ pub struct Section {
     wide: Box<[Wide]>,
     /// Hits, counted apart: they are on every access's fast path.
     pub(crate) hits: Cell<u64>,
+    /// Round trips seen, for the prefetch distance.
+    fetch_model: Cell<FetchModel>,
     stats: Cell<SectionStats>,
 }
 
@@ -200,6 +204,7 @@ impl Section {
                 Box::default()
             },
             hits: Cell::new(0),
+            fetch_model: Cell::new(FetchModel::default()),
             stats: Cell::new(SectionStats::default()),
         }))
     }
@@ -221,6 +226,31 @@ impl Section {
         SectionStats {
             hits: self.hits.get(),
             ..self.stats.get()
+        }
+    }
+
+    /// Records a round trip that fetched `lines` lines in `nanos`.
+    pub(crate) fn observe_fetch(&self, lines: usize, nanos: u64) {
+        let mut m = self.fetch_model.get();
+        m.add(lines as f64, nanos as f64);
+        self.fetch_model.set(m);
+    }
+
+    /// Lines to fetch past a miss when streaming: enough that the round trip's fixed cost is at
+    /// most a tenth of the time spent moving lines, from a least-squares fit of the round
+    /// trips seen (time = fixed + lines x per line), within a quarter of the section and 1 MiB. Until
+    /// the fit has two batch sizes to go on, a quarter of the section (at most 64) and half
+    /// of it alternate, which gives it them.
+    pub fn distance(&self) -> usize {
+        // A quarter of the section, and at most 1 MiB a round trip: larger batches only add
+        // a larger staging buffer to fault in.
+        let cap = (self.lines() / 4).min((1 << 20) / self.line_bytes()).max(1);
+        let start = cap.min(64);
+        let m = self.fetch_model.get();
+        match m.fit() {
+            Some((fixed, per_line)) => ((fixed / (0.1 * per_line)).ceil() as usize).clamp(1, cap),
+            None if m.n as u64 % 2 == 1 => (start / 2).max(1),
+            None => start,
         }
     }
 
@@ -392,5 +422,40 @@ impl Section {
         }
         self.tags[i].set(0);
         self.buf.set_flags(i, 0);
+    }
+}
+
+/// Sums for a least-squares line through (lines fetched, nanoseconds) of round trips.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FetchModel {
+    n: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
+}
+
+impl FetchModel {
+    pub(crate) fn add(&mut self, x: f64, y: f64) {
+        self.n += 1.0;
+        self.x += x;
+        self.y += y;
+        self.xx += x * x;
+        self.xy += x * y;
+    }
+
+    /// (fixed nanoseconds per round trip, nanoseconds per line), once round trips of at
+    /// least two sizes were seen and the fit is sensible (a positive cost per line).
+    pub(crate) fn fit(&self) -> Option<(f64, f64)> {
+        let d = self.n * self.xx - self.x * self.x;
+        if self.n < 2.0 || d.abs() < 1e-9 * self.n * self.xx.max(1.0) {
+            return None;
+        }
+        let per_line = (self.n * self.xy - self.x * self.y) / d;
+        if per_line <= 0.0 {
+            return None;
+        }
+        let fixed = ((self.y - per_line * self.x) / self.n).max(0.0);
+        Some((fixed, per_line))
     }
 }

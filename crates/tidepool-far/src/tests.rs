@@ -383,6 +383,8 @@ fn a_wide_full_section_takes_empty_slots_then_hints_then_clock() {
     let sec = section(Structure::Full, 64, 64);
     let values: Vec<u64> = (0..8 * 200).collect();
     let v = FarVec::from_slice(&far, &sec, &values).unwrap();
+    // One line per miss, whatever the stride.
+    v.set_prefetch(0);
     let resident = |v: &FarVec<u64>| (0..v.lines()).filter(|&l| v.is_resident(l)).count();
     for l in 0..64 {
         assert_eq!(v.get(l * 8).unwrap(), (l * 8) as u64);
@@ -662,4 +664,58 @@ mod map_and_box {
         assert_eq!(b.read(8 + 400..8 + 408).unwrap(), 3u64.to_le_bytes());
         assert!(b.read(800..900).is_err());
     }
+}
+
+#[test]
+fn the_prefetch_distance_follows_the_measured_round_trip() {
+    use crate::section::FetchModel;
+    let mut m = FetchModel::default();
+    assert_eq!(m.fit(), None);
+    // 10 us per round trip and 100 ns per line, at two batch sizes.
+    for (lines, ns) in [(4.0, 10_400.0), (8.0, 10_800.0), (4.0, 10_400.0)] {
+        m.add(lines, ns);
+    }
+    let (fixed, per_line) = m.fit().unwrap();
+    assert!((fixed - 10_000.0).abs() < 1.0 && (per_line - 100.0).abs() < 0.01);
+    // Through a section: 10 us / (10% of 100 ns) = 1000 lines, within a quarter of 8192.
+    let sec = section(Structure::Full, 64, 8192);
+    assert_eq!(
+        sec.distance(),
+        64,
+        "no round trips yet: a quarter of the section, at most 64"
+    );
+    sec.observe_fetch(64, 16_400);
+    assert_eq!(sec.distance(), 32, "one batch size so far: try another");
+    sec.observe_fetch(32, 13_200);
+    assert_eq!(sec.distance(), 1000);
+    // A store with no fixed cost per round trip needs no lines ahead.
+    let sec = section(Structure::Full, 64, 64);
+    sec.observe_fetch(2, 200);
+    sec.observe_fetch(4, 400);
+    assert_eq!(sec.distance(), 1);
+}
+
+#[test]
+fn misses_at_a_constant_stride_fetch_along_it() {
+    let store = Flaky::new();
+    let far = Far::new(store.clone());
+    let sec = section(Structure::Full, 64, 256);
+    let values: Vec<u64> = (0..30_000).collect();
+    let v = FarVec::from_slice(&far, &sec, &values).unwrap();
+    v.set_prefetch(15);
+    // Every third line (24 elements apart): 1000 lines touched.
+    for i in (0..24_000).step_by(24) {
+        assert_eq!(v.get(i).unwrap(), i as u64);
+    }
+    let s = sec.stats();
+    assert!(s.misses >= 1000, "{s:?}");
+    // Two misses find the stride; then each round trip brings 16 lines of it.
+    assert!(s.fetches <= 2 + 1000 / 16 + 1, "{s:?}");
+    // Random access does not prefetch.
+    let before = sec.stats();
+    for k in 0..200u64 {
+        v.get(((k * 7919 + 13) % 30_000) as usize).unwrap();
+    }
+    let after = sec.stats();
+    assert!(after.misses - before.misses <= 200 + 16, "{after:?}");
 }

@@ -30,8 +30,12 @@ pub struct FarVec<T> {
     per_line: usize,
     /// log2 of `per_line`, or `NO_SHIFT`.
     shift: u32,
-    /// Lines an iterator fetches with a miss, beyond the one it needs.
-    ahead: Cell<usize>,
+    /// Lines an iterator fetches with a miss, beyond the one it needs (`None`: the
+    /// section's distance from measured round trips, [`Section::distance`]).
+    ahead: Cell<Option<usize>>,
+    /// The last line an element access missed on, and its distance from the miss before:
+    /// two misses the same distance apart fetch further lines along that stride.
+    stride: Cell<(usize, isize)>,
     /// Set in a profiling run (see [`crate::profile`]).
     prof: Option<Box<RefCell<Recorder>>>,
     _t: PhantomData<T>,
@@ -95,7 +99,8 @@ where
             } else {
                 NO_SHIFT
             },
-            ahead: Cell::new((section.lines() / 4).clamp(1, 64)),
+            ahead: Cell::new(None),
+            stride: Cell::new((0, 0)),
             prof: far
                 .profiling()
                 .then(|| Box::new(RefCell::new(Recorder::new(site.to_string(), size, len, lb)))),
@@ -151,9 +156,11 @@ where
         self.table.len()
     }
 
-    /// Sets how many lines past the one it needs an iterator fetches in the same round trip.
+    /// Sets how many lines past the one it needs an iterator (or a strided run of misses)
+    /// fetches in the same round trip, instead of the distance the section derives from
+    /// measured round trips.
     pub fn set_prefetch(&self, lines: usize) {
-        self.ahead.set(lines);
+        self.ahead.set(Some(lines));
     }
 
     /// Records an access in a profiling run.
@@ -215,10 +222,29 @@ where
         self.miss(line, ahead, index)
     }
 
+    /// Lines fetched past a miss: fixed by [`FarVec::set_prefetch`], or the section's.
+    fn distance(&self) -> usize {
+        self.ahead.get().unwrap_or_else(|| self.section.distance())
+    }
+
     #[inline(never)]
     fn miss(&self, line: usize, ahead: usize, index: usize) -> Result<usize, FarError> {
-        let last = (line + 1 + ahead).min(self.lines());
-        let lines: Vec<usize> = (line..last).collect();
+        let (prev, delta) = self.stride.get();
+        let d = line as isize - prev as isize;
+        self.stride.set((line, d));
+        let lines: Vec<usize> = if ahead == 0 && d != 0 && d == delta {
+            // Element accesses missing at a constant stride: fetch along it, and expect the
+            // next miss one stride past the last line fetched.
+            let run: Vec<usize> = (0..=self.distance() as isize)
+                .map(|k| line as isize + d * k)
+                .take_while(|&l| l >= 0 && (l as usize) < self.lines())
+                .map(|l| l as usize)
+                .collect();
+            self.stride.set((*run.last().unwrap_or(&line), d));
+            run
+        } else {
+            (line..(line + 1 + ahead).min(self.lines())).collect()
+        };
         self.fill(&lines, true, index)?;
         self.resident(line).ok_or(FarError::AllBorrowed { index })
     }
@@ -278,6 +304,7 @@ where
             return Err(e.into());
         }
         let nanos = t0.elapsed().as_nanos() as u64;
+        sec.observe_fetch(taken.len(), nanos);
         if let Some(p) = &self.prof {
             p.borrow_mut().fetched(taken.len() as u64, nanos);
         }
@@ -297,6 +324,7 @@ where
         let n = taken.len() as u64;
         sec.bump(|s| {
             s.misses += n;
+            s.fetched += n;
             s.prefetched += n - required as u64;
             s.writebacks += writebacks;
             s.fetches += 1;
@@ -413,7 +441,7 @@ where
         if self.prof.is_some() {
             self.note(line * self.per_line, self.valid(line), false);
         }
-        let slot = self.ensure(line, self.ahead.get(), line * self.per_line)?;
+        let slot = self.ensure(line, self.distance(), line * self.per_line)?;
         self.readable(line, slot)
     }
 
@@ -784,7 +812,7 @@ where
         let line = i / self.v.per_line;
         let r = self
             .v
-            .ensure(line, self.v.ahead.get(), i)
+            .ensure(line, self.v.distance(), i)
             .and_then(|slot| self.v.readable(line, slot));
         match r {
             Ok(l) => {
