@@ -33,6 +33,7 @@ mod map;
 pub mod profile;
 mod query;
 mod section;
+mod shared;
 pub mod tune;
 mod vec;
 
@@ -41,6 +42,7 @@ pub use lines::{LineMut, LineRef};
 pub use map::FarMap;
 pub use query::{Answer, Buckets, Cmp, Col, Decode, Elem, Estimate, Offload, Out, Query, Ran};
 pub use section::{Section, SectionConfig, SectionStats, Structure};
+pub use shared::{FarReader, FarShare, SharedFarVec};
 pub use tune::{Config, SiteConfig};
 pub use vec::{FarIter, FarLines, FarVec};
 
@@ -73,6 +75,11 @@ pub enum FarError {
     OutOfBounds { index: usize, len: usize },
     #[error("far store returned a line of {got} bytes where {want} were expected")]
     BadLine { got: usize, want: usize },
+    #[error(
+        "the far vector this reader shares was dropped by its owner (keep the owner alive \
+         while readers use it)"
+    )]
+    Gone,
     #[error("query: {0}")]
     Query(String),
     #[error(

@@ -719,3 +719,77 @@ fn misses_at_a_constant_stride_fetch_along_it() {
     let after = sec.stats();
     assert!(after.misses - before.misses <= 200 + 16, "{after:?}");
 }
+
+mod threads {
+    use super::*;
+    use crate::SharedFarVec;
+
+    #[test]
+    fn readers_in_threads_read_through_sections_of_their_own() {
+        let far = Far::new(Flaky::new());
+        let sec = section(Structure::Direct, 256, 8);
+        let v: FarVec<u64> = FarVec::new(&far, &sec, 20_000).unwrap();
+        // Written through the cache: the dirty lines reach the store with share().
+        for i in 0..20_000 {
+            v.set(i, i as u64 * 3).unwrap();
+        }
+        let share = v.share().unwrap();
+        let sums: Vec<u64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|t| {
+                    let share = share.clone();
+                    s.spawn(move || {
+                        let mine = section(Structure::SetAssociative(2), 256, 16);
+                        let r = share.open(&mine).unwrap();
+                        let mut sum = 0;
+                        for i in (t..20_000).step_by(2) {
+                            sum += r.get(i).unwrap();
+                        }
+                        sum
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(
+            sums.iter().sum::<u64>(),
+            (0..20_000u64).map(|i| i * 3).sum::<u64>()
+        );
+        // Once the owner is gone, a reader's misses say so instead of reading zeros.
+        let wrong = section(Structure::Direct, 128, 4);
+        let err = share.open(&wrong).unwrap_err().to_string();
+        assert!(err.contains("256 bytes"), "{err}");
+        let mine = section(Structure::Direct, 256, 4);
+        let r = share.open(&mine).unwrap();
+        assert_eq!(r.get(5).unwrap(), 15);
+        drop(v);
+        assert!(matches!(r.get(19_999), Err(FarError::Gone)));
+    }
+
+    #[test]
+    fn threads_write_one_shared_vector() {
+        let far = Far::new(Flaky::new());
+        let v: SharedFarVec<u64> = SharedFarVec::new(
+            &far,
+            SectionConfig::new(Structure::SetAssociative(2), 128, 8 * 128),
+            1000,
+        )
+        .unwrap();
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let v = v.clone();
+                s.spawn(move || {
+                    for k in 0..5000u64 {
+                        // Both threads hit every element: updates must not be lost.
+                        v.update(((k * 7 + t) % 1000) as usize, |x| *x += 1)
+                            .unwrap();
+                    }
+                });
+            }
+        });
+        let all = v.read(0..1000).unwrap();
+        assert_eq!(all.iter().sum::<u64>(), 10_000);
+        v.set(3, 42).unwrap();
+        assert_eq!(v.get(3).unwrap(), 42);
+    }
+}

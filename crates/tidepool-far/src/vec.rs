@@ -7,6 +7,7 @@ use crate::{Far, FarError, LINE_BITS};
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::rc::Rc;
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 use tidepool_store::Key;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
@@ -38,6 +39,11 @@ pub struct FarVec<T> {
     stride: Cell<(usize, isize)>,
     /// Set in a profiling run (see [`crate::profile`]).
     prof: Option<Box<RefCell<Recorder>>>,
+    /// An owner shared with readers in other threads: set to false (under the write lock)
+    /// before its far copies go.
+    shared: RefCell<Option<Arc<RwLock<bool>>>>,
+    /// A reader: the owner's flag, read-locked across each fetch.
+    reader_of: Option<Arc<RwLock<bool>>>,
     _t: PhantomData<T>,
 }
 
@@ -71,6 +77,18 @@ where
         len: usize,
         site: &str,
     ) -> Result<FarVec<T>, FarError> {
+        FarVec::at(far, section, far.new_base(), len, site, None)
+    }
+
+    /// A vector over the lines under `base` (a reader's, when `reader_of` is set).
+    pub(crate) fn at(
+        far: &Far,
+        section: &Rc<Section>,
+        base: u64,
+        len: usize,
+        site: &str,
+        reader_of: Option<Arc<RwLock<bool>>>,
+    ) -> Result<FarVec<T>, FarError> {
         let size = std::mem::size_of::<T>();
         let lb = section.line_bytes();
         if size == 0 || !lb.is_multiple_of(size) || std::mem::align_of::<T>() > 8 {
@@ -86,7 +104,6 @@ where
                 "{len} elements are too many lines"
             )));
         }
-        let base = far.new_base();
         Ok(FarVec {
             far: far.clone(),
             section: section.clone(),
@@ -104,8 +121,22 @@ where
             prof: far
                 .profiling()
                 .then(|| Box::new(RefCell::new(Recorder::new(site.to_string(), size, len, lb)))),
+            shared: RefCell::new(None),
+            reader_of,
             _t: PhantomData,
         })
+    }
+
+    /// Writes dirty lines back and gives what a reader in another thread needs to open the
+    /// lines in a section of its own (see [`crate::FarShare`]).
+    pub(crate) fn share_parts(&self) -> Result<(u64, usize, Arc<RwLock<bool>>), FarError> {
+        self.flush()?;
+        let flag = self
+            .shared
+            .borrow_mut()
+            .get_or_insert_with(|| Arc::new(RwLock::new(true)))
+            .clone();
+        Ok((self.base, self.len, flag))
     }
 
     /// A far vector holding `values`, written to the store directly (not through the cache).
@@ -275,6 +306,15 @@ where
             return Ok(());
         }
         let lb = sec.line_bytes();
+        // A reader fetches only while its owner lives (and keeps it alive meanwhile).
+        let alive = self
+            .reader_of
+            .as_ref()
+            .map(|a| a.read().unwrap_or_else(|e| e.into_inner()));
+        if alive.as_ref().is_some_and(|a| !**a) {
+            self.undo(&taken);
+            return Err(FarError::Gone);
+        }
         let mut data = vec![0u8; taken.len() * lb];
         let mut lens = vec![None; taken.len()];
         let fetch: Vec<Key> = taken.iter().map(|t| t.1).collect();
@@ -756,6 +796,14 @@ impl<T> Drop for FarVec<T> {
             self.far.add_profile(p.into_inner().finish());
         }
         self.section.detach(self.base);
+        if self.reader_of.is_some() {
+            // The lines are the owner's.
+            return;
+        }
+        if let Some(flag) = self.shared.borrow().as_ref() {
+            // Readers in other threads fetch no more from now on.
+            *flag.write().unwrap_or_else(|e| e.into_inner()) = false;
+        }
         // The far copies go too (a failure leaves garbage in the store, nothing worse).
         let hi = self.base + self.table.len() as u64;
         let mut key = self.base;
