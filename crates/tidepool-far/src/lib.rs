@@ -28,6 +28,7 @@
 //! ```
 
 mod boxed;
+mod heap;
 mod lines;
 mod map;
 pub mod profile;
@@ -38,6 +39,7 @@ pub mod tune;
 mod vec;
 
 pub use boxed::FarBox;
+pub use heap::{FarHeap, FarPtr};
 pub use lines::{LineMut, LineRef};
 pub use map::FarMap;
 pub use query::{Answer, Buckets, Cmp, Col, Decode, Elem, Estimate, Offload, Out, Query, Ran};
