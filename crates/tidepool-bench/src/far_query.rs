@@ -97,8 +97,8 @@ where
 }
 
 /// Rows per second of the query over far columns on the node at `url`, with `local` bytes of
-/// sections; and where the last run ran.
-fn far(url: &str, rows: usize, local: u64, how: Offload, want: &Groups) -> Result<(f64, Ran)> {
+/// sections; where the last run ran; and the share of the time spent waiting on fetches.
+fn far(url: &str, rows: usize, local: u64, how: Offload, want: &Groups) -> Result<(f64, Ran, f64)> {
     let far = Far::new(tidepool_store::open(url)?);
     // Lines of 1024 elements: 4 KiB for the u32 columns, 8 KiB for price; each column's
     // section is its share of the budget (half for price, a quarter each for the others).
@@ -119,6 +119,8 @@ fn far(url: &str, rows: usize, local: u64, how: Offload, want: &Groups) -> Resul
     let price = column(&far, &ps, rows, |i| row(i).2)?;
     let mut times = Vec::new();
     let mut ran = Ran::Local;
+    let fetching = || -> u64 { [&rs, &qs, &ps].iter().map(|s| s.stats().fetch_nanos).sum() };
+    let (wait0, t_all) = (fetching(), Instant::now());
     for _ in 0..RUNS {
         let t0 = Instant::now();
         let mut q = Query::new();
@@ -142,7 +144,8 @@ fn far(url: &str, rows: usize, local: u64, how: Offload, want: &Groups) -> Resul
             bail!("the query's answer ({ran:?}) differs from the native one");
         }
     }
-    Ok((rows as f64 / median(&mut times), ran))
+    let wait = (fetching() - wait0) as f64 / t_all.elapsed().as_nanos() as f64;
+    Ok((rows as f64 / median(&mut times), ran, wait))
 }
 
 /// Part (b): see the module docs. `rows` rows, `rounds` rounds, one step per round and ratio.
@@ -158,6 +161,7 @@ pub(crate) fn run(ctx: &mut Ctx, rows: usize, rounds: usize) -> Result<()> {
     let url = format!("node://far-query@{}", node.addr);
     let mut samples: std::collections::BTreeMap<(&str, u64), Vec<f64>> = Default::default();
     let mut placed: std::collections::BTreeMap<u64, Vec<Ran>> = Default::default();
+    let mut waits: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
     let (native_rate, want) = native(rows);
     for round in 0..rounds {
         for &ratio in &RATIOS {
@@ -187,8 +191,11 @@ pub(crate) fn run(ctx: &mut Ctx, rows: usize, rounds: usize) -> Result<()> {
                     }
                 };
                 match far(&url, rows, local, how, &want) {
-                    Ok((v, ran)) => {
+                    Ok((v, ran, wait)) => {
                         samples.entry((system, pct)).or_default().push(v);
+                        if how == Offload::Never {
+                            waits.entry(pct).or_default().push(wait);
+                        }
                         if how == Offload::Auto {
                             placed.entry(pct).or_default().push(ran);
                         }
@@ -215,6 +222,14 @@ pub(crate) fn run(ctx: &mut Ctx, rows: usize, rounds: usize) -> Result<()> {
                 ("footprint_mib", (footprint >> 20) as f64),
             ],
         );
+    }
+    for (pct, mut w) in waits {
+        let w = median(&mut w);
+        ctx.note(format!(
+            "query at {pct}% local: fetching waits for lines {:.0}% of its time (streams fetch \
+             ahead on a thread of their own, which shares the client's CPU here)",
+            w * 100.0
+        ));
     }
     for (pct, ran) in placed {
         let node = ran.iter().filter(|&&r| r == Ran::Node).count();

@@ -101,7 +101,18 @@ pub struct Far {
     /// Whether vectors made now are profiled, and the profiles of those dropped.
     profiling: Arc<std::sync::atomic::AtomicBool>,
     profile: Arc<Mutex<profile::Profile>>,
+    /// The thread that fetches lines ahead of streams, started on first use.
+    ahead: Arc<std::sync::OnceLock<Mutex<std::sync::mpsc::Sender<AheadJob>>>>,
 }
+
+/// Lines fetched ahead: their bytes (a line's worth each) and lengths, as `read_many_into`
+/// gives them.
+pub(crate) type Fetched = Result<(Vec<u8>, Vec<Option<usize>>), StoreError>;
+type AheadJob = (
+    Vec<tidepool_store::Key>,
+    usize,
+    std::sync::mpsc::Sender<Fetched>,
+);
 
 impl Far {
     pub fn new(store: Arc<dyn FarStore>) -> Far {
@@ -112,7 +123,51 @@ impl Far {
             costs: Arc::default(),
             profiling: Arc::default(),
             profile: Arc::default(),
+            ahead: Arc::default(),
         }
+    }
+
+    /// Reads `keys` (lines of `line_bytes`) on the fetch-ahead thread; the reply comes on the
+    /// returned channel. The thread ends when the last clone of this `Far` is dropped.
+    pub(crate) fn fetch_ahead(
+        &self,
+        keys: Vec<tidepool_store::Key>,
+        line_bytes: usize,
+    ) -> std::sync::mpsc::Receiver<Fetched> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let jobs = self.ahead.get_or_init(|| {
+            let (jobs, queue) = std::sync::mpsc::channel::<AheadJob>();
+            let store = self.store.clone();
+            std::thread::Builder::new()
+                .name("tp-far-ahead".into())
+                .spawn(move || {
+                    for (keys, lb, reply) in queue {
+                        let mut data = vec![0u8; keys.len() * lb];
+                        let mut lens = vec![None; keys.len()];
+                        let r = store
+                            .read_many_into(&keys, lb, &mut data, &mut lens)
+                            .map(|()| (data, lens));
+                        // The stream may have moved on and dropped its receiver.
+                        let _ = reply.send(r);
+                    }
+                })
+                .expect("cannot start the fetch-ahead thread");
+            Mutex::new(jobs)
+        });
+        if jobs
+            .lock()
+            .expect("fetch-ahead queue")
+            .send((keys, line_bytes, tx.clone()))
+            .is_err()
+        {
+            // The thread is gone (it cannot end while this Far lives, but never hang on it).
+            let _ = tx.send(Err(StoreError::Io {
+                backend: "far",
+                op: "fetch ahead",
+                cause: std::io::Error::other("the fetch-ahead thread has stopped"),
+            }));
+        }
+        rx
     }
 
     /// Profiles every far vector made from now on (a profiling run: it costs time on every

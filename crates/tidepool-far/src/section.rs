@@ -238,7 +238,8 @@ impl Section {
 
     /// Lines to fetch past a miss when streaming: enough that the round trip's fixed cost is at
     /// most a tenth of the time spent moving lines, from a least-squares fit of the round
-    /// trips seen (time = fixed + lines x per line), within a quarter of the section and 1 MiB. Until
+    /// trips seen (time = fixed + lines x per line), at least the starting distance and within
+    /// a quarter of the section and 1 MiB. Until
     /// the fit has two batch sizes to go on, a quarter of the section (at most 64) and half
     /// of it alternate, which gives it them.
     pub fn distance(&self) -> usize {
@@ -248,7 +249,12 @@ impl Section {
         let start = cap.min(64);
         let m = self.fetch_model.get();
         match m.fit() {
-            Some((fixed, per_line)) => ((fixed / (0.1 * per_line)).ceil() as usize).clamp(1, cap),
+            // Never below the starting distance: a fit from a few round trips can read a
+            // fixed cost of almost nothing, and batches of one or two lines then cost a
+            // wake-up of the fetch-ahead thread each.
+            Some((fixed, per_line)) => {
+                ((fixed / (0.1 * per_line)).ceil() as usize).clamp(start, cap)
+            }
             None if m.n as u64 % 2 == 1 => (start / 2).max(1),
             None => start,
         }

@@ -688,11 +688,12 @@ fn the_prefetch_distance_follows_the_measured_round_trip() {
     assert_eq!(sec.distance(), 32, "one batch size so far: try another");
     sec.observe_fetch(32, 13_200);
     assert_eq!(sec.distance(), 1000);
-    // A store with no fixed cost per round trip needs no lines ahead.
+    // A store with no fixed cost per round trip keeps the starting distance (a quarter of
+    // these 64 lines).
     let sec = section(Structure::Full, 64, 64);
     sec.observe_fetch(2, 200);
     sec.observe_fetch(4, 400);
-    assert_eq!(sec.distance(), 1);
+    assert_eq!(sec.distance(), 16);
 }
 
 #[test]
@@ -853,5 +854,61 @@ mod pointers {
         heap.update(again, |n| n.value += 1).unwrap();
         assert_eq!(heap.get(again).unwrap().value, 8);
         heap.request(&[again, second]).unwrap();
+    }
+}
+
+mod ahead {
+    use super::*;
+
+    /// A stream fetches its next lines on another thread while it uses these. A line on its
+    /// way that is meanwhile fetched, written and written back (evicted by a line mapping to
+    /// the same slot) must be read as written, not as the copy fetched ahead.
+    #[test]
+    fn a_line_written_back_while_on_its_way_is_read_as_written() {
+        let far = Far::new(Flaky::new());
+        // Direct-mapped, 8 slots: line L of the vector lives in slot L % 8.
+        let sec = section(Structure::Direct, 64, 8);
+        let lines = 400;
+        let v: FarVec<u64> = FarVec::from_slice(&far, &sec, &vec![1u64; lines * 8]).unwrap();
+        v.set_prefetch(1);
+        let set = |line: usize| {
+            if line < lines {
+                for k in 0..8 {
+                    v.update(line * 8 + k, |x| *x = 2).unwrap();
+                }
+            }
+        };
+        for (l, line) in v.line_iter().enumerate() {
+            let line = line.unwrap();
+            let want = 1 + (l % 4 == 3) as u64;
+            assert!(line.iter().all(|&x| x == want), "line {l}: {:?}", &line[..]);
+            drop(line);
+            if l % 4 == 0 {
+                // Line l + 3 is likely on its way; writing it, then line l + 11 (same slot),
+                // writes it back behind the stream's back.
+                set(l + 3);
+                set(l + 11);
+            }
+        }
+        assert!(sec.stats().prefetched > 0);
+    }
+
+    #[test]
+    fn a_store_failing_under_a_stream_is_an_error_and_loses_nothing() {
+        let store = Flaky::new();
+        let far = Far::new(store.clone());
+        let sec = section(Structure::Full, 64, 16);
+        let v: FarVec<u64> =
+            FarVec::from_slice(&far, &sec, &(0..8000).collect::<Vec<u64>>()).unwrap();
+        v.set_prefetch(4);
+        let mut it = v.iter();
+        for i in 0..100 {
+            assert_eq!(it.next().unwrap().unwrap(), i);
+        }
+        store.fail.store(true, Relaxed);
+        let err = it.find_map(|x| x.err());
+        assert!(err.is_some(), "a failing store must show as an error");
+        store.fail.store(false, Relaxed);
+        assert_eq!(v.to_vec().unwrap(), (0..8000).collect::<Vec<u64>>());
     }
 }

@@ -17,6 +17,14 @@ const BATCH: usize = 256;
 /// `shift` when elements per line are not a power of two.
 const NO_SHIFT: u32 = u32::MAX;
 
+/// Lines asked for ahead of a stream: which (in order), the reply, and the section's
+/// write-back count when asked (a write-back since may have made the reply stale).
+struct Pending {
+    lines: Vec<usize>,
+    rx: std::sync::mpsc::Receiver<crate::Fetched>,
+    writebacks: u64,
+}
+
 /// A vector of `len` values of `T` in far memory. Elements are kept in lines of the section's
 /// line size; reading one brings its whole line into the section.
 ///
@@ -44,6 +52,8 @@ pub struct FarVec<T> {
     shared: RefCell<Option<Arc<RwLock<bool>>>>,
     /// A reader: the owner's flag, read-locked across each fetch.
     reader_of: Option<Arc<RwLock<bool>>>,
+    /// Lines a stream asked for ahead, on their way from another thread.
+    pending: RefCell<Option<Pending>>,
     _t: PhantomData<T>,
 }
 
@@ -123,6 +133,7 @@ where
                 .then(|| Box::new(RefCell::new(Recorder::new(site.to_string(), size, len, lb)))),
             shared: RefCell::new(None),
             reader_of,
+            pending: RefCell::new(None),
             _t: PhantomData,
         })
     }
@@ -273,20 +284,99 @@ where
                 .collect();
             self.stride.set((*run.last().unwrap_or(&line), d));
             run
+        } else if ahead > 0 {
+            return self.stream_miss(line, ahead, index);
         } else {
-            (line..(line + 1 + ahead).min(self.lines())).collect()
+            vec![line]
         };
         self.fill(&lines, true, index)?;
         self.resident(line).ok_or(FarError::AllBorrowed { index })
+    }
+
+    /// A miss of a stream (an iterator): the lines come from the batch fetched ahead if it
+    /// holds this one, else in a round trip of their own; either way the next `ahead + 1`
+    /// lines are then asked for ahead, to arrive while these are used.
+    fn stream_miss(&self, line: usize, ahead: usize, index: usize) -> Result<usize, FarError> {
+        let batch = ahead + 1;
+        let mut next = line + batch;
+        if let Some(p) = self.pending.take() {
+            if p.lines.binary_search(&line).is_ok() {
+                next = p.lines.last().map_or(next, |l| l + 1);
+                self.install_ahead(p, index)?;
+            }
+        }
+        if self.resident(line).is_none() {
+            let lines: Vec<usize> = (line..(line + batch).min(self.lines())).collect();
+            self.fill(&lines, true, index)?;
+            next = line + batch;
+        }
+        self.fetch_ahead(next..(next + batch).min(self.lines()));
+        self.resident(line).ok_or(FarError::AllBorrowed { index })
+    }
+
+    /// Asks the store, from another thread, for the lines of `range` not resident now.
+    fn fetch_ahead(&self, range: std::ops::Range<usize>) {
+        let lines: Vec<usize> = range.filter(|&l| self.resident(l).is_none()).collect();
+        if lines.is_empty() {
+            return;
+        }
+        let keys: Vec<Key> = lines.iter().map(|&l| self.base + l as u64).collect();
+        let rx = self.far.fetch_ahead(keys, self.section.line_bytes());
+        *self.pending.borrow_mut() = Some(Pending {
+            lines,
+            rx,
+            writebacks: self.section.stats().writebacks,
+        });
+    }
+
+    /// Installs a batch fetched ahead (waiting for it if it is still on its way), unless a
+    /// write-back in the section since it was asked for could have made it stale (then it is
+    /// dropped, and the caller fetches).
+    fn install_ahead(&self, p: Pending, index: usize) -> Result<(), FarError> {
+        let t0 = Instant::now();
+        let Ok(reply) = p.rx.recv() else {
+            return Ok(());
+        };
+        let waited = t0.elapsed().as_nanos() as u64;
+        let (data, lens) = reply?;
+        if self.section.stats().writebacks != p.writebacks {
+            return Ok(());
+        }
+        // A reader installs only while its owner lives: lines read after the owner's far
+        // copies went would be zeros.
+        let alive = self
+            .reader_of
+            .as_ref()
+            .map(|a| a.read().unwrap_or_else(|e| e.into_inner()));
+        if alive.as_ref().is_some_and(|a| !**a) {
+            return Err(FarError::Gone);
+        }
+        self.fill_from(&p.lines, false, index, Some((&data, &lens)))?;
+        self.section.bump(|s| s.fetch_nanos += waited);
+        Ok(())
     }
 
     /// Fetches the lines of `lines` that are not resident, writing back the dirty lines they
     /// replace, in one round trip. With `required`, the first line must find a slot; the
     /// others are prefetches, skipped when no slot is free.
     fn fill(&self, lines: &[usize], required: bool, index: usize) -> Result<(), FarError> {
+        self.fill_from(lines, required, index, None)
+    }
+
+    /// [`FarVec::fill`], or with `ready` (the lines' contents, fetched ahead, in the order of
+    /// `lines`: bytes and lengths as `read_many_into` gives them) installing those instead of
+    /// fetching; dirty victims are written back first either way.
+    fn fill_from(
+        &self,
+        lines: &[usize],
+        required: bool,
+        index: usize,
+        ready: Option<(&[u8], &[Option<usize>])>,
+    ) -> Result<(), FarError> {
         let sec = &self.section;
-        // (slot, new key, old tag, old flags)
+        // (slot, new key, old tag, old flags), and the line's place in `lines`.
         let mut taken: Vec<(usize, Key, u64, u8)> = Vec::new();
+        let mut place: Vec<usize> = Vec::new();
         for (n, &line) in lines.iter().enumerate() {
             if self.resident(line).is_some() {
                 continue;
@@ -300,6 +390,7 @@ where
                 continue;
             };
             taken.push((slot, key, sec.tag(slot), sec.flags(slot)));
+            place.push(n);
             sec.install(slot, key, FILLING | REFERENCED);
         }
         if taken.is_empty() {
@@ -315,8 +406,12 @@ where
             self.undo(&taken);
             return Err(FarError::Gone);
         }
-        let mut data = vec![0u8; taken.len() * lb];
-        let mut lens = vec![None; taken.len()];
+        let mut data = if ready.is_some() {
+            Vec::new()
+        } else {
+            vec![0u8; taken.len() * lb]
+        };
+        let mut lens = vec![None; if ready.is_some() { 0 } else { taken.len() }];
         let fetch: Vec<Key> = taken.iter().map(|t| t.1).collect();
         let t0 = Instant::now();
         let (result, writebacks) = {
@@ -332,10 +427,14 @@ where
                 })
                 .collect();
             let evict: Vec<(Key, &[u8])> = dirty.iter().map(|(k, g)| (*k, &g[..])).collect();
-            let r = self
-                .far
-                .store
-                .evict_fetch_into(&evict, &fetch, lb, &mut data, &mut lens);
+            let r = match ready {
+                None => self
+                    .far
+                    .store
+                    .evict_fetch_into(&evict, &fetch, lb, &mut data, &mut lens),
+                Some(_) if evict.is_empty() => Ok(()),
+                Some(_) => self.far.store.write_many(&evict),
+            };
             (r, evict.len() as u64)
         };
         if let Err(e) = result {
@@ -343,20 +442,31 @@ where
             self.undo(&taken);
             return Err(e.into());
         }
-        let nanos = t0.elapsed().as_nanos() as u64;
-        sec.observe_fetch(taken.len(), nanos);
+        // Fetched ahead, the round trip was not waited for here: it is not one to learn from.
+        let nanos = if ready.is_some() {
+            0
+        } else {
+            t0.elapsed().as_nanos() as u64
+        };
+        if ready.is_none() {
+            sec.observe_fetch(taken.len(), nanos);
+        }
         if let Some(p) = &self.prof {
             p.borrow_mut().fetched(taken.len() as u64, nanos);
         }
         let mut bad = None;
-        for (k, (t, len)) in taken.iter().zip(lens).enumerate() {
+        for (k, t) in taken.iter().enumerate() {
+            let (len, bytes) = match ready {
+                None => (lens[k], &data[k * lb..(k + 1) * lb]),
+                Some((d, l)) => (l[place[k]], &d[place[k] * lb..(place[k] + 1) * lb]),
+            };
             match len {
                 Some(n) if n != lb => {
                     bad.get_or_insert(FarError::BadLine { got: n, want: lb });
                     sec.clear(t.0);
                     continue;
                 }
-                Some(_) => sec.buf.fill(t.0, &data[k * lb..(k + 1) * lb]),
+                Some(_) => sec.buf.fill(t.0, bytes),
                 None => sec.buf.fill(t.0, &[]),
             };
             sec.set_flags(t.0, REFERENCED);
