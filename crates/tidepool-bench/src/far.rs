@@ -308,14 +308,7 @@ const TUNE_ROUNDS: usize = 3;
 /// The acceptance ratios, from this run, as notes.
 fn verdict(ctx: &mut Ctx) {
     let at = |r: &crate::Report, workload: &str, system: &str, ratio: f64| {
-        r.results
-            .iter()
-            .find(|row| {
-                row.system == system
-                    && row.workload == workload
-                    && row.params.get("local_ratio").copied() == Some(ratio)
-            })
-            .map(|row| row.value)
+        r.at_ratio(system, workload, ratio)
     };
     let targets = [
         (0.25, "linux-zram", 5.0),
@@ -372,14 +365,19 @@ struct Edge {
 /// Edge `i` of a graph of `nodes` nodes: both ends uniformly random (SplitMix64 of `i`), so
 /// every system can make the same graph in any order without storing it first.
 fn edge(i: u64, nodes: u64) -> Edge {
-    let mut z = i.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
+    let z = splitmix64(i.wrapping_add(1));
     Edge {
         from: ((z & 0xFFFF_FFFF) % nodes) as u32,
         to: ((z >> 32) % nodes) as u32,
     }
+}
+
+/// The SplitMix64 mix of `x`: the far suite's reproducible random numbers, by index.
+pub(crate) fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Edges between looks at the clock.

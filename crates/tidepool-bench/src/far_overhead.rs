@@ -28,10 +28,7 @@ const SYSTEMS: [&str; 4] = [
 
 /// Random indices below `n` (SplitMix64 of `i`).
 fn index(i: u64, n: usize) -> usize {
-    let mut z = i.wrapping_add(11).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ((z ^ (z >> 31)) % n as u64) as usize
+    (crate::far::splitmix64(i.wrapping_add(11)) % n as u64) as usize
 }
 
 /// Nanoseconds per element of `f` (which returns how many elements it did).

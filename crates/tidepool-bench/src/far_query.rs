@@ -35,10 +35,7 @@ const MIN_QTY: u32 = 20;
 
 /// Row `i`: (region, qty, price), from SplitMix64 of `i`.
 fn row(i: u64) -> (u32, u32, f64) {
-    let mut z = i.wrapping_add(7).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
+    let z = crate::far::splitmix64(i.wrapping_add(7));
     (
         (z % GROUPS as u64) as u32,
         ((z >> 8) % 100) as u32,

@@ -284,16 +284,7 @@ fn run_python(mut cmd: Command) -> Result<(f64, f64)> {
 /// The acceptance ratios, from this run, as notes.
 fn verdict(ctx: &mut Ctx) {
     let r = &ctx.report;
-    let at = |system: &str, workload: &str, ratio: f64| {
-        r.results
-            .iter()
-            .find(|row| {
-                row.system == system
-                    && row.workload == workload
-                    && row.params.get("local_ratio").copied() == Some(ratio)
-            })
-            .map(|row| row.value)
-    };
+    let at = |system: &str, workload: &str, ratio: f64| r.at_ratio(system, workload, ratio);
     // (workload, local ratio, peer, target ratio tidepool-local / peer)
     let targets = [
         ("seq-scan", 0.5, "linux-zram", 10.0),

@@ -63,6 +63,18 @@ impl Report {
             .map(|r| r.value)
     }
 
+    /// The value of `system` on `workload` at local-memory ratio `ratio`, if measured.
+    pub fn at_ratio(&self, system: &str, workload: &str, ratio: f64) -> Option<f64> {
+        self.results
+            .iter()
+            .find(|row| {
+                row.system == system
+                    && row.workload == workload
+                    && row.params.get("local_ratio").copied() == Some(ratio)
+            })
+            .map(|row| row.value)
+    }
+
     pub fn write_json(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string_pretty(self)?;
         std::fs::write(path, text + "\n")
