@@ -12,6 +12,24 @@
 #include <stdlib.h>
 
 /**
+ * How a section maps lines to its slots.
+ */
+typedef enum {
+  /**
+   * One slot per line: for sequential and strided access.
+   */
+  TP_DIRECT = 0,
+  /**
+   * Any of `ways` slots of a set.
+   */
+  TP_SET_ASSOCIATIVE = 1,
+  /**
+   * Any slot (CLOCK): for random access over a large working set.
+   */
+  TP_FULLY_ASSOCIATIVE = 2,
+} tp_structure;
+
+/**
  * What a call did.
  */
 typedef enum {
@@ -23,6 +41,10 @@ typedef enum {
    * The key or object is not there (and there is no reconstructor to rebuild it).
    */
   TP_NOT_FOUND = 1,
+  /**
+   * A compare-and-exchange found another value: nothing was changed.
+   */
+  TP_MISMATCH = 2,
   /**
    * An argument is invalid: a null handle or buffer, an index out of bounds.
    */
@@ -43,6 +65,10 @@ typedef enum {
    * A bug in the library (a Rust panic, caught at the boundary); see the message.
    */
   TP_EPANIC = -5,
+  /**
+   * The far store failed or refused (see the message); nothing written was lost.
+   */
+  TP_EFAR = -6,
 } tp_status;
 
 /**
@@ -54,6 +80,38 @@ typedef struct tp_arena tp_arena;
  * A byte buffer a reconstruct callback fills with `tp_buf_append`.
  */
 typedef struct tp_buf tp_buf;
+
+/**
+ * A far store ("local:", "node://tenant:token@host:port", "redis://host:port",
+ * "redis+cluster://h1:p1,h2:p2", "memcached://host:port") and the far data kept in it.
+ */
+typedef struct tp_far tp_far;
+
+/**
+ * A far block of bytes, cached in a section: read and written in part, only the lines under
+ * the part travel.
+ */
+typedef struct tp_far_block tp_far_block;
+
+/**
+ * A far vector of `len` elements of `elem_size` bytes each, cached in a section.
+ */
+typedef struct tp_far_vec tp_far_vec;
+
+/**
+ * A pager: a local-memory budget, fault handlers, and a far store behind its regions.
+ */
+typedef struct tp_pager tp_pager;
+
+/**
+ * A range of memory served by a pager.
+ */
+typedef struct tp_region tp_region;
+
+/**
+ * A local cache area for far lines, owned by the thread that made it.
+ */
+typedef struct tp_section tp_section;
 
 /**
  * A fixed-length array of byte strings in soft memory, each rebuilt from its index (Midas's
@@ -75,6 +133,71 @@ typedef struct tp_soft_map tp_soft_map;
  * Objects of one size rebuilt by one callback (Midas's `SoftMemPool`).
  */
 typedef struct tp_soft_pool tp_soft_pool;
+
+/**
+ * What a section did.
+ */
+typedef struct {
+  /**
+   * Line lookups that found the line resident.
+   */
+  uint64_t hits;
+  /**
+   * Lines brought in on a miss or a prefetch.
+   */
+  uint64_t misses;
+  /**
+   * Of those, lines fetched from the store.
+   */
+  uint64_t fetched;
+  /**
+   * Lines brought in ahead of use.
+   */
+  uint64_t prefetched;
+  /**
+   * Dirty lines written back to the store.
+   */
+  uint64_t writebacks;
+  /**
+   * Round trips to the store for misses, and the nanoseconds they took.
+   */
+  uint64_t fetches;
+  uint64_t fetch_nanos;
+} tp_section_stats;
+
+/**
+ * What a pager did, in pages unless named otherwise.
+ */
+typedef struct {
+  /**
+   * Faults on pages that were not mapped.
+   */
+  uint64_t missing_faults;
+  /**
+   * Of those, served with a zero page (first touch), and by a read from the store.
+   */
+  uint64_t zero_fills;
+  uint64_t far_fetches;
+  /**
+   * Pages mapped ahead of use by the prefetcher.
+   */
+  uint64_t prefetched;
+  /**
+   * Pages evicted, and dirty pages written to the store.
+   */
+  uint64_t evicted;
+  uint64_t written_back;
+  /**
+   * Bytes read from and written to the store.
+   */
+  uint64_t bytes_read;
+  uint64_t bytes_written;
+  /**
+   * Pages mapped now, and the budget.
+   */
+  uint64_t resident_pages;
+  uint64_t budget_pages;
+} tp_pager_stats;
 
 /**
  * Rebuilds a pool's object: writes `size` bytes to `out` from the reader's `args`; returns 0,
@@ -117,6 +240,227 @@ extern "C" {
  * thread's next failing call.
  */
 const char *tp_last_error(void);
+
+/**
+ * Opens the far store `url` (see `tp_far`). Null on failure (see `tp_last_error`).
+ *
+ * # Safety
+ * `url` is a NUL-terminated string.
+ */
+tp_far *tp_far_open(const char *url);
+
+/**
+ * Closes a far store (vectors and blocks in it keep it open until they are freed).
+ *
+ * # Safety
+ * `far` is null or from `tp_far_open`, not yet freed.
+ */
+void tp_far_free(tp_far *far);
+
+/**
+ * A section of `capacity` bytes in lines of `line_bytes` (a multiple of 8), mapping lines to
+ * slots as `structure` says (`ways`: slots per set, for `TP_SET_ASSOCIATIVE`). Null on
+ * failure.
+ */
+tp_section *tp_section_new(tp_structure structure, size_t ways, size_t line_bytes, size_t capacity);
+
+/**
+ * Frees a section (its vectors and blocks keep it until they are freed). Must be called
+ * from the section's thread; from another one, the section is leaked rather than freed.
+ *
+ * # Safety
+ * `section` is null or from `tp_section_new`, not yet freed.
+ */
+void tp_section_free(tp_section *section);
+
+/**
+ * Copies the section's counters to `out`.
+ *
+ * # Safety
+ * `section` is from `tp_section_new`; `out` points to a writable `tp_section_stats`.
+ */
+tp_status tp_section_stats_get(const tp_section *section, tp_section_stats *out);
+
+/**
+ * A far vector of `len` elements of `elem_size` bytes each, reading as zeros until written,
+ * in `far` and cached in `section`. Null on failure.
+ *
+ * # Safety
+ * `far` is from `tp_far_open` and `section` from `tp_section_new`, both live.
+ */
+tp_far_vec *tp_far_vec_new(const tp_far *far,
+                           const tp_section *section,
+                           size_t elem_size,
+                           size_t len);
+
+/**
+ * Frees a far vector and its far copies. Must be called from its section's thread; from
+ * another one, it is leaked rather than freed.
+ *
+ * # Safety
+ * `vec` is null or from `tp_far_vec_new`, not yet freed.
+ */
+void tp_far_vec_free(tp_far_vec *vec);
+
+/**
+ * Elements in the vector (0 for null).
+ *
+ * # Safety
+ * `vec` is null or from `tp_far_vec_new`, live.
+ */
+size_t tp_far_vec_len(const tp_far_vec *vec);
+
+/**
+ * Copies `count` elements from index `first` into `out` (`count * elem_size` bytes).
+ *
+ * # Safety
+ * `vec` is from `tp_far_vec_new`; `out` has room for `count` elements.
+ */
+tp_status tp_far_vec_read(const tp_far_vec *vec, size_t first, size_t count, void *out);
+
+/**
+ * Copies `count` elements from `src` over the vector's from index `first`.
+ *
+ * # Safety
+ * `vec` is from `tp_far_vec_new`; `src` holds `count` elements.
+ */
+tp_status tp_far_vec_write(const tp_far_vec *vec, size_t first, size_t count, const void *src);
+
+/**
+ * Writes the vector's changed lines back to the store (they stay cached).
+ *
+ * # Safety
+ * `vec` is from `tp_far_vec_new`, live.
+ */
+tp_status tp_far_vec_flush(const tp_far_vec *vec);
+
+/**
+ * A far block of `size` bytes, reading as zeros until written. Null on failure.
+ *
+ * # Safety
+ * `far` is from `tp_far_open` and `section` from `tp_section_new`, both live.
+ */
+tp_far_block *tp_far_block_new(const tp_far *far, const tp_section *section, size_t size);
+
+/**
+ * Frees a far block and its far copy. Must be called from its section's thread; from
+ * another one, it is leaked rather than freed.
+ *
+ * # Safety
+ * `block` is null or from `tp_far_block_new`, not yet freed.
+ */
+void tp_far_block_free(tp_far_block *block);
+
+/**
+ * The block's size in bytes (0 for null).
+ *
+ * # Safety
+ * `block` is null or from `tp_far_block_new`, live.
+ */
+size_t tp_far_block_size(const tp_far_block *block);
+
+/**
+ * Copies `len` bytes from `offset` of the block into `out` (only their lines are fetched).
+ *
+ * # Safety
+ * `block` is from `tp_far_block_new`; `out` has room for `len` bytes.
+ */
+tp_status tp_far_block_read(const tp_far_block *block, size_t offset, void *out, size_t len);
+
+/**
+ * Copies `len` bytes from `src` to `offset` of the block.
+ *
+ * # Safety
+ * `block` is from `tp_far_block_new`; `src` holds `len` bytes.
+ */
+tp_status tp_far_block_write(const tp_far_block *block, size_t offset, const void *src, size_t len);
+
+/**
+ * Writes the block's changed lines back to the store (they stay cached).
+ *
+ * # Safety
+ * `block` is from `tp_far_block_new`, live.
+ */
+tp_status tp_far_block_flush(const tp_far_block *block);
+
+/**
+ * Starts a pager keeping at most `local_budget` bytes of its regions mapped, the rest in the
+ * far store `url` (as for `tp_far_open`; "local:" keeps it in this process, compressed with
+ * "local:?compress=lz4"). Null on failure: userfaultfd must be open to this process
+ * (root, or `sysctl vm.unprivileged_userfaultfd=1`, or access to /dev/userfaultfd).
+ *
+ * # Safety
+ * `url` is a NUL-terminated string.
+ */
+tp_pager *tp_pager_start(const char *url, size_t local_budget);
+
+/**
+ * Stops a pager (its threads end when its last region is freed too).
+ *
+ * # Safety
+ * `pager` is null or from `tp_pager_start`, not yet freed.
+ */
+void tp_pager_free(tp_pager *pager);
+
+/**
+ * Changes the local budget (shrinking evicts at once).
+ *
+ * # Safety
+ * `pager` is from `tp_pager_start`, live.
+ */
+tp_status tp_pager_set_budget(const tp_pager *pager, size_t bytes);
+
+/**
+ * Copies the pager's counters to `out`.
+ *
+ * # Safety
+ * `pager` is from `tp_pager_start`; `out` points to a writable `tp_pager_stats`.
+ */
+tp_status tp_pager_stats_get(const tp_pager *pager, tp_pager_stats *out);
+
+/**
+ * A region of `len` bytes (rounded up to whole pages), reading as zeros until written.
+ * Null on failure.
+ *
+ * # Safety
+ * `pager` is from `tp_pager_start`, live.
+ */
+tp_region *tp_region_new(const tp_pager *pager, size_t len);
+
+/**
+ * Frees a region: its memory is unmapped and its far copies dropped. No pointer into it may
+ * be used after.
+ *
+ * # Safety
+ * `region` is null or from `tp_region_new`, not yet freed.
+ */
+void tp_region_free(tp_region *region);
+
+/**
+ * The region's first byte (null for a null region): read and write it as any memory, from
+ * any thread, until `tp_region_free`.
+ *
+ * # Safety
+ * `region` is null or from `tp_region_new`, live.
+ */
+void *tp_region_ptr(const tp_region *region);
+
+/**
+ * The region's length in bytes (whole pages; 0 for null).
+ *
+ * # Safety
+ * `region` is null or from `tp_region_new`, live.
+ */
+size_t tp_region_len(const tp_region *region);
+
+/**
+ * Forgets the contents of the whole pages within `[offset, offset + len)`: they read as
+ * zeros after, and their far copies are freed (a `free` for far memory).
+ *
+ * # Safety
+ * `region` is from `tp_region_new`, live, and nothing else uses those pages meanwhile.
+ */
+tp_status tp_region_discard(tp_region *region, size_t offset, size_t len);
 
 /**
  * A soft arena of at most `budget` bytes (0: 256 MiB), its evacuator running. With `auto`
@@ -212,6 +556,17 @@ tp_status tp_soft_box_read(const tp_soft_box *b, const void *args, void *out);
  * readable bytes.
  */
 tp_status tp_soft_box_write(const tp_soft_box *b, const void *value);
+
+/**
+ * Sets the object to `desired` if it holds `expected` (both the pool's object size), as one
+ * atomic step: `TP_OK` if it did, `TP_MISMATCH` if the object holds something else, and
+ * `TP_NOT_FOUND` if it vanished (read it, which rebuilds it, and try again).
+ *
+ * # Safety
+ * `b` is from `tp_soft_box_new`, not yet freed; `expected` and `desired` have the pool's
+ * object size of readable bytes.
+ */
+tp_status tp_soft_box_cmpxchg(const tp_soft_box *b, const void *expected, const void *desired);
 
 /**
  * A map in `arena`; with `reconstruct` (may be null), a value that vanished, or was never
@@ -329,6 +684,21 @@ tp_status tp_soft_array_set(const tp_soft_array *array,
                             size_t index,
                             const void *value,
                             size_t value_len);
+
+/**
+ * Sets element `index` to `desired` if it holds `expected`, as one atomic step (a vanished
+ * element is rebuilt first): `TP_OK` if it did, `TP_MISMATCH` if it holds something else.
+ *
+ * # Safety
+ * `array` is from `tp_soft_array_new`, not yet freed; `expected` and `desired` have
+ * `expected_len` and `desired_len` readable bytes.
+ */
+tp_status tp_soft_array_cmpxchg(const tp_soft_array *array,
+                                size_t index,
+                                const void *expected,
+                                size_t expected_len,
+                                const void *desired,
+                                size_t desired_len);
 
 /**
  * The array's length.

@@ -1,4 +1,5 @@
-//! Tidepool's C ABI. The header, `include/tidepool.h`, is generated from this crate by
+//! Tidepool's C ABI: soft memory ([`soft`]), far vectors and blocks ([`far`]) and pager
+//! regions ([`pager`]). The header, `include/tidepool.h`, is generated from this crate by
 //! cbindgen and committed; `cargo test -p tidepool-capi --test header` fails when it is stale
 //! (`TIDEPOOL_WRITE_HEADER=1` rewrites it).
 //!
@@ -14,7 +15,9 @@
 //!   safe to call from any thread.
 #![allow(non_camel_case_types)]
 
+pub mod far;
 mod ffi;
+pub mod pager;
 pub mod soft;
 
 use std::cell::RefCell;
@@ -29,6 +32,8 @@ pub enum tp_status {
     TP_OK = 0,
     /// The key or object is not there (and there is no reconstructor to rebuild it).
     TP_NOT_FOUND = 1,
+    /// A compare-and-exchange found another value: nothing was changed.
+    TP_MISMATCH = 2,
     /// An argument is invalid: a null handle or buffer, an index out of bounds.
     TP_EINVAL = -1,
     /// Soft memory could not hold the value (see the message).
@@ -39,6 +44,8 @@ pub enum tp_status {
     TP_ERECONSTRUCT = -4,
     /// A bug in the library (a Rust panic, caught at the boundary); see the message.
     TP_EPANIC = -5,
+    /// The far store failed or refused (see the message); nothing written was lost.
+    TP_EFAR = -6,
 }
 
 thread_local! {

@@ -5,7 +5,7 @@ use crate::ffi::{self, User};
 use crate::{construct, fail, guard, tp_status};
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 use tidepool_soft::{ArenaConfig, AutoBudget, PoolStats, SoftArena, SoftMap, SoftVec};
 
@@ -168,6 +168,27 @@ unsafe fn copy_out(v: &[u8], out: *mut c_void, cap: usize, len: *mut usize) -> t
     }
 }
 
+/// Locks that make compare-and-exchange atomic against writes and reconstructions of the
+/// same object (one of 64, by the object's id or index).
+#[derive(Debug)]
+struct Stripes([Mutex<()>; 64]);
+
+impl Default for Stripes {
+    fn default() -> Self {
+        Stripes(std::array::from_fn(|_| Mutex::new(())))
+    }
+}
+
+impl Stripes {
+    fn lock(&self, id: u64) -> MutexGuard<'_, ()> {
+        // Nothing is kept under these locks, so a panic while holding one leaves nothing
+        // half-done: a poisoned lock is simply taken.
+        self.0[(id % 64) as usize]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 // ---- pools and boxes ---------------------------------------------------------------------
 
 /// Objects of one size rebuilt by one callback (Midas's `SoftMemPool`).
@@ -181,6 +202,7 @@ struct Pool {
     reconstruct: tp_reconstruct_fn,
     user: User,
     next: AtomicU64,
+    stripes: Stripes,
     reconstructions: AtomicU64,
     failures: AtomicU64,
     nanos: AtomicU64,
@@ -219,6 +241,7 @@ pub unsafe extern "C" fn tp_soft_pool_new(
             reconstruct,
             user: User(user),
             next: AtomicU64::new(0),
+            stripes: Stripes::default(),
             reconstructions: AtomicU64::new(0),
             failures: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
@@ -339,8 +362,15 @@ pub unsafe extern "C" fn tp_soft_box_read(
         }
         p.nanos.fetch_add(t0.elapsed().as_nanos() as u64, Relaxed);
         p.reconstructions.fetch_add(1, Relaxed);
-        // Cached on a best-effort basis: soft memory may be full.
-        let _ = p.objects.insert(x.id, &o.to_vec());
+        let _lock = p.stripes.lock(x.id);
+        match p.objects.get(&x.id) {
+            // Written meanwhile: the newer value wins over the rebuilt one.
+            Some(v) => o.copy_from_slice(&v),
+            // Cached on a best-effort basis: soft memory may be full.
+            None => {
+                let _ = p.objects.insert(x.id, &o.to_vec());
+            }
+        }
         TP_OK
     })
 }
@@ -364,9 +394,46 @@ pub unsafe extern "C" fn tp_soft_box_write(
         let Some(v) = (unsafe { ffi::bytes(value, x.pool.size) }) else {
             return fail(TP_EINVAL, "null value");
         };
+        let _lock = x.pool.stripes.lock(x.id);
         match x.pool.objects.insert(x.id, &v.to_vec()) {
             Ok(()) => TP_OK,
             Err(e) => fail(TP_ESOFT, e.to_string()),
+        }
+    })
+}
+
+/// Sets the object to `desired` if it holds `expected` (both the pool's object size), as one
+/// atomic step: `TP_OK` if it did, `TP_MISMATCH` if the object holds something else, and
+/// `TP_NOT_FOUND` if it vanished (read it, which rebuilds it, and try again).
+///
+/// # Safety
+/// `b` is from `tp_soft_box_new`, not yet freed; `expected` and `desired` have the pool's
+/// object size of readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn tp_soft_box_cmpxchg(
+    b: *const tp_soft_box,
+    expected: *const c_void,
+    desired: *const c_void,
+) -> tp_status {
+    guard(|| {
+        // SAFETY: the caller promises a live handle (or null, refused).
+        let Some(x) = (unsafe { ffi::object(b) }) else {
+            return fail(TP_EINVAL, "null box");
+        };
+        let size = x.pool.size;
+        // SAFETY: the caller promises the pool's object size of readable bytes in each.
+        let (e, d) = unsafe { (ffi::bytes(expected, size), ffi::bytes(desired, size)) };
+        let (Some(e), Some(d)) = (e, d) else {
+            return fail(TP_EINVAL, "null expected or desired value");
+        };
+        let _lock = x.pool.stripes.lock(x.id);
+        match x.pool.objects.get(&x.id) {
+            None => fail(TP_NOT_FOUND, "the object vanished; read it to rebuild it"),
+            Some(v) if v != e => TP_MISMATCH,
+            Some(_) => match x.pool.objects.insert(x.id, &d.to_vec()) {
+                Ok(()) => TP_OK,
+                Err(e) => fail(TP_ESOFT, e.to_string()),
+            },
         }
     })
 }
@@ -588,7 +655,10 @@ pub unsafe extern "C" fn tp_soft_map_stats(
 /// A fixed-length array of byte strings in soft memory, each rebuilt from its index (Midas's
 /// `SoftArray`).
 #[derive(Debug)]
-pub struct tp_soft_array(SoftVec<Vec<u8>, c_int>);
+pub struct tp_soft_array {
+    v: SoftVec<Vec<u8>, c_int>,
+    stripes: Stripes,
+}
 
 /// An array of `len` elements in `arena`, element `i` rebuilt by
 /// `reconstruct(user, i, out)` when it is read and gone. Null on failure.
@@ -608,7 +678,7 @@ pub unsafe extern "C" fn tp_soft_array_new(
         let a = unsafe { ffi::object(arena) }.ok_or("null arena")?;
         let f = reconstruct.ok_or("an array needs a reconstruct callback")?;
         let user = User(user);
-        Ok(tp_soft_array(SoftVec::fallible(&a.0, len, move |i| {
+        let v = SoftVec::fallible(&a.0, len, move |i| {
             let mut out = tp_buf::default();
             // SAFETY: the callback and its user data were registered for this array, promised
             // callable from any thread; the buffer lives across the call.
@@ -618,8 +688,38 @@ pub unsafe extern "C" fn tp_soft_array_new(
             } else {
                 Err(rc)
             }
-        })))
+        });
+        Ok(tp_soft_array {
+            v,
+            stripes: Stripes::default(),
+        })
     })
+}
+
+/// The array behind a handle, with `index` checked.
+///
+/// # Safety
+/// `array` is null or a live handle.
+unsafe fn element<'a>(
+    array: *const tp_soft_array,
+    index: usize,
+) -> Result<&'a tp_soft_array, tp_status> {
+    // SAFETY: the caller promises a live handle or null.
+    let a = unsafe { ffi::object(array) }.ok_or_else(|| fail(TP_EINVAL, "null array"))?;
+    if index >= a.v.len() {
+        return Err(fail(
+            TP_EINVAL,
+            format!("index {index} of an array of {}", a.v.len()),
+        ));
+    }
+    Ok(a)
+}
+
+fn reconstruct_failed(rc: c_int) -> tp_status {
+    fail(
+        TP_ERECONSTRUCT,
+        format!("the reconstruct callback returned {rc}"),
+    )
 }
 
 /// Frees an array and its elements.
@@ -648,22 +748,18 @@ pub unsafe extern "C" fn tp_soft_array_get(
 ) -> tp_status {
     guard(|| {
         // SAFETY: the caller promises a live handle (or null, refused).
-        let Some(a) = (unsafe { ffi::object(array) }) else {
-            return fail(TP_EINVAL, "null array");
+        let a = match unsafe { element(array, index) } {
+            Ok(a) => a,
+            Err(e) => return e,
         };
-        if index >= a.0.len() {
-            return fail(
-                TP_EINVAL,
-                format!("index {index} of an array of {}", a.0.len()),
-            );
-        }
-        match a.0.try_get(index) {
+        let got = {
+            let _lock = a.stripes.lock(index as u64);
+            a.v.try_get(index)
+        };
+        match got {
             // SAFETY: the caller's promises for `out`, `cap` and `len`, passed on.
             Ok(v) => unsafe { copy_out(&v, out, cap, len) },
-            Err(rc) => fail(
-                TP_ERECONSTRUCT,
-                format!("the reconstruct callback returned {rc}"),
-            ),
+            Err(rc) => reconstruct_failed(rc),
         }
     })
 }
@@ -680,20 +776,62 @@ pub unsafe extern "C" fn tp_soft_array_set(
     value_len: usize,
 ) -> tp_status {
     guard(|| {
-        // SAFETY: the caller promises a live handle and readable value bytes.
-        let (a, v) = unsafe { (ffi::object(array), ffi::bytes(value, value_len)) };
-        let (Some(a), Some(v)) = (a, v) else {
-            return fail(TP_EINVAL, "null array or value");
+        // SAFETY: the caller promises a live handle (or null, refused).
+        let a = match unsafe { element(array, index) } {
+            Ok(a) => a,
+            Err(e) => return e,
         };
-        if index >= a.0.len() {
-            return fail(
-                TP_EINVAL,
-                format!("index {index} of an array of {}", a.0.len()),
-            );
-        }
-        match a.0.set(index, &v.to_vec()) {
+        // SAFETY: the caller promises `value_len` readable bytes.
+        let Some(v) = (unsafe { ffi::bytes(value, value_len) }) else {
+            return fail(TP_EINVAL, "null value");
+        };
+        let _lock = a.stripes.lock(index as u64);
+        match a.v.set(index, &v.to_vec()) {
             Ok(()) => TP_OK,
             Err(e) => fail(TP_ESOFT, e.to_string()),
+        }
+    })
+}
+
+/// Sets element `index` to `desired` if it holds `expected`, as one atomic step (a vanished
+/// element is rebuilt first): `TP_OK` if it did, `TP_MISMATCH` if it holds something else.
+///
+/// # Safety
+/// `array` is from `tp_soft_array_new`, not yet freed; `expected` and `desired` have
+/// `expected_len` and `desired_len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn tp_soft_array_cmpxchg(
+    array: *const tp_soft_array,
+    index: usize,
+    expected: *const c_void,
+    expected_len: usize,
+    desired: *const c_void,
+    desired_len: usize,
+) -> tp_status {
+    guard(|| {
+        // SAFETY: the caller promises a live handle (or null, refused).
+        let a = match unsafe { element(array, index) } {
+            Ok(a) => a,
+            Err(e) => return e,
+        };
+        // SAFETY: the caller promises the lengths given of readable bytes.
+        let (e, d) = unsafe {
+            (
+                ffi::bytes(expected, expected_len),
+                ffi::bytes(desired, desired_len),
+            )
+        };
+        let (Some(e), Some(d)) = (e, d) else {
+            return fail(TP_EINVAL, "null expected or desired value");
+        };
+        let _lock = a.stripes.lock(index as u64);
+        match a.v.try_get(index) {
+            Err(rc) => reconstruct_failed(rc),
+            Ok(v) if v != e => TP_MISMATCH,
+            Ok(_) => match a.v.set(index, &d.to_vec()) {
+                Ok(()) => TP_OK,
+                Err(e) => fail(TP_ESOFT, e.to_string()),
+            },
         }
     })
 }
@@ -705,7 +843,7 @@ pub unsafe extern "C" fn tp_soft_array_set(
 #[no_mangle]
 pub unsafe extern "C" fn tp_soft_array_len(array: *const tp_soft_array) -> usize {
     // SAFETY: the caller promises a live handle (or null: 0).
-    unsafe { ffi::object(array) }.map_or(0, |a| a.0.len())
+    unsafe { ffi::object(array) }.map_or(0, |a| a.v.len())
 }
 
 /// The array's hits, misses and reconstructions so far.
@@ -723,7 +861,7 @@ pub unsafe extern "C" fn tp_soft_array_stats(
             return fail(TP_EINVAL, "null array");
         };
         // SAFETY: the caller promises `out` is writable (or null, ignored).
-        unsafe { ffi::put(out, a.0.stats().into()) };
+        unsafe { ffi::put(out, a.v.stats().into()) };
         TP_OK
     })
 }

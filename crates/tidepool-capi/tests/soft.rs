@@ -261,3 +261,93 @@ fn arrays_rebuild_elements_by_index_even_after_their_memory_is_taken() {
         tp_arena_free(arena);
     }
 }
+
+#[test]
+fn compare_and_exchange_is_atomic_across_threads() {
+    let arena = tp_arena_new(16 << 20, 0);
+    // SAFETY: handles from this library, used while alive (the threads end before the frees),
+    // buffers of the stated sizes.
+    unsafe {
+        // An array element and a box, each incremented by 4 threads with cmpxchg loops: no
+        // increment may be lost.
+        let a = tp_soft_array_new(arena, 4, Some(decimal), null_mut());
+        let pool = tp_soft_pool_new(arena, 8, Some(square), null_mut());
+        let b = tp_soft_box_new(pool);
+        let zero = 0u64;
+        assert_eq!(
+            tp_soft_box_cmpxchg(b, &zero as *const u64 as _, &zero as *const u64 as _),
+            tp_status::TP_NOT_FOUND,
+            "a box never written has nothing to compare"
+        );
+        tp_soft_box_write(b, &zero as *const u64 as _);
+        let (aa, bb) = (a as usize, b as usize);
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let (a, b) = (aa as *const tp_soft_array, bb as *const tp_soft_box);
+                    for _ in 0..500 {
+                        loop {
+                            let mut buf = [0u8; 32];
+                            let mut len = 0;
+                            let s = tp_soft_array_get(a, 1, buf.as_mut_ptr() as _, 32, &mut len);
+                            assert_eq!(s, tp_status::TP_OK);
+                            let n: u64 = std::str::from_utf8(&buf[..len]).unwrap().parse().unwrap();
+                            let next = (n + 1).to_string();
+                            let s = tp_soft_array_cmpxchg(
+                                a,
+                                1,
+                                buf.as_ptr() as _,
+                                len,
+                                next.as_ptr() as _,
+                                next.len(),
+                            );
+                            if s == tp_status::TP_OK {
+                                break;
+                            }
+                            assert_eq!(s, tp_status::TP_MISMATCH);
+                        }
+                        loop {
+                            let mut cur = 0u64;
+                            let arg = 0u64;
+                            let s = tp_soft_box_read(
+                                b,
+                                &arg as *const u64 as _,
+                                &mut cur as *mut u64 as _,
+                            );
+                            assert_eq!(s, tp_status::TP_OK);
+                            let next = cur + 1;
+                            let s = tp_soft_box_cmpxchg(
+                                b,
+                                &cur as *const u64 as _,
+                                &next as *const u64 as _,
+                            );
+                            if s == tp_status::TP_OK {
+                                break;
+                            }
+                            assert_eq!(s, tp_status::TP_MISMATCH);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let mut buf = [0u8; 32];
+        let mut len = 0;
+        tp_soft_array_get(a, 1, buf.as_mut_ptr() as _, 32, &mut len);
+        assert_eq!(&buf[..len], b"2001");
+        let mut cur = 0u64;
+        tp_soft_box_read(b, &zero as *const u64 as _, &mut cur as *mut u64 as _);
+        assert_eq!(cur, 2000);
+        let other = 5u64;
+        assert_eq!(
+            tp_soft_box_cmpxchg(b, &other as *const u64 as _, &zero as *const u64 as _),
+            tp_status::TP_MISMATCH
+        );
+        tp_soft_box_free(b);
+        tp_soft_pool_free(pool);
+        tp_soft_array_free(a);
+        tp_arena_free(arena);
+    }
+}

@@ -62,41 +62,18 @@ where
     }
 
     fn read_into(&self, range: Range<usize>, out: &mut [u8]) -> Result<(), FarError> {
-        if range.end > self.bytes.len() || range.start > range.end {
+        if range.start > range.end {
             return Err(FarError::OutOfBounds {
-                index: range.end,
+                index: range.start,
                 len: self.bytes.len(),
             });
         }
-        if range.is_empty() {
-            return Ok(());
-        }
-        let per = self.bytes.per_line();
-        let lines: Vec<usize> = (range.start / per..=(range.end - 1) / per)
-            .map(|l| l * per)
-            .collect();
-        self.bytes.request(&lines)?;
-        let mut at = range.start;
-        while at < range.end {
-            let l = self.bytes.line(at)?;
-            let from = at - l.first;
-            let n = (l.len() - from).min(range.end - at);
-            out[at - range.start..at - range.start + n].copy_from_slice(&l[from..from + n]);
-            at += n;
-        }
-        Ok(())
+        self.bytes.read_into(range.start, out)
     }
 
     /// Replaces the value (whole lines are written: nothing is fetched).
     pub fn set(&self, value: T) -> Result<(), FarError> {
-        let src = value.as_bytes();
-        let per = self.bytes.per_line();
-        for first in (0..src.len()).step_by(per) {
-            let mut l = self.bytes.overwrite_line(first)?;
-            let n = l.len();
-            l.copy_from_slice(&src[first..first + n]);
-        }
-        Ok(())
+        self.bytes.write_from(0, value.as_bytes())
     }
 
     /// Applies `f` to the value and stores the result.

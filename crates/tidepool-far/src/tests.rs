@@ -344,12 +344,13 @@ fn bad_configurations_are_refused_with_reasons() {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
-    /// Any sequence of reads, writes, overwrites, hints and flushes reads like a Vec.
+    /// Any sequence of reads, writes, overwrites, range copies, hints and flushes reads like
+    /// a Vec.
     #[test]
     fn behaves_like_a_vec(
         st in 0..3usize,
         lines in 1..6usize,
-        ops in prop::collection::vec((0..5u8, 0..300usize, any::<u32>()), 1..400),
+        ops in prop::collection::vec((0..7u8, 0..300usize, any::<u32>()), 1..400),
     ) {
         let far = Far::new(Flaky::new());
         let sec = section(STRUCTURES[st], 32, lines.max(if st == 1 { 4 } else { 1 }));
@@ -368,9 +369,23 @@ proptest! {
                     }
                 }
                 3 => v.evictable(i),
-                _ => v.flush().unwrap(),
+                4 => v.flush().unwrap(),
+                5 => {
+                    let n = (x as usize % 40).min(300 - i);
+                    let src: Vec<u32> = (0..n as u32).map(|j| x ^ j).collect();
+                    v.write_from(i, &src).unwrap();
+                    model[i..i + n].copy_from_slice(&src);
+                }
+                _ => {
+                    let n = (x as usize % 40).min(300 - i);
+                    let mut out = vec![0; n];
+                    v.read_into(i, &mut out).unwrap();
+                    prop_assert_eq!(&out[..], &model[i..i + n]);
+                }
             }
         }
+        prop_assert!(v.read_into(290, &mut [0; 11]).is_err());
+        prop_assert!(v.write_from(usize::MAX, &[1]).is_err());
         prop_assert_eq!(v.to_vec().unwrap(), model);
     }
 }

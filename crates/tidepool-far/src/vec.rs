@@ -817,6 +817,60 @@ where
         FarLines { v: self, next: 0 }
     }
 
+    /// Copies elements `first..first + out.len()` into `out`: the lines under them are asked
+    /// for in one round trip, then copied a line at a time.
+    pub fn read_into(&self, first: usize, out: &mut [T]) -> Result<(), FarError> {
+        let end = self.range_end(first, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let per = self.per_line;
+        let lines: Vec<usize> = (first / per..=(end - 1) / per).map(|l| l * per).collect();
+        self.request(&lines)?;
+        let mut at = first;
+        while at < end {
+            let l = self.line(at)?;
+            let from = at - l.first;
+            let n = (l.len() - from).min(end - at);
+            out[at - first..at - first + n].copy_from_slice(&l[from..from + n]);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `src` over elements `first..first + src.len()`. Lines it covers whole are
+    /// overwritten without being fetched; the partial lines at either end are fetched first.
+    pub fn write_from(&self, first: usize, src: &[T]) -> Result<(), FarError> {
+        let end = self.range_end(first, src.len())?;
+        let mut at = first;
+        while at < end {
+            let (line, _) = self.split(at);
+            let line_first = line * self.per_line;
+            let whole = at == line_first && end >= line_first + self.valid(line);
+            let mut l = if whole {
+                self.overwrite_line(at)?
+            } else {
+                self.line_mut(at)?
+            };
+            let from = at - l.first;
+            let n = (l.len() - from).min(end - at);
+            l[from..from + n].copy_from_slice(&src[at - first..at - first + n]);
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// The end of `n` elements from `first`, if they are all in the vector.
+    fn range_end(&self, first: usize, n: usize) -> Result<usize, FarError> {
+        match first.checked_add(n) {
+            Some(end) if end <= self.len => Ok(end),
+            _ => Err(FarError::OutOfBounds {
+                index: first.saturating_add(n),
+                len: self.len,
+            }),
+        }
+    }
+
     /// Every element, copied out.
     pub fn to_vec(&self) -> Result<Vec<T>, FarError> {
         self.iter().collect()
