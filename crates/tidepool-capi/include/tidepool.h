@@ -478,7 +478,8 @@ tp_arena *tp_arena_new(size_t budget, int auto_);
 void tp_arena_free(tp_arena *arena);
 
 /**
- * Sets the arena's budget in bytes (memory beyond it is taken back at once).
+ * Sets the arena's budget in bytes (memory beyond it is taken back at once; 0 takes every
+ * object back).
  *
  * # Safety
  * `arena` is from `tp_arena_new`, not yet freed.

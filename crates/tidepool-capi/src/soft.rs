@@ -103,7 +103,8 @@ pub unsafe extern "C" fn tp_arena_free(arena: *mut tp_arena) {
     unsafe { ffi::free(arena) }
 }
 
-/// Sets the arena's budget in bytes (memory beyond it is taken back at once).
+/// Sets the arena's budget in bytes (memory beyond it is taken back at once; 0 takes every
+/// object back).
 ///
 /// # Safety
 /// `arena` is from `tp_arena_new`, not yet freed.

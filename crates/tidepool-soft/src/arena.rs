@@ -256,13 +256,31 @@ impl SoftArena {
     }
 
     /// Changes the budget; shrinking gives memory back at once (free segments first, then the
-    /// oldest, whose objects are lost).
+    /// oldest, whose objects are lost; then, if that is not enough, the segments threads are
+    /// allocating from, which they replace on their next allocation). A budget of 0 takes
+    /// every object back.
     pub fn set_budget(&self, bytes: usize) {
-        let target = bytes.div_ceil(SEGMENT).max(1);
-        self.budget_segments.store(target, Relaxed);
+        // Allocation always has a segment to go to, but a cut to nothing keeps none.
+        let target = bytes.div_ceil(SEGMENT);
+        self.budget_segments.store(target.max(1), Relaxed);
         let mut s = self.segments.lock();
-        // Until only allocation heads are left.
         while s.populated > target && self.shed(&mut s) {}
+        if s.populated > target {
+            drop(s);
+            self.close_heads();
+            let mut s = self.segments.lock();
+            while s.populated > target && self.shed(&mut s) {}
+        }
+    }
+
+    /// Ends every allocation head's segment, so that it can be shed.
+    fn close_heads(&self) {
+        // Heads before segments, the order allocation takes them in.
+        for head in self.heads.iter().chain(self.evacuation_heads.iter()) {
+            let mut h = head.lock();
+            let mut s = self.segments.lock();
+            self.close(&mut s, &mut h);
+        }
     }
 
     pub(crate) fn address(&self, offset: usize) -> usize {

@@ -192,3 +192,21 @@ fn the_index_of_a_map_over_endless_keys_stays_bounded() {
     // Pruned keys come back through the reconstructor.
     assert_eq!(map.get_or_reconstruct(5), Some(vec![5u8; 1000]));
 }
+
+#[test]
+fn a_budget_cut_to_nothing_takes_even_the_segments_being_filled() {
+    // A few small values all sit in the segments threads allocate from; a cut to zero must
+    // take those too, and they come back through the reconstructor.
+    let arena = arena(64 * SEGMENT);
+    let map: SoftMap<u64, String> = SoftMap::with_reconstructor(&arena, |k| payload(*k));
+    for k in 0..10 {
+        map.insert(k, &payload(k)).unwrap();
+    }
+    assert_eq!(map.get(&3), Some(payload(3)));
+    arena.set_budget(0);
+    assert_eq!(arena.usage(), 0);
+    assert_eq!(map.get(&3), None, "a value survived a cut to nothing");
+    arena.set_budget(64 * SEGMENT);
+    assert_eq!(map.get_or_reconstruct(3), Some(payload(3)));
+    assert_eq!(map.stats().reconstructions, 1);
+}
