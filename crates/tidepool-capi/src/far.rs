@@ -10,8 +10,10 @@ use crate::ffi;
 use crate::{construct, fail, guard, tp_status};
 use std::ffi::{c_char, c_void, CStr};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::thread::ThreadId;
 use tidepool_far::{Far, FarError, FarVec, Section, SectionConfig, SectionStats, Structure};
+use tidepool_store::FarStore;
 
 use tp_status::*;
 
@@ -111,23 +113,29 @@ fn owned(owner: ThreadId, what: &str) -> Result<(), tp_status> {
     }
 }
 
+/// The far store a C string names.
+///
+/// # Safety
+/// `url` is null or a NUL-terminated string.
+pub(crate) unsafe fn open_store(url: *const c_char) -> Result<Arc<dyn FarStore>, String> {
+    if url.is_null() {
+        return Err("null store URL (try \"local:\")".into());
+    }
+    // SAFETY: non-null, and the caller promises a NUL-terminated string.
+    let url = unsafe { CStr::from_ptr(url) }
+        .to_str()
+        .map_err(|_| "the store URL is not UTF-8".to_string())?;
+    tidepool_store::open(url).map_err(|e| e.to_string())
+}
+
 /// Opens the far store `url` (see `tp_far`). Null on failure (see `tp_last_error`).
 ///
 /// # Safety
 /// `url` is a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn tp_far_open(url: *const c_char) -> *mut tp_far {
-    construct(|| {
-        if url.is_null() {
-            return Err("null store URL (try \"local:\")".into());
-        }
-        // SAFETY: non-null, and the caller promises a NUL-terminated string.
-        let url = unsafe { CStr::from_ptr(url) }
-            .to_str()
-            .map_err(|_| "the store URL is not UTF-8".to_string())?;
-        let store = tidepool_store::open(url).map_err(|e| e.to_string())?;
-        Ok(tp_far(Far::new(store)))
-    })
+    // SAFETY: the caller promises a NUL-terminated string (or null, refused).
+    construct(|| Ok(tp_far(Far::new(unsafe { open_store(url) }?))))
 }
 
 /// Closes a far store (vectors and blocks in it keep it open until they are freed).
@@ -317,10 +325,7 @@ pub unsafe extern "C" fn tp_far_vec_read(
             return fail(TP_EINVAL, "the range overflows");
         };
         // SAFETY: the caller promises room for `count` elements at `out`.
-        let Some(out) = (unsafe { ffi::bytes_mut(out, n) }) else {
-            return fail(TP_EINVAL, "null output");
-        };
-        v.v.read_into(at, out).map_or_else(far_error, |()| TP_OK)
+        unsafe { read_bytes(&v.v, at, out, n) }
     })
 }
 
@@ -345,11 +350,32 @@ pub unsafe extern "C" fn tp_far_vec_write(
             return fail(TP_EINVAL, "the range overflows");
         };
         // SAFETY: the caller promises `count` elements at `src`.
-        let Some(src) = (unsafe { ffi::bytes(src, n) }) else {
-            return fail(TP_EINVAL, "null source");
-        };
-        v.v.write_from(at, src).map_or_else(far_error, |()| TP_OK)
+        unsafe { write_bytes(&v.v, at, src, n) }
     })
+}
+
+/// Copies `len` bytes from byte `at` of `v` to `out`.
+///
+/// # Safety
+/// `out` has room for `len` bytes.
+unsafe fn read_bytes(v: &FarVec<u8>, at: usize, out: *mut c_void, len: usize) -> tp_status {
+    // SAFETY: the caller's promise.
+    let Some(out) = (unsafe { ffi::bytes_mut(out, len) }) else {
+        return fail(TP_EINVAL, "null output");
+    };
+    v.read_into(at, out).map_or_else(far_error, |()| TP_OK)
+}
+
+/// Copies `len` bytes from `src` to byte `at` of `v`.
+///
+/// # Safety
+/// `src` holds `len` bytes.
+unsafe fn write_bytes(v: &FarVec<u8>, at: usize, src: *const c_void, len: usize) -> tp_status {
+    // SAFETY: the caller's promise.
+    let Some(src) = (unsafe { ffi::bytes(src, len) }) else {
+        return fail(TP_EINVAL, "null source");
+    };
+    v.write_from(at, src).map_or_else(far_error, |()| TP_OK)
 }
 
 /// Byte offset and length of `count` elements from `first`.
@@ -445,11 +471,7 @@ pub unsafe extern "C" fn tp_far_block_read(
             Err(e) => return e,
         };
         // SAFETY: the caller promises room for `len` bytes at `out`.
-        let Some(out) = (unsafe { ffi::bytes_mut(out, len) }) else {
-            return fail(TP_EINVAL, "null output");
-        };
-        b.v.read_into(offset, out)
-            .map_or_else(far_error, |()| TP_OK)
+        unsafe { read_bytes(&b.v, offset, out, len) }
     })
 }
 
@@ -471,11 +493,7 @@ pub unsafe extern "C" fn tp_far_block_write(
             Err(e) => return e,
         };
         // SAFETY: the caller promises `len` bytes at `src`.
-        let Some(src) = (unsafe { ffi::bytes(src, len) }) else {
-            return fail(TP_EINVAL, "null source");
-        };
-        b.v.write_from(offset, src)
-            .map_or_else(far_error, |()| TP_OK)
+        unsafe { write_bytes(&b.v, offset, src, len) }
     })
 }
 

@@ -4,7 +4,7 @@
 
 use crate::ffi;
 use crate::{construct, fail, guard, tp_status};
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 use tidepool_pager::{Config, Pager, PagerStats, Region};
 
 use tp_status::*;
@@ -66,14 +66,8 @@ impl From<PagerStats> for tp_pager_stats {
 #[no_mangle]
 pub unsafe extern "C" fn tp_pager_start(url: *const c_char, local_budget: usize) -> *mut tp_pager {
     construct(|| {
-        if url.is_null() {
-            return Err("null store URL (try \"local:\")".into());
-        }
-        // SAFETY: non-null, and the caller promises a NUL-terminated string.
-        let url = unsafe { CStr::from_ptr(url) }
-            .to_str()
-            .map_err(|_| "the store URL is not UTF-8".to_string())?;
-        let store = tidepool_store::open(url).map_err(|e| e.to_string())?;
+        // SAFETY: the caller promises a NUL-terminated string (or null, refused).
+        let store = unsafe { crate::far::open_store(url) }?;
         let pager = Pager::start(Config::new(local_budget), store).map_err(|e| e.to_string())?;
         Ok(tp_pager(pager))
     })
