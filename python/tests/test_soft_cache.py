@@ -144,3 +144,28 @@ def test_same_answers_as_lru_cache():
         for a in range(50):
             assert soft(a, b=a % 3) == lru(a, b=a % 3)
     assert soft.cache_info()[:2] == lru.cache_info()[:2]
+
+
+def test_a_forked_child_caches_in_memory_of_its_own():
+    import multiprocessing
+
+    @tidepool.soft_cache
+    def f(x):
+        return [x]
+
+    f(1)
+
+    def child(q):
+        f(1)
+        f(1)
+        q.put(tuple(f.cache_info()))
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    got = q.get(timeout=30)
+    p.join(timeout=30)
+    assert p.exitcode == 0
+    assert got == (1, 1, None, 1)  # a miss then a hit: its cache started over, and works
+    assert f.cache_info() == (0, 1, None, 1)

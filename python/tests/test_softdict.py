@@ -207,3 +207,27 @@ def test_a_value_larger_than_the_budget_is_refused_with_advice():
     d = tidepool.SoftDict()
     with pytest.raises(tidepool.SoftMemoryError, match="budget"):
         d["huge"] = b"x" * (8 << 20)
+
+
+def test_a_forked_child_starts_over_with_memory_of_its_own():
+    import multiprocessing
+
+    d = tidepool.SoftDict(str.upper)
+    d["parent"] = "kept"
+
+    def child(q):
+        out = ["parent" in d, d["x"], "x" in d, len(d)]
+        d["set"] = 1
+        out.append(d["set"])
+        q.put(out)
+
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    got = q.get(timeout=30)
+    p.join(timeout=30)
+    assert p.exitcode == 0
+    # The parent's values stayed with it; in the child the dict rebuilt and held values.
+    assert got == [False, "X", True, 1, 1]
+    assert d["parent"] == "kept" and "x" not in d and "set" not in d

@@ -19,16 +19,20 @@ Keys and values are kept pickled: keys are compared by their pickle (so ``1``, `
 ``True`` are three keys, and two equal dicts whose items were inserted in different orders are
 two), and a value read back is a copy of what was stored.
 
-Faults on memory taken back are caught by a SIGBUS handler installed when soft memory is first
-used; ``faulthandler.enable()`` called after that would catch them first and abort, so enable it
-before (pytest does).
+Soft memory is not shared with a forked child (``multiprocessing`` with the "fork" start
+method): there, dicts and caches made before the fork start over, empty, in memory of the
+child's own. Faults on memory taken back are caught by a SIGBUS handler installed when soft
+memory is first used; ``faulthandler.enable()`` called after that would catch them first and
+abort, so enable it before (pytest does).
 """
 
 import collections.abc
 import functools
+import os
 import pickle
 from collections import namedtuple
 
+from . import _tidepool
 from ._tidepool import (
     FarArray,
     FarMemoryError,
@@ -53,6 +57,18 @@ __all__ = [
 ]
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+# Soft memory is not shared with a forked child: there, the structures made before the fork
+# start over (empty) in a new arena the first time they are used. This counts the forks.
+_forks = [0]
+
+
+def _after_fork_in_child():
+    _forks[0] += 1
+    _tidepool._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _dumps(obj, what):
@@ -95,7 +111,17 @@ class SoftDict(collections.abc.MutableMapping):
             )
         self._reconstruct = reconstruct
         self._name = name or f"SoftDict@{id(self):x}"
-        self._map = SoftBytesMap(name=self._name)
+        self._new_map()
+
+    def _new_map(self):
+        self._soft = SoftBytesMap(name=self._name)
+        self._fork = _forks[0]
+
+    @property
+    def _map(self):
+        if self._fork != _forks[0]:
+            self._new_map()  # in a forked child: the parent's values stay with the parent
+        return self._soft
 
     def __getitem__(self, key):
         kb = _dumps(key, "keys")
@@ -156,7 +182,7 @@ class SoftDict(collections.abc.MutableMapping):
 
     def clear(self):
         """Forgets every key (and the stats)."""
-        self._map = SoftBytesMap(name=self._name)
+        self._new_map()
 
     def stats(self):
         """Hits, misses, reconstructions (and their mean time in microseconds), keys present."""
@@ -216,7 +242,13 @@ def soft_cache(user_function=None, /, *, typed=False):
 
 def _wrap(func, typed):
     name = f"soft_cache({getattr(func, '__qualname__', repr(func))})"
-    state = [SoftBytesMap(name=name)]
+    # The map, and the fork count it was made at (a forked child starts a map of its own).
+    state = [SoftBytesMap(name=name), _forks[0]]
+
+    def cache():
+        if state[1] != _forks[0]:
+            cache_clear()
+        return state[0]
 
     def wrapper(*args, **kwds):
         kb = _make_key(args, kwds, typed)
@@ -227,18 +259,18 @@ def _wrap(func, typed):
             made.append(result)
             return _dumps(result, "results")
 
-        vb = state[0].get_or_call(kb, make)
+        vb = cache().get_or_call(kb, make)
         return made[0] if made else pickle.loads(vb)
 
     def cache_info():
         """Hits, misses, maxsize (None: it follows free memory) and results in memory now."""
-        m = state[0]
+        m = cache()
         s = m.stats()
         return CacheInfo(s["hits"], s["misses"], None, len(m))
 
     def cache_clear():
         """Forgets every result, and the counts."""
-        state[0] = SoftBytesMap(name=name)
+        state[:] = [SoftBytesMap(name=name), _forks[0]]
 
     def cache_parameters():
         return {"maxsize": None, "typed": typed}

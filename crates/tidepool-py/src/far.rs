@@ -119,7 +119,8 @@ struct Far {
     pager: Pager,
 }
 
-fn pager_error(e: PagerError) -> PyErr {
+/// What a pager error means, and what to do about it.
+fn pager_message(e: &PagerError) -> String {
     let hint = match e {
         PagerError::Userfaultfd(_) => {
             "; FarArray needs userfaultfd with kernel faults: run as root, or give this user \
@@ -128,7 +129,11 @@ fn pager_error(e: PagerError) -> PyErr {
         PagerError::Reserve(_) => "; the address space or memory may be exhausted",
         _ => "",
     };
-    FarMemoryError::new_err(format!("{}{hint}", crate::describe(&e)))
+    format!("{}{hint}", crate::describe(e))
+}
+
+fn pager_error(e: PagerError) -> PyErr {
+    FarMemoryError::new_err(pager_message(&e))
 }
 
 /// A one-dimensional array of `length` elements of `dtype` (a typecode such as 'd', 'f',
@@ -444,5 +449,16 @@ mod tests {
         assert!(element("dd").is_none());
         assert!(element("z").is_none());
         assert_eq!(typecodes().len(), ELEMENTS.len());
+    }
+
+    #[test]
+    fn no_userfaultfd_says_what_to_do() {
+        let e = PagerError::Userfaultfd(std::io::ErrorKind::PermissionDenied.into());
+        let m = pager_message(&e);
+        assert!(m.starts_with("cannot open a userfaultfd object: "), "{m}");
+        assert!(
+            m.contains("run as root") && m.contains("/dev/userfaultfd"),
+            "{m}"
+        );
     }
 }

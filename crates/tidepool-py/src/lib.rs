@@ -197,6 +197,18 @@ fn configure(reserve: Option<i64>, max: Option<i64>, budget: Option<i64>) -> PyR
     Ok(())
 }
 
+/// Called in a child after fork (os.register_at_fork): the parent's arena is not mapped here,
+/// so structures made from now on get a new one. Structures made before the fork keep the
+/// parent's, in which nothing can be held (the Python layer replaces its maps).
+#[pyfunction]
+fn _after_fork_in_child() {
+    // Nothing holds this lock across a fork: every taker holds the GIL, as does the forking
+    // thread. `try_lock` all the same: if it were held, the old arena stays.
+    if let Some(mut soft) = SOFT.try_lock() {
+        soft.arena = None;
+    }
+}
+
 /// Bytes this process could still take: the least of MemAvailable and, for each of its memory
 /// cgroups, the limit less the usage.
 #[pyfunction]
@@ -253,6 +265,7 @@ fn _tidepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(headroom, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
+    m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_class::<map::SoftBytesMap>()?;
     m.add_class::<far::FarArray>()?;
     m.add("SoftMemoryError", py.get_type::<SoftMemoryError>())?;
