@@ -1,3 +1,4 @@
+import ctypes
 import gc
 import pickle
 
@@ -231,3 +232,31 @@ def test_a_forked_child_starts_over_with_memory_of_its_own():
     # The parent's values stayed with it; in the child the dict rebuilt and held values.
     assert got == [False, "X", True, 1, 1]
     assert d["parent"] == "kept" and "x" not in d and "set" not in d
+
+
+def test_soft_bytes_map_decodes_a_view_without_a_copy():
+    m = tidepool.SoftBytesMap()
+    m.insert(b"k", pickle.dumps({"a": 1}))
+    assert m.get(b"k", pickle.loads) == {"a": 1}
+    assert m.get(b"missing", pickle.loads, "default") == "default"
+    assert m.get(b"k", bytes) == pickle.dumps({"a": 1})
+    # The view is the decoder's for the length of its call: kept, it reads as released.
+    kept = m.get(b"k", lambda view: view)
+    with pytest.raises(ValueError, match="decoder's call only"):
+        bytes(kept)
+    # A decoder that keeps a memoryview keeps the bytes it sees, whatever is read next.
+    mv = m.get(b"k", memoryview)
+    first = bytes(mv)
+    m.insert(b"other", b"z" * 1000)
+    assert m.get(b"other", bytes) == b"z" * 1000
+    assert m.get(b"k", bytes) == first
+    assert bytes(mv) == first and mv.readonly
+    with pytest.raises(TypeError):
+        mv[0] = 1
+    mv.release()
+    with pytest.raises((BufferError, TypeError), match="not writable|read-only"):
+        m.get(b"k", lambda v: ctypes.c_char.from_buffer(v))  # asks for a writable buffer
+    # Stored None is not missing.
+    d = tidepool.SoftDict()
+    d["none"] = None
+    assert d["none"] is None and "none" in d

@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
+_MISSING = object()
 
 # Soft memory is not shared with a forked child: there, the structures made before the fork
 # start over (empty) in a new arena the first time they are used. This counts the forks.
@@ -126,10 +127,10 @@ class SoftDict(collections.abc.MutableMapping):
     def __getitem__(self, key):
         kb = _dumps(key, "keys")
         if self._reconstruct is None:
-            vb = self._map.get(kb)
-            if vb is None:
+            value = self._map.get(kb, pickle.loads, _MISSING)
+            if value is _MISSING:
                 raise KeyError(key)
-            return pickle.loads(vb)
+            return value
         made = []
 
         def make():
@@ -137,8 +138,8 @@ class SoftDict(collections.abc.MutableMapping):
             made.append(value)
             return _dumps(value, "values")
 
-        vb = self._map.get_or_call(kb, make)
-        return made[0] if made else pickle.loads(vb)
+        value = self._map.get_or_call(kb, make, pickle.loads)
+        return made[0] if made else value
 
     def __setitem__(self, key, value):
         self._map.insert(_dumps(key, "keys"), _dumps(value, "values"))
@@ -166,13 +167,12 @@ class SoftDict(collections.abc.MutableMapping):
         # else skipped.
         for kb in self._map.keys():
             key = pickle.loads(kb)
-            vb = self._map.get(kb)
-            if vb is None:
+            value = self._map.get(kb, pickle.loads, _MISSING)
+            if value is _MISSING:
                 if self._reconstruct is None:
                     continue
-                yield key, self[key]
-            else:
-                yield key, pickle.loads(vb)
+                value = self[key]
+            yield key, value
 
     def items(self):
         return _Items(self)
@@ -259,8 +259,8 @@ def _wrap(func, typed):
             made.append(result)
             return _dumps(result, "results")
 
-        vb = cache().get_or_call(kb, make)
-        return made[0] if made else pickle.loads(vb)
+        result = cache().get_or_call(kb, make, pickle.loads)
+        return made[0] if made else result
 
     def cache_info():
         """Hits, misses, maxsize (None: it follows free memory) and results in memory now."""

@@ -3,7 +3,7 @@
 //! time, the rest in the far store, fetched back on the next touch. Exported through the
 //! buffer protocol, so `numpy.asarray(far)` and `memoryview(far)` are views without a copy.
 
-use crate::FarMemoryError;
+use crate::{buffer, FarMemoryError};
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyBufferError, PyTypeError, PyValueError};
 use pyo3::ffi;
@@ -151,12 +151,6 @@ pub struct FarArray {
     element: Element,
     /// Buffers exported and not yet released.
     exports: AtomicUsize,
-}
-
-/// What a buffer export keeps: its shape and stride (the buffer points at them).
-struct Exported {
-    shape: [isize; 1],
-    strides: [isize; 1],
 }
 
 impl FarArray {
@@ -361,58 +355,29 @@ impl FarArray {
     ///
     /// Called by Python with a `Py_buffer` to fill.
     unsafe fn __getbuffer__(
-        slf: PyRef<'_, Self>,
+        slf: Bound<'_, Self>,
         view: *mut ffi::Py_buffer,
         flags: c_int,
     ) -> PyResult<()> {
-        if view.is_null() {
-            return Err(PyBufferError::new_err("a null Py_buffer"));
-        }
+        let me = slf.get();
         // Held while exporting, so that `close` cannot free the region in between.
-        let guard = slf.far.lock();
+        let guard = me.far.lock();
         if guard.is_none() {
             return Err(PyValueError::new_err("the FarArray is closed"));
         }
-        let size = slf.element.size as isize;
-        let exported = Box::new(Exported {
-            shape: [slf.length as isize],
-            strides: [size],
-        });
-        let exported = Box::into_raw(exported);
-        let want = |flag: c_int| flags & flag == flag;
-        // SAFETY: Python passes a valid Py_buffer for us to fill (checked non-null above);
-        // `exported` is ours until `__releasebuffer__` frees it, so the shape and strides
-        // pointers stay valid for the export's life; the format strings are static; the
-        // region stays mapped while the export holds a reference to this object (`obj`), and
-        // `close` refuses while exports are counted.
-        unsafe {
-            (*view).buf = slf.base as *mut c_void;
-            (*view).len = slf.length as isize * size;
-            (*view).readonly = 0;
-            (*view).itemsize = size;
-            (*view).format = if want(ffi::PyBUF_FORMAT) {
-                slf.element.format.as_ptr() as *mut _
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).ndim = 1;
-            (*view).shape = if want(ffi::PyBUF_ND) {
-                (*exported).shape.as_mut_ptr()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).strides = if want(ffi::PyBUF_STRIDES) {
-                (*exported).strides.as_mut_ptr()
-            } else {
-                std::ptr::null_mut()
-            };
-            (*view).suboffsets = std::ptr::null_mut();
-            (*view).internal = exported.cast();
-        }
-        slf.exports.fetch_add(1, Relaxed);
+        let export = buffer::Export {
+            buf: me.base as *mut c_void,
+            len: me.length * me.element.size,
+            itemsize: me.element.size,
+            format: me.element.format,
+            readonly: false,
+        };
+        // SAFETY: Python passes a valid Py_buffer; the region stays mapped while the export
+        // holds a reference to this object (`obj`), and `close` refuses while exports are
+        // counted (counted below, under the same lock).
+        unsafe { buffer::fill(view, flags, export, slf.clone().into_any())? };
+        me.exports.fetch_add(1, Relaxed);
         drop(guard);
-        // SAFETY: as above; the export owns this new reference until it is released.
-        unsafe { (*view).obj = slf.into_ptr() };
         Ok(())
     }
 
@@ -421,17 +386,10 @@ impl FarArray {
     /// # Safety
     ///
     /// Called by Python with a `Py_buffer` that `__getbuffer__` filled.
-    unsafe fn __releasebuffer__(slf: PyRef<'_, Self>, view: *mut ffi::Py_buffer) {
-        // SAFETY: `internal` is the box `__getbuffer__` leaked for this export, freed once
-        // (Python releases each export once).
-        unsafe {
-            let internal = (*view).internal.cast::<Exported>();
-            if !internal.is_null() {
-                drop(Box::from_raw(internal));
-                (*view).internal = std::ptr::null_mut();
-            }
-        }
-        slf.exports.fetch_sub(1, Relaxed);
+    unsafe fn __releasebuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer) {
+        // SAFETY: Python's promise, passed on.
+        unsafe { buffer::release(view) };
+        slf.get().exports.fetch_sub(1, Relaxed);
     }
 }
 

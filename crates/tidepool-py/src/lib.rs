@@ -11,6 +11,7 @@
 //! Errors reach Python as exceptions saying what to do; no panic crosses into Python (pyo3
 //! turns one into `PanicException`, and nothing here panics on input).
 
+mod buffer;
 pub mod far;
 pub mod map;
 
@@ -268,6 +269,7 @@ fn _tidepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;
     m.add_class::<map::SoftBytesMap>()?;
     m.add_class::<far::FarArray>()?;
+    m.add_class::<map::ValueView>()?;
     m.add("SoftMemoryError", py.get_type::<SoftMemoryError>())?;
     m.add("FarMemoryError", py.get_type::<FarMemoryError>())?;
     Ok(())

@@ -8,17 +8,164 @@
 //! lock, so a maker that reads the same map again (a recursive memoized function) pushes its
 //! own maker above and pops it before returning.
 
-use crate::{arena, soft_error};
+use crate::{arena, buffer, soft_error};
 use parking_lot::Mutex;
-use pyo3::exceptions::{PyRuntimeError, PyTypeError};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::ffi;
 use pyo3::gc::{PyTraverseError, PyVisit};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Weak};
-use tidepool_soft::{PoolStats, SoftMap};
+use tidepool_soft::{PoolStats, SoftMap, SoftValue};
 
-type Map = SoftMap<Vec<u8>, Vec<u8>, PyErr>;
+type Map = SoftMap<Vec<u8>, Value, PyErr>;
+
+/// A map's value: bytes of its own (written, or made by a reconstructor), or, once read, in
+/// this thread's read buffer. Reading into a buffer that is kept spares a large value's read an
+/// allocation: a fresh megabyte costs 256 page faults, and reading one into a new `Vec` and
+/// then into a new `bytes` made glibc grow and trim its heap by two megabytes on every read
+/// (0.9 ms instead of 0.1).
+#[derive(Debug)]
+pub(crate) enum Value {
+    Owned(Vec<u8>),
+    Read,
+}
+
+/// A read buffer larger than this is given back after use.
+const KEEP_READ_BUFFER: usize = 16 << 20;
+
+thread_local! {
+    static READ: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl SoftValue for Value {
+    fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            Value::Owned(v) => out.extend_from_slice(v),
+            Value::Read => READ.with(|r| out.extend_from_slice(&r.borrow())),
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        READ.with(|r| {
+            let mut r = r.borrow_mut();
+            r.clear();
+            r.extend_from_slice(bytes);
+        });
+        Some(Value::Read)
+    }
+}
+
+impl Value {
+    /// As a Python `bytes`, or what `decode` makes of a read-only view of its bytes (a `Read`
+    /// value must be taken before this thread reads again).
+    fn into_py<'py>(
+        self,
+        py: Python<'py>,
+        decode: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (buf, read) = match self {
+            Value::Owned(v) => (v, false),
+            Value::Read => (READ.with(|r| std::mem::take(&mut *r.borrow_mut())), true),
+        };
+        let give_back = |buf: Vec<u8>| {
+            if read && buf.capacity() <= KEEP_READ_BUFFER {
+                READ.with(|r| *r.borrow_mut() = buf);
+            }
+        };
+        let Some(decode) = decode else {
+            let b = PyBytes::new(py, &buf).into_any();
+            give_back(buf);
+            return Ok(b);
+        };
+        let view = Bound::new(
+            py,
+            ValueView {
+                bytes: Mutex::new(Some(buf)),
+                exports: AtomicUsize::new(0),
+            },
+        )?;
+        let out = decode.call1((&view,));
+        // The bytes go back for the next read, unless the decoder kept an export of them: the
+        // view then keeps them until that ends.
+        let back = {
+            let v = view.get();
+            let mut bytes = v.bytes.lock();
+            if v.exports.load(Relaxed) == 0 {
+                bytes.take()
+            } else {
+                None
+            }
+        };
+        if let Some(buf) = back {
+            give_back(buf);
+        }
+        out
+    }
+}
+
+/// A value's bytes, read-only through the buffer protocol, handed to a decoder
+/// (`SoftBytesMap.get(key, decode)`): only for the length of that call, unless the decoder
+/// keeps an export of it (a memoryview).
+#[pyclass(frozen, module = "tidepool._tidepool")]
+#[derive(Debug)]
+pub struct ValueView {
+    bytes: Mutex<Option<Vec<u8>>>,
+    exports: AtomicUsize,
+}
+
+#[pymethods]
+impl ValueView {
+    /// # Safety
+    ///
+    /// Called by Python with a `Py_buffer` to fill.
+    unsafe fn __getbuffer__(
+        slf: Bound<'_, Self>,
+        view: *mut ffi::Py_buffer,
+        flags: c_int,
+    ) -> PyResult<()> {
+        let me = slf.get();
+        let guard = me.bytes.lock();
+        let Some(bytes) = guard.as_ref() else {
+            return Err(PyValueError::new_err(
+                "this view of a soft value was for the decoder's call only; decode the value \
+                 then, or keep a memoryview of it",
+            ));
+        };
+        let export = buffer::Export {
+            buf: bytes.as_ptr() as *mut c_void,
+            len: bytes.len(),
+            itemsize: 1,
+            format: c"B",
+            readonly: true,
+        };
+        // SAFETY: Python passes a valid Py_buffer; the bytes are neither changed nor taken
+        // while exports are counted (counted below, under the lock `into_py` takes to take
+        // them back), and the view owns them until then.
+        unsafe { buffer::fill(view, flags, export, slf.clone().into_any())? };
+        me.exports.fetch_add(1, Relaxed);
+        drop(guard);
+        Ok(())
+    }
+
+    /// # Safety
+    ///
+    /// Called by Python with a `Py_buffer` that `__getbuffer__` filled.
+    unsafe fn __releasebuffer__(slf: Bound<'_, Self>, view: *mut ffi::Py_buffer) {
+        // SAFETY: Python's promise, passed on.
+        unsafe { buffer::release(view) };
+        let me = slf.get();
+        let _guard = me.bytes.lock();
+        me.exports.fetch_sub(1, Relaxed);
+    }
+
+    fn __len__(&self) -> usize {
+        self.bytes.lock().as_ref().map_or(0, Vec::len)
+    }
+}
 
 /// What rebuilds a value: called with the key, or with nothing.
 #[derive(Debug)]
@@ -27,8 +174,15 @@ enum Maker {
     Thunk(Py<PyAny>),
 }
 
+/// A maker on the stack, and the `bytes` object it made (returned as it is, no copy).
+#[derive(Debug)]
+struct Making {
+    maker: Maker,
+    made: Option<Py<PyBytes>>,
+}
+
 thread_local! {
-    static MAKERS: RefCell<Vec<Maker>> = const { RefCell::new(Vec::new()) };
+    static MAKERS: RefCell<Vec<Making>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A maker pushed for the length of one call; popped on drop (with the GIL held: the calls
@@ -37,8 +191,26 @@ struct Pushed;
 
 impl Pushed {
     fn new(maker: Maker) -> Pushed {
-        MAKERS.with(|m| m.borrow_mut().push(maker));
+        MAKERS.with(|m| m.borrow_mut().push(Making { maker, made: None }));
         Pushed
+    }
+
+    /// What the maker made during this call, if it ran.
+    fn made(&self) -> Option<Py<PyBytes>> {
+        MAKERS.with(|m| m.borrow_mut().last_mut().and_then(|t| t.made.take()))
+    }
+
+    /// A value this call made, as the maker returned it; or read, decoded by `decode`.
+    fn value<'py>(
+        &self,
+        py: Python<'py>,
+        v: Value,
+        decode: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        match (self.made(), &v) {
+            (Some(made), Value::Owned(_)) => Ok(made.into_bound(py).into_any()),
+            _ => v.into_py(py, decode),
+        }
     }
 }
 
@@ -49,10 +221,10 @@ impl Drop for Pushed {
 }
 
 /// The reconstructor of every map: runs the maker on top of the stack.
-fn rebuild(key: &[u8]) -> Result<Vec<u8>, PyErr> {
+fn rebuild(key: &[u8]) -> Result<Value, PyErr> {
     Python::attach(|py| {
         let maker = MAKERS.with(|m| {
-            m.borrow().last().map(|mk| match mk {
+            m.borrow().last().map(|t| match &t.maker {
                 Maker::ByKey(f) => (true, f.clone_ref(py)),
                 Maker::Thunk(f) => (false, f.clone_ref(py)),
             })
@@ -69,18 +241,26 @@ fn rebuild(key: &[u8]) -> Result<Vec<u8>, PyErr> {
         };
         let value = value.bind(py);
         if let Ok(b) = value.cast::<PyBytes>() {
-            return Ok(b.as_bytes().to_vec());
+            let bytes = b.as_bytes().to_vec();
+            let made = b.clone().unbind();
+            MAKERS.with(|m| {
+                if let Some(top) = m.borrow_mut().last_mut() {
+                    top.made = Some(made);
+                }
+            });
+            return Ok(Value::Owned(bytes));
         }
-        value.extract::<Vec<u8>>().map_err(|_| {
-            PyTypeError::new_err(format!(
+        match value.extract::<Vec<u8>>() {
+            Ok(v) => Ok(Value::Owned(v)),
+            Err(_) => Err(PyTypeError::new_err(format!(
                 "a SoftBytesMap's reconstructor must return bytes, not {}",
                 value
                     .get_type()
                     .name()
                     .map(|n| n.to_string())
                     .unwrap_or_else(|_| "another type".into())
-            ))
-        })
+            ))),
+        }
     })
 }
 
@@ -161,46 +341,68 @@ impl SoftBytesMap {
         &self.core.name
     }
 
-    /// The value of `key` if it is in soft memory, else None (counted as a hit or a miss).
-    fn get<'py>(&self, py: Python<'py>, key: &[u8]) -> Option<Bound<'py, PyBytes>> {
-        let v = self.detached(py, |m| m.get(&key.to_vec()))?;
-        Some(PyBytes::new(py, &v))
+    /// The value of `key` if it is in soft memory, else `default` (counted as a hit or a
+    /// miss): bytes, or what `decode` returns for a read-only memoryview of them (released
+    /// after the call), which spares a copy: `get(key, pickle.loads)`.
+    #[pyo3(signature = (key, decode=None, default=None))]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: &[u8],
+        decode: Option<&Bound<'py, PyAny>>,
+        default: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        match self.detached(py, |m| m.get(&key.to_vec())) {
+            Some(v) => v.into_py(py, decode).map(Some),
+            None => Ok(default),
+        }
     }
 
     /// The value of `key`, rebuilt by the reconstructor (and stored) if it vanished or was
-    /// never set; None without a reconstructor. The reconstructor's exception propagates.
+    /// never set; None without a reconstructor. The reconstructor's exception propagates. A
+    /// value read is decoded as by `get`; one just rebuilt is returned as the reconstructor
+    /// returned it.
+    #[pyo3(signature = (key, decode=None))]
     fn get_or_reconstruct<'py>(
         &self,
         py: Python<'py>,
         key: &[u8],
-    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        decode: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
         let Some(f) = self.reconstruct.lock().as_ref().map(|f| f.clone_ref(py)) else {
-            return Ok(self.get(py, key));
+            return self.get(py, key, decode, None);
         };
-        let _pushed = Pushed::new(Maker::ByKey(f));
-        let v = self.detached(py, |m| m.try_get_or_reconstruct(key.to_vec()))?;
-        Ok(v.map(|v| PyBytes::new(py, &v)))
+        let pushed = Pushed::new(Maker::ByKey(f));
+        match self.detached(py, |m| m.try_get_or_reconstruct(key.to_vec()))? {
+            Some(v) => pushed.value(py, v, decode).map(Some),
+            None => Ok(None),
+        }
     }
 
     /// The value of `key`, or else what `make()` returns (bytes), stored and counted as a
-    /// reconstruction: a memoizing cache's read.
+    /// reconstruction: a memoizing cache's read. A value read is decoded as by `get`; one just
+    /// made is returned as `make` returned it.
+    #[pyo3(signature = (key, make, decode=None))]
     fn get_or_call<'py>(
         &self,
         py: Python<'py>,
         key: &[u8],
         make: Py<PyAny>,
-    ) -> PyResult<Bound<'py, PyBytes>> {
-        let _pushed = Pushed::new(Maker::Thunk(make));
+        decode: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let pushed = Pushed::new(Maker::Thunk(make));
         let v = self.detached(py, |m| m.try_get_or_reconstruct(key.to_vec()))?;
         let v = v.ok_or_else(|| PyRuntimeError::new_err("tidepool: a value made was lost"))?;
-        Ok(PyBytes::new(py, &v))
+        pushed.value(py, v, decode)
     }
 
     /// Stores `value` for `key`. Raises SoftMemoryError when it cannot be held (larger than
     /// the budget, or in a forked child).
     fn insert(&self, py: Python<'_>, key: &[u8], value: &[u8]) -> PyResult<()> {
-        self.detached(py, |m| m.insert(key.to_vec(), &value.to_vec()))
-            .map_err(soft_error)
+        self.detached(py, |m| {
+            m.insert(key.to_vec(), &Value::Owned(value.to_vec()))
+        })
+        .map_err(soft_error)
     }
 
     /// Removes `key`; whether it was in the index (its value present or not).
