@@ -169,3 +169,43 @@ def test_a_forked_child_caches_in_memory_of_its_own():
     assert p.exitcode == 0
     assert got == (1, 1, None, 1)  # a miss then a hit: its cache started over, and works
     assert f.cache_info() == (0, 1, None, 1)
+
+
+def test_threads_read_while_the_budget_shrinks_and_grows():
+    import threading
+
+    size = 64 << 10
+
+    @tidepool.soft_cache
+    def block(k):
+        return bytes([k % 251]) * size
+
+    stop = threading.Event()
+    errors = []
+
+    def reader(seed):
+        try:
+            for i in range(1500):
+                k = (i * 7 + seed) % 200
+                if block(k) != bytes([k % 251]) * size:
+                    errors.append(k)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    def squeezer():
+        while not stop.wait(0.002):
+            tidepool.configure(budget=4 << 20)
+            tidepool.configure(budget=64 << 20)
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(4)]
+    s = threading.Thread(target=squeezer)
+    s.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    s.join()
+    assert errors == []
+    info = block.cache_info()
+    assert info.hits + info.misses == 4 * 1500 and info.misses > 200
