@@ -150,6 +150,9 @@ pub struct SoftArena {
     parents: parking_lot::RwLock<std::collections::HashMap<u32, (u32, u16)>>,
     has_parents: std::sync::atomic::AtomicBool,
     huge_pages: ShmemHugePages,
+    /// Bumped by every start and stop of an `auto` budget: a budget thread steps, holding
+    /// the lock, while the number is the one it started with.
+    pub(crate) auto_epoch: Mutex<u64>,
 }
 
 static NEXT_HEAD: AtomicUsize = AtomicUsize::new(0);
@@ -197,6 +200,7 @@ impl SoftArena {
             parents: Default::default(),
             has_parents: Default::default(),
             huge_pages,
+            auto_epoch: Mutex::new(0),
             map,
             registration,
         });
@@ -258,7 +262,8 @@ impl SoftArena {
     /// Changes the budget; shrinking gives memory back at once (free segments first, then the
     /// oldest, whose objects are lost; then, if that is not enough, the segments threads are
     /// allocating from, which they replace on their next allocation). A budget of 0 takes
-    /// every object back.
+    /// every object back. An `auto` budget moves on from the new value: stop it first
+    /// ([`SoftArena::stop_auto_budget`]) to keep a fixed one.
     pub fn set_budget(&self, bytes: usize) {
         // Allocation always has a segment to go to, but a cut to nothing keeps none.
         let target = bytes.div_ceil(SEGMENT);

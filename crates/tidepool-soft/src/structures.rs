@@ -398,6 +398,46 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
         }
     }
 
+    /// Whether the value of `key` is in soft memory now (as far as its slot tells: a read
+    /// may still find it gone). Neither reads the value nor counts a hit or a miss.
+    pub fn contains_key(&self, key: &K) -> bool {
+        let shard = self.shard(key).read();
+        shard.get(key).is_some_and(|h| self.core.objects.present(h))
+    }
+
+    /// The keys whose values are in soft memory now, in no particular order (for iterating:
+    /// a value may still vanish before it is read).
+    pub fn keys(&self) -> Vec<K>
+    where
+        K: Clone,
+    {
+        let mut keys = Vec::new();
+        for s in self.shards.iter() {
+            let shard = s.read();
+            keys.extend(
+                shard
+                    .iter()
+                    .filter(|(_, h)| self.core.objects.present(h))
+                    .map(|(k, _)| k.clone()),
+            );
+        }
+        keys
+    }
+
+    /// How many keys have their values in soft memory now (the length of [`SoftMap::keys`]).
+    pub fn present_len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let shard = s.read();
+                shard
+                    .values()
+                    .filter(|h| self.core.objects.present(h))
+                    .count()
+            })
+            .sum()
+    }
+
     /// Keys in the index (their values may have vanished).
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.read().len()).sum()

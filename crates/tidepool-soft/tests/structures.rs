@@ -210,3 +210,41 @@ fn a_budget_cut_to_nothing_takes_even_the_segments_being_filled() {
     assert_eq!(map.get_or_reconstruct(3), Some(payload(3)));
     assert_eq!(map.stats().reconstructions, 1);
 }
+
+#[test]
+fn map_lists_the_keys_whose_values_are_present() {
+    let arena = arena(64 * SEGMENT);
+    let map: SoftMap<u64, Vec<u8>> = SoftMap::new(&arena);
+    assert!(map.keys().is_empty());
+    assert_eq!(map.present_len(), 0);
+    // Values of half a segment: each closed segment holds one or two of them.
+    for k in 0..40u64 {
+        map.insert(k, &vec![k as u8; SEGMENT / 2]).unwrap();
+    }
+    let mut keys = map.keys();
+    keys.sort();
+    assert_eq!(keys, (0..40).collect::<Vec<_>>());
+    assert_eq!(map.present_len(), 40);
+    assert!(map.contains_key(&7) && !map.contains_key(&40));
+    assert!(map.remove(&7));
+    assert!(!map.contains_key(&7));
+    assert_eq!(map.present_len(), 39);
+    let before = map.stats();
+    while arena.punch_oldest() > 0 {}
+    // The index keeps every key; only those whose values survived are listed.
+    assert_eq!(map.len(), 39);
+    let keys = map.keys();
+    assert!(keys.len() < 39, "nothing was dropped");
+    assert_eq!(keys.len(), map.present_len());
+    for k in 0..40u64 {
+        assert_eq!(map.contains_key(&k), keys.contains(&k), "key {k}");
+        if keys.contains(&k) {
+            assert_eq!(map.get(&k), Some(vec![k as u8; SEGMENT / 2]));
+        } else {
+            assert_eq!(map.get(&k), None);
+        }
+    }
+    // Listing and checking presence count no reads.
+    let after = map.stats();
+    assert_eq!(after.hits + after.misses, before.hits + before.misses + 40);
+}
