@@ -326,15 +326,18 @@ mod tests {
             interval: Duration::from_millis(1),
             ..Default::default()
         };
+        let cut_to_one_segment = || {
+            let t = std::time::Instant::now();
+            while arena.budget() != SEGMENT {
+                assert!(
+                    t.elapsed() < Duration::from_secs(10),
+                    "the auto budget never cut"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
         arena.start_auto_budget(auto.clone()).unwrap();
-        let t = std::time::Instant::now();
-        while arena.budget() != SEGMENT {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "the auto budget never cut"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        cut_to_one_segment();
         arena.stop_auto_budget();
         arena.set_budget(5 * SEGMENT);
         std::thread::sleep(Duration::from_millis(50));
@@ -346,14 +349,7 @@ mod tests {
         // A new auto budget replaces a running one (and only one thread steps).
         arena.start_auto_budget(auto.clone()).unwrap();
         arena.start_auto_budget(auto).unwrap();
-        let t = std::time::Instant::now();
-        while arena.budget() != SEGMENT {
-            assert!(
-                t.elapsed() < Duration::from_secs(10),
-                "the auto budget never cut"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        cut_to_one_segment();
         arena.stop_auto_budget();
         arena.set_budget(3 * SEGMENT);
         std::thread::sleep(Duration::from_millis(50));
