@@ -753,11 +753,8 @@ pub unsafe extern "C" fn tp_soft_array_get(
             Ok(a) => a,
             Err(e) => return e,
         };
-        let got = {
-            let _lock = a.stripes.lock(index as u64);
-            a.v.try_get(index)
-        };
-        match got {
+        // No lock across the reconstructor: it may read other elements of this array.
+        match a.v.try_get(index) {
             // SAFETY: the caller's promises for `out`, `cap` and `len`, passed on.
             Ok(v) => unsafe { copy_out(&v, out, cap, len) },
             Err(rc) => reconstruct_failed(rc),
@@ -825,14 +822,23 @@ pub unsafe extern "C" fn tp_soft_array_cmpxchg(
         let (Some(e), Some(d)) = (e, d) else {
             return fail(TP_EINVAL, "null expected or desired value");
         };
-        let _lock = a.stripes.lock(index as u64);
-        match a.v.try_get(index) {
-            Err(rc) => reconstruct_failed(rc),
-            Ok(v) if v != e => TP_MISMATCH,
-            Ok(_) => match a.v.set(index, &d.to_vec()) {
-                Ok(()) => TP_OK,
-                Err(e) => fail(TP_ESOFT, e.to_string()),
-            },
+        loop {
+            // Rebuilt outside the lock (the reconstructor may read other elements), then
+            // compared and set under it; if it vanished in between, again.
+            if let Err(rc) = a.v.try_get(index) {
+                return reconstruct_failed(rc);
+            }
+            let _lock = a.stripes.lock(index as u64);
+            match a.v.get_cached(index) {
+                None => continue,
+                Some(v) if v != e => return TP_MISMATCH,
+                Some(_) => {
+                    return match a.v.set(index, &d.to_vec()) {
+                        Ok(()) => TP_OK,
+                        Err(e) => fail(TP_ESOFT, e.to_string()),
+                    }
+                }
+            }
         }
     })
 }

@@ -351,3 +351,57 @@ fn compare_and_exchange_is_atomic_across_threads() {
         tp_arena_free(arena);
     }
 }
+
+/// Rebuilds element i as 1 + element i - 64 (0 below 64), reading the array itself: `user`
+/// points to a cell holding the array's handle.
+unsafe extern "C" fn chained(user: *mut c_void, index: usize, out: *mut tp_buf) -> c_int {
+    let mut v = 0u64;
+    if index >= 64 {
+        // SAFETY: `user` holds the live array's handle; the buffer is 8 bytes.
+        unsafe {
+            let a = (*(user as *const std::cell::Cell<*const tp_soft_array>)).get();
+            let mut len = 0;
+            let s = tp_soft_array_get(a, index - 64, &mut v as *mut u64 as _, 8, &mut len);
+            if s != tp_status::TP_OK {
+                return 1;
+            }
+        }
+        v += 1;
+    }
+    // SAFETY: out is the live buffer passed in.
+    unsafe { tp_buf_append(out, &v as *const u64 as _, 8) };
+    0
+}
+
+#[test]
+fn a_reconstructor_may_read_its_own_array() {
+    let arena = tp_arena_new(16 << 20, 0);
+    // SAFETY: handles from this library, used while alive; the cell outlives the array.
+    unsafe {
+        let cell = Box::new(std::cell::Cell::new(std::ptr::null::<tp_soft_array>()));
+        let a = tp_soft_array_new(arena, 1000, Some(chained), &*cell as *const _ as _);
+        cell.set(a);
+        // Element 960 is rebuilt from 896, ... from 0: all in one lock stripe.
+        let mut v = 0u64;
+        let mut len = 0;
+        let s = tp_soft_array_get(a, 960, &mut v as *mut u64 as _, 8, &mut len);
+        assert_eq!(s, tp_status::TP_OK);
+        assert_eq!(v, 15);
+        let (old, new) = (15u64, 16u64);
+        tp_arena_set_budget(arena, 0);
+        tp_arena_set_budget(arena, 16 << 20);
+        let s = tp_soft_array_cmpxchg(
+            a,
+            960,
+            &old as *const u64 as _,
+            8,
+            &new as *const u64 as _,
+            8,
+        );
+        assert_eq!(s, tp_status::TP_OK);
+        tp_soft_array_get(a, 960, &mut v as *mut u64 as _, 8, &mut len);
+        assert_eq!(v, 16);
+        tp_soft_array_free(a);
+        tp_arena_free(arena);
+    }
+}
