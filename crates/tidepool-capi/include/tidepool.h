@@ -193,7 +193,9 @@ typedef struct {
   uint64_t bytes_read;
   uint64_t bytes_written;
   /**
-   * Pages mapped now, and the budget.
+   * Pages mapped now, and the budget. A fault is served before the pager evicts to make
+   * room, so while eviction catches up `resident_pages` may run over the budget by a margin
+   * (a 32nd of the budget, at least 64 pages and at most 4096).
    */
   uint64_t resident_pages;
   uint64_t budget_pages;

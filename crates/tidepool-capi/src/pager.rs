@@ -34,7 +34,9 @@ pub struct tp_pager_stats {
     /// Bytes read from and written to the store.
     pub bytes_read: u64,
     pub bytes_written: u64,
-    /// Pages mapped now, and the budget.
+    /// Pages mapped now, and the budget. A fault is served before the pager evicts to make
+    /// room, so while eviction catches up `resident_pages` may run over the budget by a margin
+    /// (a 32nd of the budget, at least 64 pages and at most 4096).
     pub resident_pages: u64,
     pub budget_pages: u64,
 }

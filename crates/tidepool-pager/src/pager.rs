@@ -91,6 +91,8 @@ struct SavedRun {
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Local memory the pager may map, in bytes (rounded down to pages, at least 64 pages).
+    /// Faults are served before eviction makes room, so for a moment the pager may hold a
+    /// margin more: a 32nd of the budget, at least 64 pages and at most 4096.
     pub local_budget: usize,
     /// Largest prefetch window in pages.
     pub prefetch_window_max: u32,
