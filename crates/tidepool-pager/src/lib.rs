@@ -40,7 +40,10 @@ pub(crate) use tr;
 
 pub mod control;
 mod error;
+mod evict;
+mod fault;
 mod fork;
+mod frames;
 mod pager;
 pub mod prefetch;
 mod region;
@@ -50,6 +53,7 @@ mod table;
 #[cfg(feature = "trace")]
 pub mod trace;
 pub mod verify;
+mod writeback;
 
 pub use error::PagerError;
 pub use fork::in_forked_child;

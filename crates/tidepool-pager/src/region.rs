@@ -1,8 +1,13 @@
 //! [`Region`]: memory whose pages the pager keeps, for any Rust program.
 
-use crate::pager::{Pager, RegionInner};
+use crate::pager::{Inner, Pager, RegionInner};
+use crate::stats::Counters;
+use crate::sys;
 use crate::sys::PAGE;
+use crate::table::*;
+use crate::writeback::StoreJob;
 use crate::PagerError;
+use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
 /// A range of memory backed by far memory: at most the pager's local budget of it (shared with
@@ -141,5 +146,56 @@ fn discard_pages_within(pager: &Pager, region: &Arc<RegionInner>, offset: usize,
     let end = (offset.saturating_add(len) / PAGE).min(region.len / PAGE);
     if first < end {
         pager.inner().discard(region, first, end);
+    }
+}
+
+impl Inner {
+    /// Forgets pages `[first, end)` of a region: their contents are no longer needed and the
+    /// next touch reads zeros.
+    pub(crate) fn discard(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
+        let end = end.min(region.table.pages());
+        if crate::fork::in_forked_child() {
+            // No pager threads here and the parent's locks may be held by threads that were
+            // not copied: just forget the pages (their far copies belong to the parent).
+            for p in first..end {
+                region.table.state(p).store(UNTOUCHED, Release);
+            }
+            sys::discard(region.addr(first), (end - first) * PAGE);
+            return;
+        }
+        let mut removes = Vec::new();
+        let mut page = first;
+        while page < end {
+            let chunk_end = (page + 512).min(end);
+            let mut resident = 0;
+            for p in page..chunk_end {
+                let w = region.table.lock_any(p);
+                match kind(w) {
+                    RESIDENT => {
+                        resident += 1;
+                        if w & FAR_VALID != 0 {
+                            removes.push(region.key(p));
+                        }
+                    }
+                    FAR if w & FRAMED != 0 => {}
+                    FAR | WRITEBACK => removes.push(region.key(p)),
+                    _ => {}
+                }
+            }
+            sys::discard(region.addr(page), (chunk_end - page) * PAGE);
+            if region.shadow.is_some() {
+                sys::discard(region.shadow_addr(page), (chunk_end - page) * PAGE);
+            }
+            for p in page..chunk_end {
+                region.table.unlock(p, UNTOUCHED);
+            }
+            self.resident.fetch_sub(resident, Relaxed);
+            Counters::add(&self.counters.discarded, resident as u64);
+            self.uffd.wake(region.addr(page), (chunk_end - page) * PAGE);
+            page = chunk_end;
+        }
+        if !removes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Remove(removes));
+        }
     }
 }

@@ -200,6 +200,18 @@ impl Uffd {
                 }
             } else if e.raw_os_error() == Some(libc::EAGAIN) {
                 continue;
+            } else if e.raw_os_error() == Some(libc::EINVAL) && len - done > PAGE {
+                // A range must lie within one mapping at each end: the program split the
+                // region (mprotect, madvise) somewhere inside this one. Page by page, the
+                // first page that cannot move says why.
+                while done < len {
+                    let (n, err) = self.move_pages(dst + done, src + done, PAGE, wake);
+                    done += n;
+                    if err.is_some() {
+                        return (done, err);
+                    }
+                }
+                return (done, None);
             }
             return (done, Some(e));
         }

@@ -168,6 +168,11 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
         advice,
         libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE
     );
+    if matches!(advice, libc::MADV_HUGEPAGE | libc::MADV_NOHUGEPAGE)
+        && owning(addr as usize).is_some()
+    {
+        return 0;
+    }
     if drops {
         if let Some(rt) = owning(addr as usize) {
             if !(addr as usize).is_multiple_of(PAGE) {

@@ -1,0 +1,262 @@
+//! Eviction: the evictor thread (and any handler short of room) takes the pages streams walked
+//! past, then GCLOCK victims, in runs of consecutive pages; framed regions move them to their
+//! shadow, everything else is saved (clean pages dropped, dirty ones copied to write-back
+//! slots) and dropped with one vectored `MADV_DONTNEED`.
+
+use crate::pager::*;
+use crate::stats::Counters;
+use crate::sys::{self, page_bytes, PAGE};
+use crate::table::*;
+use crate::writeback::StoreJob;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::Duration;
+use tidepool_store::Key;
+
+/// A run of pages saved for eviction, not yet dropped.
+pub(crate) struct SavedRun {
+    new_words: Vec<u64>,
+    writes: Vec<(Arc<RegionInner>, usize, u32)>,
+    removes: Vec<Key>,
+}
+
+/// Splits sorted victims into runs of consecutive pages of one region.
+pub(crate) fn runs_of(victims: &[(Arc<RegionInner>, usize, u64)]) -> Vec<std::ops::Range<usize>> {
+    let n = victims.len();
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let mut end = start + 1;
+        while end < n
+            && victims[end].0.id == victims[start].0.id
+            && victims[end].1 == victims[end - 1].1 + 1
+        {
+            end += 1;
+        }
+        runs.push(start..end);
+        start = end;
+    }
+    runs
+}
+
+impl Inner {
+    pub(crate) fn evictor_loop(self: Arc<Self>) {
+        loop {
+            {
+                let (m, cv) = &self.evictor_kick;
+                let mut kicked = m.lock();
+                if !*kicked {
+                    cv.wait_for(&mut kicked, Duration::from_millis(20));
+                }
+                *kicked = false;
+            }
+            if self.shutdown.load(Acquire) {
+                return;
+            }
+            // Over budget: evict down to a margin below it, so that the next faults find room
+            // without waiting. At or under budget nothing is evicted, so a working set that
+            // fits the budget never churns.
+            let wanted = self.room_wanted.swap(0, Relaxed);
+            if self.local_pages() + wanted > self.budget_pages.load(Relaxed) {
+                while self.local_pages() + self.margin() > self.budget_pages.load(Relaxed)
+                    && !self.shutdown.load(Acquire)
+                {
+                    if self.evict_batch() == 0 {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Chooses victims with CLOCK (second chance for referenced pages) and evicts them.
+    /// Returns how many pages were evicted.
+    pub(crate) fn evict_batch(&self) -> usize {
+        let mut victims: Vec<(Arc<RegionInner>, usize, u64)> = Vec::with_capacity(EVICT_BATCH);
+        {
+            // Pages a stream is done with go first.
+            let mut done = self.done.lock();
+            while victims.len() < EVICT_BATCH {
+                let Some((region, page)) = done.pop_back() else {
+                    break;
+                };
+                let word = region.table.state(page).load(Acquire);
+                if region.dead.load(Acquire) || kind(word) != RESIDENT || word & REFERENCED != 0 {
+                    continue;
+                }
+                if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
+                    victims.push((region, page, w));
+                }
+            }
+        }
+        {
+            let mut clock = self.clock.lock();
+            let mut budget = clock.len().min(EVICT_BATCH * 8);
+            while victims.len() < EVICT_BATCH && budget > 0 {
+                budget -= 1;
+                let Some((region, page)) = clock.pop_front() else {
+                    break;
+                };
+                if region.dead.load(Acquire) {
+                    continue;
+                }
+                let s = region.table.state(page);
+                let word = s.load(Acquire);
+                if kind(word) != RESIDENT {
+                    continue; // stale entry: evicted or discarded already
+                }
+                // Second chances: a reference, then each chance the page's heat gave it.
+                let spared = if word & REFERENCED != 0 {
+                    Some(word & !REFERENCED)
+                } else if word & CHANCES != 0 {
+                    Some(word - (1 << CHANCE_SHIFT))
+                } else {
+                    None
+                };
+                if let Some(spared) = spared {
+                    if s.compare_exchange(word, spared, AcqRel, Relaxed).is_ok() {
+                        clock.push_back((region, page));
+                        continue;
+                    }
+                }
+                if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
+                    victims.push((region, page, w));
+                } else {
+                    clock.push_back((region, page));
+                }
+            }
+        }
+        if victims.is_empty() {
+            return 0;
+        }
+        victims.sort_by_key(|(r, p, _)| (r.id, *p));
+        let n = victims.len();
+        if self.frames {
+            let mut refused = Vec::new();
+            for run in runs_of(&victims) {
+                self.move_out(&victims[run], &mut refused);
+            }
+            victims = refused;
+        }
+        if !victims.is_empty() {
+            self.copy_out(&victims);
+        }
+        n
+    }
+
+    /// Evicts locked pages (sorted) by copying them out: the write-back path.
+    pub(crate) fn copy_out(&self, victims: &[(Arc<RegionInner>, usize, u64)]) {
+        let runs = runs_of(victims);
+        // Save every run, drop all of their pages in one call, then release them.
+        let saved: Vec<SavedRun> = runs
+            .iter()
+            .map(|r| self.save_run(&victims[r.clone()]))
+            .collect();
+        let ranges: Vec<(usize, usize)> = runs
+            .iter()
+            .map(|r| (victims[r.start].0.addr(victims[r.start].1), r.len() * PAGE))
+            .collect();
+        sys::discard_many(&ranges);
+        for (r, saved) in runs.into_iter().zip(saved) {
+            self.release_run(&victims[r], saved);
+        }
+    }
+
+    /// Saves consecutive locked pages of one region for eviction.
+    pub(crate) fn save_run(&self, run: &[(Arc<RegionInner>, usize, u64)]) -> SavedRun {
+        let region = &run[0].0;
+        let first = run[0].1;
+        let addr = region.addr(first);
+        let len = run.len() * PAGE;
+        // Freeze the contents: a write from now on waits in a write-protect fault until the
+        // page is gone, then faults it back in. Pages installed write-protected and never
+        // written need nothing.
+        if run.iter().any(|(_, _, w)| w & WP_CLEAN == 0) {
+            if let Err(e) = self.uffd.write_protect(addr, len, true) {
+                if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) {
+                    self.fatal("write-protecting pages for eviction", &e);
+                }
+            }
+        }
+        let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed);
+        let mut new_words = Vec::with_capacity(run.len());
+        let mut writes = Vec::new();
+        let mut removes = Vec::new();
+        let (mut clean, mut zero) = (0u64, 0u64);
+        for (_, page, w) in run {
+            let page = *page;
+            let history = w & HISTORY;
+            let far_valid = w & FAR_VALID != 0;
+            let new = if w & WP_CLEAN != 0 {
+                clean += 1;
+                if far_valid {
+                    FAR | history
+                } else {
+                    zero += 1;
+                    UNTOUCHED | history
+                }
+            } else {
+                // SAFETY: the page is RESIDENT and locked by us, so mapped (only lock holders
+                // unmap pages), and write-protected above, so nobody writes it meanwhile.
+                let bytes = unsafe { page_bytes(region.addr(page)) };
+                let was_written = w & DIRTY != 0;
+                if is_zero_page(bytes) {
+                    zero += 1;
+                    if far_valid {
+                        removes.push(region.key(page));
+                    }
+                    UNTOUCHED | (history & HEAT) | if was_written { WAS_DIRTY } else { history }
+                } else if !was_written
+                    && far_valid
+                    && hash_page(bytes) == region.table.hash(page).load(Relaxed)
+                {
+                    // Installed writable on a guess (the install hashed it) and not written
+                    // this time: install it write-protected next time, which saves the hash.
+                    clean += 1;
+                    FAR | (history & HEAT)
+                } else {
+                    let slot = self.slots.take();
+                    self.slots.fill(slot, bytes);
+                    writes.push((region.clone(), page, slot));
+                    WRITEBACK | ((slot as u64) << SLOT_SHIFT) | WAS_DIRTY | (history & HEAT)
+                }
+            };
+            new_words.push(new);
+            region.table.evicted_at(page).store(seq.max(1), Relaxed);
+        }
+        let c = &self.counters;
+        Counters::add(&c.evicted_clean, clean);
+        Counters::add(&c.evicted_zero, zero);
+        SavedRun {
+            new_words,
+            writes,
+            removes,
+        }
+    }
+
+    /// Publishes the new states of a saved run whose pages are gone, wakes its waiters, and
+    /// only then queues its write-back (which expects the pages in their new states).
+    pub(crate) fn release_run(&self, run: &[(Arc<RegionInner>, usize, u64)], saved: SavedRun) {
+        let region = &run[0].0;
+        let addr = region.addr(run[0].1);
+        let len = run.len() * PAGE;
+        let mut waiters = false;
+        for ((_, page, _), new) in run.iter().zip(saved.new_words) {
+            waiters |= region.table.unlock(*page, new);
+        }
+        self.resident.fetch_sub(run.len(), Relaxed);
+        if waiters {
+            // Threads that faulted after the discard retry now and find the pages' new
+            // states. (Writers that hit the write protection wait the eviction out in
+            // `serve_write_protect` and wake themselves.)
+            self.uffd.wake(addr, len);
+        }
+        Counters::add(&self.counters.evicted, run.len() as u64);
+        if !saved.removes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Remove(saved.removes));
+        }
+        if !saved.writes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Write(saved.writes));
+        }
+    }
+}

@@ -1,0 +1,535 @@
+//! Fault service: the handler threads (one pinned per CPU), what each kind of missing fault
+//! installs, first writes to write-protected pages, and the stride prefetcher's windows, mapped
+//! by the same handler right after it woke the faulting thread.
+
+use crate::pager::*;
+use crate::prefetch::Plan;
+use crate::stats::Counters;
+use crate::sys::{Fault, PAGE};
+use crate::table::*;
+use crate::writeback::StoreJob;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::Duration;
+use tidepool_store::Key;
+
+/// A fault handler's own buffer for pages read from the store on their way into the region:
+/// the store copies into it ([`FarStore::read_many_into`]) and one UFFDIO_COPY installs a run
+/// of consecutive pages from it.
+pub(crate) struct Staging {
+    buf: Vec<u8>,
+    lens: Vec<Option<usize>>,
+}
+
+impl Staging {
+    pub(crate) fn new() -> Staging {
+        Staging {
+            buf: vec![0; PREFETCH_BATCH * PAGE],
+            lens: vec![None; PREFETCH_BATCH],
+        }
+    }
+    pub(crate) fn page(&self, i: usize) -> &[u8] {
+        &self.buf[i * PAGE..(i + 1) * PAGE]
+    }
+}
+
+impl Inner {
+    pub(crate) fn handler_loop(self: Arc<Self>) {
+        let mut faults = Vec::with_capacity(32);
+        let mut staging = Staging::new();
+        let bell = self.doorbell.addr();
+        loop {
+            // One system call a fault: the read blocks until there are some (a poll first
+            // would be a second).
+            if let Err(e) = self.uffd.read_faults(&mut faults) {
+                self.fatal("reading fault events", &e);
+            }
+            let mut stop = false;
+            for f in faults.drain(..) {
+                if f.page_addr != bell {
+                    self.serve(f, &mut staging);
+                } else if self.shutdown.load(Acquire) && !stop {
+                    // Mapping the page lets the ringer go on to the next handler.
+                    stop = true;
+                    let _ = self.uffd.zeropage(bell);
+                } else {
+                    self.uffd.wake(bell, PAGE);
+                }
+            }
+            if stop {
+                return;
+            }
+        }
+    }
+
+    pub(crate) fn serve(&self, f: Fault, staging: &mut Staging) {
+        let Some(region) = self.region_of(f.page_addr) else {
+            self.uffd.wake(f.page_addr, PAGE);
+            return;
+        };
+        let page = (f.page_addr - region.base) / PAGE;
+        if f.wp {
+            self.serve_write_protect(&region, page);
+            return;
+        }
+        Counters::add(&self.counters.missing_faults, 1);
+        let word = loop {
+            if let Some(w) = region
+                .table
+                .try_lock(page, &[UNTOUCHED, FAR, WRITEBACK, RESIDENT])
+            {
+                break w;
+            }
+            if region.table.flag_waiters(page) {
+                // Another thread is moving the page and wakes the faulting thread when done.
+                return;
+            }
+        };
+        if kind(word) == RESIDENT {
+            self.refill_resident(&region, page, word);
+            return;
+        }
+        self.install_demand(&region, page, word, f.write, staging);
+        let budget = self.budget_pages.load(Relaxed);
+        if self.local_pages() > budget {
+            self.kick_evictor();
+            // Far over budget (the evictor is behind): reclaim here before going on.
+            while self.local_pages() > budget + self.margin() && self.evict_batch() > 0 {}
+        }
+        let (plan, credited) = {
+            let mut d = region.detector.lock();
+            let before = d.credited;
+            let table = &region.table;
+            let plan = d.on_fault(page as i64, |p| {
+                p >= 0
+                    && (p as usize) < table.pages()
+                    && kind(table.state(p as usize).load(Relaxed)) == RESIDENT
+            });
+            (plan, d.credited - before)
+        };
+        Counters::add(&self.counters.prefetch_credited, credited);
+        if let Some(plan) = plan {
+            Counters::add(&self.counters.prefetch_planned, plan.count as u64);
+            if plan.behind_count > 0 {
+                self.note_done(&region, &plan);
+            }
+            self.prefetch(&region, plan, staging);
+        }
+    }
+
+    /// Remembers the pages a stream walked past as the first to evict.
+    pub(crate) fn note_done(&self, region: &Arc<RegionInner>, plan: &Plan) {
+        let pages = region.table.pages() as i64;
+        let mut done = self.done.lock();
+        for i in 0..plan.behind_count as i64 {
+            let p = plan.behind_start + i * plan.stride;
+            if (0..pages).contains(&p) {
+                done.push_back((region.clone(), p as usize));
+            }
+        }
+        // Old hints are the least useful: the newest are taken first.
+        let cap = self.budget_pages.load(Relaxed);
+        while done.len() > cap {
+            done.pop_front();
+        }
+    }
+
+    /// A missing fault on a page we think is mapped: either a stale event (a second thread
+    /// faulted on the page before it was installed) or the program dropped the page behind our
+    /// back (a direct MADV_DONTNEED system call), which reads as zeros.
+    pub(crate) fn refill_resident(&self, region: &Arc<RegionInner>, page: usize, word: u64) {
+        if region.shadow.is_some() && self.adopt_moved(region, page, false) {
+            // The kernel moved the page out to its frame without a request: bring it back.
+            self.move_in(region, page, 1, true);
+            region.table.unlock(page, word);
+            return;
+        }
+        if self.copy_in(region.addr(page), &ZERO_PAGE, false) {
+            crate::tr!(page, "refill_zero", word);
+            if word & FAR_VALID != 0 {
+                let _ = self.store_tx.send(StoreJob::Remove(vec![region.key(page)]));
+            }
+            region
+                .table
+                .unlock(page, RESIDENT | DIRTY | (word & HISTORY));
+        } else {
+            region.table.unlock(page, word);
+            // Installed by another thread after the fault, perhaps without a wake-up (it wakes
+            // only waiters it knows of).
+            self.uffd.wake(region.addr(page), PAGE);
+        }
+    }
+
+    /// Maps one page a thread is waiting for; `word` is its state before the lock.
+    pub(crate) fn install_demand(
+        &self,
+        region: &Arc<RegionInner>,
+        page: usize,
+        word: u64,
+        write: bool,
+        staging: &mut Staging,
+    ) {
+        let addr = region.addr(page);
+        let history = word & HISTORY;
+        let referenced = self.recently_evicted(region, page);
+        let new = match kind(word) {
+            UNTOUCHED => {
+                Counters::add(&self.counters.zero_fills, 1);
+                if write {
+                    self.copy_in(addr, &ZERO_PAGE, false);
+                    RESIDENT | DIRTY | history
+                } else {
+                    // The shared zero page: no memory until written; a write is a private
+                    // copy the kernel makes without us, so the page's state is "unknown"
+                    // and eviction hashes it.
+                    match self.uffd.zeropage(addr) {
+                        Ok(()) => {}
+                        // Mapped already; whoever did may not have woken the thread (owners
+                        // wake only waiters they know of).
+                        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                            self.uffd.wake(addr, PAGE)
+                        }
+                        Err(e) => self.fatal("mapping a zero page", &e),
+                    }
+                    RESIDENT | history
+                }
+            }
+            WRITEBACK => {
+                Counters::add(&self.counters.writeback_hits, 1);
+                let slot = (word >> SLOT_SHIFT) as u32;
+                self.copy_in(addr, self.slots.bytes(slot), false);
+                // The write in flight will land; the page is written again at next eviction.
+                RESIDENT | DIRTY | history
+            }
+            _ if word & FRAMED != 0 => {
+                Counters::add(&self.counters.far_fetches, 1);
+                Counters::add(&self.counters.bytes_read, PAGE as u64);
+                self.move_in(region, page, 1, true);
+                RESIDENT | if write { DIRTY } else { 0 } | history
+            }
+            _ => {
+                Counters::add(&self.counters.far_fetches, 1);
+                self.read_pages(&[region.key(page)], staging, "reading a page");
+                let data = staging.page(0);
+                Counters::add(&self.counters.bytes_read, PAGE as u64);
+                let predicted_write = write || history & WAS_DIRTY != 0;
+                if predicted_write && !write {
+                    // Installed writable on a guess: eviction compares hashes to tell whether
+                    // it was written.
+                    region.table.hash(page).store(hash_page(data), Relaxed);
+                }
+                self.copy_in(addr, data, !predicted_write);
+                let clean = if predicted_write {
+                    if write {
+                        DIRTY
+                    } else {
+                        0
+                    }
+                } else {
+                    WP_CLEAN
+                };
+                RESIDENT | FAR_VALID | clean | history
+            }
+        };
+        // A page fetched again soon after its eviction heats up, one fetched late cools
+        // down; the hotter, the more passes of the clock hand it survives.
+        let heat = (new & HEAT) >> HEAT_SHIFT;
+        let heat = if referenced {
+            (heat + 1).min(3)
+        } else {
+            heat / 2
+        };
+        let new = (new & !(HEAT | CHANCES)) | (heat << HEAT_SHIFT) | (heat << CHANCE_SHIFT);
+        self.resident.fetch_add(1, Relaxed);
+        region.note_touched(page);
+        region.table.unlock(page, new);
+        self.clock.lock().push_back((region.clone(), page));
+    }
+
+    /// Reads whole pages from the store into the staging buffer; a missing or short page is
+    /// fatal (the program would read garbage).
+    pub(crate) fn read_pages(&self, keys: &[Key], staging: &mut Staging, what: &str) {
+        let Staging { buf, lens } = staging;
+        if let Err(e) = self.store.read_many_into(keys, PAGE, buf, lens) {
+            self.fatal(what, &e);
+        }
+        for len in &lens[..keys.len()] {
+            match len {
+                Some(PAGE) => {}
+                Some(n) => self.fatal(
+                    what,
+                    &format!("the store returned {n} bytes for a 4096-byte page"),
+                ),
+                None => self.fatal(what, &"the store lost a page"),
+            }
+        }
+    }
+
+    /// Installs a page; false if it was already present (EEXIST, left as it is) or the range
+    /// is gone.
+    pub(crate) fn copy_in(&self, addr: usize, src: &[u8], write_protect: bool) -> bool {
+        self.install(addr, src, write_protect, true) == src.len() / PAGE
+    }
+
+    /// Installs consecutive pages with as few UFFDIO_COPY calls as the kernel allows, waking
+    /// nobody if not `wake`; returns how many were installed. A page already present (EEXIST)
+    /// is left as it is and skipped.
+    pub(crate) fn install(
+        &self,
+        addr: usize,
+        src: &[u8],
+        write_protect: bool,
+        wake: bool,
+    ) -> usize {
+        let (mut done, mut skipped) = (0, 0);
+        while done < src.len() {
+            let r = self
+                .uffd
+                .copy(addr + done, &src[done..], write_protect, wake);
+            #[cfg(feature = "trace")]
+            if let Some(region) = self.region_of(addr) {
+                let (ok, err) = match &r {
+                    Ok(n) => (n / PAGE, None),
+                    Err(e) => (0, Some(e)),
+                };
+                let arg = crate::trace::call_arg(false, (src.len() - done) / PAGE, ok, err);
+                crate::trace::event((addr + done - region.base) / PAGE, "copy_call", arg);
+            }
+            match r {
+                Ok(n) => done += n,
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    done += PAGE;
+                    skipped += 1;
+                }
+                // The program unmapped the range (or is exiting): nothing to install into.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
+                    return done / PAGE - skipped
+                }
+                Err(e) => self.fatal("installing a page", &e),
+            }
+        }
+        done / PAGE - skipped
+    }
+
+    /// A page evicted within the last half budget of evictions that is wanted again is hot.
+    pub(crate) fn recently_evicted(&self, region: &RegionInner, page: usize) -> bool {
+        let at = region.table.evicted_at(page).load(Relaxed);
+        at != 0
+            && self.evict_seq.load(Relaxed).wrapping_sub(at) as usize
+                <= self.budget_pages.load(Relaxed) / 2
+    }
+
+    /// The first write to a page installed write-protected: it is dirty from now on.
+    pub(crate) fn serve_write_protect(&self, region: &Arc<RegionInner>, page: usize) {
+        Counters::add(&self.counters.wp_faults, 1);
+        let addr = region.addr(page);
+        let mut spins = 0u32;
+        let word = loop {
+            if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
+                break w;
+            }
+            if kind(region.table.state(page).load(Acquire)) != BUSY {
+                // Evicted since the fault: the retried write faults the page back in. (The
+                // evictor woke the writer too, but maybe before it went to sleep.)
+                self.uffd.wake(addr, PAGE);
+                return;
+            }
+            // Being installed or evicted. An installer's wake-up came before this fault (the
+            // writer was woken by the install, then found the page write-protected), so
+            // nobody else will wake the writer: wait for the owner, then decide.
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        };
+        if let Err(e) = self.uffd.write_protect(addr, PAGE, false) {
+            if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) {
+                self.fatal("lifting a write protection", &e);
+            }
+        }
+        let word =
+            (word & !(WP_CLEAN | BUSY | KIND_MASK)) | RESIDENT | DIRTY | WAS_DIRTY | REFERENCED;
+        region.table.unlock(page, word);
+    }
+
+    pub(crate) fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan, staging: &mut Staging) {
+        let pages = region.table.pages() as i64;
+        let mut batch: Vec<(usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
+        let mut i = 0;
+        while i < plan.count as i64 {
+            // Never prefetch past the budget: that would evict pages to make room for guesses.
+            batch.clear();
+            while i < plan.count as i64 && batch.len() < PREFETCH_BATCH {
+                let p = plan.start + i * plan.stride;
+                i += 1;
+                if p < 0 || p >= pages || p == plan.trigger {
+                    continue;
+                }
+                if let Some(w) = region.table.try_lock(p as usize, &[FAR, UNTOUCHED]) {
+                    batch.push((p as usize, w));
+                }
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            if !self.make_room(batch.len()) {
+                // The evictor cannot keep up: drop the rest of the plan.
+                for &(p, w) in &batch {
+                    region.table.unlock(p, w);
+                    // A thread that faulted meanwhile found the page BUSY and waits for us.
+                    self.uffd.wake(region.addr(p), PAGE);
+                }
+                return;
+            }
+            self.install_prefetched(region, &batch, staging);
+            if self.local_pages() > self.budget_pages.load(Relaxed) {
+                self.kick_evictor();
+            }
+        }
+    }
+
+    /// Makes room for `pages` more pages under the budget, evicting on this thread (a hand-off
+    /// to the evictor costs two context switches and, if it runs on another CPU, a slow wake-up);
+    /// false if there is none to be had.
+    pub(crate) fn make_room(&self, pages: usize) -> bool {
+        for _ in 0..10 {
+            while self.local_pages() + pages > self.budget_pages.load(Relaxed) {
+                if self.evict_batch() == 0 {
+                    break;
+                }
+            }
+            if self.local_pages() + pages <= self.budget_pages.load(Relaxed) {
+                return true;
+            }
+            // Everything evictable is locked by others right now.
+            self.room_wanted.fetch_max(pages, Relaxed);
+            self.kick_evictor();
+            std::thread::sleep(Duration::from_micros(100));
+            if self.shutdown.load(Acquire) {
+                return false;
+            }
+        }
+        false
+    }
+
+    pub(crate) fn install_prefetched(
+        &self,
+        region: &Arc<RegionInner>,
+        batch: &[(usize, u64)],
+        staging: &mut Staging,
+    ) {
+        debug_assert!(batch.len() <= PREFETCH_BATCH);
+        // Read the far pages in one call, then spread them so that page `i` of the batch sits
+        // in chunk `i` (the rest are fresh pages, zero-filled), ready to install in runs.
+        let in_store = |w: u64| kind(w) == FAR && w & FRAMED == 0;
+        let mut keys = [0 as Key; PREFETCH_BATCH];
+        let mut far = 0;
+        for &(p, w) in batch {
+            if in_store(w) {
+                keys[far] = region.key(p);
+                far += 1;
+            }
+        }
+        if far > 0 {
+            self.read_pages(&keys[..far], staging, "prefetching pages");
+            Counters::add(&self.counters.bytes_read, (far * PAGE) as u64);
+        }
+        let mut j = far;
+        for (i, &(_, w)) in batch.iter().enumerate().rev() {
+            let chunk = i * PAGE..(i + 1) * PAGE;
+            if w & FRAMED != 0 {
+                // Moved in, not copied.
+            } else if kind(w) == FAR {
+                j -= 1;
+                if j != i {
+                    staging
+                        .buf
+                        .copy_within(j * PAGE..(j + 1) * PAGE, chunk.start);
+                }
+            } else {
+                // A stream over fresh memory: map zero pages ahead so the program does not
+                // fault on each one.
+                staging.buf[chunk].fill(0);
+            }
+        }
+        // How a page goes in: moved from its frame, or copied write-protected or writable.
+        #[derive(PartialEq, Clone, Copy)]
+        enum How {
+            Move,
+            Copy { wp: bool },
+        }
+        let how = |w: u64| {
+            if w & FRAMED != 0 {
+                How::Move
+            } else {
+                How::Copy {
+                    wp: in_store(w) && w & WAS_DIRTY == 0,
+                }
+            }
+        };
+        let mut list = Vec::with_capacity(batch.len());
+        let mut run = 0;
+        for (i, &(p, w)) in batch.iter().enumerate() {
+            let this = how(w);
+            let wp = this == How::Copy { wp: true };
+            let new = if this == How::Move {
+                Counters::add(&self.counters.bytes_read, PAGE as u64);
+                RESIDENT | PREFETCHED | (w & HISTORY)
+            } else if kind(w) == FAR {
+                if !wp {
+                    // Installed writable on a guess (see `install_demand`).
+                    region
+                        .table
+                        .hash(p)
+                        .store(hash_page(staging.page(i)), Relaxed);
+                }
+                RESIDENT | FAR_VALID | PREFETCHED | if wp { WP_CLEAN } else { 0 } | (w & HISTORY)
+            } else {
+                RESIDENT | PREFETCHED | (w & HISTORY)
+            };
+            list.push((p, new));
+            // One UFFDIO_COPY or UFFDIO_MOVE per run of consecutive pages that go in the same
+            // way.
+            let run_ends = batch
+                .get(i + 1)
+                .is_none_or(|&(q, v)| q != p + 1 || how(v) != this);
+            if run_ends {
+                let first = batch[run].0;
+                if this == How::Move {
+                    self.move_in(region, first, i + 1 - run, false);
+                } else {
+                    self.install(
+                        region.addr(first),
+                        &staging.buf[run * PAGE..(i + 1) * PAGE],
+                        wp,
+                        false,
+                    );
+                }
+                run = i + 1;
+            }
+        }
+        // Counted before the pages are published: once unlocked, another thread may evict or
+        // discard them and subtract them again.
+        self.resident.fetch_add(batch.len(), Relaxed);
+        let mut waiters = false;
+        for &(p, new) in &list {
+            region.note_touched(p);
+            waiters |= region.table.unlock(p, new);
+        }
+        // One wake-up for the batch, if a thread waits on one of its pages: woken page by page,
+        // a program walking the stream on this CPU would run, fault on the next page and sleep
+        // again for every page.
+        if let (true, Some(&(first, _)), Some(&(last, _))) =
+            (waiters, batch.iter().min(), batch.iter().max())
+        {
+            self.uffd
+                .wake(region.addr(first), (last + 1 - first) * PAGE);
+        }
+        Counters::add(&self.counters.prefetched, batch.len() as u64);
+        self.clock
+            .lock()
+            .extend(list.into_iter().map(|(p, _)| (region.clone(), p)));
+    }
+}

@@ -1,0 +1,235 @@
+//! Frames: with [`crate::Config::in_process_frames`], far pages stay in this process as page
+//! frames in a shadow mapping beside each region, moved in and out with UFFDIO_MOVE (a
+//! page-table change, no copy). Pages the kernel will not move take the copying path.
+
+use crate::pager::*;
+use crate::stats::Counters;
+use crate::sys::{self, page_bytes, PAGE};
+use crate::table::*;
+use crate::writeback::StoreJob;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use tidepool_store::Key;
+
+impl RegionInner {
+    /// The new word of locked page `page` (word `w`), just moved out to its frame, and whether
+    /// the frame holds only zeros (the caller drops it before releasing the page: once
+    /// released, the page could come back and go out again into the same frame, which a late
+    /// drop would destroy).
+    pub(crate) fn framed(
+        &self,
+        page: usize,
+        w: u64,
+        seq: u32,
+        removes: &mut Vec<Key>,
+    ) -> (u64, bool) {
+        if w & FAR_VALID != 0 {
+            // The frame is the far copy now (or nothing, if zero).
+            removes.push(self.key(page));
+        }
+        self.table.evicted_at(page).store(seq, Relaxed);
+        let history = (w & HISTORY) | if w & DIRTY != 0 { WAS_DIRTY } else { 0 };
+        // Checked in the shadow, where nobody writes: zero pages are never kept.
+        // SAFETY: the page was just moved there, so the frame exists (possibly the shared zero
+        // page), and only this thread, holding the page's lock, uses it.
+        if is_zero_page(unsafe { page_bytes(self.shadow_addr(page)) }) {
+            (UNTOUCHED | history, true)
+        } else {
+            (FAR | FRAMED | history, false)
+        }
+    }
+}
+
+impl Inner {
+    /// Moves pages `[first, first + count)` of a framed region in from its shadow, waking
+    /// whoever waits there if `wake`. A page the kernel will not move (shared with a forked
+    /// child, EBUSY) is copied instead and its frame dropped.
+    pub(crate) fn move_in(&self, region: &RegionInner, first: usize, count: usize, wake: bool) {
+        let (mut p, end) = (first, first + count);
+        while p < end {
+            let (n, err) = self.uffd.move_pages(
+                region.addr(p),
+                region.shadow_addr(p),
+                (end - p) * PAGE,
+                wake,
+            );
+            #[cfg(feature = "trace")]
+            crate::trace::move_call(
+                region.base,
+                region.shadow_addr(0),
+                p,
+                end - p,
+                n,
+                &err,
+                true,
+            );
+            p += n / PAGE;
+            let Some(e) = err else { break };
+            crate::tr!(p, "move_in_err", e.raw_os_error().unwrap_or(0));
+            match e.raw_os_error() {
+                Some(libc::EBUSY) | Some(libc::EINVAL) => {
+                    // SAFETY: a FRAMED page has a frame in the shadow, which only the pager
+                    // touches, and only where it has frames.
+                    let bytes = unsafe { page_bytes(region.shadow_addr(p)) };
+                    self.install(region.addr(p), bytes, false, wake);
+                    sys::discard(region.shadow_addr(p), PAGE);
+                    p += 1;
+                }
+                // The process is exiting.
+                Some(libc::ESRCH) => return,
+                // A page already in the region (EEXIST) or no frame (ENOENT): if the frame is
+                // in the region and not in the shadow, the kernel moved it without a request.
+                Some(libc::EEXIST) | Some(libc::ENOENT) if self.adopt_moved(region, p, true) => {
+                    if wake {
+                        self.uffd.wake(region.addr(p), PAGE);
+                    }
+                    p += 1;
+                }
+                _ => {
+                    #[cfg(feature = "trace")]
+                    eprintln!(
+                        "region {}\nshadow {}\npage {p}:\n{}calls nearby:\n{}",
+                        crate::trace::page_report(region.addr(p)),
+                        crate::trace::page_report(region.shadow_addr(p)),
+                        crate::trace::dump_page(p),
+                        crate::trace::dump_calls(p.saturating_sub(64), p + 64)
+                    );
+                    self.fatal("moving a page in from its frame", &e)
+                }
+            }
+        }
+    }
+
+    /// A move found a framed page where it should not be: moving in (`into_region`), a page
+    /// already in the region or no frame in the shadow; moving out, a frame already in the
+    /// shadow. If the page is on the side the move was to make it and not on the other, the
+    /// kernel already moved it without a request: true, and it counts as moved. Seen on Linux
+    /// 6.18 with UFFDIO_MOVE under CPU contention, about once in a hundred runs of the
+    /// verification workload; how it happens is not known. False otherwise (a genuine
+    /// error, or a stale frame).
+    pub(crate) fn adopt_moved(&self, region: &RegionInner, page: usize, into_region: bool) -> bool {
+        let in_region = sys::is_mapped(region.addr(page));
+        let in_shadow = sys::is_mapped(region.shadow_addr(page));
+        let adopted = if into_region {
+            in_region && !in_shadow
+        } else {
+            in_shadow && !in_region
+        };
+        if adopted {
+            crate::tr!(page, "adopt", into_region);
+            Counters::add(&self.counters.frames_repaired, 1);
+        }
+        adopted
+    }
+
+    /// Evicts a run of consecutive locked pages of a framed region by moving them into its
+    /// shadow; pages the kernel will not move (shared with a forked child) go to `refused`,
+    /// for [`Inner::copy_out`].
+    pub(crate) fn move_out(
+        &self,
+        run: &[(Arc<RegionInner>, usize, u64)],
+        refused: &mut Vec<(Arc<RegionInner>, usize, u64)>,
+    ) {
+        let region = &run[0].0;
+        let first = run[0].1;
+        let mut removes = Vec::new();
+        let mut zeros = Vec::new();
+        let mut zero_count = 0;
+        let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed).max(1);
+        let mut waiters = false;
+        let (mut i, mut moved) = (0, 0u64);
+        while i < run.len() {
+            let p = first + i;
+            let (n, err) = self.uffd.move_pages(
+                region.shadow_addr(p),
+                region.addr(p),
+                (run.len() - i) * PAGE,
+                false,
+            );
+            #[cfg(feature = "trace")]
+            crate::trace::move_call(
+                region.base,
+                region.shadow_addr(0),
+                p,
+                run.len() - i,
+                n,
+                &err,
+                false,
+            );
+            let done = &run[i..i + n / PAGE];
+            zeros.clear();
+            let mut new_words = Vec::with_capacity(done.len());
+            for (_, page, w) in done {
+                let (new, zero) = region.framed(*page, *w, seq, &mut removes);
+                if zero {
+                    zeros.push((region.shadow_addr(*page), PAGE));
+                }
+                new_words.push(new);
+            }
+            sys::discard_many(&zeros);
+            zero_count += zeros.len() as u64;
+            for ((_, page, _), new) in done.iter().zip(new_words) {
+                crate::tr!(*page, "move_out", new);
+                waiters |= region.table.unlock(*page, new);
+            }
+            moved += (n / PAGE) as u64;
+            i += n / PAGE;
+            let Some(e) = err else { break };
+            let (_, page, w) = &run[i];
+            crate::tr!(*page, "move_out_err", e.raw_os_error().unwrap_or(0));
+            match e.raw_os_error() {
+                // Shared with a forked child (EBUSY), or in a mapping the program made
+                // read-only (EINVAL): the copying path takes it.
+                Some(libc::EBUSY) | Some(libc::EINVAL) => refused.push(run[i].clone()),
+                // No page there: the program dropped it behind our back (a direct
+                // MADV_DONTNEED system call), so it reads as zeros.
+                Some(libc::ENOENT) => {
+                    if w & FAR_VALID != 0 {
+                        removes.push(region.key(*page));
+                    }
+                    self.resident.fetch_sub(1, Relaxed);
+                    waiters |= region.table.unlock(*page, UNTOUCHED);
+                }
+                // A frame already in the shadow. If the page is not in the region, the kernel
+                // moved it there without a request: it is the page, keep it.
+                Some(libc::EEXIST) if self.adopt_moved(region, *page, false) => {
+                    let (new, zero) = region.framed(*page, *w, seq, &mut removes);
+                    if zero {
+                        sys::discard(region.shadow_addr(*page), PAGE);
+                        zero_count += 1;
+                    }
+                    moved += 1;
+                    waiters |= region.table.unlock(*page, new);
+                }
+                // Both hold a page: the shadow's is stale (the region's is the one the program
+                // used). Drop it and try again.
+                Some(libc::EEXIST) => {
+                    sys::discard(region.shadow_addr(*page), PAGE);
+                    continue;
+                }
+                Some(libc::ESRCH) => {
+                    // The process is exiting.
+                    for (_, page, w) in &run[i..] {
+                        region.table.unlock(*page, *w);
+                    }
+                    self.uffd.wake(region.addr(first), run.len() * PAGE);
+                    return;
+                }
+                _ => self.fatal("moving a page out to its frame", &e),
+            }
+            i += 1;
+        }
+        self.resident.fetch_sub(moved as usize, Relaxed);
+        Counters::add(&self.counters.evicted_zero, zero_count);
+        if waiters {
+            // Threads that faulted on the pages meanwhile retry now and find them framed.
+            self.uffd.wake(region.addr(first), run.len() * PAGE);
+        }
+        Counters::add(&self.counters.evicted, moved);
+        Counters::add(&self.counters.moved_out, moved);
+        Counters::add(&self.counters.bytes_written, moved * PAGE as u64);
+        if !removes.is_empty() {
+            let _ = self.store_tx.send(StoreJob::Remove(removes));
+        }
+    }
+}
