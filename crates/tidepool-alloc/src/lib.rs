@@ -137,6 +137,36 @@ pub fn set_thread_unpaged(on: bool) {
     }
 }
 
+/// Sets the calling thread's arenas aside (`true`) and makes it unpaged, without touching
+/// the arenas' memory; `false` puts them back as they were. For a short stretch during which the
+/// paged heap must not be touched at all (a forked child before its pager runs again: giving
+/// arenas up would itself touch paged memory). One thread at a time: the arenas are kept in a
+/// static, and a forked child has one thread.
+pub fn set_arenas_aside(on: bool) {
+    use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
+    static ASIDE: [AtomicUsize; classes::CLASSES] =
+        [const { AtomicUsize::new(0) }; classes::CLASSES];
+    static WAS_UNPAGED: AtomicU32 = AtomicU32::new(0);
+    let tbl = tls::table();
+    // SAFETY: the calling thread's own table; the fast path finds every class at the sentinel
+    // (offset zero) and falls into the slow path, which sees the thread unpaged.
+    unsafe {
+        if on {
+            for (c, slot) in ASIDE.iter().enumerate() {
+                slot.store((*tbl).cur[c], Relaxed);
+                (*tbl).cur[c] = 0;
+            }
+            WAS_UNPAGED.store((*tbl).unpaged, Relaxed);
+            (*tbl).unpaged = 1;
+        } else {
+            for (c, slot) in ASIDE.iter().enumerate() {
+                (*tbl).cur[c] = slot.swap(0, Relaxed);
+            }
+            (*tbl).unpaged = WAS_UNPAGED.load(Relaxed);
+        }
+    }
+}
+
 /// Whether the calling thread is unpaged ([`set_thread_unpaged`]).
 pub fn thread_unpaged() -> bool {
     tls::unpaged()

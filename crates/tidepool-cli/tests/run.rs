@@ -1,6 +1,6 @@
 //! `tidepool run` end to end: unmodified programs (python3, sh, the tidepool binary itself) with
-//! their heap paged over every backend, started for real; the backend lost mid-run; fork; the
-//! budget changed while the program runs.
+//! their heap paged over every backend, started for real; the backend lost mid-run; fork (see
+//! also `fork.rs`); the budget changed while the program runs.
 
 mod common;
 
@@ -306,8 +306,7 @@ expected = sum(len(s) for s in data)
 # fork + exec, as subprocess does: the usual case, and it must work.
 out = subprocess.run(["sh", "-c", "echo child ran"], capture_output=True, text=True)
 print(out.stdout.strip(), out.returncode)
-# A forked child that reads the parent's data: it either reads it right or stops with a clear
-# message (status 70); it never sees wrong data.
+# A forked child that reads the parent's data (far pages included) reads it right.
 pid = os.fork()
 if pid == 0:
     os._exit(0 if sum(len(s) for s in data) == expected else 1)
@@ -317,7 +316,7 @@ print("parent", sum(len(s) for s in data) == expected)
 "#;
 
 #[test]
-fn fork_children_work_or_are_refused_and_the_parent_is_untouched() {
+fn a_forked_python_child_reads_its_parents_data_and_the_parent_is_untouched() {
     let out = tidepool_run("32M", "local:", &[python3(), "-c", FORK_SCRIPT])
         .output()
         .unwrap();
@@ -325,11 +324,6 @@ fn fork_children_work_or_are_refused_and_the_parent_is_untouched() {
     assert!(out.status.success(), "{}: {stdout}\n{stderr}", out.status);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines[0], "child ran 0", "{stdout}\n{stderr}");
-    let child = lines[1].strip_prefix("child status ").unwrap();
-    match child {
-        "0" => {}
-        "70" => assert!(stderr.contains("forked child"), "{stderr}"),
-        other => panic!("the forked child saw wrong data (status {other}): {stderr}"),
-    }
+    assert_eq!(lines[1], "child status 0", "{stdout}\n{stderr}");
     assert_eq!(lines[2], "parent True", "{stdout}\n{stderr}");
 }

@@ -11,16 +11,30 @@
 
 use crate::Pager;
 use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicI32, Ordering::*};
 
 fn address(pid: u32) -> io::Result<SocketAddr> {
     SocketAddr::from_abstract_name(format!("tidepool-run-{pid}"))
 }
 
-/// Serves control requests for `pager` on a background thread.
+/// The listening socket of this process, if it serves one (a forked child closes its copy of
+/// the parent's: it would keep the parent's name bound with nobody answering).
+static LISTENING: AtomicI32 = AtomicI32::new(-1);
+
+/// Serves control requests for `pager` on a background thread. In a forked child, call it
+/// again: the child gets a socket of its own, named by its own process id.
 pub fn serve(pager: &Pager, pid: u32) -> io::Result<()> {
+    let inherited = LISTENING.swap(-1, AcqRel);
+    if inherited >= 0 && crate::in_forked_child() {
+        // SAFETY: the parent's listening socket, copied into this process by fork; its thread
+        // is not here, and nothing else uses the descriptor.
+        unsafe { libc::close(inherited) };
+    }
     let listener = UnixListener::bind_addr(&address(pid)?)?;
+    LISTENING.store(listener.as_raw_fd(), Release);
     let pager = pager.clone();
     let thread_start = pager.thread_start();
     // A raw thread, for the same reason as the pager's own (see `Config::thread_start`).

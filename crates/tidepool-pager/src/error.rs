@@ -12,4 +12,8 @@ pub enum PagerError {
     Register(#[source] io::Error),
     #[error("cannot start a pager thread: {0}")]
     Thread(#[source] io::Error),
+    #[error("a region of {0} bytes is larger than the 16 TiB a pager region can be")]
+    TooLarge(usize),
+    #[error("a pager can have at most {0} regions at once")]
+    TooManyRegions(usize),
 }

@@ -7,7 +7,7 @@ use crate::pager::*;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
 use crate::table::*;
-use crate::writeback::StoreJob;
+use crate::writeback::{PageWrite, StoreJob};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +16,7 @@ use tidepool_store::Key;
 /// A run of pages saved for eviction, not yet dropped.
 pub(crate) struct SavedRun {
     new_words: Vec<u64>,
-    writes: Vec<(Arc<RegionInner>, usize, u32)>,
+    writes: Vec<PageWrite>,
     removes: Vec<Key>,
 }
 
@@ -43,12 +43,10 @@ impl Inner {
     pub(crate) fn evictor_loop(self: Arc<Self>) {
         loop {
             {
-                let (m, cv) = &self.evictor_kick;
-                let mut kicked = m.lock();
-                if !*kicked {
-                    cv.wait_for(&mut kicked, Duration::from_millis(20));
+                if self.evictor_kick.swap(0, AcqRel) == 0 {
+                    sys::futex_wait(&self.evictor_kick, 0, Duration::from_millis(20));
+                    self.evictor_kick.store(0, Release);
                 }
-                *kicked = false;
             }
             if self.shutdown.load(Acquire) {
                 return;
@@ -72,6 +70,7 @@ impl Inner {
     /// Chooses victims with CLOCK (second chance for referenced pages) and evicts them.
     /// Returns how many pages were evicted.
     pub(crate) fn evict_batch(&self) -> usize {
+        let _section = crate::fork::section();
         let mut victims: Vec<(Arc<RegionInner>, usize, u64)> = Vec::with_capacity(EVICT_BATCH);
         {
             // Pages a stream is done with go first.
@@ -130,28 +129,56 @@ impl Inner {
             return 0;
         }
         victims.sort_by_key(|(r, p, _)| (r.id, *p));
-        let n = victims.len();
+        let mut evicted = 0;
         if self.frames {
             let mut refused = Vec::new();
             for run in runs_of(&victims) {
                 self.move_out(&victims[run], &mut refused);
             }
+            evicted = victims.len() - refused.len();
             victims = refused;
         }
         if !victims.is_empty() {
-            self.copy_out(&victims);
+            evicted += self.copy_out(&victims);
         }
-        n
+        evicted
     }
 
-    /// Evicts locked pages (sorted) by copying them out: the write-back path.
-    pub(crate) fn copy_out(&self, victims: &[(Arc<RegionInner>, usize, u64)]) {
+    /// Evicts locked pages (sorted) by copying them out: the write-back path. Returns how many
+    /// went: a page that may need a write-back slot when none is free stays (the write-back
+    /// thread frees slots, and nothing inside a section may wait for another thread's section).
+    pub(crate) fn copy_out(&self, victims: &[(Arc<RegionInner>, usize, u64)]) -> usize {
+        let need = victims.iter().filter(|v| v.2 & WP_CLEAN == 0).count();
+        let mut slots = self.slots.try_take_up_to(need);
+        let mut cut = victims.len();
+        if slots.len() < need {
+            let mut left = slots.len();
+            for (i, v) in victims.iter().enumerate() {
+                if v.2 & WP_CLEAN == 0 {
+                    if left == 0 {
+                        cut = i;
+                        break;
+                    }
+                    left -= 1;
+                }
+            }
+            for (region, page, w) in &victims[cut..] {
+                if region.table.unlock(*page, *w) {
+                    self.uffd.wake(region.addr(*page), PAGE);
+                }
+            }
+            self.clock
+                .lock()
+                .extend(victims[cut..].iter().map(|(r, p, _)| (r.clone(), *p)));
+        }
+        let victims = &victims[..cut];
         let runs = runs_of(victims);
         // Save every run, drop all of their pages in one call, then release them.
         let saved: Vec<SavedRun> = runs
             .iter()
-            .map(|r| self.save_run(&victims[r.clone()]))
+            .map(|r| self.save_run(&victims[r.clone()], &mut slots))
             .collect();
+        self.slots.give_many(slots);
         let ranges: Vec<(usize, usize)> = runs
             .iter()
             .map(|r| (victims[r.start].0.addr(victims[r.start].1), r.len() * PAGE))
@@ -160,10 +187,16 @@ impl Inner {
         for (r, saved) in runs.into_iter().zip(saved) {
             self.release_run(&victims[r], saved);
         }
+        victims.len()
     }
 
     /// Saves consecutive locked pages of one region for eviction.
-    pub(crate) fn save_run(&self, run: &[(Arc<RegionInner>, usize, u64)]) -> SavedRun {
+    /// Dirty pages take their write-back slot from `slots`, which holds enough.
+    pub(crate) fn save_run(
+        &self,
+        run: &[(Arc<RegionInner>, usize, u64)],
+        slots: &mut Vec<u32>,
+    ) -> SavedRun {
         let region = &run[0].0;
         let first = run[0].1;
         let addr = region.addr(first);
@@ -178,16 +211,26 @@ impl Inner {
                 }
             }
         }
+        // A page the program dropped with a system call the pager did not see reads as zeros
+        // now, and reading it here would wait for a fault only this pager can serve.
+        let mut exists = Vec::new();
+        sys::pages_exist(addr, run.len(), &mut exists);
         let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed);
         let mut new_words = Vec::with_capacity(run.len());
         let mut writes = Vec::new();
         let mut removes = Vec::new();
         let (mut clean, mut zero) = (0u64, 0u64);
-        for (_, page, w) in run {
+        for (k, (_, page, w)) in run.iter().enumerate() {
             let page = *page;
             let history = w & HISTORY;
             let far_valid = w & FAR_VALID != 0;
-            let new = if w & WP_CLEAN != 0 {
+            let new = if !exists[k] {
+                zero += 1;
+                if far_valid {
+                    self.tags.drop_copy(region.key(page), &mut removes);
+                }
+                UNTOUCHED | (history & HEAT)
+            } else if w & WP_CLEAN != 0 {
                 clean += 1;
                 if far_valid {
                     FAR | history
@@ -203,7 +246,7 @@ impl Inner {
                 if is_zero_page(bytes) {
                     zero += 1;
                     if far_valid {
-                        removes.push(region.key(page));
+                        self.tags.drop_copy(region.key(page), &mut removes);
                     }
                     UNTOUCHED | (history & HEAT) | if was_written { WAS_DIRTY } else { history }
                 } else if !was_written
@@ -215,9 +258,23 @@ impl Inner {
                     clean += 1;
                     FAR | (history & HEAT)
                 } else {
-                    let slot = self.slots.take();
+                    let tag = self.tags.current();
+                    if far_valid && region.table.tag(page).load(Relaxed) != tag {
+                        // The copy went to a process forked since: a new one is written
+                        // under this process's current tag, the old one is kept for it.
+                        self.tags.drop_copy(region.key(page), &mut removes);
+                    }
+                    region.table.tag(page).store(tag, Relaxed);
+                    let slot = slots
+                        .pop()
+                        .expect("copy_out reserves a slot per dirty page");
                     self.slots.fill(slot, bytes);
-                    writes.push((region.clone(), page, slot));
+                    writes.push(PageWrite {
+                        region: region.clone(),
+                        page,
+                        slot,
+                        key: region.key(page),
+                    });
                     WRITEBACK | ((slot as u64) << SLOT_SHIFT) | WAS_DIRTY | (history & HEAT)
                 }
             };

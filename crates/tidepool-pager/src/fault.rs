@@ -47,6 +47,7 @@ impl Inner {
             let mut stop = false;
             for f in faults.drain(..) {
                 if f.page_addr != bell {
+                    let _section = crate::fork::section();
                     self.serve(f, &mut staging);
                 } else if self.shutdown.load(Acquire) && !stop {
                     // Mapping the page lets the ringer go on to the next handler.
@@ -147,7 +148,11 @@ impl Inner {
         if self.copy_in(region.addr(page), &ZERO_PAGE, false) {
             crate::tr!(page, "refill_zero", word);
             if word & FAR_VALID != 0 {
-                let _ = self.store_tx.send(StoreJob::Remove(vec![region.key(page)]));
+                let mut removes = Vec::new();
+                self.tags.drop_copy(region.key(page), &mut removes);
+                if !removes.is_empty() {
+                    let _ = self.store_tx.send(StoreJob::Remove(removes));
+                }
             }
             region
                 .table

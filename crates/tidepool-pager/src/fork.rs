@@ -1,178 +1,226 @@
-//! fork(2): the child gets a copy of the address space but not the pager (its threads are not
-//! copied, and the kernel drops userfaultfd registrations in the child). Left alone, a page
-//! that lived in far memory would read as zeros in the child.
+//! fork(2) without exec: the child gets a pager of its own.
 //!
-//! So the child re-registers every region with a userfaultfd object of its own in SIGBUS mode:
-//! touching a page that is not mapped raises SIGBUS in the touching thread, and the handler
-//! (async-signal-safe: atomic loads and ioctls only) serves what the child can have correctly:
-//! zero pages for untouched memory, and pages still in the write-back buffer (the buffer was
-//! copied with the address space). A page that lives only in the far store cannot be given to
-//! the child without racing the parent's later writes, so the child stops with a message saying
-//! so. fork followed by exec, the common case, never touches such pages.
+//! A forked child has a copy of the address space but none of the pager's threads, and the
+//! kernel drops userfaultfd registrations in it: left alone, a page that lived in far memory
+//! would read as zeros. So, from `pthread_atfork` handlers:
+//!
+//! - **prepare** (in the forking thread, last of the prepare handlers): close the *gate*. Every
+//!   piece of pager work that changes shared state (serving a fault, an eviction batch, a
+//!   write-back job, a discard, adding or removing a region) runs inside a [`Section`]; closing
+//!   the gate waits for the sections in flight to end and holds new ones back. So at the fork
+//!   no page is BUSY, no pager lock is held and no far-store call is half done: the child's copy
+//!   of the page tables, the write-back buffer and (for the in-process store) the store itself
+//!   is consistent. For a store on a server each pager also makes the pipe its child will hold
+//!   (`tags.rs`).
+//! - **child** (first of the child handlers, before anything touches paged memory): each pager
+//!   opens a userfaultfd object of its own in place of the parent's, registers its regions and
+//!   their shadows again, write-protects every mapped page again (the kernel dropped the
+//!   write-protect bits with the registration, and a page the table calls clean must fault on
+//!   its first write), re-tags pages on their way to the store, tells the store to open
+//!   connections of its own, and starts its threads. The child then pages on its own, with the
+//!   same budget: its memory is exactly the parent's at the fork, far pages included, and each
+//!   side's later writes are its own (the in-process store and the frames are copied with the
+//!   address space; copies on a server are shared and frozen, see `tags.rs`).
+//! - **parent**: freeze the tag (shared stores) and open the gate.
+//!
+//! vfork and posix_spawn share the parent's memory until exec and run no fork handlers: the
+//! parent's pager serves their faults. A child made by a raw `clone` system call without
+//! `CLONE_VM` bypasses the handlers and is not supported.
 
-use crate::sys::PAGE;
-use crate::table::{kind, BUSY, FAR, SLOT_SHIFT, WRITEBACK};
-use linux_raw_sys::general as uapi;
-use linux_raw_sys::ioctl as ioc;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering::*};
+use crate::pager::Shared;
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
-const MAX_REGIONS: usize = 32;
-
-struct Snapshot {
-    base: AtomicUsize,
-    len: AtomicUsize,
-    states: AtomicUsize,
+/// Sections in flight, and whether a fork holds new ones back.
+struct Gate {
+    active: AtomicUsize,
+    closed: AtomicBool,
+    lock: Mutex<()>,
+    reopened: Condvar,
 }
 
-static REGIONS: [Snapshot; MAX_REGIONS] = [const {
-    Snapshot {
-        base: AtomicUsize::new(0),
-        len: AtomicUsize::new(0),
-        states: AtomicUsize::new(0),
+static GATE: Gate = Gate {
+    active: AtomicUsize::new(0),
+    closed: AtomicBool::new(false),
+    lock: Mutex::new(()),
+    reopened: Condvar::new(),
+};
+
+thread_local! {
+    /// Sections this thread is inside (they nest: an eviction inside a fault, say).
+    static DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Pager work that a fork must not cut in half; see the module documentation.
+#[must_use]
+pub(crate) struct Section {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Enters a section, waiting while a fork is under way.
+pub(crate) fn section() -> Section {
+    DEPTH.with(|d| {
+        if d.get() == 0 {
+            loop {
+                GATE.active.fetch_add(1, SeqCst);
+                if !GATE.closed.load(SeqCst) {
+                    break;
+                }
+                GATE.active.fetch_sub(1, SeqCst);
+                let mut g = GATE.lock.lock().unwrap_or_else(|e| e.into_inner());
+                while GATE.closed.load(SeqCst) {
+                    g = GATE.reopened.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+        }
+        d.set(d.get() + 1);
+    });
+    Section {
+        _not_send: std::marker::PhantomData,
     }
-}; MAX_REGIONS];
-static SLOTS_BASE: AtomicUsize = AtomicUsize::new(0);
-static CHILD_UFFD: AtomicI32 = AtomicI32::new(-1);
+}
+
+impl Drop for Section {
+    fn drop(&mut self) {
+        DEPTH.with(|d| {
+            d.set(d.get() - 1);
+            if d.get() == 0 {
+                GATE.active.fetch_sub(1, SeqCst);
+            }
+        });
+    }
+}
+
+fn close_gate() {
+    GATE.closed.store(true, SeqCst);
+    let mut spins = 0u32;
+    while GATE.active.load(SeqCst) != 0 {
+        spins += 1;
+        if spins < 100 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+    }
+}
+
+fn open_gate() {
+    let g = GATE.lock.lock().unwrap_or_else(|e| e.into_inner());
+    GATE.closed.store(false, SeqCst);
+    drop(g);
+    GATE.reopened.notify_all();
+}
+
+/// Every running pager of this process, for the fork handlers. Changed only inside sections.
+static PAGERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+pub(crate) fn register(shared: &Arc<Shared>) {
+    let _s = section();
+    let mut list = PAGERS.lock().unwrap_or_else(|e| e.into_inner());
+    list.retain(|w| w.strong_count() > 0);
+    list.push(Arc::downgrade(shared));
+}
+
+/// Forgets pagers that are gone (called as one stops).
+pub(crate) fn forget_stopped() {
+    let _s = section();
+    PAGERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|w| w.strong_count() > 0);
+}
+
+fn pagers() -> Vec<Arc<Shared>> {
+    PAGERS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect()
+}
+
 static FORKED: AtomicBool = AtomicBool::new(false);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
-/// Whether this process is a forked child of a process with a pager.
+/// Whether this process is a forked child of a process that had a pager when it forked.
 pub fn in_forked_child() -> bool {
     FORKED.load(Relaxed)
 }
 
-/// Records a region for the child (called whenever the parent's region list changes).
-pub(crate) fn publish(regions: &[(usize, usize, usize)], slots_base: usize) {
-    for (i, slot) in REGIONS.iter().enumerate() {
-        let (b, l, s) = regions.get(i).copied().unwrap_or((0, 0, 0));
-        slot.len.store(0, Relaxed);
-        slot.base.store(b, Relaxed);
-        slot.states.store(s, Relaxed);
-        slot.len.store(l, Release);
-    }
-    SLOTS_BASE.store(slots_base, Relaxed);
-}
-
-/// Installs the fork handler once per process.
-pub(crate) fn install() {
+/// Installs the fork handlers, once per process. A program that registers fork handlers of its
+/// own that touch paged memory should call this first: the pager's child handler must run
+/// before anything in the child touches paged memory (child handlers run in the order they
+/// were registered; prepare handlers in the reverse order, so the gate closes last).
+pub fn install() {
     if INSTALLED.swap(true, AcqRel) {
         return;
     }
-    // SAFETY: registering a function with no preconditions to run in the child after fork.
-    unsafe { libc::pthread_atfork(None, None, Some(in_child)) };
+    // SAFETY: registering functions with no preconditions; glibc keeps the first 48
+    // registrations in static storage, so this allocates nothing.
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 
-extern "C" fn in_child() {
+extern "C" fn prepare() {
+    // Pagers start and stop inside sections: with the gate closed the list holds still.
+    close_gate();
+    for p in pagers() {
+        p.inner.tags.prepare_fork();
+    }
+}
+
+extern "C" fn parent() {
+    for p in pagers() {
+        p.inner.tags.parent_after_fork();
+    }
+    open_gate();
+}
+
+extern "C" fn child() {
     FORKED.store(true, Relaxed);
-    let Ok(uffd) = open_sigbus_uffd() else {
-        return;
-    };
-    CHILD_UFFD.store(uffd, Relaxed);
-    for r in &REGIONS {
-        let len = r.len.load(Acquire);
-        if len == 0 {
-            continue;
-        }
-        // SAFETY: plain data.
-        let mut reg: uapi::uffdio_register = unsafe { std::mem::zeroed() };
-        reg.range.start = r.base.load(Relaxed) as u64;
-        reg.range.len = len as u64;
-        reg.mode = uapi::UFFDIO_REGISTER_MODE_MISSING as u64;
-        // SAFETY: registers a range of this (child) process's own address space.
-        unsafe { libc::ioctl(uffd, ioc::UFFDIO_REGISTER as _, &mut reg) };
+    // The gate stays closed while the pagers restart (their new threads wait at it); the
+    // restart itself enters no section.
+    for p in pagers() {
+        p.restart_in_child();
     }
-    // SAFETY: a zeroed sigaction with a valid handler and flags.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigbus as *const () as usize;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER;
-        libc::sigaction(libc::SIGBUS, &sa, std::ptr::null_mut());
-    }
+    // No thread of the parent exists here; whatever they had entered is over.
+    GATE.active.store(0, SeqCst);
+    open_gate();
 }
 
-fn open_sigbus_uffd() -> Result<i32, ()> {
-    // SAFETY: open, ioctl and close on descriptors this function owns; no memory is touched
-    // beyond the local structures passed.
-    unsafe {
-        let dev = libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
-        let fd = if dev >= 0 {
-            let fd = libc::ioctl(dev, 0xAA00, libc::O_CLOEXEC as libc::c_long);
-            libc::close(dev);
-            fd
-        } else {
-            libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC as libc::c_long) as i32
-        };
-        if fd < 0 {
-            return Err(());
-        }
-        let mut api: uapi::uffdio_api = std::mem::zeroed();
-        api.api = uapi::UFFD_API as u64;
-        api.features = uapi::UFFD_FEATURE_SIGBUS as u64;
-        if libc::ioctl(fd, ioc::UFFDIO_API as _, &mut api) != 0 {
-            libc::close(fd);
-            return Err(());
-        }
-        Ok(fd)
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn say(msg: &[u8]) {
-    // SAFETY: write(2) of a static buffer is async-signal-safe.
-    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
-}
-
-extern "C" fn on_sigbus(_sig: i32, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
-    let addr = unsafe { (*info).si_addr() } as usize;
-    let uffd = CHILD_UFFD.load(Relaxed);
-    for r in &REGIONS {
-        let len = r.len.load(Acquire);
-        let base = r.base.load(Relaxed);
-        if len == 0 || addr.wrapping_sub(base) >= len {
-            continue;
-        }
-        let page = (addr - base) / PAGE;
-        let states = r.states.load(Relaxed) as *const AtomicU64;
-        // SAFETY: `states` is the region's page table (copied into this child with the
-        // address space), which has an entry for every page of the region.
-        let word = unsafe { &*states.add(page) }.load(Acquire);
-        let page_addr = base + page * PAGE;
-        match kind(word) {
-            WRITEBACK => {
-                let src = SLOTS_BASE.load(Relaxed) + (word >> SLOT_SHIFT) as usize * PAGE;
-                // SAFETY: plain data; UFFDIO_COPY reads one page of the (copied) write-back
-                // buffer and installs it into this process's registered range.
-                unsafe {
-                    let mut c: uapi::uffdio_copy = std::mem::zeroed();
-                    c.dst = page_addr as u64;
-                    c.src = src as u64;
-                    c.len = PAGE as u64;
-                    libc::ioctl(uffd, ioc::UFFDIO_COPY as _, &mut c);
-                }
-            }
-            FAR | BUSY => {
-                say(
-                    b"tidepool: a forked child touched memory that lives in far memory; \
-only fork followed by exec (or posix_spawn) is supported under the pager. Stopping the child.\n",
-                );
-                // SAFETY: ending the child without running handlers on memory it cannot trust.
-                unsafe { libc::_exit(crate::FATAL_EXIT_CODE) };
-            }
-            _ => {
-                // Untouched (or dropped by the program): zeros.
-                // SAFETY: plain data; maps the zero page into our own registered range.
-                unsafe {
-                    let mut z: uapi::uffdio_zeropage = std::mem::zeroed();
-                    z.range.start = page_addr as u64;
-                    z.range.len = PAGE as u64;
-                    libc::ioctl(uffd, ioc::UFFDIO_ZEROPAGE as _, &mut z);
-                }
-            }
-        }
-        return;
+    #[test]
+    fn a_closed_gate_waits_for_sections_in_flight_and_holds_new_ones() {
+        let inside = section();
+        let nested = section();
+        drop(nested);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let closer = std::thread::spawn(move || {
+            close_gate();
+            tx.send(()).unwrap();
+        });
+        // The closer waits for our section.
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_millis(100))
+            .is_err());
+        drop(inside);
+        rx.recv().unwrap();
+        closer.join().unwrap();
+        // Now a new section waits until the gate opens.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let entrant = std::thread::spawn(move || {
+            let _s = section();
+            tx.send(()).unwrap();
+        });
+        assert!(rx
+            .recv_timeout(std::time::Duration::from_millis(100))
+            .is_err());
+        open_gate();
+        rx.recv().unwrap();
+        entrant.join().unwrap();
+        assert_eq!(GATE.active.load(SeqCst), 0);
     }
-    // Not ours: restore the default action and return, so the fault repeats and kills the
-    // process as it would have.
-    // SAFETY: resetting a signal's disposition is async-signal-safe.
-    unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
 }

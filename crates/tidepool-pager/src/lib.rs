@@ -24,8 +24,8 @@
 //! - **Prefetch**: a Leap-style majority vote over recent fault strides, with an adaptive
 //!   window, mapping pages straight into the region from the fault handler, one wake-up per
 //!   batch (see [`prefetch`](crate::prefetch)).
-//! - **fork**: the child serves zero pages and write-back buffers itself and stops with a
-//!   message if it touches a page that lives only in far memory (see `fork.rs`).
+//! - **fork**: a forked child gets a pager of its own over a copy of the parent's memory at the
+//!   fork, far pages included (see `fork.rs` and `tags.rs`).
 //! - **Failure**: if the far store fails, the program is stopped with a message and exit status
 //!   [`FATAL_EXIT_CODE`]; it never reads zeros in place of its data.
 
@@ -50,13 +50,14 @@ mod region;
 mod stats;
 mod sys;
 mod table;
+mod tags;
 #[cfg(feature = "trace")]
 pub mod trace;
 pub mod verify;
 mod writeback;
 
 pub use error::PagerError;
-pub use fork::in_forked_child;
+pub use fork::{in_forked_child, install as install_fork_handlers};
 pub use pager::{Config, Pager, FATAL_EXIT_CODE};
 pub use region::{AdoptedRegion, Region};
 pub use stats::PagerStats;

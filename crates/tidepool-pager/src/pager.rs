@@ -26,10 +26,11 @@ use crate::prefetch::Detector;
 use crate::stats::{snapshot, Counters, PagerStats};
 use crate::sys::{self, Mapping, Uffd, PAGE};
 use crate::table::*;
+use crate::tags::{self, Tags};
 use crate::writeback::{Slots, StoreJob};
 use crate::PagerError;
-use crossbeam_channel::Sender;
-use parking_lot::{Condvar, Mutex, RwLock};
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
@@ -44,8 +45,6 @@ pub(crate) const EVICT_BATCH: usize = 64;
 pub(crate) const PREFETCH_BATCH: usize = 64;
 /// Pages of write-back buffer (counted in the local budget).
 pub(crate) const WRITEBACK_SLOTS: usize = 1024;
-/// Bits of a key that number pages within a region.
-pub(crate) const REGION_SHIFT: u32 = 40;
 
 pub(crate) fn hash_page(bytes: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(bytes)
@@ -73,8 +72,13 @@ pub struct Config {
     /// may run on, at most 8).
     pub handler_cpus: Option<Vec<usize>>,
     /// Runs first on every thread the pager starts (the preload library uses it to keep those
-    /// threads' allocations out of the memory they page).
+    /// threads' allocations out of the memory they page: a pager thread touching a page out in
+    /// far memory would wait for itself).
     pub thread_start: Option<fn()>,
+    /// Called with true in a forked child before the pager's threads are started again, and
+    /// with false after: until then nothing serves faults, so the calling thread's allocations
+    /// (glibc's, for the new threads) must stay out of paged memory meanwhile.
+    pub around_child_restart: Option<fn(bool)>,
     /// Keep far pages in this process as page frames, in a shadow mapping beside each region,
     /// moved in and out with UFFDIO_MOVE (Linux 6.8): eviction and fault-in change page-table
     /// entries and copy nothing. For the in-process backend only; the store then receives just
@@ -90,6 +94,7 @@ impl Config {
             prefetch_window_max: 512,
             handler_cpus: None,
             thread_start: None,
+            around_child_restart: None,
             in_process_frames: false,
         }
     }
@@ -123,9 +128,10 @@ impl std::fmt::Debug for RegionInner {
 }
 
 impl RegionInner {
+    /// The key of the page's far copy (see `tags.rs`).
     #[inline]
     pub(crate) fn key(&self, page: usize) -> Key {
-        ((self.id as u64) << REGION_SHIFT) | page as u64
+        tags::key(self.table.tag(page).load(Relaxed), self.id, page)
     }
     #[inline]
     pub(crate) fn addr(&self, page: usize) -> usize {
@@ -144,18 +150,23 @@ pub(crate) struct Inner {
     pub(crate) uffd: Uffd,
     pub(crate) store: Arc<dyn FarStore>,
     pub(crate) regions: RwLock<Vec<Arc<RegionInner>>>,
-    pub(crate) next_region: AtomicU32,
     pub(crate) budget_pages: AtomicUsize,
     pub(crate) resident: AtomicUsize,
     pub(crate) clock: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
     /// Pages streams walked past ([`Plan::behind_count`]), evicted first, newest first.
     pub(crate) done: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
     pub(crate) evict_seq: AtomicU32,
-    pub(crate) evictor_kick: (Mutex<bool>, Condvar),
+    /// Non-zero: the evictor should look at the budget now (a futex word: no lock, so a fork
+    /// can never leave it held).
+    pub(crate) evictor_kick: AtomicU32,
     /// A registered page nobody maps: a fault on it tells a handler to stop.
     pub(crate) doorbell: Mapping,
     pub(crate) slots: Slots,
     pub(crate) store_tx: Sender<StoreJob>,
+    /// The write-back thread's end (kept here so that a forked child's new thread finds it).
+    pub(crate) store_rx: Receiver<StoreJob>,
+    /// How far copies are named, and which may be removed (see `tags.rs`).
+    pub(crate) tags: Tags,
     pub(crate) counters: Counters,
     pub(crate) shutdown: AtomicBool,
     pub(crate) window_max: u32,
@@ -177,12 +188,15 @@ impl std::fmt::Debug for Inner {
 
 /// Owns the pager's threads; dropping the last handle stops them.
 #[derive(Debug)]
-struct Shared {
-    inner: Arc<Inner>,
+pub(crate) struct Shared {
+    pub(crate) inner: Arc<Inner>,
     threads: Mutex<Vec<RawThread>>,
     /// How many of `threads` are fault handlers.
     handlers: usize,
+    /// The CPUs fault handlers are pinned to.
+    cpus: Vec<usize>,
     thread_start: Option<fn()>,
+    around_child_restart: Option<fn(bool)>,
 }
 
 impl Drop for Shared {
@@ -201,7 +215,137 @@ impl Drop for Shared {
         for t in self.threads.lock().drain(..) {
             t.join();
         }
+        crate::fork::forget_stopped();
     }
+}
+
+impl Shared {
+    /// In a forked child (see `fork.rs`): the pager's userfaultfd object, registrations,
+    /// write protections, threads and store connections, made again for this process. Runs
+    /// with the fork gate closed and enters no section.
+    pub(crate) fn restart_in_child(&self) {
+        let i = &self.inner;
+        let fail = |what: &str, e: std::io::Error| -> ! {
+            i.fatal(
+                &format!("restarting the pager in a forked child: {what}"),
+                &e,
+            )
+        };
+        // The parent's object must not be read here (its faults would be stolen), nor kept
+        // open (it would keep the parent's registrations alive).
+        if let Err(e) = i.uffd.reopen() {
+            fail("opening a userfaultfd object", e);
+        }
+        if let Err(e) = i.uffd.register(i.doorbell.addr(), PAGE) {
+            fail("registering the doorbell", e);
+        }
+        i.tags.child_after_fork();
+        let regions = i.regions.read().clone();
+        for r in &regions {
+            if let Some(shadow) = &r.shadow {
+                if let Err(e) = i.uffd.register_present(shadow.addr(), r.len) {
+                    fail("registering a region's frames", e);
+                }
+            }
+            if let Err(e) = i.uffd.register_present(r.base, r.len) {
+                fail("registering a region", e);
+            }
+        }
+        // The kernel dropped the write protections with the parent's registration: the pages
+        // the table knows as mapped (all on the clock) take it again, in runs. Not every
+        // present page: those the owner touched before a region was adopted are not the
+        // pager's. Pages on their way to the store keep their keys: parent and child both
+        // write the same bytes there, and the child never removes what it did not tag.
+        let mut mapped: Vec<(u32, usize)> = i
+            .clock
+            .lock()
+            .iter()
+            .filter(|(r, p)| kind(r.table.state(*p).load(Relaxed)) == RESIDENT)
+            .map(|(r, p)| (r.id, *p))
+            .collect();
+        mapped.sort_unstable();
+        mapped.dedup();
+        let mut k = 0;
+        while k < mapped.len() {
+            let (id, first) = mapped[k];
+            let mut n = 1;
+            while mapped.get(k + n) == Some(&(id, first + n)) {
+                n += 1;
+            }
+            if let Some(r) = regions.iter().find(|r| r.id == id) {
+                let _ = i.uffd.write_protect(r.addr(first), n * PAGE, true);
+            }
+            k += n;
+        }
+        i.counters.reset();
+        i.store.after_fork_in_child();
+        let mut threads = self.threads.lock();
+        // Those were the parent's threads: nothing to join or detach here.
+        for t in threads.drain(..) {
+            std::mem::forget(t);
+        }
+        // No handler runs yet: what this thread allocates meanwhile must not be paged.
+        if let Some(hook) = self.around_child_restart {
+            hook(true);
+        }
+        let spawned = spawn_threads(i, &self.cpus, self.thread_start);
+        if let Some(hook) = self.around_child_restart {
+            hook(false);
+        }
+        match spawned {
+            Ok((t, _)) => *threads = t,
+            Err(e) => i.fatal("restarting the pager in a forked child", &e),
+        }
+    }
+}
+
+/// Starts the fault handlers (one per CPU, at most 8), the evictor and the write-back thread;
+/// returns them and how many are handlers.
+fn spawn_threads(
+    inner: &Arc<Inner>,
+    cpus: &[usize],
+    thread_start: Option<fn()>,
+) -> Result<(Vec<RawThread>, usize), PagerError> {
+    let mut threads = Vec::new();
+    // Raw threads: the hook must run before anything on the thread allocates.
+    let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+        tidepool_sys::spawn_raw(&name, move || {
+            if let Some(hook) = thread_start {
+                hook();
+            }
+            f()
+        })
+        .map_err(PagerError::Thread)
+    };
+    for &cpu in cpus.iter().take(8) {
+        let i = inner.clone();
+        threads.push(spawn(
+            format!("tp-fault-{cpu}"),
+            Box::new(move || {
+                let _ = tidepool_sys::set_affinity(0, &[cpu]);
+                i.handler_loop();
+            }),
+        )?);
+    }
+    if cpus.is_empty() {
+        let i = inner.clone();
+        threads.push(spawn(
+            "tp-fault".into(),
+            Box::new(move || i.handler_loop()),
+        )?);
+    }
+    let handlers = threads.len();
+    let i = inner.clone();
+    threads.push(spawn(
+        "tp-evict".into(),
+        Box::new(move || i.evictor_loop()),
+    )?);
+    let i = inner.clone();
+    threads.push(spawn(
+        "tp-writeback".into(),
+        Box::new(move || i.store_loop()),
+    )?);
+    Ok((threads, handlers))
 }
 
 /// A userfaultfd pager: regions whose pages live in a far store, with at most a budget of them
@@ -215,32 +359,35 @@ pub struct Pager {
 impl Pager {
     /// Starts a pager over `store`.
     pub fn start(config: Config, store: Arc<dyn FarStore>) -> Result<Pager, PagerError> {
+        // A fork in the middle would leave the child half a pager.
+        let _section = crate::fork::section();
         let uffd = Uffd::open().map_err(PagerError::Userfaultfd)?;
         let can_move = uffd.can_move();
-        let doorbell = Mapping::reserve_unforked(PAGE).map_err(PagerError::Reserve)?;
+        let doorbell = Mapping::reserve(PAGE).map_err(PagerError::Reserve)?;
         uffd.register(doorbell.addr(), PAGE)
             .map_err(PagerError::Register)?;
         let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
         let (store_tx, store_rx) = crossbeam_channel::unbounded();
+        let tags = Tags::new(!store.private_to_process());
         let inner = Arc::new(Inner {
             uffd,
             store,
             regions: RwLock::new(Vec::new()),
-            next_region: AtomicU32::new(1),
             budget_pages: AtomicUsize::new(budget_pages(config.local_budget)),
             resident: AtomicUsize::new(0),
             clock: Mutex::new(VecDeque::new()),
             done: Mutex::new(VecDeque::new()),
             evict_seq: AtomicU32::new(1),
-            evictor_kick: (Mutex::new(false), Condvar::new()),
+            evictor_kick: AtomicU32::new(0),
             doorbell,
             slots: Slots {
                 buf: slots_buf,
                 free: Mutex::new((0..WRITEBACK_SLOTS as u32).rev().collect()),
-                freed: Condvar::new(),
                 in_use: AtomicUsize::new(0),
             },
             store_tx,
+            store_rx,
+            tags,
             counters: Counters::default(),
             shutdown: AtomicBool::new(false),
             room_wanted: AtomicUsize::new(0),
@@ -248,55 +395,18 @@ impl Pager {
             frames: config.in_process_frames && can_move,
         });
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
-        let mut threads = Vec::new();
-        let thread_start = config.thread_start;
-        // Raw threads: the hook must run before anything on the thread allocates.
-        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
-            tidepool_sys::spawn_raw(&name, move || {
-                if let Some(hook) = thread_start {
-                    hook();
-                }
-                f()
-            })
-            .map_err(PagerError::Thread)
-        };
-        for &cpu in cpus.iter().take(8) {
-            let i = inner.clone();
-            threads.push(spawn(
-                format!("tp-fault-{cpu}"),
-                Box::new(move || {
-                    let _ = tidepool_sys::set_affinity(0, &[cpu]);
-                    i.handler_loop();
-                }),
-            )?);
-        }
-        if cpus.is_empty() {
-            let i = inner.clone();
-            threads.push(spawn(
-                "tp-fault".into(),
-                Box::new(move || i.handler_loop()),
-            )?);
-        }
-        let handlers = threads.len();
         crate::fork::install();
-        let i = inner.clone();
-        threads.push(spawn(
-            "tp-evict".into(),
-            Box::new(move || i.evictor_loop()),
-        )?);
-        let i = inner.clone();
-        threads.push(spawn(
-            "tp-writeback".into(),
-            Box::new(move || i.store_loop(store_rx)),
-        )?);
-        Ok(Pager {
-            shared: Arc::new(Shared {
-                inner,
-                threads: Mutex::new(threads),
-                handlers,
-                thread_start,
-            }),
-        })
+        let (threads, handlers) = spawn_threads(&inner, &cpus, config.thread_start)?;
+        let shared = Arc::new(Shared {
+            inner,
+            threads: Mutex::new(threads),
+            handlers,
+            cpus,
+            thread_start: config.thread_start,
+            around_child_restart: config.around_child_restart,
+        });
+        crate::fork::register(&shared);
+        Ok(Pager { shared })
     }
 
     /// The hook every pager thread runs first ([`Config::thread_start`]).
@@ -361,11 +471,21 @@ impl Pager {
         mapping: Option<Mapping>,
     ) -> Result<Arc<RegionInner>, PagerError> {
         let i = self.inner();
+        if len / PAGE > tags::MAX_REGION_PAGES {
+            return Err(PagerError::TooLarge(len));
+        }
+        let _section = crate::fork::section();
+        let mut regions = i.regions.write();
+        // The lowest free id: ids are 8 bits of every key.
+        let id = (1..=tags::MAX_REGIONS as u32)
+            .find(|id| regions.iter().all(|r| r.id != *id))
+            .ok_or(PagerError::TooManyRegions(tags::MAX_REGIONS))?;
         let table = PageTable::new(len / PAGE).map_err(PagerError::Reserve)?;
         let shadow = if i.frames {
-            // Not inherited by forked children: the parent's frames stay its own, so that
-            // moving them never fails for being shared.
-            let shadow = Mapping::reserve_unforked(len).map_err(PagerError::Reserve)?;
+            // Inherited by forked children like the region itself: a child reads the frames
+            // the parent had at the fork (the kernel shares them copy-on-write; a shared
+            // frame takes the copying path until one side is done with it).
+            let shadow = Mapping::reserve(len).map_err(PagerError::Reserve)?;
             i.uffd
                 .register(shadow.addr(), len)
                 .map_err(PagerError::Register)?;
@@ -375,7 +495,7 @@ impl Pager {
         };
         i.uffd.register(base, len).map_err(PagerError::Register)?;
         let region = Arc::new(RegionInner {
-            id: i.next_region.fetch_add(1, Relaxed),
+            id,
             base,
             len,
             table,
@@ -385,25 +505,22 @@ impl Pager {
             shadow,
             _mapping: mapping,
         });
-        let mut regions = i.regions.write();
         regions.push(region.clone());
         regions.sort_by_key(|r| r.base);
-        i.publish_for_fork(&regions);
         Ok(region)
     }
 
     /// Unregisters a region and forgets its far pages.
     pub(crate) fn remove_region(&self, region: &Arc<RegionInner>) {
         let i = self.inner();
+        let _section = crate::fork::section();
         i.discard(region, 0, region.touched_end.load(Relaxed));
         region.dead.store(true, Release);
         let _ = i.uffd.unregister(region.base, region.len);
         if let Some(shadow) = &region.shadow {
             let _ = i.uffd.unregister(shadow.addr(), region.len);
         }
-        let mut regions = i.regions.write();
-        regions.retain(|r| !Arc::ptr_eq(r, region));
-        i.publish_for_fork(&regions);
+        i.regions.write().retain(|r| !Arc::ptr_eq(r, region));
     }
 }
 
@@ -433,18 +550,10 @@ impl Inner {
         (addr < r.base + r.len).then(|| r.clone())
     }
 
-    pub(crate) fn publish_for_fork(&self, regions: &[Arc<RegionInner>]) {
-        let list: Vec<(usize, usize, usize)> = regions
-            .iter()
-            .map(|r| (r.base, r.len, r.table.states_addr()))
-            .collect();
-        crate::fork::publish(&list, self.slots.buf.addr());
-    }
-
     pub(crate) fn kick_evictor(&self) {
-        let (m, cv) = &self.evictor_kick;
-        *m.lock() = true;
-        cv.notify_one();
+        if self.evictor_kick.swap(1, AcqRel) == 0 {
+            sys::futex_wake(&self.evictor_kick);
+        }
     }
 
     pub(crate) fn local_pages(&self) -> usize {

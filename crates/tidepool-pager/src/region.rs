@@ -154,15 +154,7 @@ impl Inner {
     /// next touch reads zeros.
     pub(crate) fn discard(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
         let end = end.min(region.table.pages());
-        if crate::fork::in_forked_child() {
-            // No pager threads here and the parent's locks may be held by threads that were
-            // not copied: just forget the pages (their far copies belong to the parent).
-            for p in first..end {
-                region.table.state(p).store(UNTOUCHED, Release);
-            }
-            sys::discard(region.addr(first), (end - first) * PAGE);
-            return;
-        }
+        let _section = crate::fork::section();
         let mut removes = Vec::new();
         let mut page = first;
         while page < end {
@@ -174,11 +166,14 @@ impl Inner {
                     RESIDENT => {
                         resident += 1;
                         if w & FAR_VALID != 0 {
-                            removes.push(region.key(p));
+                            self.tags.drop_copy(region.key(p), &mut removes);
                         }
                     }
                     FAR if w & FRAMED != 0 => {}
-                    FAR | WRITEBACK => removes.push(region.key(p)),
+                    FAR => self.tags.drop_copy(region.key(p), &mut removes),
+                    // Removed once the write in flight lands (the jobs run in order). No forked
+                    // child reads it: a child gives its pages in write-back tags of its own.
+                    WRITEBACK => removes.push(region.key(p)),
                     _ => {}
                 }
             }

@@ -28,6 +28,50 @@ impl Counters {
     pub fn add(c: &AtomicU64, n: u64) {
         c.fetch_add(n, Relaxed);
     }
+
+    /// Starts counting again (a forked child counts what it does itself).
+    pub fn reset(&self) {
+        let Counters {
+            missing_faults,
+            wp_faults,
+            zero_fills,
+            far_fetches,
+            writeback_hits,
+            prefetched,
+            prefetch_planned,
+            prefetch_credited,
+            evicted,
+            evicted_clean,
+            evicted_zero,
+            written_back,
+            moved_out,
+            frames_repaired,
+            bytes_read,
+            bytes_written,
+            discarded,
+        } = self;
+        for c in [
+            missing_faults,
+            wp_faults,
+            zero_fills,
+            far_fetches,
+            writeback_hits,
+            prefetched,
+            prefetch_planned,
+            prefetch_credited,
+            evicted,
+            evicted_clean,
+            evicted_zero,
+            written_back,
+            moved_out,
+            frames_repaired,
+            bytes_read,
+            bytes_written,
+            discarded,
+        ] {
+            c.store(0, Relaxed);
+        }
+    }
 }
 
 /// A snapshot of what the pager has done.

@@ -81,6 +81,52 @@ impl Uffd {
         }
     }
 
+    /// In a forked child: a new object with the same features takes the place (and the
+    /// descriptor number) of the one inherited from the parent, which this process must
+    /// neither read (it would take the parent's faults) nor keep open.
+    pub fn reopen(&self) -> io::Result<()> {
+        let features = if self.can_move {
+            FEATURES | uapi::UFFD_FEATURE_MOVE as u64
+        } else {
+            FEATURES
+        };
+        let fresh = Self::open_with(features)?;
+        // SAFETY: dup3 onto a descriptor this value owns; the old object's last reference in
+        // this process goes, and the number now names the new one (close-on-exec, like it).
+        if unsafe { libc::dup3(fresh.as_raw_fd(), self.fd.as_raw_fd(), libc::O_CLOEXEC) } < 0 {
+            return Err(last_err());
+        }
+        Ok(())
+    }
+
+    /// Registers the mapped parts of `[addr, addr + len)`: all of it if it is one run of
+    /// mappings, else each mapping inside it that /proc/self/maps lists (a forked child lacks
+    /// the parts the program marked MADV_DONTFORK).
+    pub fn register_present(&self, addr: usize, len: usize) -> io::Result<()> {
+        if self.register(addr, len).is_ok() {
+            return Ok(());
+        }
+        let maps = std::fs::read_to_string("/proc/self/maps")?;
+        let end = addr + len;
+        for line in maps.lines() {
+            let Some((range, _)) = line.split_once(' ') else {
+                continue;
+            };
+            let Some((a, b)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
+            else {
+                continue;
+            };
+            let (from, to) = (a.max(addr), b.min(end));
+            if from < to {
+                self.register(from, to - from)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Whether [`Uffd::move_pages`] is available.
     pub fn can_move(&self) -> bool {
         self.can_move
@@ -308,16 +354,6 @@ impl Mapping {
         Ok(Mapping { addr, len })
     }
 
-    /// [`Mapping::reserve`], left out of forked children's address spaces.
-    pub fn reserve_unforked(len: usize) -> io::Result<Mapping> {
-        let m = Mapping::reserve(len)?;
-        // SAFETY: advice on a mapping this value owns.
-        if unsafe { libc::madvise(m.addr as *mut _, len, libc::MADV_DONTFORK) } != 0 {
-            return Err(last_err());
-        }
-        Ok(m)
-    }
-
     pub fn addr(&self) -> usize {
         self.addr
     }
@@ -366,6 +402,54 @@ pub fn is_mapped(addr: usize) -> bool {
     // SAFETY: mincore reads page tables only and writes one byte for the one page asked.
     let rc = unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, &mut v) };
     rc == 0 && v & 1 != 0
+}
+
+/// This process's /proc/self/pagemap and the pid it was opened for (a forked child must open
+/// its own: the inherited descriptor reads the parent's).
+static PAGEMAP: parking_lot::Mutex<(i32, i32)> = parking_lot::Mutex::new((-1, -1));
+
+/// For each page of `[addr, addr + pages * PAGE)`: whether the program still has it (present,
+/// or swapped out by the kernel). False for a page the program dropped behind the pager's back
+/// (a madvise system call the pager did not see). All true if pagemap cannot be read.
+pub fn pages_exist(addr: usize, pages: usize, out: &mut Vec<bool>) {
+    out.clear();
+    out.resize(pages, true);
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    let fd = {
+        let mut cached = PAGEMAP.lock();
+        if cached.0 != pid {
+            // SAFETY: open of a NUL-terminated path; the descriptor is kept for the process.
+            let fd = unsafe {
+                libc::open(
+                    c"/proc/self/pagemap".as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                return;
+            }
+            *cached = (pid, fd);
+        }
+        cached.1
+    };
+    let mut entries = vec![0u64; pages];
+    // SAFETY: reads 8 bytes per page into `entries`, which is that long.
+    let n = unsafe {
+        libc::pread(
+            fd,
+            entries.as_mut_ptr().cast(),
+            pages * 8,
+            (addr / PAGE * 8) as libc::off_t,
+        )
+    };
+    if n != (pages * 8) as isize {
+        return;
+    }
+    for (e, o) in entries.iter().zip(out.iter_mut()) {
+        // Bit 63: present; bit 62: swapped.
+        *o = e >> 62 != 0;
+    }
 }
 
 /// Whether process_madvise takes MADV_DONTNEED for this process (0 unknown, 1 yes, 2 no).
@@ -450,4 +534,42 @@ pub fn discard_many(ranges: &[(usize, usize)]) {
 pub unsafe fn page_bytes<'a>(addr: usize) -> &'a [u8] {
     // SAFETY: guaranteed by the caller.
     unsafe { std::slice::from_raw_parts(addr as *const u8, PAGE) }
+}
+
+/// Waits until `word` is no longer `expected`, a wake-up, or `timeout` (Linux futex, private
+/// to this process: no queue of waiters is kept in user memory, so a forked child inherits no
+/// trace of the parent's waiting threads).
+pub fn futex_wait(
+    word: &std::sync::atomic::AtomicU32,
+    expected: u32,
+    timeout: std::time::Duration,
+) {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word`, which outlives the call, and the
+    // timespec; it returns at once if the word is not `expected`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            expected,
+            &ts as *const libc::timespec,
+        )
+    };
+}
+
+/// Wakes one thread waiting in [`futex_wait`] on `word`.
+pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
+    // SAFETY: FUTEX_WAKE only uses the address as a key.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        )
+    };
 }

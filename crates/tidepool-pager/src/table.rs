@@ -79,6 +79,7 @@ pub struct PageTable {
     states: Mapping,
     hashes: Mapping,
     evicted_at: Mapping,
+    tags: Mapping,
     pages: usize,
 }
 
@@ -88,13 +89,9 @@ impl PageTable {
             states: Mapping::reserve(pages * 8)?,
             hashes: Mapping::reserve(pages * 8)?,
             evicted_at: Mapping::reserve(pages * 4)?,
+            tags: Mapping::reserve(pages * 4)?,
             pages,
         })
-    }
-
-    /// Where the state words live (for the fork handler, which may not take locks).
-    pub fn states_addr(&self) -> usize {
-        self.states.addr()
     }
 
     pub fn pages(&self) -> usize {
@@ -114,6 +111,12 @@ impl PageTable {
     #[inline]
     pub fn evicted_at(&self, page: usize) -> &AtomicU32 {
         &self.evicted_at.as_table::<AtomicU32>()[page]
+    }
+
+    /// The tag of the page's far copy (see `tags.rs`); zero for a store private to the process.
+    #[inline]
+    pub fn tag(&self, page: usize) -> &AtomicU32 {
+        &self.tags.as_table::<AtomicU32>()[page]
     }
 
     /// Moves `page` to BUSY if its kind is one of `from`; returns the word it had.

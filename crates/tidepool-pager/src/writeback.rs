@@ -5,8 +5,7 @@ use crate::pager::*;
 use crate::stats::Counters;
 use crate::sys::{Mapping, PAGE};
 use crate::table::*;
-use crossbeam_channel::Receiver;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +14,6 @@ use tidepool_store::Key;
 pub(crate) struct Slots {
     pub(crate) buf: Mapping,
     pub(crate) free: Mutex<Vec<u32>>,
-    pub(crate) freed: Condvar,
     pub(crate) in_use: AtomicUsize,
 }
 
@@ -36,34 +34,56 @@ impl Slots {
             std::ptr::copy_nonoverlapping(src.as_ptr(), self.slot_addr(slot) as *mut u8, PAGE)
         }
     }
-    pub(crate) fn take(&self) -> u32 {
-        let mut free = self.free.lock();
-        loop {
-            if let Some(s) = free.pop() {
-                self.in_use.fetch_add(1, Relaxed);
-                return s;
-            }
-            self.freed.wait_for(&mut free, Duration::from_millis(50));
+    /// Up to `n` free slots, without waiting.
+    pub(crate) fn try_take_up_to(&self, n: usize) -> Vec<u32> {
+        if n == 0 {
+            return Vec::new();
         }
+        let mut free = self.free.lock();
+        let at = free.len().saturating_sub(n);
+        let taken = free.split_off(at);
+        self.in_use.fetch_add(taken.len(), Relaxed);
+        taken
     }
+
+    /// Gives back slots taken and not used.
+    pub(crate) fn give_many(&self, slots: Vec<u32>) {
+        if slots.is_empty() {
+            return;
+        }
+        let n = slots.len();
+        self.free.lock().extend(slots);
+        self.in_use.fetch_sub(n, Relaxed);
+    }
+
     pub(crate) fn give(&self, slot: u32) {
         self.free.lock().push(slot);
         self.in_use.fetch_sub(1, Relaxed);
-        self.freed.notify_all();
     }
 }
 
+/// A dirty page on its way to the store: page `page` of `region`, in slot `slot`, to be
+/// written under `key` (named when the page was saved: its tag may change after a fork).
+pub(crate) struct PageWrite {
+    pub(crate) region: Arc<RegionInner>,
+    pub(crate) page: usize,
+    pub(crate) slot: u32,
+    pub(crate) key: Key,
+}
+
 pub(crate) enum StoreJob {
-    Write(Vec<(Arc<RegionInner>, usize, u32)>),
+    Write(Vec<PageWrite>),
     Remove(Vec<Key>),
 }
 
 impl Inner {
     /// Applies writes and removes in the order they were queued (so a page's far copy is
     /// never overtaken by an older one).
-    pub(crate) fn store_loop(self: Arc<Self>, rx: Receiver<StoreJob>) {
+    pub(crate) fn store_loop(self: Arc<Self>) {
+        let rx = self.store_rx.clone();
         // Slots whose page was BUSY when its write finished (see `finish_writeback`).
-        let mut deferred: Vec<(Arc<RegionInner>, usize, u32)> = Vec::new();
+        let mut deferred: Vec<PageWrite> = Vec::new();
+        let mut swept = std::time::Instant::now();
         loop {
             let wait = if deferred.is_empty() { 100 } else { 1 };
             let job = match rx.recv_timeout(Duration::from_millis(wait)) {
@@ -76,18 +96,20 @@ impl Inner {
                 }
                 Err(_) => return,
             };
+            let _section = crate::fork::section();
             if !deferred.is_empty() {
-                for (region, page, slot) in std::mem::take(&mut deferred) {
-                    self.finish_writeback(region, page, slot, &mut deferred);
+                for w in std::mem::take(&mut deferred) {
+                    self.finish_writeback(w, &mut deferred);
                 }
+            }
+            if swept.elapsed() >= Duration::from_millis(100) {
+                swept = std::time::Instant::now();
+                // Copies kept for forked children that are gone now.
+                self.remove_keys(&self.tags.sweep());
             }
             match job {
                 None => {}
-                Some(StoreJob::Remove(keys)) => {
-                    if let Err(e) = self.store.remove_many(&keys) {
-                        self.fatal("removing pages", &e);
-                    }
-                }
+                Some(StoreJob::Remove(keys)) => self.remove_keys(&keys),
                 Some(StoreJob::Write(mut pages)) => {
                     // Gather whatever else is queued into the same round trip.
                     while pages.len() < 256 {
@@ -95,9 +117,7 @@ impl Inner {
                             Ok(StoreJob::Write(more)) => pages.extend(more),
                             Ok(StoreJob::Remove(keys)) => {
                                 self.write_pages(std::mem::take(&mut pages), &mut deferred);
-                                if let Err(e) = self.store.remove_many(&keys) {
-                                    self.fatal("removing pages", &e);
-                                }
+                                self.remove_keys(&keys);
                             }
                             Err(_) => break,
                         }
@@ -108,17 +128,22 @@ impl Inner {
         }
     }
 
-    pub(crate) fn write_pages(
-        &self,
-        pages: Vec<(Arc<RegionInner>, usize, u32)>,
-        deferred: &mut Vec<(Arc<RegionInner>, usize, u32)>,
-    ) {
+    fn remove_keys(&self, keys: &[Key]) {
+        if keys.is_empty() {
+            return;
+        }
+        if let Err(e) = self.store.remove_many(keys) {
+            self.fatal("removing pages", &e);
+        }
+    }
+
+    pub(crate) fn write_pages(&self, pages: Vec<PageWrite>, deferred: &mut Vec<PageWrite>) {
         if pages.is_empty() {
             return;
         }
         let items: Vec<(Key, &[u8])> = pages
             .iter()
-            .map(|(r, p, s)| (r.key(*p), self.slots.bytes(*s)))
+            .map(|w| (w.key, self.slots.bytes(w.slot)))
             .collect();
         if let Err(e) = self.store.write_many(&items) {
             self.fatal("writing pages back", &e);
@@ -126,8 +151,12 @@ impl Inner {
         drop(items);
         Counters::add(&self.counters.written_back, pages.len() as u64);
         Counters::add(&self.counters.bytes_written, (pages.len() * PAGE) as u64);
-        for (region, page, slot) in pages {
-            self.finish_writeback(region, page, slot, deferred);
+        for w in pages {
+            self.finish_writeback(w, deferred);
+        }
+        if self.local_pages() > self.budget_pages.load(Relaxed) {
+            // An evictor short of slots may be waiting for these.
+            self.kick_evictor();
         }
     }
 
@@ -136,18 +165,13 @@ impl Inner {
     /// so the slot is kept and the page looked at again later (`deferred`). Never wait here:
     /// the owner may be an evictor waiting for a free slot, which only this thread frees (a
     /// spin at this point hung a 512 MiB scan at 75% local on one CPU).
-    pub(crate) fn finish_writeback(
-        &self,
-        region: Arc<RegionInner>,
-        page: usize,
-        slot: u32,
-        deferred: &mut Vec<(Arc<RegionInner>, usize, u32)>,
-    ) {
+    pub(crate) fn finish_writeback(&self, w: PageWrite, deferred: &mut Vec<PageWrite>) {
+        let (region, page, slot) = (&w.region, w.page, w.slot);
         let s = region.table.state(page);
         let mut cur = s.load(Acquire);
         loop {
             if kind(cur) == BUSY {
-                deferred.push((region, page, slot));
+                deferred.push(w);
                 return;
             }
             if kind(cur) != WRITEBACK || cur >> SLOT_SHIFT != slot as u64 {

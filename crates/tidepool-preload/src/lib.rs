@@ -23,10 +23,11 @@ mod libc_alloc;
 mod mmap;
 mod ranges;
 
-use parking_lot::Mutex;
 use ranges::Ranges;
+use std::cell::RefCell;
 use std::env::var as env_var;
 use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard};
 use tidepool_alloc::PageSource;
 use tidepool_pager::{AdoptedRegion, Config, Pager, PAGE};
 
@@ -44,22 +45,29 @@ struct Runtime {
     pager: Pager,
     heap: Option<AdoptedRegion>,
     large: AdoptedRegion,
+    /// A std mutex, not parking_lot's: a thread waiting for it at a fork would otherwise stay
+    /// in parking_lot's global queue of waiters in the child, where it does not exist.
     ranges: Mutex<Ranges>,
     stats_at_exit: bool,
 }
 
 impl Runtime {
+    fn ranges(&self) -> MutexGuard<'_, Ranges> {
+        // A panic while holding it cannot leave the list half changed (its methods check
+        // their arguments first), so a poisoned lock is still good.
+        self.ranges.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Takes `len` bytes (rounded up to pages) of the large region: its address. The pages read
     /// as zero (released ranges were discarded).
     fn take(&self, len: usize) -> Option<usize> {
         let len = len.checked_next_multiple_of(PAGE)?;
-        let offset = self.ranges.lock().take(len)?;
+        let offset = self.ranges().take(len)?;
         Some(self.large.base() + offset)
     }
 
     /// Gives back whatever part of `[addr, addr + len)` in the large region is in use, dropping
-    /// its pages. In a forked child the pages are dropped but the ranges stay taken: the list
-    /// belongs to the parent (and its lock may be held by a thread the child does not have).
+    /// its pages.
     ///
     /// # Safety
     /// Nothing may use the range any more.
@@ -70,13 +78,9 @@ impl Runtime {
         let Some(len) = end.checked_sub(addr) else {
             return;
         };
-        if tidepool_pager::in_forked_child() {
-            // SAFETY: per the caller.
-            return unsafe { self.large.discard(addr, len) };
-        }
         // The lock is held while the pages are dropped, so that nobody takes a range whose old
         // contents are still there.
-        let mut ranges = self.ranges.lock();
+        let mut ranges = self.ranges();
         for (offset, l) in ranges.release(addr - self.large.base(), len) {
             // SAFETY: per the caller; these parts were in use until now.
             unsafe { self.large.discard(self.large.base() + offset, l) };
@@ -86,23 +90,30 @@ impl Runtime {
     /// Grows a range of the large region in place; false if the bytes after it are taken.
     fn grow_in_place(&self, addr: usize, old: usize, new: usize) -> bool {
         let offset = addr - self.large.base();
-        self.ranges.lock().grow_in_place(offset, old, new)
+        self.ranges().grow_in_place(offset, old, new)
     }
 }
 
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 
-/// The runtime, if memory the calling thread maps now should be paged: the pager runs, this is
-/// not a forked child (which has no pager threads) and not a pager thread.
+/// The runtime, if memory the calling thread maps now should be paged: the pager runs and this
+/// is not a pager thread.
 fn paging() -> Option<&'static Runtime> {
-    RUNTIME
-        .get()
-        .filter(|_| !tidepool_pager::in_forked_child() && !tidepool_alloc::thread_unpaged())
+    RUNTIME.get().filter(|_| !tidepool_alloc::thread_unpaged())
 }
 
 /// The runtime, if `addr` lies in its large region.
 fn owning(addr: usize) -> Option<&'static Runtime> {
     RUNTIME.get().filter(|rt| rt.large.contains(addr))
+}
+
+/// The paged region `addr` lies in: the allocator's heap or the large region.
+fn paged_region(addr: usize) -> Option<&'static AdoptedRegion> {
+    let rt = RUNTIME.get()?;
+    if rt.large.contains(addr) {
+        return Some(&rt.large);
+    }
+    rt.heap.as_ref().filter(|h| h.contains(addr))
 }
 
 static SOURCE: PageSource = PageSource {
@@ -149,6 +160,9 @@ extern "C" fn start() {
     let Some(local) = env_var("TIDEPOOL_RUN_LOCAL").ok() else {
         return;
     };
+    // First of all fork handlers: in a forked child the pager must be running again before
+    // any other child handler (the allocator's among them) touches paged memory.
+    tidepool_pager::install_fork_handlers();
     let backend = env_var("TIDEPOOL_RUN_BACKEND").unwrap_or_else(|_| "local:".into());
     let stats_at_exit = env_var("TIDEPOOL_RUN_STATS").is_ok_and(|v| !v.is_empty() && v != "0");
     let Some(budget) = tidepool_alloc::parse_size(local.as_bytes()) else {
@@ -170,6 +184,7 @@ extern "C" fn start() {
         .unwrap_or_else(|e| fail(&format!("cannot open far store {backend}: {e}")));
     let mut config = Config::new(budget);
     config.thread_start = Some(|| tidepool_alloc::set_thread_unpaged(true));
+    config.around_child_restart = Some(tidepool_alloc::set_arenas_aside);
     // The uncompressed in-process store keeps far pages as frames moved with UFFDIO_MOVE
     // (copying nothing); TIDEPOOL_RUN_FRAMES=0 turns that off, to compare.
     config.in_process_frames = env_var("TIDEPOOL_RUN_FRAMES").map_or(true, |v| v != "0")
@@ -198,13 +213,44 @@ extern "C" fn start() {
         stats_at_exit,
     };
     if RUNTIME.set(rt).is_ok() {
-        if let Some(rt) = RUNTIME.get() {
-            if let Err(e) = tidepool_pager::control::serve(&rt.pager, std::process::id()) {
-                eprintln!("tidepool run: live resizing is unavailable: {e}");
-            }
-        }
+        serve_control();
+        // SAFETY: registering functions with no preconditions (after the pager's and the
+        // allocator's, so these run last in a child and first before a fork).
+        unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     }
     tidepool_alloc::set_thread_unpaged(false);
+}
+
+/// Serves `tidepool resize` and `tidepool status` for this process.
+fn serve_control() {
+    if let Some(rt) = RUNTIME.get() {
+        if let Err(e) = tidepool_pager::control::serve(&rt.pager, std::process::id()) {
+            eprintln!("tidepool run: live resizing is unavailable: {e}");
+        }
+    }
+}
+
+thread_local! {
+    /// The list of ranges, held by the forking thread across a fork.
+    static HELD: RefCell<Option<MutexGuard<'static, Ranges>>> = const { RefCell::new(None) };
+}
+
+/// The list of ranges must be whole in a forked child: nobody may be changing it at the fork.
+extern "C" fn fork_prepare() {
+    if let Some(rt) = RUNTIME.get() {
+        let guard = rt.ranges();
+        HELD.with(|h| *h.borrow_mut() = Some(guard));
+    }
+}
+
+extern "C" fn fork_parent() {
+    HELD.with(|h| h.borrow_mut().take());
+}
+
+extern "C" fn fork_child() {
+    HELD.with(|h| h.borrow_mut().take());
+    // The control socket is named by process id; the parent's thread serving it is not here.
+    serve_control();
 }
 
 /// The pager of this process, once started.

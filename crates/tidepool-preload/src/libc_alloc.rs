@@ -1,7 +1,8 @@
 //! The preload library's own Rust allocations go to glibc's malloc, never to the heap it pages:
 //! pager threads must not touch memory the pager may evict (a fault there would wait for a
-//! pager thread). glibc's functions are found with `dlsym(RTLD_NEXT, ...)`, since this library
-//! itself exports `malloc`.
+//! pager thread). glibc's functions are looked up in libc.so.6 itself: this library exports
+//! `malloc`, and the next definition after it may be another allocator the program links
+//! (redis-server links jemalloc), whose arenas come from the interposed mmap, so paged.
 
 use core::alloc::{GlobalAlloc, Layout};
 use core::ffi::{c_void, CStr};
@@ -22,8 +23,16 @@ fn lookup(slot: &AtomicUsize, name: &CStr) -> usize {
     if f != 0 {
         return f;
     }
-    // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; glibc always defines these.
-    let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+    // SAFETY: dlopen of the C library the process already has (RTLD_NOLOAD: nothing is loaded
+    // or initialised), then dlsym in it alone with a NUL-terminated name.
+    let f = unsafe {
+        let libc_so = libc::dlopen(c"libc.so.6".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD);
+        if libc_so.is_null() {
+            0
+        } else {
+            libc::dlsym(libc_so, name.as_ptr()) as usize
+        }
+    };
     if f == 0 {
         let msg = b"tidepool run: glibc's malloc not found; tidepool run needs a glibc system\n";
         // SAFETY: writing a static buffer to standard error, then aborting.

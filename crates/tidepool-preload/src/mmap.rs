@@ -15,7 +15,7 @@
 //! the pager still believes it owns those pages; programs that do this should not run under
 //! `tidepool run`.
 
-use crate::{owning, paging};
+use crate::{owning, paged_region, paging};
 use core::ffi::{c_int, c_void};
 use libc::{off_t, MAP_FAILED};
 use tidepool_pager::PAGE;
@@ -174,14 +174,16 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
         return 0;
     }
     if drops {
-        if let Some(rt) = owning(addr as usize) {
+        // Memory the allocator handed out counts too: redis's forked child gives back the
+        // pages of values it has saved with MADV_DONTNEED on malloc'd memory.
+        if let Some(region) = paged_region(addr as usize) {
             if !(addr as usize).is_multiple_of(PAGE) {
                 return fail_int(libc::EINVAL);
             }
             let len = len.next_multiple_of(PAGE);
             // SAFETY: the program says it no longer needs the contents (madvise's contract);
             // private anonymous pages read as zero afterwards, as they do here.
-            unsafe { rt.large.discard(addr as usize, len) };
+            unsafe { region.discard(addr as usize, len) };
             return 0;
         }
     }

@@ -166,6 +166,20 @@ pub trait FarStore: Send + Sync + fmt::Debug {
         Ok(StoreStats::default())
     }
 
+    /// True if the values live in this process's own memory (the in-process store), so that a
+    /// forked child gets a copy of them with its address space, and the parent's later writes
+    /// never reach the child's. False (the default) for stores on a server, which parent and
+    /// child share: whoever forks must keep the values the other side may still read.
+    fn private_to_process(&self) -> bool {
+        false
+    }
+
+    /// Called in a forked child before its first use of the store: connections inherited from
+    /// the parent are shared with it (a request from the child would interleave with the
+    /// parent's on the same socket), so the child must open its own. What the parent stored
+    /// stays readable from the child. The default does nothing.
+    fn after_fork_in_child(&self) {}
+
     fn write(&self, key: Key, value: &[u8]) -> Result<(), StoreError> {
         self.write_many(&[(key, value)])
     }

@@ -247,11 +247,21 @@ fn set_int_option(sock: &impl AsRawFd, option: libc::c_int, value: usize) -> io:
 /// hooks, whose thread-local registers a destructor through glibc, which calls malloc). A
 /// pager serving the heap that malloc uses must mark its threads before anything on them
 /// allocates, so its threads start here. Joined on [`RawThread::join`]; detached if dropped.
+///
+/// Each thread runs on a stack of its own mapping, made with the raw system call, never one of
+/// glibc's cached stacks: reusing a cached stack clears the thread-local vector of its last
+/// owner, which the program's malloc allocated, and that memory may be paged out; in a forked
+/// child whose pager is not running yet the touch would wait forever.
 #[derive(Debug)]
 pub struct RawThread {
     id: libc::pthread_t,
     joined: bool,
+    /// The thread's stack mapping (address, length), unmapped after a join.
+    stack: (usize, usize),
 }
+
+/// Stack of a raw thread.
+const RAW_STACK: usize = 2 << 20;
 
 type ThreadMain = Box<dyn FnOnce() + Send + 'static>;
 
@@ -268,15 +278,46 @@ extern "C" fn raw_thread_entry(arg: *mut libc::c_void) -> *mut libc::c_void {
 
 /// Starts `f` on a new thread named `name` (cut to the kernel's 15 bytes).
 pub fn spawn_raw(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<RawThread> {
+    // SAFETY: a fresh private mapping from the kernel (the raw system call: a preloaded
+    // library may interpose mmap), with a guard page at its low end.
+    let stack = unsafe {
+        let p = libc::syscall(
+            libc::SYS_mmap,
+            std::ptr::null_mut::<libc::c_void>(),
+            RAW_STACK,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if p < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        libc::syscall(libc::SYS_mprotect, p, 4096, libc::PROT_NONE);
+        p as usize
+    };
+    let unmap_stack = || {
+        // SAFETY: the mapping made above, which no thread runs on.
+        unsafe { libc::syscall(libc::SYS_munmap, stack, RAW_STACK) };
+    };
+    // SAFETY: plain data, initialised by pthread_attr_init before any other use.
+    let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `attr` is writable; the stack is a mapping of ours of the size given.
+    unsafe {
+        libc::pthread_attr_init(&mut attr);
+        libc::pthread_attr_setstack(&mut attr, stack as *mut libc::c_void, RAW_STACK);
+    }
     let arg = Box::into_raw(Box::new(Box::new(f) as ThreadMain));
     let mut id: libc::pthread_t = 0;
-    // SAFETY: `id` is writable; the entry point takes ownership of `arg` exactly once, and
-    // only if the thread is created.
-    let rc =
-        unsafe { libc::pthread_create(&mut id, std::ptr::null(), raw_thread_entry, arg.cast()) };
+    // SAFETY: `id` and `attr` are valid; the entry point takes ownership of `arg` exactly
+    // once, and only if the thread is created.
+    let rc = unsafe { libc::pthread_create(&mut id, &attr, raw_thread_entry, arg.cast()) };
+    // SAFETY: initialised above, no longer needed.
+    unsafe { libc::pthread_attr_destroy(&mut attr) };
     if rc != 0 {
         // SAFETY: the thread was not created, so `arg` is still ours.
         drop(unsafe { Box::from_raw(arg) });
+        unmap_stack();
         return Err(io::Error::from_raw_os_error(rc));
     }
     let mut cname = [0u8; 16];
@@ -284,7 +325,11 @@ pub fn spawn_raw(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<Ra
     cname[..n].copy_from_slice(&name.as_bytes()[..n]);
     // SAFETY: a live thread of ours and a NUL-terminated name of at most 16 bytes.
     unsafe { libc::pthread_setname_np(id, cname.as_ptr().cast()) };
-    Ok(RawThread { id, joined: false })
+    Ok(RawThread {
+        id,
+        joined: false,
+        stack: (stack, RAW_STACK),
+    })
 }
 
 impl RawThread {
@@ -293,10 +338,13 @@ impl RawThread {
         self.joined = true;
         // SAFETY: a joinable thread of ours, joined once (`joined` keeps Drop from detaching).
         unsafe { libc::pthread_join(self.id, std::ptr::null_mut()) };
+        // SAFETY: the thread has ended; glibc does not free stacks it was given.
+        unsafe { libc::syscall(libc::SYS_munmap, self.stack.0, self.stack.1) };
     }
 }
 
 impl Drop for RawThread {
+    /// Detaches the thread; its stack stays mapped (it may still be running on it).
     fn drop(&mut self) {
         if !self.joined {
             // SAFETY: a joinable thread of ours that nobody will join.

@@ -105,6 +105,10 @@ impl LocalStore {
 }
 
 impl FarStore for LocalStore {
+    fn private_to_process(&self) -> bool {
+        true
+    }
+
     fn describe(&self) -> String {
         if self.compress {
             "local:?compress=lz4".into()

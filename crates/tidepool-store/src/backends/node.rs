@@ -10,6 +10,11 @@
 //! All connections of one client share a session id, so the objects it put belong to the client
 //! as a whole and are released by the node only when its last connection closes.
 //!
+//! A forked child ([`NodeClient::after_fork_in_child`]) takes a session of its own for what it
+//! puts, and keeps its copies of the parent's connections open without ever using them: while
+//! they are open, the parent's session (whose objects the child may still read) lives on, even
+//! after the parent has exited. They close when the child exits or execs.
+//!
 //! [`NodeStore`] is the [`FarStore`] over it: it maps the caller's keys to the node's handles.
 
 use crate::{FarStore, FetchMode, Key, StoreError, StoreStats};
@@ -18,6 +23,7 @@ use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
 use std::io::{IoSlice, Write};
 use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tidepool_proto::scan::{Column, Scan};
 use tidepool_proto::{
@@ -375,29 +381,36 @@ pub struct NodeClient {
     addr: String,
     tenant: String,
     token: String,
-    session: u64,
+    session: AtomicU64,
     info: HelloInfo,
     pool: Mutex<Vec<NodeConn>>,
+    /// Connections inherited from the process that forked this one: never used, kept open so
+    /// that its session (and every earlier one up the line of forks) outlives it.
+    keepalive: Mutex<Vec<NodeConn>>,
 }
 
 impl NodeClient {
     /// Connects and authenticates once, so a wrong address or token fails here.
     pub fn connect(addr: &str, tenant: &str, token: &str) -> Result<NodeClient, StoreError> {
-        let session = loop {
-            let s: u64 = rand_u64();
-            if s != 0 {
-                break s;
-            }
-        };
+        let session = new_session_id();
         let (conn, info) = NodeConn::open(addr, tenant, token, session)?;
         Ok(NodeClient {
             addr: addr.to_string(),
             tenant: tenant.to_string(),
             token: token.to_string(),
-            session,
+            session: AtomicU64::new(session),
             info,
             pool: Mutex::new(vec![conn]),
+            keepalive: Mutex::new(Vec::new()),
         })
+    }
+
+    /// In a forked child, before anything else: the inherited connections become keep-alives
+    /// of the parent's session, and this client starts a session of its own.
+    pub fn after_fork_in_child(&self) {
+        let inherited = std::mem::take(&mut *self.pool.lock());
+        self.keepalive.lock().extend(inherited);
+        self.session.store(new_session_id(), Ordering::Relaxed);
     }
 
     pub fn addr(&self) -> &str {
@@ -418,7 +431,10 @@ impl NodeClient {
         let pooled = self.pool.lock().pop();
         let mut conn = match pooled {
             Some(c) => c,
-            None => NodeConn::open(&self.addr, &self.tenant, &self.token, self.session)?.0,
+            None => {
+                let session = self.session.load(Ordering::Relaxed);
+                NodeConn::open(&self.addr, &self.tenant, &self.token, session)?.0
+            }
         };
         let r = f(&mut conn);
         if !matches!(r, Err(StoreError::Io { .. } | StoreError::Protocol { .. })) {
@@ -508,6 +524,16 @@ impl NodeClient {
         match self.call(&Request::Stats)? {
             Response::Stats(v) => Ok(v),
             other => Err(unexpected("stats", &other)),
+        }
+    }
+}
+
+/// A fresh non-zero session id (zero asks the node for a session of the connection's own).
+fn new_session_id() -> u64 {
+    loop {
+        let s: u64 = rand_u64();
+        if s != 0 {
+            break s;
         }
     }
 }
@@ -674,6 +700,10 @@ fn last_per_key<'a>(items: &[(Key, &'a [u8])]) -> Vec<(Key, &'a [u8])> {
 }
 
 impl FarStore for NodeStore {
+    fn after_fork_in_child(&self) {
+        self.client.after_fork_in_child();
+    }
+
     fn describe(&self) -> String {
         format!("node://{}", self.client.addr)
     }

@@ -63,6 +63,12 @@ impl<C> Pool<C> {
     fn idle_count(&self) -> usize {
         self.idle.lock().len()
     }
+
+    /// Forgets the idle connections (a forked child's, shared with its parent): closing the
+    /// child's copies of their sockets leaves the parent's connections open.
+    fn forget_idle(&self) {
+        self.idle.lock().clear();
+    }
 }
 
 /// What the store talks to.
@@ -308,6 +314,13 @@ fn to_io_error(e: &RedisError, message: String) -> io::Error {
 }
 
 impl FarStore for RedisStore {
+    fn after_fork_in_child(&self) {
+        match &self.target {
+            Target::Single { pool, .. } => pool.forget_idle(),
+            Target::Cluster { pool, .. } => pool.forget_idle(),
+        }
+    }
+
     fn describe(&self) -> String {
         match &self.target {
             Target::Single { addr, .. } => format!("redis://{addr}"),

@@ -329,6 +329,11 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
 }
 
 impl FarStore for MemcachedStore {
+    fn after_fork_in_child(&self) {
+        // Closing the child's copies of the sockets leaves the parent's connections open.
+        self.pool.lock().clear();
+    }
+
     fn describe(&self) -> String {
         format!("memcached://{}", self.addr)
     }

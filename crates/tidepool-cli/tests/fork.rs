@@ -1,0 +1,110 @@
+//! fork without exec under `tidepool run`, with the local store and a memory node: a C program
+//! (`tests/c/forks.c`) fills memory four times the local budget, forks, and has parent, child
+//! and grandchild each check every word they should see and change their own copies. Each case
+//! runs natively first, and must print the same under the pager.
+
+mod common;
+
+use common::NodeProc;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn preload() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
+        tidepool_bench::libs::build_into(
+            &target,
+            Path::new(env!("CARGO_MANIFEST_DIR")),
+            "tidepool-preload",
+            "libtidepool_preload.so",
+        )
+        .expect("libtidepool_preload.so")
+    })
+    .clone()
+}
+
+/// `tests/c/forks.c`, compiled once.
+fn forks() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("forks");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/forks.c");
+        let status = Command::new("cc")
+            .args(["-O2", "-pthread", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .expect("cc (the C compiler scripts/setup installs)");
+        assert!(status.success(), "compiling {}", src.display());
+        out
+    })
+    .clone()
+}
+
+/// Local memory for 64 MiB of data: a quarter.
+const LOCAL: &str = "16M";
+const MIB: &str = "64";
+
+fn run_case(case: &str, backend: &str) {
+    let native = Command::new(forks()).args([case, MIB]).output().unwrap();
+    let native_out = String::from_utf8_lossy(&native.stdout).into_owned();
+    assert!(
+        native.status.success(),
+        "{case} fails natively: {native_out}"
+    );
+    let paged = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+        .args(["run", "--local", LOCAL, "--backend", backend, "--"])
+        .arg(forks())
+        .args([case, MIB])
+        .env("TIDEPOOL_PRELOAD", preload())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&paged.stdout),
+        String::from_utf8_lossy(&paged.stderr),
+    );
+    assert!(
+        paged.status.success(),
+        "{case} on {backend}: {}\n{stdout}\n{stderr}",
+        paged.status
+    );
+    // Lines may come in either order (the orphan prints after its parent has exited).
+    let mut got: Vec<&str> = stdout.lines().collect();
+    let mut want: Vec<&str> = native_out.lines().collect();
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(got, want, "{case} on {backend}:\n{stderr}");
+}
+
+const CASES: [&str; 6] = ["basic", "threads", "grandchild", "orphan", "exec", "shared"];
+
+#[test]
+fn every_fork_case_under_the_local_store() {
+    for case in CASES {
+        run_case(case, "local:");
+    }
+}
+
+#[test]
+fn every_fork_case_under_a_memory_node() {
+    let node = NodeProc::start(&["--capacity", "1G"]);
+    let backend = format!("node://forks@{}", node.addr);
+    for case in CASES {
+        run_case(case, &backend);
+    }
+    // Every process has exited: the node holds nothing for them any more (the children's own
+    // sessions and the parents' ended with their last connections).
+    let stats = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+        .args(["stats", &backend])
+        .output()
+        .unwrap();
+    let stats = String::from_utf8_lossy(&stats.stdout);
+    let objects = stats
+        .lines()
+        .find(|l| l.starts_with("tenant.objects"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap_or_else(|| panic!("no object count in {stats}"));
+    assert_eq!(objects, "0", "{stats}");
+}
