@@ -78,7 +78,15 @@ fn run_case(case: &str, backend: &str) {
     assert_eq!(got, want, "{case} on {backend}:\n{stderr}");
 }
 
-const CASES: [&str; 6] = ["basic", "threads", "grandchild", "orphan", "exec", "shared"];
+const CASES: [&str; 7] = [
+    "basic",
+    "threads",
+    "grandchild",
+    "orphan",
+    "exec",
+    "shared",
+    "advice",
+];
 
 #[test]
 fn every_fork_case_under_the_local_store() {

@@ -83,6 +83,9 @@ impl Inner {
                 if region.dead.load(Acquire) || kind(word) != RESIDENT || word & REFERENCED != 0 {
                     continue;
                 }
+                if !self.readable(&region, page) {
+                    continue;
+                }
                 if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
                     victims.push((region, page, w));
                 }
@@ -117,6 +120,12 @@ impl Inner {
                         clock.push_back((region, page));
                         continue;
                     }
+                }
+                if !self.readable(&region, page) {
+                    // Inaccessible (PROT_NONE): it cannot be read to be saved; it stays until
+                    // the program opens it again.
+                    clock.push_back((region, page));
+                    continue;
                 }
                 if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
                     victims.push((region, page, w));

@@ -287,17 +287,21 @@ impl Inner {
         wake: bool,
     ) -> usize {
         let (mut done, mut skipped) = (0, 0);
+        // One call per run, unless a run turns out to cross mappings (the program split the
+        // region with mprotect or madvise): page by page from there.
+        let mut step = src.len();
         while done < src.len() {
+            let end = (done + step).min(src.len());
             let r = self
                 .uffd
-                .copy(addr + done, &src[done..], write_protect, wake);
+                .copy(addr + done, &src[done..end], write_protect, wake);
             #[cfg(feature = "trace")]
             if let Some(region) = self.region_of(addr) {
                 let (ok, err) = match &r {
                     Ok(n) => (n / PAGE, None),
                     Err(e) => (0, Some(e)),
                 };
-                let arg = crate::trace::call_arg(false, (src.len() - done) / PAGE, ok, err);
+                let arg = crate::trace::call_arg(false, (end - done) / PAGE, ok, err);
                 crate::trace::event((addr + done - region.base) / PAGE, "copy_call", arg);
             }
             match r {
@@ -306,10 +310,17 @@ impl Inner {
                     done += PAGE;
                     skipped += 1;
                 }
-                // The program unmapped the range (or is exiting): nothing to install into.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ESRCH)) => {
-                    return done / PAGE - skipped
+                // UFFDIO_COPY wants its range within one mapping.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) && end - done > PAGE => {
+                    step = PAGE;
                 }
+                // This page is not mapped (the program is unmapping it): nothing to install.
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                    done += PAGE;
+                    skipped += 1;
+                }
+                // The process is exiting.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return done / PAGE - skipped,
                 Err(e) => self.fatal("installing a page", &e),
             }
         }

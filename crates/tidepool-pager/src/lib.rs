@@ -44,6 +44,7 @@ mod evict;
 mod fault;
 mod fork;
 mod frames;
+mod marks;
 mod pager;
 pub mod prefetch;
 mod region;
@@ -58,6 +59,7 @@ mod writeback;
 
 pub use error::PagerError;
 pub use fork::{in_forked_child, install as install_fork_handlers};
+pub use marks::ForkAdvice;
 pub use pager::{Config, Pager, FATAL_EXIT_CODE};
 pub use region::{AdoptedRegion, Region};
 pub use stats::PagerStats;

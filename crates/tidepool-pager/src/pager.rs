@@ -113,6 +113,10 @@ pub(crate) struct RegionInner {
     /// of the region at page `i` of the shadow. Registered too (UFFDIO_MOVE wants both ends
     /// registered), and never touched where it holds no frame.
     pub(crate) shadow: Option<Mapping>,
+    /// Protections and fork advice the program gave parts of the region (see `marks.rs`).
+    pub(crate) marks: Mutex<crate::marks::Marks>,
+    /// Some page of the region is inaccessible (PROT_NONE): eviction asks `marks` first.
+    pub(crate) inaccessible: AtomicBool,
     /// The reservation, if the pager made it.
     pub(crate) _mapping: Option<Mapping>,
 }
@@ -250,6 +254,7 @@ impl Shared {
             if let Err(e) = i.uffd.register_present(r.base, r.len) {
                 fail("registering a region", e);
             }
+            i.apply_inheritance_in_child(r);
         }
         // The kernel dropped the write protections with the parent's registration: the pages
         // the table knows as mapped (all on the clock) take it again, in runs. Not every
@@ -494,6 +499,9 @@ impl Pager {
             None
         };
         i.uffd.register(base, len).map_err(PagerError::Register)?;
+        // The pager installs 4 KiB pages; khugepaged must not fold a fully mapped 2 MiB of
+        // them into a huge page behind its back (on systems whose THP setting is "always").
+        let _ = sys::advise(base, len, libc::MADV_NOHUGEPAGE);
         let region = Arc::new(RegionInner {
             id,
             base,
@@ -503,6 +511,8 @@ impl Pager {
             touched_end: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
             shadow,
+            marks: Mutex::new(Default::default()),
+            inaccessible: AtomicBool::new(false),
             _mapping: mapping,
         });
         regions.push(region.clone());
@@ -571,9 +581,10 @@ impl Inner {
     /// The far store failed: the program cannot get its memory back, so it must stop rather
     /// than read zeros in place of its data.
     pub(crate) fn fatal(&self, what: &str, err: &dyn std::fmt::Display) -> ! {
+        let pid = std::process::id();
         let msg = format!(
-            "tidepool pager: {what} failed on far store {}: {err}\n\
-             tidepool pager: the program's memory is unreachable; stopping it (exit status {FATAL_EXIT_CODE}) rather than let it read zeros\n",
+            "tidepool pager (process {pid}): {what} failed on far store {}: {err}\n\
+             tidepool pager (process {pid}): the program's memory is unreachable; stopping it (exit status {FATAL_EXIT_CODE}) rather than let it read zeros\n",
             self.store.describe()
         );
         // SAFETY: writing a buffer to standard error, then exiting without running the

@@ -6,6 +6,7 @@ use crate::sys;
 use crate::sys::PAGE;
 use crate::table::*;
 use crate::writeback::StoreJob;
+use crate::ForkAdvice;
 use crate::PagerError;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -134,6 +135,71 @@ impl AdoptedRegion {
     }
 }
 
+impl AdoptedRegion {
+    /// The pages of `[addr, addr + len)` (len rounded up to whole pages, cut at the region's
+    /// end); `None` unless `addr` is a page boundary inside the region.
+    fn pages_of(&self, addr: usize, len: usize) -> Option<std::ops::Range<usize>> {
+        let offset = addr.checked_sub(self.inner.base)?;
+        if !offset.is_multiple_of(PAGE) || offset >= self.inner.len {
+            return None;
+        }
+        let end = offset
+            .saturating_add(len)
+            .min(self.inner.len)
+            .div_ceil(PAGE);
+        Some(offset / PAGE..end)
+    }
+
+    /// mprotect on the pages of `[addr, addr + len)`, remembered by the pager: a page made
+    /// inaccessible is not evicted until it is opened again (it could not be read to be
+    /// saved). `addr` must be a page boundary inside the region.
+    pub fn protect(&self, addr: usize, len: usize, prot: i32) -> std::io::Result<()> {
+        let pages = self.pages_of(addr, len).ok_or_else(einval)?;
+        self.pager.inner().protect(&self.inner, pages, prot)
+    }
+
+    /// Fork advice (MADV_DONTFORK and the like) on the pages of `[addr, addr + len)`, given to
+    /// the kernel and remembered for the pager of a forked child.
+    pub fn advise_fork(&self, addr: usize, len: usize, advice: ForkAdvice) -> std::io::Result<()> {
+        let pages = self.pages_of(addr, len).ok_or_else(einval)?;
+        self.pager.inner().advise_fork(&self.inner, pages, advice)
+    }
+
+    /// The program gave up `[addr, addr + len)`: zeros, readable and writable, inherited by
+    /// forked children as usual.
+    ///
+    /// # Safety
+    /// Nothing may reference the bytes of those pages (they change to zero).
+    pub unsafe fn reset(&self, addr: usize, len: usize) {
+        if let Some(pages) = self.pages_of(addr, len) {
+            self.pager.inner().reset(&self.inner, pages);
+        }
+    }
+
+    /// The program is about to map something else (a file, shared memory) over
+    /// `[addr, addr + len)`: the pager forgets those pages and leaves them alone until
+    /// [`AdoptedRegion::reclaim`].
+    ///
+    /// # Safety
+    /// As for [`AdoptedRegion::reset`].
+    pub unsafe fn cede(&self, addr: usize, len: usize) {
+        if let Some(pages) = self.pages_of(addr, len) {
+            self.pager.inner().cede(&self.inner, pages);
+        }
+    }
+
+    /// The program unmapped what it had mapped over `[addr, addr + len)` (see
+    /// [`AdoptedRegion::cede`]): the range becomes fresh paged memory, zeros.
+    pub fn reclaim(&self, addr: usize, len: usize) -> std::io::Result<()> {
+        let pages = self.pages_of(addr, len).ok_or_else(einval)?;
+        self.pager.inner().reclaim(&self.inner, pages)
+    }
+}
+
+fn einval() -> std::io::Error {
+    std::io::Error::from_raw_os_error(libc::EINVAL)
+}
+
 impl Drop for AdoptedRegion {
     fn drop(&mut self) {
         self.pager.remove_region(&self.inner);
@@ -151,17 +217,26 @@ fn discard_pages_within(pager: &Pager, region: &Arc<RegionInner>, offset: usize,
 
 impl Inner {
     /// Forgets pages `[first, end)` of a region: their contents are no longer needed and the
-    /// next touch reads zeros.
+    /// next touch reads zeros. Pages the program mapped something else over (FOREIGN) are left
+    /// alone.
     pub(crate) fn discard(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
-        let end = end.min(region.table.pages());
         let _section = crate::fork::section();
+        self.discard_in_section(region, first, end);
+    }
+
+    /// [`Inner::discard`], for a caller already inside a section (or a forked child's restart,
+    /// which runs with the gate closed).
+    pub(crate) fn discard_in_section(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
+        let end = end.min(region.table.pages());
         let mut removes = Vec::new();
         let mut page = first;
         while page < end {
             let chunk_end = (page + 512).min(end);
             let mut resident = 0;
+            let mut words = Vec::with_capacity(chunk_end - page);
             for p in page..chunk_end {
                 let w = region.table.lock_any(p);
+                words.push(w);
                 match kind(w) {
                     RESIDENT => {
                         resident += 1;
@@ -170,19 +245,32 @@ impl Inner {
                         }
                     }
                     FAR if w & FRAMED != 0 => {}
-                    FAR => self.tags.drop_copy(region.key(p), &mut removes),
-                    // Removed once the write in flight lands (the jobs run in order). No forked
-                    // child reads it: a child gives its pages in write-back tags of its own.
-                    WRITEBACK => removes.push(region.key(p)),
+                    // A page on its way to the store: removed (or kept for a forked child) after
+                    // the write in flight lands, the jobs running in order.
+                    FAR | WRITEBACK => self.tags.drop_copy(region.key(p), &mut removes),
                     _ => {}
                 }
             }
-            sys::discard(region.addr(page), (chunk_end - page) * PAGE);
-            if region.shadow.is_some() {
-                sys::discard(region.shadow_addr(page), (chunk_end - page) * PAGE);
+            // Drop the pages in runs that leave out what the program mapped over the region.
+            let mut run_start = None;
+            for (i, w) in words.iter().chain(std::iter::once(&FOREIGN)).enumerate() {
+                match (kind(*w) == FOREIGN, run_start) {
+                    (false, None) => run_start = Some(page + i),
+                    (true, Some(start)) => {
+                        let n = page + i - start;
+                        sys::discard(region.addr(start), n * PAGE);
+                        if region.shadow.is_some() {
+                            sys::discard(region.shadow_addr(start), n * PAGE);
+                        }
+                        run_start = None;
+                    }
+                    _ => {}
+                }
             }
-            for p in page..chunk_end {
-                region.table.unlock(p, UNTOUCHED);
+            for (p, w) in (page..chunk_end).zip(words) {
+                region
+                    .table
+                    .unlock(p, if kind(w) == FOREIGN { w } else { UNTOUCHED });
             }
             self.resident.fetch_sub(resident, Relaxed);
             Counters::add(&self.counters.discarded, resident as u64);

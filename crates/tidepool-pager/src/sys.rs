@@ -100,8 +100,9 @@ impl Uffd {
     }
 
     /// Registers the mapped parts of `[addr, addr + len)`: all of it if it is one run of
-    /// mappings, else each mapping inside it that /proc/self/maps lists (a forked child lacks
-    /// the parts the program marked MADV_DONTFORK).
+    /// anonymous mappings, else each private anonymous mapping inside it that /proc/self/maps
+    /// lists (a forked child lacks the parts the program marked MADV_DONTFORK, and a file the
+    /// program mapped over part of a region is not the pager's).
     pub fn register_present(&self, addr: usize, len: usize) -> io::Result<()> {
         if self.register(addr, len).is_ok() {
             return Ok(());
@@ -109,9 +110,18 @@ impl Uffd {
         let maps = std::fs::read_to_string("/proc/self/maps")?;
         let end = addr + len;
         for line in maps.lines() {
-            let Some((range, _)) = line.split_once(' ') else {
+            let Some((range, rest)) = line.split_once(' ') else {
                 continue;
             };
+            // "rw-p 00000000 00:00 0": private and anonymous (inode 0, no path); a file or
+            // shared mapping the program placed over part of a region is not ours.
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let anonymous_private = fields.first().is_some_and(|p| p.ends_with('p'))
+                && fields.get(3) == Some(&"0")
+                && fields.len() <= 4;
+            if !anonymous_private {
+                continue;
+            }
             let Some((a, b)) = range.split_once('-') else {
                 continue;
             };
@@ -393,6 +403,48 @@ pub fn discard(addr: usize, len: usize) {
     // regions the pager owns, whose contents they have saved or no longer need. A raw system
     // call: the preload library interposes madvise and sends discards in its regions here.
     unsafe { libc::syscall(libc::SYS_madvise, addr, len, libc::MADV_DONTNEED) };
+}
+
+/// Changes the protection of `[addr, addr + len)` (a raw system call: the preload library
+/// interposes mprotect and passes calls on paged memory here).
+pub fn protect(addr: usize, len: usize, prot: i32) -> io::Result<()> {
+    // SAFETY: mprotect changes only protections; callers pass ranges of regions the pager owns
+    // on the program's behalf (mprotect's contract is the program's).
+    if unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) } != 0 {
+        return Err(last_err());
+    }
+    Ok(())
+}
+
+/// madvise with any advice, as a raw system call (see [`protect`]).
+pub fn advise(addr: usize, len: usize, advice: i32) -> io::Result<()> {
+    // SAFETY: the advice callers pass (fork inheritance) changes no contents.
+    if unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) } != 0 {
+        return Err(last_err());
+    }
+    Ok(())
+}
+
+/// Maps fresh private anonymous memory over `[addr, addr + len)` (MAP_FIXED: whatever was
+/// there goes), with protection `prot`, reserved rather than committed.
+pub fn map_fixed(addr: usize, len: usize, prot: i32) -> io::Result<()> {
+    // SAFETY: callers pass ranges of their own regions whose old contents nobody needs (a
+    // mapping the program unmapped, or a hole a forked child lacks).
+    let p = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            addr,
+            len,
+            prot,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p < 0 {
+        return Err(last_err());
+    }
+    Ok(())
 }
 
 /// Whether a page table entry maps the page at `addr` (mincore: present, or in the swap

@@ -35,6 +35,9 @@ pub const FAR: u64 = 2;
 pub const BUSY: u64 = 3;
 /// Not mapped; the page sits in write-back slot `word >> SLOT_SHIFT` on its way to the store.
 pub const WRITEBACK: u64 = 4;
+/// Not the pager's: the program mapped something else here (a file, shared memory) over part of
+/// a region. Never served, evicted or discarded until the program unmaps it.
+pub const FOREIGN: u64 = 5;
 
 /// RESIDENT: the far store holds a copy. If the page was installed writable without a write
 /// (on the guess that it would be written), the hash table holds the copy's hash.

@@ -23,6 +23,8 @@ mod libc_alloc;
 mod mmap;
 mod ranges;
 
+use core::ffi::c_int;
+use rangemap::RangeSet;
 use ranges::Ranges;
 use std::cell::RefCell;
 use std::env::var as env_var;
@@ -47,27 +49,44 @@ struct Runtime {
     large: AdoptedRegion,
     /// A std mutex, not parking_lot's: a thread waiting for it at a fork would otherwise stay
     /// in parking_lot's global queue of waiters in the child, where it does not exist.
-    ranges: Mutex<Ranges>,
+    space: Mutex<Space>,
     stats_at_exit: bool,
 }
 
+/// The large region's address space, by offset from its base.
+struct Space {
+    ranges: Ranges,
+    /// Parts the program mapped something else over (MAP_FIXED of a file or shared memory):
+    /// not paged until it unmaps them.
+    foreign: RangeSet<usize>,
+}
+
 impl Runtime {
-    fn ranges(&self) -> MutexGuard<'_, Ranges> {
+    fn space(&self) -> MutexGuard<'_, Space> {
         // A panic while holding it cannot leave the list half changed (its methods check
         // their arguments first), so a poisoned lock is still good.
-        self.ranges.lock().unwrap_or_else(|e| e.into_inner())
+        self.space.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `[addr, addr + len)` lies wholly in the large region.
+    fn holds(&self, addr: usize, len: usize) -> bool {
+        addr >= self.large.base()
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.large.base() + self.large.len())
     }
 
     /// Takes `len` bytes (rounded up to pages) of the large region: its address. The pages read
-    /// as zero (released ranges were discarded).
+    /// as zero (released ranges were reset).
     fn take(&self, len: usize) -> Option<usize> {
         let len = len.checked_next_multiple_of(PAGE)?;
-        let offset = self.ranges().take(len)?;
+        let offset = self.space().ranges.take(len)?;
         Some(self.large.base() + offset)
     }
 
-    /// Gives back whatever part of `[addr, addr + len)` in the large region is in use, dropping
-    /// its pages.
+    /// Gives back whatever part of `[addr, addr + len)` in the large region is in use: its
+    /// pages read as zero again, readable and writable; what the program had mapped over parts
+    /// of it is unmapped and the parts paged again.
     ///
     /// # Safety
     /// Nothing may use the range any more.
@@ -80,17 +99,90 @@ impl Runtime {
         };
         // The lock is held while the pages are dropped, so that nobody takes a range whose old
         // contents are still there.
-        let mut ranges = self.ranges();
-        for (offset, l) in ranges.release(addr - self.large.base(), len) {
+        let mut space = self.space();
+        let base = self.large.base();
+        for (offset, l) in space.ranges.release(addr - base, len) {
             // SAFETY: per the caller; these parts were in use until now.
-            unsafe { self.large.discard(self.large.base() + offset, l) };
+            unsafe { self.clear(&mut space, base + offset, l) };
         }
+    }
+
+    /// Zeros, read-write, inherited, and paged again where a foreign mapping was.
+    ///
+    /// # Safety
+    /// Nothing may reference the bytes of the range.
+    unsafe fn clear(&self, space: &mut Space, addr: usize, len: usize) {
+        let base = self.large.base();
+        let range = addr - base..addr - base + len;
+        let foreign: Vec<std::ops::Range<usize>> = space
+            .foreign
+            .overlapping(&range)
+            .map(|r| r.start.max(range.start)..r.end.min(range.end))
+            .collect();
+        for r in foreign {
+            if let Err(e) = self.large.reclaim(base + r.start, r.len()) {
+                fail(&format!(
+                    "cannot take back memory the program unmapped: {e}"
+                ));
+            }
+            space.foreign.remove(r);
+        }
+        // SAFETY: per the caller.
+        unsafe { self.large.reset(addr, len) };
+    }
+
+    /// MAP_FIXED of private anonymous memory at `[addr, addr + len)`, wholly in the large
+    /// region: whatever was there goes, and fresh zeros with protection `prot` take its place.
+    ///
+    /// # Safety
+    /// The program gives up what it had mapped there (mmap's contract).
+    unsafe fn place(&self, addr: usize, len: usize, prot: c_int) -> Result<(), c_int> {
+        let mut space = self.space();
+        if !space.ranges.claim(addr - self.large.base(), len) {
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: per the caller.
+        unsafe { self.clear(&mut space, addr, len) };
+        if prot != libc::PROT_READ | libc::PROT_WRITE {
+            self.large
+                .protect(addr, len, prot)
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EINVAL))?;
+        }
+        Ok(())
+    }
+
+    /// The program maps something else (a file, shared memory) at `[addr, addr + len)`,
+    /// wholly in the large region: the pager lets go of those pages until it unmaps them.
+    ///
+    /// # Safety
+    /// As for [`Runtime::place`].
+    unsafe fn cede(&self, addr: usize, len: usize) -> Result<(), c_int> {
+        let mut space = self.space();
+        let offset = addr - self.large.base();
+        if !space.ranges.claim(offset, len) {
+            return Err(libc::ENOMEM);
+        }
+        // SAFETY: per the caller.
+        unsafe { self.large.cede(addr, len) };
+        space.foreign.insert(offset..offset + len);
+        Ok(())
+    }
+
+    /// Whether `[addr, addr + len)` is free for MAP_FIXED_NOREPLACE.
+    fn is_free(&self, addr: usize, len: usize) -> bool {
+        self.space().ranges.is_free(addr - self.large.base(), len)
+    }
+
+    /// Whether part of `[addr, addr + len)` is a foreign mapping.
+    fn any_foreign(&self, addr: usize, len: usize) -> bool {
+        let offset = addr - self.large.base();
+        self.space().foreign.overlaps(&(offset..offset + len))
     }
 
     /// Grows a range of the large region in place; false if the bytes after it are taken.
     fn grow_in_place(&self, addr: usize, old: usize, new: usize) -> bool {
         let offset = addr - self.large.base();
-        self.ranges().grow_in_place(offset, old, new)
+        self.space().ranges.grow_in_place(offset, old, new)
     }
 }
 
@@ -209,7 +301,10 @@ extern "C" fn start() {
         pager,
         heap,
         large,
-        ranges: Mutex::new(Ranges::new(LARGE_SPAN)),
+        space: Mutex::new(Space {
+            ranges: Ranges::new(LARGE_SPAN),
+            foreign: RangeSet::new(),
+        }),
         stats_at_exit,
     };
     if RUNTIME.set(rt).is_ok() {
@@ -232,13 +327,13 @@ fn serve_control() {
 
 thread_local! {
     /// The list of ranges, held by the forking thread across a fork.
-    static HELD: RefCell<Option<MutexGuard<'static, Ranges>>> = const { RefCell::new(None) };
+    static HELD: RefCell<Option<MutexGuard<'static, Space>>> = const { RefCell::new(None) };
 }
 
 /// The list of ranges must be whole in a forked child: nobody may be changing it at the fork.
 extern "C" fn fork_prepare() {
     if let Some(rt) = RUNTIME.get() {
-        let guard = rt.ranges();
+        let guard = rt.space();
         HELD.with(|h| *h.borrow_mut() = Some(guard));
     }
 }

@@ -71,6 +71,56 @@ impl Ranges {
         }
     }
 
+    /// Whether all of `[start, start + len)` is free.
+    pub fn is_free(&self, start: usize, len: usize) -> bool {
+        let end = start + len;
+        if start >= self.top {
+            return end <= self.span;
+        }
+        // One free range below the top must cover it, up to the top, and the top the rest.
+        match self.free.range(..=start).next_back() {
+            Some((&a, &l)) if a + l >= end.min(self.top) && a <= start => end <= self.span,
+            _ => false,
+        }
+    }
+
+    /// Marks `[start, start + len)` in use, whatever part of it was free (MAP_FIXED: the
+    /// program places a mapping at an address of its choosing). False if it reaches past the
+    /// span.
+    pub fn claim(&mut self, start: usize, len: usize) -> bool {
+        let end = start + len;
+        if end > self.span {
+            return false;
+        }
+        if end > self.top {
+            // The bytes from the top up to `start` become a free range.
+            if start > self.top {
+                let gap = (self.top, start - self.top);
+                self.top = end;
+                self.insert_free(gap.0, gap.1);
+            } else {
+                self.top = end;
+            }
+        }
+        // Cut `[start, end)` out of every free range it overlaps.
+        let overlapping: Vec<(usize, usize)> = self
+            .free
+            .range(..end)
+            .filter(|(&a, &l)| a + l > start)
+            .map(|(&a, &l)| (a, l))
+            .collect();
+        for (a, l) in overlapping {
+            self.free.remove(&a);
+            if a < start {
+                self.free.insert(a, start - a);
+            }
+            if a + l > end {
+                self.free.insert(end, a + l - end);
+            }
+        }
+        true
+    }
+
     /// Frees whatever part of `[start, start + len)` is in use; parts already free are skipped.
     /// Returns the parts freed, for the caller to discard.
     pub fn release(&mut self, start: usize, len: usize) -> Vec<(usize, usize)> {
@@ -169,6 +219,24 @@ mod tests {
         r.release(b, P);
         assert!(r.grow_in_place(a, 5 * P, 100 * P));
         assert!(r.take(P).is_none());
+    }
+
+    #[test]
+    fn claimed_ranges_are_in_use_wherever_they_fall() {
+        let mut r = Ranges::new(100 * P);
+        let a = r.take(10 * P).unwrap();
+        assert!(r.is_free(20 * P, 5 * P) && !r.is_free(5 * P, 10 * P));
+        // Past the top, leaving a free gap below it.
+        assert!(r.claim(20 * P, 5 * P));
+        assert!(!r.is_free(20 * P, P) && r.is_free(10 * P, 10 * P));
+        assert_eq!(r.in_use(), 15 * P);
+        // Over a free hole and part of a range in use.
+        r.release(a, 4 * P);
+        assert!(r.claim(2 * P, 14 * P));
+        assert_eq!(r.in_use(), 19 * P);
+        assert_eq!(r.take(2 * P), Some(0));
+        assert_eq!(r.take(4 * P), Some(16 * P));
+        assert!(!r.claim(99 * P, 2 * P));
     }
 
     #[test]

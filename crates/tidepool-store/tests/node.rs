@@ -168,3 +168,30 @@ fn the_node_runs_a_fused_filter_group_aggregate_scan_and_a_gather() {
         .is_none());
     server.shutdown();
 }
+
+/// Batches larger than one request may carry (65536 items, 64 MiB) are split: 100,000 pages
+/// written, read back, and removed in one call each (a program unmapping a 400 MB array at
+/// once removes that many).
+#[test]
+fn batches_beyond_the_protocols_limits_are_split() {
+    let server = node(512 << 20);
+    let store = open(&format!("node://big@{}", server.local_addr())).unwrap();
+    let n = 100_000u64;
+    let pages: Vec<Vec<u8>> = (0..n).map(|i| i.to_le_bytes().repeat(512)).collect();
+    let items: Vec<(u64, &[u8])> = pages
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (i as u64, &p[..]))
+        .collect();
+    store.write_many(&items).unwrap();
+    let keys: Vec<u64> = (0..n).collect();
+    let back = store.read_many(&keys).unwrap();
+    for (i, v) in back.iter().enumerate() {
+        assert_eq!(v.as_deref(), Some(&pages[i][..]), "page {i}");
+    }
+    store.remove_many(&keys).unwrap();
+    assert_eq!(store.read(7).unwrap(), None);
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.objects, Some(0), "{stats:?}");
+    server.shutdown();
+}

@@ -554,6 +554,35 @@ fn rand_u64() -> u64 {
 }
 
 const SHARDS: usize = 64;
+/// Most keys one read asks for: the node's frames are limited (16 MiB by default, said at
+/// hello), and 1024 values of a page each answer in 4 MiB.
+const CHUNK_ITEMS: usize = 1024;
+/// Most items one write carries (the protocol's limit is 65536).
+const CHUNK_WRITES: usize = 8192;
+/// Most handles one free request carries (16 bytes each).
+const CHUNK_FREES: usize = 32768;
+
+/// Splits `items` into runs of at most [`CHUNK_WRITES`] items and `max_bytes` payload bytes
+/// (a single larger item goes alone).
+fn write_chunks<'a, 'b>(
+    items: &'b [(Key, &'a [u8])],
+    max_bytes: usize,
+) -> Vec<&'b [(Key, &'a [u8])]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, (_, v)) in items.iter().enumerate() {
+        if i > start && (i - start == CHUNK_WRITES || bytes + v.len() > max_bytes) {
+            out.push(&items[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += v.len();
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
 
 /// A [`FarStore`] on a memory node: keys map to the handles the node issued.
 #[derive(Debug)]
@@ -579,6 +608,11 @@ impl NodeStore {
     fn shard(&self, key: Key) -> &Mutex<FxHashMap<Key, Handle>> {
         let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
         &self.handles[h as usize % SHARDS]
+    }
+
+    /// Payload bytes one write may carry: half the node's frame limit.
+    fn max_write_bytes(&self) -> usize {
+        (self.client.info().max_body as usize / 2).max(1 << 16)
     }
 
     fn lookup(&self, key: Key) -> Option<Handle> {
@@ -607,9 +641,9 @@ impl NodeStore {
     }
 
     fn free_quietly(&self, handles: Vec<Handle>) -> Result<(), StoreError> {
-        if !handles.is_empty() {
+        for chunk in handles.chunks(CHUNK_FREES) {
             // Stale answers are fine here: the object is gone either way.
-            self.client.free_many(handles)?;
+            self.client.free_many(chunk.to_vec())?;
         }
         Ok(())
     }
@@ -710,6 +744,10 @@ impl FarStore for NodeStore {
 
     fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
         let items = last_per_key(items);
+        let chunks = write_chunks(&items, self.max_write_bytes());
+        if chunks.len() > 1 {
+            return chunks.into_iter().try_for_each(|c| self.write_many(c));
+        }
         let mut in_place: Vec<(Handle, &[u8])> = vec![];
         let mut in_place_keys = vec![];
         let mut fresh_keys = vec![];
@@ -769,6 +807,13 @@ impl FarStore for NodeStore {
     }
 
     fn read_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        if keys.len() > CHUNK_ITEMS {
+            let mut out = Vec::with_capacity(keys.len());
+            for c in keys.chunks(CHUNK_ITEMS) {
+                out.extend(self.read_many(c)?);
+            }
+            return Ok(out);
+        }
         let handles: Vec<Option<Handle>> = keys.iter().map(|k| self.lookup(*k)).collect();
         let present: Vec<Handle> = handles.iter().flatten().copied().collect();
         if present.is_empty() {
@@ -779,6 +824,13 @@ impl FarStore for NodeStore {
     }
 
     fn take_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        if keys.len() > CHUNK_ITEMS {
+            let mut out = Vec::with_capacity(keys.len());
+            for c in keys.chunks(CHUNK_ITEMS) {
+                out.extend(self.take_many(c)?);
+            }
+            return Ok(out);
+        }
         let handles: Vec<Option<Handle>> = keys.iter().map(|k| self.forget(*k)).collect();
         let present: Vec<Handle> = handles.iter().flatten().copied().collect();
         if present.is_empty() {
@@ -824,6 +876,17 @@ impl FarStore for NodeStore {
         fetch: &[Key],
         mode: FetchMode,
     ) -> Result<Vec<Option<Bytes>>, StoreError> {
+        if evict.len() + fetch.len() > CHUNK_ITEMS
+            || evict.iter().map(|(_, v)| v.len()).sum::<usize>() > self.max_write_bytes()
+        {
+            // Too much for one request: in parts, the writes first (a fetched key that is also
+            // evicted must see the evicted value).
+            self.write_many(evict)?;
+            return match mode {
+                FetchMode::Keep => self.read_many(fetch),
+                FetchMode::Take => self.take_many(fetch),
+            };
+        }
         let evict = last_per_key(evict);
         // A key both evicted and fetched is answered from the evicted value; with Take it need
         // not travel at all.

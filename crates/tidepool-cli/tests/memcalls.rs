@@ -1,0 +1,114 @@
+//! Every memory call real programs make, on paged memory: a C program (`tests/c/memcalls.c`)
+//! maps four times the local budget, makes each call (mremap grow, shrink, fixed and
+//! DONTUNMAP; madvise DONTNEED, FREE, REMOVE, HUGEPAGE; mprotect read-only and guard pages;
+//! reserve-then-commit; partial munmap; MAP_FIXED anonymous and file mappings over paged ranges;
+//! brk/sbrk; jemalloc's, tcmalloc's and mimalloc's own arenas; mlock) and checks every word
+//! and every fault it should see. Each case runs natively first and must print the same under
+//! the pager, with the local store and with a memory node.
+
+mod common;
+
+use common::NodeProc;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+fn preload() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
+        tidepool_bench::libs::build_into(
+            &target,
+            Path::new(env!("CARGO_MANIFEST_DIR")),
+            "tidepool-preload",
+            "libtidepool_preload.so",
+        )
+        .expect("libtidepool_preload.so")
+    })
+    .clone()
+}
+
+fn memcalls() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("memcalls");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/memcalls.c");
+        let status = Command::new("cc")
+            .args(["-O2", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .arg("-ldl")
+            .status()
+            .expect("cc (the C compiler scripts/setup installs)");
+        assert!(status.success(), "compiling {}", src.display());
+        out
+    })
+    .clone()
+}
+
+const CASES: [&str; 16] = [
+    "mremap-grow",
+    "mremap-shrink",
+    "mremap-fixed",
+    "mremap-dontunmap",
+    "madvise-dontneed",
+    "madvise-free",
+    "madvise-remove",
+    "hugepages",
+    "mprotect-readonly",
+    "mprotect-guard",
+    "reserve-commit",
+    "munmap-partial",
+    "map-fixed",
+    "brk",
+    "allocators",
+    "mlock",
+];
+
+/// jemalloc cannot be dlopen'ed (its thread-locals are initial-exec): the allocators case
+/// finds it preloaded, natively and under the pager alike.
+const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+
+fn run_all(backend: &str) {
+    for case in CASES {
+        let mut native = Command::new(memcalls());
+        native.args([case, "64"]);
+        if case == "allocators" && Path::new(JEMALLOC).exists() {
+            native.env("LD_PRELOAD", JEMALLOC);
+        }
+        let native = native.output().unwrap();
+        let want = String::from_utf8_lossy(&native.stdout).into_owned();
+        assert!(native.status.success(), "{case} fails natively: {want}");
+        let mut paged = Command::new(env!("CARGO_BIN_EXE_tidepool"));
+        paged
+            .args(["run", "--local", "16M", "--backend", backend, "--"])
+            .arg(memcalls())
+            .args([case, "64"])
+            .env("TIDEPOOL_PRELOAD", preload());
+        if case == "allocators" && Path::new(JEMALLOC).exists() {
+            paged.env("LD_PRELOAD", JEMALLOC);
+        }
+        let paged = paged.output().unwrap();
+        let (got, stderr) = (
+            String::from_utf8_lossy(&paged.stdout),
+            String::from_utf8_lossy(&paged.stderr),
+        );
+        assert!(
+            paged.status.success(),
+            "{case} on {backend}: {}\n{got}\n{stderr}",
+            paged.status
+        );
+        assert_eq!(got, want, "{case} on {backend}:\n{stderr}");
+    }
+}
+
+#[test]
+fn every_memory_call_under_the_local_store() {
+    run_all("local:");
+}
+
+#[test]
+fn every_memory_call_under_a_memory_node() {
+    let node = NodeProc::start(&["--capacity", "1G"]);
+    run_all(&format!("node://calls@{}", node.addr));
+}
