@@ -91,8 +91,13 @@ enum Cmd {
     /// comes in through LD_PRELOAD (libtidepool_preload.so, found next to this executable or
     /// named by TIDEPOOL_PRELOAD). Its exit status is tidepool's. If the far store becomes
     /// unreachable the program stops with status 70 and a message; it never reads zeros in
-    /// place of its data. Programs it starts get pagers of their own. `tidepool resize PID SIZE`
-    /// changes the budget while it runs.
+    /// place of its data. Programs it starts get pagers of their own, and a child forked without
+    /// exec gets a pager of its own over a copy of its parent's memory. `tidepool resize PID
+    /// SIZE` changes the budget while it runs.
+    ///
+    /// A program the pager cannot serve (statically linked, or set-user-ID/set-group-ID, for
+    /// which the loader ignores LD_PRELOAD) is refused before it starts, unless
+    /// --allow-unpaged.
     ///
     /// Example: tidepool run --local 256M --stats -- python3 script.py
     Run {
@@ -106,6 +111,10 @@ enum Cmd {
         /// Print faults, hits, prefetch accuracy and bytes moved when the program exits.
         #[arg(long)]
         stats: bool,
+        /// Run a program the pager cannot serve (static, set-user-ID) anyway, all of its
+        /// memory local.
+        #[arg(long)]
+        allow_unpaged: bool,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<OsString>,
@@ -307,8 +316,9 @@ fn run(cli: Cli) -> Result<()> {
             local,
             backend,
             stats,
+            allow_unpaged,
             program,
-        } => run::run(local, &backend, stats, &program),
+        } => run::run(local, &backend, stats, allow_unpaged, &program),
         Cmd::Resize { pid, local } => run::resize(pid, local),
         Cmd::Coord(args) => coord::run(args),
         Cmd::Top { http, once } => coord::top(&http, once),

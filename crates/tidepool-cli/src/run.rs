@@ -26,10 +26,25 @@ fn preload_library() -> Result<PathBuf> {
 
 /// Replaces this process with `program`, its heap paged over `backend` with `local` bytes
 /// mapped. Returns only on failure.
-pub fn run(local: u64, backend: &str, stats: bool, program: &[OsString]) -> Result<()> {
+pub fn run(
+    local: u64,
+    backend: &str,
+    stats: bool,
+    allow_unpaged: bool,
+    program: &[OsString],
+) -> Result<()> {
     let (name, args) = program.split_first().context("no program given")?;
     if local < 1 << 20 {
         bail!("--local {local} is too small: give the program at least 1M of local memory");
+    }
+    if !allow_unpaged {
+        if let Some(why) = find_program(name).and_then(|p| unpageable(&p)) {
+            bail!(
+                "{} cannot be paged: {why}. It would run with all of its memory local; \
+                 pass --allow-unpaged to run it anyway",
+                name.to_string_lossy()
+            );
+        }
     }
     // Fail here, with the URL in the message, rather than inside the program.
     let store = tidepool_store::open(backend)
@@ -55,6 +70,92 @@ pub fn run(local: u64, backend: &str, stats: bool, program: &[OsString]) -> Resu
     // caller's directly.
     let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", name.to_string_lossy()))
+}
+
+/// The file `name` runs: itself if it has a slash, else the first match on PATH.
+fn find_program(name: &OsString) -> Option<PathBuf> {
+    let name = PathBuf::from(name);
+    if name.components().count() > 1 {
+        return Some(name);
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(&name))
+        .find(|p| p.is_file())
+}
+
+/// Why the pager cannot serve the program in `path`, if it cannot: it comes in through
+/// LD_PRELOAD, which a statically linked program never reads and the loader ignores for a
+/// set-user-ID or set-group-ID one run by someone else. A script is judged by its interpreter.
+fn unpageable(path: &std::path::Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let (euid, egid) = effective_ids();
+    if meta.mode() & 0o4000 != 0 && meta.uid() != euid {
+        return Some(format!(
+            "{} is set-user-ID, and the dynamic loader ignores LD_PRELOAD for it",
+            path.display()
+        ));
+    }
+    if meta.mode() & 0o2000 != 0 && meta.gid() != egid {
+        return Some(format!(
+            "{} is set-group-ID, and the dynamic loader ignores LD_PRELOAD for it",
+            path.display()
+        ));
+    }
+    let mut head = vec![0u8; 4096];
+    let n = {
+        use std::io::Read;
+        std::fs::File::open(path).ok()?.read(&mut head).ok()?
+    };
+    head.truncate(n);
+    if let Some(line) = head.strip_prefix(b"#!") {
+        let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
+        let interp = String::from_utf8_lossy(line);
+        let interp = interp.split_whitespace().next()?;
+        return unpageable(std::path::Path::new(interp));
+    }
+    match elf_has_interpreter(&head) {
+        Some(false) => Some(format!(
+            "{} is statically linked, so it never loads the library that pages its memory",
+            path.display()
+        )),
+        _ => None,
+    }
+}
+
+/// The effective user and group ids of this process.
+fn effective_ids() -> (u32, u32) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(u32::MAX)
+    };
+    (field("Uid:"), field("Gid:"))
+}
+
+/// Whether a 64-bit little-endian ELF executable names a program interpreter (PT_INTERP:
+/// dynamically linked); `None` if `head` (its first bytes) is not one this can read.
+fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
+    const PT_INTERP: u32 = 3;
+    if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
+        return None;
+    }
+    let u16_at = |o: usize| Some(u16::from_le_bytes(head.get(o..o + 2)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(head.get(o..o + 8)?.try_into().ok()?));
+    let phoff = u64_at(32)? as usize;
+    let phentsize = u16_at(54)? as usize;
+    let phnum = u16_at(56)? as usize;
+    let mut found = false;
+    for i in 0..phnum {
+        let at = phoff + i * phentsize;
+        let ty = u32::from_le_bytes(head.get(at..at + 4)?.try_into().ok()?);
+        found |= ty == PT_INTERP;
+    }
+    Some(found)
 }
 
 /// Changes the local budget of the program `pid` runs under `tidepool run`.
