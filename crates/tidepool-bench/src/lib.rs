@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod alloc;
+pub mod apps;
 pub mod coord;
 pub mod far;
 mod far_overhead;
@@ -195,6 +196,7 @@ pub fn suites() -> Vec<Box<dyn Suite>> {
         Box::new(soft::SoftSuite),
         Box::new(coord::CoordSuite),
         Box::new(far::FarSuite),
+        Box::new(apps::AppsSuite),
     ]
 }
 

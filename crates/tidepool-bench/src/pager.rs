@@ -249,7 +249,7 @@ pub(crate) fn run_worker(mut cmd: Command) -> Result<f64> {
     v["value"].as_f64().context("worker report lacks value")
 }
 
-const DICT_SCRIPT: &str = r#"
+pub(crate) const DICT_SCRIPT: &str = r#"
 import resource, sys, time
 n = int(sys.argv[1])
 t = time.perf_counter()
@@ -313,6 +313,7 @@ fn verdict(ctx: &mut Ctx) {
 }
 
 /// Linux swap to zram, and a cgroup v1 memory group to run programs in.
+#[derive(Debug)]
 pub(crate) struct Zram {
     cgroup: PathBuf,
 }

@@ -1,0 +1,153 @@
+//! Real programs no one here wrote, under `tidepool run --local 256M` with four times that in
+//! far memory, with the local store and with a memory node: a pandas groupby (its result must
+//! hash as natively), redis-server completing BGSAVE of 1 GiB (every key back from the server
+//! and from the RDB file), and a C program that forks without exec whose parent and child both
+//! check all of their data.
+
+mod common;
+
+use common::NodeProc;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use tidepool_bench::apps::{self, Launcher, Outcome, System};
+
+fn preload() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
+        tidepool_bench::libs::build_into(
+            &target,
+            Path::new(env!("CARGO_MANIFEST_DIR")),
+            "tidepool-preload",
+            "libtidepool_preload.so",
+        )
+        .expect("libtidepool_preload.so")
+    })
+    .clone()
+}
+
+fn launcher(node: Option<&NodeProc>) -> Launcher {
+    Launcher::new(
+        PathBuf::from(env!("CARGO_BIN_EXE_tidepool")),
+        preload(),
+        node.map(|n| format!("node://apps@{}", n.addr)),
+    )
+}
+
+const LOCAL: u64 = 256 << 20;
+
+fn work_dir(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A free loopback port (another test may take it meanwhile; unlikely enough here).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn pandas_under(system: System, node: Option<&NodeProc>) {
+    let (python, has_pandas) = apps::python().unwrap();
+    assert!(
+        has_pandas,
+        "{} has no pandas: scripts/setup installs it",
+        python.display()
+    );
+    let dir = work_dir("apps-pandas");
+    let l = launcher(node);
+    let rows = 40_000_000;
+    let (native, peak) = apps::pandas(&l, System::Native, 0, &python, rows, &dir).unwrap();
+    assert!(peak > 4 * LOCAL, "the frame is only {} MiB", peak >> 20);
+    let (paged, _) = apps::pandas(&l, system, LOCAL, &python, rows, &dir).unwrap();
+    match (native, paged) {
+        (Outcome::Done { answer: want, .. }, Outcome::Done { answer, .. }) => {
+            assert_eq!(answer, want, "{}", system.name())
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn pandas_groupby_under_the_local_store() {
+    pandas_under(System::TidepoolLocal, None);
+}
+
+#[test]
+fn pandas_groupby_under_a_memory_node() {
+    let node = NodeProc::start(&["--capacity", "4G"]);
+    pandas_under(System::TidepoolNode, Some(&node));
+}
+
+fn bgsave_under(system: System, node: Option<&NodeProc>) {
+    let dir = work_dir(&format!("apps-redis-{}", system.name()));
+    let l = launcher(node);
+    let port = free_port();
+    let keys = 262_144; // 1 GiB of 4 KiB values
+    let server = apps::RedisRun::start(&l, system, LOCAL, port, &dir).unwrap();
+    server.fill(keys).unwrap();
+    server.bgsave_under_load(&l, keys).unwrap();
+    server.verify(keys).unwrap();
+    let rdb = server.rdb();
+    server.shutdown().unwrap();
+    apps::verify_rdb(&rdb, keys, free_port()).unwrap();
+    let _ = std::fs::remove_file(rdb);
+}
+
+#[test]
+fn redis_bgsave_of_four_times_the_local_size_under_the_local_store() {
+    bgsave_under(System::TidepoolLocal, None);
+}
+
+#[test]
+fn redis_bgsave_of_four_times_the_local_size_under_a_memory_node() {
+    let node = NodeProc::start(&["--capacity", "4G"]);
+    bgsave_under(System::TidepoolNode, Some(&node));
+}
+
+/// `tests/c/forks.c basic` with 1 GiB: the child checks every word of its parent's memory,
+/// three quarters of it far, then both write their own copies and check them.
+fn fork_under(backend: &str) {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    let out = BIN.get_or_init(|| {
+        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("forks-apps");
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/forks.c");
+        let status = Command::new("cc")
+            .args(["-O2", "-pthread", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        out
+    });
+    let run = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+        .args(["run", "--local", "256M", "--backend", backend, "--"])
+        .arg(out)
+        .args(["basic", "1024"])
+        .env("TIDEPOOL_PRELOAD", preload())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+    );
+    assert!(run.status.success(), "{}: {stdout}\n{stderr}", run.status);
+    assert_eq!(stdout, "ok basic\n", "{stderr}");
+}
+
+#[test]
+fn fork_of_four_times_the_local_size_under_the_local_store() {
+    fork_under("local:");
+}
+
+#[test]
+fn fork_of_four_times_the_local_size_under_a_memory_node() {
+    let node = NodeProc::start(&["--capacity", "4G"]);
+    fork_under(&format!("node://fork@{}", node.addr));
+}
