@@ -13,7 +13,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-LOWER_IS_BETTER = ("seconds", "far_bytes", "peak_rss_mib", "far_bytes_per_live_byte", "miss_rate")
+LOWER_IS_BETTER = (
+    "seconds",
+    "far_bytes",
+    "peak_rss_mib",
+    "far_bytes_per_live_byte",
+    "miss_rate",
+    "oom_killed",
+)
 REFERENCE = ("far_live_bytes",)
 
 

@@ -29,9 +29,8 @@ static LISTENING: AtomicI32 = AtomicI32::new(-1);
 pub fn serve(pager: &Pager, pid: u32) -> io::Result<()> {
     let inherited = LISTENING.swap(-1, AcqRel);
     if inherited >= 0 && crate::in_forked_child() {
-        // SAFETY: the parent's listening socket, copied into this process by fork; its thread
-        // is not here, and nothing else uses the descriptor.
-        unsafe { libc::close(inherited) };
+        // The parent's listening socket, copied by fork; its thread is not here.
+        crate::sys::close_inherited(inherited);
     }
     let listener = UnixListener::bind_addr(&address(pid)?)?;
     LISTENING.store(listener.as_raw_fd(), Release);

@@ -587,11 +587,6 @@ impl Inner {
              tidepool pager (process {pid}): the program's memory is unreachable; stopping it (exit status {FATAL_EXIT_CODE}) rather than let it read zeros\n",
             self.store.describe()
         );
-        // SAFETY: writing a buffer to standard error, then exiting without running the
-        // program's handlers (its memory cannot be trusted).
-        unsafe {
-            libc::write(2, msg.as_ptr().cast(), msg.len());
-            libc::_exit(FATAL_EXIT_CODE)
-        }
+        sys::die(&msg, FATAL_EXIT_CODE)
     }
 }

@@ -161,7 +161,12 @@ impl Detector {
     }
 
     /// The stride shared by a strict majority of the recent deltas (Boyer-Moore vote), if one
-    /// exists and is a plausible stream.
+    /// exists, is a plausible stream, and the two latest deltas both follow it.
+    ///
+    /// The last condition keeps objects of two pages read at random from passing for a stream:
+    /// their faults come in pairs (p, p+1, q, q+1, ...), so +1 wins half the votes, but never
+    /// twice in a row. redis-server GETs of 4 KiB values under the plain majority rule
+    /// prefetched 0.93M pages with 21% of them used, each evicting a page that was.
     fn majority_stride(&self) -> Option<i64> {
         if self.len < 3 {
             return None;
@@ -180,7 +185,11 @@ impl Detector {
             }
         }
         let count = deltas().filter(|&d| d == cand).count();
-        (count * 2 > self.len - 1 && cand != 0 && cand.abs() <= STRIDE_MAX).then_some(cand)
+        let h = &self.history[..self.len];
+        let recent =
+            h[self.len - 1] - h[self.len - 2] == cand && h[self.len - 2] - h[self.len - 3] == cand;
+        (count * 2 > self.len - 1 && recent && cand != 0 && cand.abs() <= STRIDE_MAX)
+            .then_some(cand)
     }
 }
 
@@ -250,6 +259,25 @@ mod tests {
             }
         }
         assert!(plans < 10, "{plans} plans for random faults");
+    }
+
+    #[test]
+    fn objects_of_two_pages_read_at_random_are_not_a_stream() {
+        let mut d = Detector::new(256);
+        let mut x: u64 = 777;
+        let mut planned = 0;
+        for _ in 0..10_000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let p = (x >> 20) as i64 % 1_000_000;
+            for q in [p, p + 1] {
+                if let Some(plan) = d.on_fault(q, |_| false) {
+                    planned += plan.count;
+                }
+            }
+        }
+        assert!(planned < 100, "{planned} pages planned for random pairs");
     }
 
     #[test]

@@ -625,3 +625,70 @@ pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
         )
     };
 }
+
+/// A new shared anonymous page, zero-filled, never unmapped: inherited by every forked child
+/// (`MAP_SHARED`), so an atomic in it is one counter for a whole family of processes.
+pub fn shared_counter_page() -> io::Result<&'static std::sync::atomic::AtomicU32> {
+    // SAFETY: a fresh mapping of our own; nothing else refers to it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(last_err());
+    }
+    // SAFETY: page aligned, zero-filled (a valid AtomicU32), mapped for the life of the process
+    // and of its forked children, and used only through atomics.
+    Ok(unsafe { &*(p as *const std::sync::atomic::AtomicU32) })
+}
+
+/// A close-on-exec pipe: (read end, write end).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(last_err());
+    }
+    // SAFETY: two new descriptors that nothing else owns.
+    Ok(unsafe {
+        (
+            std::os::fd::FromRawFd::from_raw_fd(fds[0]),
+            std::os::fd::FromRawFd::from_raw_fd(fds[1]),
+        )
+    })
+}
+
+/// Whether every write end of the pipe `read_end` reads from is closed.
+pub fn pipe_closed(read_end: &OwnedFd) -> bool {
+    let mut p = libc::pollfd {
+        fd: read_end.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; a zero timeout never blocks.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
+}
+
+/// Closes a descriptor this process inherited and will never use (a forked child's copy of
+/// its parent's listening socket).
+pub fn close_inherited(fd: i32) {
+    // SAFETY: callers pass a descriptor nothing in this process uses any more.
+    unsafe { libc::close(fd) };
+}
+
+/// Prints `msg` to standard error and exits with `code` at once, running none of the program's
+/// handlers (its memory cannot be trusted).
+pub fn die(msg: &str, code: i32) -> ! {
+    // SAFETY: write(2) of a buffer, then _exit.
+    unsafe {
+        libc::write(2, msg.as_ptr().cast(), msg.len());
+        libc::_exit(code)
+    }
+}

@@ -18,8 +18,8 @@
 //!
 //! Each page records the tag of its far copy ([`crate::table::PageTable::tag`]).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicU32, Ordering::*};
 use tidepool_store::Key;
 
 /// Bits of a key below the tag.
@@ -47,39 +47,14 @@ pub(crate) fn tag_of(key: Key) -> u32 {
 }
 
 /// The counter tags come from: one shared page per family of forked processes.
-static COUNTER: AtomicUsize = AtomicUsize::new(0);
+static COUNTER: std::sync::OnceLock<&'static AtomicU32> = std::sync::OnceLock::new();
 
 /// A tag no other process of this family has used or will use.
 fn fresh_tag() -> u32 {
-    let mut page = COUNTER.load(Acquire);
-    if page == 0 {
-        // SAFETY: a new shared anonymous page (zero-filled); it is never unmapped, so the
-        // counter below stays valid for the life of the process and of every forked child.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            fatal("cannot map the page tags are counted in");
-        }
-        page = match COUNTER.compare_exchange(0, p as usize, AcqRel, Acquire) {
-            Ok(_) => p as usize,
-            Err(other) => {
-                // SAFETY: our own mapping, which nobody else saw.
-                unsafe { libc::munmap(p, 4096) };
-                other
-            }
-        };
-    }
-    // SAFETY: the page is mapped for good, aligned, and every process of the family uses it
-    // only through this atomic.
-    let counter = unsafe { &*(page as *const AtomicU32) };
+    let counter = COUNTER.get_or_init(|| {
+        crate::sys::shared_counter_page()
+            .unwrap_or_else(|e| fatal(&format!("cannot map the page tags are counted in: {e}")))
+    });
     let tag = counter.fetch_add(1, AcqRel) + 1;
     if tag > MAX_TAG {
         fatal(
@@ -91,12 +66,7 @@ fn fresh_tag() -> u32 {
 }
 
 fn fatal(msg: &str) -> ! {
-    let msg = format!("tidepool pager: {msg}\n");
-    // SAFETY: writing a buffer to standard error, then exiting without running handlers.
-    unsafe {
-        libc::write(2, msg.as_ptr().cast(), msg.len());
-        libc::_exit(crate::FATAL_EXIT_CODE)
-    }
+    crate::sys::die(&format!("tidepool pager: {msg}\n"), crate::FATAL_EXIT_CODE)
 }
 
 /// What to do with a far copy nobody will read here any more.
@@ -206,7 +176,7 @@ impl Tags {
             return Vec::new();
         }
         for c in st.children.iter_mut() {
-            if c.pipe.as_ref().is_some_and(|p| pipe_closed(p.as_raw_fd())) {
+            if c.pipe.as_ref().is_some_and(crate::sys::pipe_closed) {
                 c.pipe = None;
             }
         }
@@ -228,13 +198,11 @@ impl Tags {
         if !self.shared {
             return;
         }
-        let mut fds = [0; 2];
-        // SAFETY: pipe2 writes two descriptors into `fds`.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            fatal("cannot make the pipe a forked child keeps its parent's far copies with");
-        }
-        // SAFETY: two new descriptors that nothing else owns.
-        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (r, w) = crate::sys::pipe().unwrap_or_else(|e| {
+            fatal(&format!(
+                "cannot make the pipe a forked child keeps its parent's far copies with: {e}"
+            ))
+        });
         self.state.lock().pipe = Some((r, w));
     }
 
@@ -286,18 +254,6 @@ impl Tags {
     pub(crate) fn deferred_count(&self) -> usize {
         self.state.lock().deferred.len()
     }
-}
-
-/// Whether every write end of the pipe is closed (its reader sees the end).
-fn pipe_closed(fd: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd; a zero timeout never blocks.
-    let n = unsafe { libc::poll(&mut p, 1, 0) };
-    n > 0 && p.revents & (libc::POLLHUP | libc::POLLERR) != 0
 }
 
 #[cfg(test)]
