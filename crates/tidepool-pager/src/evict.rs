@@ -326,3 +326,65 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::runs_of;
+    use crate::table::*;
+    use crate::testkit::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn runs_split_at_gaps() {
+        let (_pager, region) = pager(Recorder::new(), false, 16);
+        let r = region_inner(&region);
+        let victims: Vec<_> = [1, 2, 3, 5, 6, 9]
+            .iter()
+            .map(|&p| (Arc::clone(r), p, 0u64))
+            .collect();
+        assert_eq!(runs_of(&victims), vec![0..3, 3..5, 5..6]);
+    }
+
+    #[test]
+    fn dirty_pages_are_written_back_and_clean_ones_dropped() {
+        let store = Recorder::new();
+        let (pager, mut region) = pager(store.clone(), false, 32);
+        for p in 0..8 {
+            fill(&mut region, p, p as u8 + 1);
+        }
+        evict_all(&pager, &region);
+        for p in 0..8 {
+            landed(&region, p);
+        }
+        for p in 0..8 {
+            assert!(holds(&region, p, p as u8 + 1), "page {p}");
+        }
+        let writes = store.log.lock().len();
+        // Read, not written: the far copies stay valid, nothing is written again.
+        evict_all(&pager, &region);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        assert_eq!(store.log.lock().len(), writes);
+        assert!(pager.stats().evicted_clean >= 8);
+        for p in 0..8 {
+            assert_eq!(kind(word(&region, p)), FAR);
+        }
+    }
+
+    #[test]
+    fn an_inaccessible_page_is_never_a_victim() {
+        let (pager, mut region) = pager(Recorder::new(), false, 16);
+        fill(&mut region, 0, 1);
+        fill(&mut region, 1, 2);
+        let r = region_inner(&region);
+        inner(&pager).protect(r, 1..2, libc::PROT_NONE).unwrap();
+        evict_all(&pager, &region);
+        assert_ne!(kind(word(&region, 0)), RESIDENT);
+        assert_eq!(kind(word(&region, 1)), RESIDENT);
+        inner(&pager)
+            .protect(r, 1..2, libc::PROT_READ | libc::PROT_WRITE)
+            .unwrap();
+        evict_all(&pager, &region);
+        assert_ne!(kind(word(&region, 1)), RESIDENT);
+        assert!(holds(&region, 1, 2));
+    }
+}

@@ -549,3 +549,58 @@ impl Inner {
             .extend(list.into_iter().map(|(p, _)| (region.clone(), p)));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::table::*;
+    use crate::testkit::*;
+
+    #[test]
+    fn a_read_maps_the_zero_page_and_a_write_a_dirty_one() {
+        let (pager, mut region) = pager(Recorder::new(), false, 16);
+        assert_eq!(region.as_slice()[0], 0);
+        let w = word(&region, 0);
+        assert_eq!(kind(w), RESIDENT);
+        assert_eq!(w & DIRTY, 0, "a read does not dirty");
+        region.as_mut_slice()[crate::PAGE] = 7;
+        assert_ne!(word(&region, 1) & DIRTY, 0);
+        assert_eq!(pager.stats().zero_fills, 2);
+    }
+
+    #[test]
+    fn a_page_fetched_for_reading_is_clean_until_its_first_write() {
+        let (pager, mut region) = pager(Recorder::new(), false, 16);
+        fill(&mut region, 3, 0x5a);
+        evict_all(&pager, &region);
+        landed(&region, 3);
+        // Written last time: installed writable on the guess that it will be again, hashed.
+        assert!(holds(&region, 3, 0x5a), "read back from the store");
+        let w = word(&region, 3);
+        assert!(w & WP_CLEAN == 0 && w & FAR_VALID != 0, "{w:#x}");
+        // Not written this time: the hash says clean, and the guess is dropped.
+        let written = pager.stats().written_back;
+        evict_all(&pager, &region);
+        assert_eq!(kind(word(&region, 3)), FAR);
+        assert_eq!(
+            pager.stats().written_back,
+            written,
+            "a clean page is not written"
+        );
+        assert!(holds(&region, 3, 0x5a));
+        assert_ne!(word(&region, 3) & WP_CLEAN, 0, "installed write-protected");
+        let before = pager.stats().wp_faults;
+        region.as_mut_slice()[3 * crate::PAGE] = 1;
+        assert_eq!(pager.stats().wp_faults, before + 1);
+        let w = word(&region, 3);
+        assert!(w & DIRTY != 0 && w & WP_CLEAN == 0, "{w:#x}");
+    }
+
+    #[test]
+    fn a_page_dropped_behind_the_pagers_back_reads_zeros() {
+        let (_pager, mut region) = pager(Recorder::new(), false, 16);
+        fill(&mut region, 2, 9);
+        crate::sys::discard(region.as_ptr() as usize + 2 * crate::PAGE, crate::PAGE);
+        assert!(holds(&region, 2, 0));
+        assert_eq!(kind(word(&region, 2)), RESIDENT);
+    }
+}

@@ -233,3 +233,28 @@ impl Inner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::table::*;
+    use crate::testkit::*;
+
+    #[test]
+    fn a_framed_page_moves_out_and_back_without_a_store_write() {
+        let store = Recorder::new();
+        let (pager, mut region) = pager(store.clone(), true, 8);
+        fill(&mut region, 1, 0xc3);
+        fill(&mut region, 2, 0);
+        evict_all(&pager, &region);
+        let w = word(&region, 1);
+        assert!(kind(w) == FAR && w & FRAMED != 0, "{w:#x}");
+        assert_eq!(
+            kind(word(&region, 2)),
+            UNTOUCHED,
+            "a zero frame is not kept"
+        );
+        assert!(holds(&region, 1, 0xc3));
+        assert!(store.log.lock().is_empty(), "{:?}", store.log.lock());
+        assert!(pager.stats().moved_out >= 2);
+    }
+}

@@ -52,6 +52,8 @@ mod stats;
 mod sys;
 mod table;
 mod tags;
+#[cfg(test)]
+mod testkit;
 #[cfg(feature = "trace")]
 pub mod trace;
 pub mod verify;

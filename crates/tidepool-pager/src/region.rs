@@ -68,6 +68,11 @@ impl Region {
         unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) }
     }
 
+    #[cfg(test)]
+    pub(crate) fn inner(&self) -> &Arc<RegionInner> {
+        &self.inner
+    }
+
     /// Forgets the contents of `[offset, offset + len)` (whole pages inside it): they read as
     /// zeros afterwards, and their far copies are freed.
     pub fn discard(&mut self, offset: usize, len: usize) {

@@ -186,3 +186,39 @@ impl Inner {
         self.slots.give(slot);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testkit::*;
+
+    #[test]
+    fn slots_are_taken_without_waiting_and_given_back() {
+        let (pager, _region) = pager(Recorder::new(), false, 1);
+        let slots = &inner(&pager).slots;
+        let all = slots.try_take_up_to(usize::MAX);
+        assert_eq!(all.len(), crate::pager::WRITEBACK_SLOTS);
+        assert!(slots.try_take_up_to(1).is_empty(), "none left, and no wait");
+        slots.give_many(all);
+        assert_eq!(slots.try_take_up_to(3).len(), 3);
+    }
+
+    #[test]
+    fn a_page_discarded_on_its_way_out_is_removed_after_its_write() {
+        let store = Recorder::new();
+        let (pager, mut region) = pager(store.clone(), false, 4);
+        fill(&mut region, 0, 3);
+        evict_all(&pager, &region);
+        let key = region_inner(&region).key(0);
+        region.discard(0, crate::PAGE);
+        let start = std::time::Instant::now();
+        while !store.log.lock().contains(&Op::Remove(key)) {
+            assert!(start.elapsed().as_secs() < 10, "{:?}", store.log.lock());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let log = store.log.lock().clone();
+        let w = log.iter().position(|o| *o == Op::Write(key)).unwrap();
+        let r = log.iter().position(|o| *o == Op::Remove(key)).unwrap();
+        assert!(w < r, "{log:?}");
+        assert!(holds(&region, 0, 0));
+    }
+}
