@@ -74,21 +74,25 @@ def main(src, dst):
                 ax.set_xscale("log")
             ax.set_xlabel(k)
         else:
+            # Nothing varies (a single OOM row, say): the labels still say where it was.
+            shown = varying or keys
             points = list(OrderedDict.fromkeys(
-                ",".join(f"{k}={r['params'][k]:g}" for k in varying) for r in prs))
-            width = 0.8 / max(1, len(systems))
-            for i, s in enumerate(systems):
+                ",".join(f"{k}={r['params'][k]:g}" for k in shown) for r in prs))
+            # Only the systems with a row here take a slot, so the ticks sit under the bars.
+            present = [s for s in systems if any(r["system"] == s for r in prs)]
+            width = 0.8 / max(1, len(present))
+            for i, s in enumerate(present):
                 xs, ys = [], []
                 for r in prs:
                     if r["system"] != s:
                         continue
-                    label = ",".join(f"{k}={r['params'][k]:g}" for k in varying)
+                    label = ",".join(f"{k}={r['params'][k]:g}" for k in shown)
                     xs.append(points.index(label) + i * width)
                     ys.append(r["value"])
                 if xs:
                     bars = ax.bar(xs, ys, width, label=s, color=colours[s])
                     ax.bar_label(bars, fmt="%.3g", fontsize=7)
-            ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(points))])
+            ax.set_xticks([j + width * (len(present) - 1) / 2 for j in range(len(points))])
             ax.set_xticklabels(points if any(points) else [""], fontsize=8)
         # Values spanning decades (100% local against 25%) read only on a log axis.
         values = [r["value"] for r in prs if r["value"] > 0]
