@@ -6,26 +6,10 @@
 
 mod common;
 
-use common::NodeProc;
-use std::path::{Path, PathBuf};
+use common::{c_program, preload, NodeProc};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 use tidepool_bench::apps::{self, Launcher, Outcome, System};
-
-fn preload() -> PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
-        tidepool_bench::libs::build_into(
-            &target,
-            Path::new(env!("CARGO_MANIFEST_DIR")),
-            "tidepool-preload",
-            "libtidepool_preload.so",
-        )
-        .expect("libtidepool_preload.so")
-    })
-    .clone()
-}
 
 fn launcher(node: Option<&NodeProc>) -> Launcher {
     Launcher::new(
@@ -113,19 +97,7 @@ fn redis_bgsave_of_four_times_the_local_size_under_a_memory_node() {
 /// `tests/c/forks.c basic` with 1 GiB: the child checks every word of its parent's memory,
 /// three quarters of it far, then both write their own copies and check them.
 fn fork_under(backend: &str) {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    let out = BIN.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("forks-apps");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/forks.c");
-        let status = Command::new("cc")
-            .args(["-O2", "-pthread", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .unwrap();
-        assert!(status.success());
-        out
-    });
+    let out = c_program("forks", &["-pthread"]);
     let run = Command::new(env!("CARGO_BIN_EXE_tidepool"))
         .args(["run", "--local", "256M", "--backend", backend, "--"])
         .arg(out)

@@ -5,42 +5,13 @@
 
 mod common;
 
-use common::NodeProc;
-use std::path::{Path, PathBuf};
+use common::{c_program, preload, NodeProc};
+use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
-
-fn preload() -> PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
-        tidepool_bench::libs::build_into(
-            &target,
-            Path::new(env!("CARGO_MANIFEST_DIR")),
-            "tidepool-preload",
-            "libtidepool_preload.so",
-        )
-        .expect("libtidepool_preload.so")
-    })
-    .clone()
-}
 
 /// `tests/c/forks.c`, compiled once.
 fn forks() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("forks");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/forks.c");
-        let status = Command::new("cc")
-            .args(["-O2", "-pthread", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .status()
-            .expect("cc (the C compiler scripts/setup installs)");
-        assert!(status.success(), "compiling {}", src.display());
-        out
-    })
-    .clone()
+    c_program("forks", &["-pthread"])
 }
 
 /// Local memory for 64 MiB of data: a quarter.

@@ -9,42 +9,12 @@
 
 mod common;
 
-use common::NodeProc;
+use common::{c_program, preload, NodeProc};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
-
-fn preload() -> PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
-        tidepool_bench::libs::build_into(
-            &target,
-            Path::new(env!("CARGO_MANIFEST_DIR")),
-            "tidepool-preload",
-            "libtidepool_preload.so",
-        )
-        .expect("libtidepool_preload.so")
-    })
-    .clone()
-}
 
 fn memcalls() -> PathBuf {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("memcalls");
-        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/memcalls.c");
-        let status = Command::new("cc")
-            .args(["-O2", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .arg("-ldl")
-            .status()
-            .expect("cc (the C compiler scripts/setup installs)");
-        assert!(status.success(), "compiling {}", src.display());
-        out
-    })
-    .clone()
+    c_program("memcalls", &["-ldl"])
 }
 
 const CASES: [&str; 16] = [

@@ -4,26 +4,10 @@
 
 mod common;
 
-use common::NodeProc;
+use common::{preload, NodeProc};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
-
-fn preload() -> PathBuf {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
-        tidepool_bench::libs::build_into(
-            &target,
-            Path::new(env!("CARGO_MANIFEST_DIR")),
-            "tidepool-preload",
-            "libtidepool_preload.so",
-        )
-        .expect("libtidepool_preload.so")
-    })
-    .clone()
-}
 
 /// `tidepool run --local LOCAL --backend BACKEND --stats -- PROGRAM...`, not yet started.
 fn tidepool_run(local: &str, backend: &str, program: &[&str]) -> Command {

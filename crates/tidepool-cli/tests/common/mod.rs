@@ -1,8 +1,52 @@
-//! A real `tidepool node` process for integration tests.
+//! What the integration tests share: a real `tidepool node` process, the preload library
+//! `tidepool run` loads, C test programs, seeded payloads.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+/// `libtidepool_preload.so`, built once per test binary.
+pub fn preload() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
+        tidepool_bench::libs::build_into(
+            &target,
+            Path::new(env!("CARGO_MANIFEST_DIR")),
+            "tidepool-preload",
+            "libtidepool_preload.so",
+        )
+        .expect("libtidepool_preload.so")
+    })
+    .clone()
+}
+
+/// `tests/c/NAME.c` compiled with -O2 and `libs` (after the source), once per test binary.
+pub fn c_program(name: &str, libs: &[&str]) -> PathBuf {
+    static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap();
+    if let Some(out) = built.get(name) {
+        return out.clone();
+    }
+    // One copy per test binary: another binary's run must not find it half written.
+    let binary = std::env::current_exe().unwrap();
+    let binary = binary.file_stem().unwrap().to_string_lossy();
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{binary}"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let status = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(libs)
+        .status()
+        .expect("cc (the C compiler scripts/setup installs)");
+    assert!(status.success(), "compiling {}", src.display());
+    built.insert(name.to_string(), out.clone());
+    out
+}
 
 pub struct NodeProc {
     child: Child,
