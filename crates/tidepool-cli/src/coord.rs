@@ -50,6 +50,12 @@ pub fn run(a: CoordArgs) -> Result<()> {
         .with_context(|| format!("cannot listen at {}", socket.display()))?;
     let http = match a.http {
         Some(addr) => {
+            if !addr.ip().is_loopback() {
+                eprintln!(
+                    "tidepool coord: the dashboard at {addr} is reachable from other machines, \
+                     and anyone who reaches it can change weights; bind 127.0.0.1 unless that is meant"
+                );
+            }
             let bound = coord
                 .serve_http(addr)
                 .with_context(|| format!("cannot serve HTTP at {addr}"))?;
@@ -107,6 +113,20 @@ pub fn top(addr: &str, once: bool) -> Result<()> {
     }
 }
 
+/// A name an application chose, fit for a terminal: control characters (escape sequences
+/// start with one) and bidirectional overrides (which reorder what follows) become `?`.
+pub fn as_text(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') {
+                '?'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
 fn mib(x: u64) -> String {
     format!("{:.0}", x as f64 / (1u64 << 20) as f64)
 }
@@ -144,7 +164,7 @@ pub fn render(s: &Snapshot) -> String {
         o.push_str(&format!(
             "{:>4} {:<20} {:>8} {:>6.2} {:>10} {:>10} {:>8.3} {:>10.0} {:>8.1}% {:>12.4}\n",
             a.id,
-            a.name.chars().take(20).collect::<String>(),
+            as_text(&a.name).chars().take(20).collect::<String>(),
             a.pid,
             a.weight,
             mib(a.budget),
@@ -173,5 +193,17 @@ pub fn set_weight(addr: &str, app: u32, weight: f64) -> Result<()> {
             anyhow::bail!("{code}: {}", r.into_string().unwrap_or_default().trim())
         }
         Err(e) => Err(e).with_context(|| format!("cannot reach the coordinator at {url}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::as_text;
+
+    #[test]
+    fn names_lose_escape_sequences_and_direction_overrides() {
+        assert_eq!(as_text("web-1 café"), "web-1 café");
+        assert_eq!(as_text("a\x1b[2Jb\x07"), "a?[2Jb?");
+        assert_eq!(as_text("x\u{202e}gpj.exe\u{9b}"), "x?gpj.exe?");
     }
 }

@@ -243,3 +243,58 @@ fn headless_chromium_renders_the_dashboard_with_live_charts() {
     );
     eprintln!("dashboard screenshot: {}", shot.display());
 }
+
+/// Names are the applications' own: the dashboard shows them as text (no element or script of
+/// theirs reaches the DOM), every response carries a strict Content-Security-Policy, and `top`
+/// prints no terminal escape sequence from them.
+#[test]
+fn hostile_application_names_stay_text_in_the_dashboard_and_in_top() {
+    let browser = chromium().expect(
+        "no Chromium on this machine: scripts/setup installs it (apt-get install chromium)",
+    );
+    let c = coord("hostile", &["--max", "32M", "--epoch-ms", "100"]);
+    let img = "<img src=x onerror=\"document.title='pwned-img'\">";
+    let script = "<script>document.title='pwned-script'</script>";
+    let escape = "evil\x1b]0;pwned\x07\x1b[2J";
+    let _apps: Vec<Proc> = [img, script, escape]
+        .iter()
+        .map(|n| app(&c, n, "20", "60"))
+        .collect();
+    wait_for("the three applications", || {
+        let s = state(&c);
+        [img, script, escape].iter().all(|n| find(&s, n).is_some())
+    });
+    let res = ureq::get(&format!("http://{}/", c.http)).call().unwrap();
+    let csp = res.header("content-security-policy").unwrap_or_default();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-eval"),
+        "{csp}"
+    );
+    let dom = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--window-size=1400,1000",
+            "--virtual-time-budget=4000",
+            "--dump-dom",
+        ])
+        .arg(format!("http://{}/", c.http))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert!(dom.contains("data-samples="), "the page did not run: {dom}");
+    assert!(!dom.contains("<img"), "an element from a name: {dom}");
+    assert!(
+        !dom.contains("<script>document.title"),
+        "a script from a name: {dom}"
+    );
+    assert!(dom.contains("<title>tidepool coord</title>"), "{dom}");
+    // The names are there, as text.
+    assert!(dom.contains("&lt;img src=x onerror="), "{dom}");
+    assert!(dom.contains("&lt;script&gt;document.title"), "{dom}");
+
+    let top = tidepool(&["top", "--once", "--http", &c.http]);
+    assert!(!top.contains('\x1b') && !top.contains('\x07'), "{top:?}");
+    assert!(top.contains("evil?]0;pwned??[2J"), "{top:?}");
+}

@@ -1,10 +1,14 @@
 //! The operator's surface over HTTP: the dashboard (`/`), the state as JSON (`/api/state`),
 //! its history (`/api/history`), Prometheus metrics (`/metrics`), and weights
 //! (`POST /api/apps/{id}/weight` with `{"weight": 2.0}`).
+//!
+//! Application names come from the applications, so the page treats them as text only, and
+//! every response carries a Content-Security-Policy that allows no script but the page's own
+//! files: a name that slipped into HTML still could not run.
 
 use crate::Shared;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -46,7 +50,50 @@ fn router(shared: Arc<Shared>) -> Router {
         .route("/api/apps/{id}/weight", post(weight))
         .route("/api/max", post(max))
         .route("/metrics", get(metrics))
+        .route("/app.js", get(app_js))
+        .route("/app.css", get(app_css))
+        .layer(axum::middleware::map_response(security_headers))
         .with_state(shared)
+}
+
+/// Scripts and styles from this server only, no inline script, no plugins, no framing, data
+/// fetched from this server only. (Inline styles stay allowed: the chart library sets them.)
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
+                   img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; \
+                   frame-ancestors 'none'";
+
+async fn security_headers(mut res: Response) -> Response {
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    res
+}
+
+async fn app_js() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("../web/app.js"),
+    )
+        .into_response()
+}
+
+async fn app_css() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("../web/app.css"),
+    )
+        .into_response()
 }
 
 async fn dashboard() -> Html<&'static str> {
