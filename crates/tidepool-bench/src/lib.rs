@@ -51,7 +51,7 @@ impl std::str::FromStr for Placement {
             "shared" => Ok(Placement::Shared),
             "free" => Ok(Placement::Free),
             _ => Err(format!(
-                "placement must be split, shared or free, not '{s}'"
+                "placement must be auto, split, shared or free, not '{s}'"
             )),
         }
     }

@@ -280,10 +280,10 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{k:32} {v}");
             }
             if stats.extra.is_empty() {
-                println!(
-                    "far_bytes {:?}\nobjects {:?}",
-                    stats.far_bytes, stats.objects
-                );
+                // What the store cannot count is said so, not printed as a Rust Option.
+                let shown = |v: Option<u64>| v.map_or("unknown".to_string(), |n| n.to_string());
+                println!("{:32} {}", "far_bytes", shown(stats.far_bytes));
+                println!("{:32} {}", "objects", shown(stats.objects));
             }
             Ok(())
         }
