@@ -47,8 +47,12 @@ pub fn run(
         }
     }
     // Fail here, with the URL in the message, rather than inside the program.
-    let store = tidepool_store::open(backend)
-        .with_context(|| format!("the far store {backend} is not usable"))?;
+    let store = tidepool_store::open(backend).with_context(|| {
+        format!(
+            "the far store {} is not usable",
+            tidepool_store::redact(backend)
+        )
+    })?;
     drop(store);
     let lib = preload_library()?;
     let mut preload = lib.into_os_string();

@@ -36,3 +36,96 @@ fn a_bad_placement_names_every_choice() {
         assert!(stderr.contains(choice), "{choice} missing: {stderr}");
     }
 }
+
+/// A password or token in a store URL appears in no message, whatever fails.
+#[test]
+fn secrets_in_store_urls_never_print() {
+    let failing: [&[&str]; 7] = [
+        &[
+            "run",
+            "--local",
+            "64M",
+            "--backend",
+            "node://u:SECRET@127.0.0.1:1",
+            "--",
+            "true",
+        ],
+        &[
+            "run",
+            "--local",
+            "64M",
+            "--backend",
+            "node://u@127.0.0.1:1?token=SECRET",
+            "--",
+            "true",
+        ],
+        &[
+            "run",
+            "--local",
+            "64M",
+            "--backend",
+            "redis://:SECRET@127.0.0.1:1",
+            "--",
+            "true",
+        ],
+        &[
+            "run",
+            "--local",
+            "64M",
+            "--backend",
+            "node://u:SECRET@no-port",
+            "--",
+            "true",
+        ],
+        &["stats", "memcached://u:SECRET@127.0.0.1:1"],
+        &["demo", "--backend", "redis://:SECRET@127.0.0.1:1"],
+        &[
+            "stats",
+            "redis+cluster://:SECRET@127.0.0.1:1,:SECRET@127.0.0.1:2",
+        ],
+    ];
+    for args in failing {
+        let out = Command::new(EXE).args(args).output().unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!out.status.success(), "{args:?} succeeded: {all}");
+        assert!(
+            !all.contains("SECRET"),
+            "{args:?} printed the secret: {all}"
+        );
+        assert!(all.contains("***"), "{args:?}: {all}");
+    }
+}
+
+/// A wrong Redis password is reported as such, not as an unreachable server.
+#[test]
+fn a_wrong_redis_password_says_so() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut server = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--requirepass", "right-one"])
+        .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("redis-server (scripts/setup installs it)");
+    let url = format!("redis://:WRONG-SECRET@127.0.0.1:{port}");
+    let mut all = String::new();
+    for _ in 0..50 {
+        let out = Command::new(EXE).args(["stats", &url]).output().unwrap();
+        all = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !all.contains("cannot reach") {
+            break; // up and answering
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(all.contains("refused the password"), "{all}");
+    assert!(!all.contains("WRONG-SECRET"), "{all}");
+}

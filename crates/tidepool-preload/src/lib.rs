@@ -272,8 +272,12 @@ extern "C" fn start() {
     // one) is read by pager threads, so it must not be paged: this thread allocates from the
     // kernel until the pager runs, and pager threads always do.
     tidepool_alloc::set_thread_unpaged(true);
-    let store = tidepool_store::open(&backend)
-        .unwrap_or_else(|e| fail(&format!("cannot open far store {backend}: {e}")));
+    let store = tidepool_store::open(&backend).unwrap_or_else(|e| {
+        fail(&format!(
+            "cannot open far store {}: {e}",
+            tidepool_store::redact(&backend)
+        ))
+    });
     let mut config = Config::new(budget);
     config.thread_start = Some(|| tidepool_alloc::set_thread_unpaged(true));
     config.around_child_restart = Some(tidepool_alloc::set_arenas_aside);

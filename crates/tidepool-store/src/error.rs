@@ -1,7 +1,8 @@
 use tidepool_proto::ErrorCode;
 
 /// Why a far-store operation failed. Every message names the backend and says what to check.
-#[derive(Debug, thiserror::Error)]
+/// Debug prints the message too, so that neither form shows a password.
+#[derive(thiserror::Error)]
 pub enum StoreError {
     #[error("bad store URL '{url}': {reason}")]
     BadUrl { url: String, reason: String },
@@ -9,7 +10,8 @@ pub enum StoreError {
     // The cause is part of these messages (callers often print only the top level), so it is
     // not also exposed as source(), which would print it twice in a chain.
     #[error(
-        "cannot reach {backend} at {addr}: {cause} (is the server running and listening there?)"
+        "cannot reach {backend} at {}: {cause} (is the server running and listening there?)",
+        crate::url::redact(.addr)
     )]
     Connect {
         backend: &'static str,
@@ -60,5 +62,11 @@ impl StoreError {
             StoreError::Node { code, .. } => Some(*code),
             _ => None,
         }
+    }
+}
+
+impl std::fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StoreError({self})")
     }
 }

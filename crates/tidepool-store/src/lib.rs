@@ -32,7 +32,7 @@ pub use backends::memcached::MemcachedStore;
 pub use backends::node::{NodeClient, NodeStore};
 pub use backends::redis::RedisStore;
 pub use error::StoreError;
-pub use url::StoreUrl;
+pub use url::{redact, StoreUrl};
 
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.
 #[doc(hidden)]

@@ -3,8 +3,8 @@
 
 use crate::StoreError;
 
-/// A parsed store URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A parsed store URL. Its Debug form hides tokens and passwords.
+#[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     Local {
         compress: bool,
@@ -35,7 +35,7 @@ const FORMS: &str =
 impl StoreUrl {
     pub fn parse(url: &str) -> Result<StoreUrl, StoreError> {
         let bad = |reason: String| StoreError::BadUrl {
-            url: url.to_string(),
+            url: redact(url),
             reason,
         };
         let (scheme, rest) = url
@@ -142,6 +142,86 @@ impl StoreUrl {
     }
 }
 
+/// A store URL, or the `[user[:password]@]host:port[,...]` part of one, fit to print: every
+/// password and token becomes `***` (the `:password` of each userinfo, and the values of
+/// `token`, `password` and `auth` query parameters). Every message and description of a store
+/// goes through this.
+pub fn redact(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => url.split_at(i + 3),
+        None => ("", url),
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let hosts: Vec<String> = authority
+        .split(',')
+        .map(|h| match h.rsplit_once('@') {
+            Some((user, host)) => match user.split_once(':') {
+                Some((name, _)) => format!("{name}:***@{host}"),
+                None => h.to_string(),
+            },
+            None => h.to_string(),
+        })
+        .collect();
+    let mut out = format!("{scheme}{}{path}", hosts.join(","));
+    if let Some(q) = query {
+        let pairs: Vec<String> = q
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if matches!(k, "token" | "password" | "auth") => format!("{k}=***"),
+                _ => p.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+    }
+    out
+}
+
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Local { compress } => {
+                f.debug_struct("Local").field("compress", compress).finish()
+            }
+            StoreUrl::Node {
+                addr,
+                tenant,
+                token,
+            } => f
+                .debug_struct("Node")
+                .field("addr", addr)
+                .field("tenant", tenant)
+                .field("token", &if token.is_empty() { "" } else { "***" })
+                .finish(),
+            StoreUrl::Redis { addr, prefix } => f
+                .debug_struct("Redis")
+                .field("addr", &redact(addr))
+                .field("prefix", prefix)
+                .finish(),
+            StoreUrl::RedisCluster { nodes, prefix } => f
+                .debug_struct("RedisCluster")
+                .field(
+                    "nodes",
+                    &nodes.iter().map(|n| redact(n)).collect::<Vec<_>>(),
+                )
+                .field("prefix", prefix)
+                .finish(),
+            StoreUrl::Memcached { addr, prefix } => f
+                .debug_struct("Memcached")
+                .field("addr", &redact(addr))
+                .field("prefix", prefix)
+                .finish(),
+        }
+    }
+}
+
 fn check_addr(addr: &str) -> Result<(), String> {
     let (host, port) = addr
         .rsplit_once(':')
@@ -157,6 +237,35 @@ fn check_addr(addr: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_and_tokens_never_print() {
+        for (url, want) in [
+            (
+                "node://web:s3cret@127.0.0.1:7070",
+                "node://web:***@127.0.0.1:7070",
+            ),
+            ("node://web@h:1?token=s3cret", "node://web@h:1?token=***"),
+            ("redis://:s3cret@h:6379/2", "redis://:***@h:6379/2"),
+            (
+                "redis+cluster://u:s3cret@a:1,:s3cret@b:2",
+                "redis+cluster://u:***@a:1,:***@b:2",
+            ),
+            ("u:s3cret@h:1", "u:***@h:1"),
+            (
+                "memcached://h:11211?prefix=x",
+                "memcached://h:11211?prefix=x",
+            ),
+        ] {
+            assert_eq!(redact(url), want);
+        }
+        let e = StoreUrl::parse("node://web:s3cret@nowhere").unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        let u = StoreUrl::parse("node://web:s3cret@127.0.0.1:7070").unwrap();
+        assert!(!format!("{u:?}").contains("s3cret"), "{u:?}");
+        let u = StoreUrl::parse("redis://:s3cret@127.0.0.1:7070").unwrap();
+        assert!(!format!("{u:?}").contains("s3cret"), "{u:?}");
+    }
 
     #[test]
     fn parses_every_form() {

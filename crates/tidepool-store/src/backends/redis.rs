@@ -113,11 +113,7 @@ impl RedisStore {
     /// Connects to the Redis server at `addr` (`host:port`). Values are kept under `prefix`, by
     /// default one unique to this store instance.
     pub fn connect(addr: &str, prefix: Option<String>) -> Result<RedisStore, StoreError> {
-        let connect_error = |e: RedisError| StoreError::Connect {
-            backend: SINGLE,
-            addr: addr.to_string(),
-            cause: to_io_error(&e, format!("{e}")),
-        };
+        let connect_error = |e: RedisError| refused_or_unreachable(SINGLE, addr, e);
         let client = redis::Client::open(format!("redis://{addr}/")).map_err(connect_error)?;
         // Open the first connection now, so that a wrong address fails here and not at the
         // first page fault.
@@ -139,11 +135,7 @@ impl RedisStore {
         prefix: Option<String>,
     ) -> Result<RedisStore, StoreError> {
         let joined = nodes.join(",");
-        let connect_error = |e: RedisError| StoreError::Connect {
-            backend: CLUSTER,
-            addr: joined.clone(),
-            cause: to_io_error(&e, format!("{e}")),
-        };
+        let connect_error = |e: RedisError| refused_or_unreachable(CLUSTER, &joined, e);
         let client = ClusterClient::builder(nodes.iter().map(|n| format!("redis://{n}/")))
             .connection_timeout(CONNECT_TIMEOUT)
             .response_timeout(IO_TIMEOUT)
@@ -230,6 +222,9 @@ impl RedisStore {
     }
 
     fn reconnect_error(&self, e: RedisError) -> StoreError {
+        if is_auth_failure(&e) {
+            return refused_or_unreachable(self.backend(), self.where_(), e);
+        }
         StoreError::Connect {
             backend: self.backend(),
             addr: self.where_().to_string(),
@@ -323,8 +318,8 @@ impl FarStore for RedisStore {
 
     fn describe(&self) -> String {
         match &self.target {
-            Target::Single { addr, .. } => format!("redis://{addr}"),
-            Target::Cluster { nodes, .. } => format!("redis+cluster://{nodes}"),
+            Target::Single { addr, .. } => crate::redact(&format!("redis://{addr}")),
+            Target::Cluster { nodes, .. } => crate::redact(&format!("redis+cluster://{nodes}")),
         }
     }
 
@@ -448,6 +443,31 @@ impl FarStore for RedisStore {
             objects: None,
             extra: vec![],
         })
+    }
+}
+
+/// A wrong or missing password is not an unreachable server: say which it is.
+fn is_auth_failure(e: &RedisError) -> bool {
+    e.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(e.code(), Some("NOAUTH") | Some("WRONGPASS"))
+}
+
+fn refused_or_unreachable(backend: &'static str, addr: &str, e: RedisError) -> StoreError {
+    if is_auth_failure(&e) {
+        return StoreError::Backend {
+            backend,
+            message: format!(
+                "the server at {} refused the password (authentication failed): \
+                 put the right one in the URL, as redis://:PASSWORD@host:port",
+                crate::redact(addr)
+            ),
+            source: None,
+        };
+    }
+    StoreError::Connect {
+        backend,
+        addr: addr.to_string(),
+        cause: to_io_error(&e, format!("{e}")),
     }
 }
 

@@ -335,7 +335,7 @@ impl FarStore for MemcachedStore {
     }
 
     fn describe(&self) -> String {
-        format!("memcached://{}", self.addr)
+        crate::redact(&format!("memcached://{}", self.addr))
     }
 
     fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
