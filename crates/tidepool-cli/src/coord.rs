@@ -34,6 +34,8 @@ pub struct CoordArgs {
 }
 
 pub fn run(a: CoordArgs) -> Result<()> {
+    // SIGTERM and SIGINT stop the coordinator in order (below) rather than kill it.
+    tidepool_sys::block_stop_signals()?;
     let mut cfg = Config {
         policy: a.policy,
         reserve: a.reserve,
@@ -78,9 +80,14 @@ pub fn run(a: CoordArgs) -> Result<()> {
         socket.display()
     );
     std::io::stdout().flush()?;
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
-    }
+    let signal = tidepool_sys::wait_for_stop()?;
+    eprintln!(
+        "tidepool coord: {signal}: stopping; {} applications were joined",
+        coord.snapshot().apps.len()
+    );
+    let _ = std::fs::remove_file(&socket);
+    eprintln!("tidepool coord: stopped ({} removed)", socket.display());
+    Ok(())
 }
 
 /// Reads a coordinator's state over HTTP.

@@ -261,6 +261,8 @@ fn run(cli: Cli) -> Result<()> {
                     .to_string(),
             };
             let sections = cfg.sections;
+            // SIGTERM and SIGINT stop the server in order (below) rather than kill it.
+            tidepool_sys::block_stop_signals()?;
             let server = Server::start(cfg)?;
             // The first line names the address: scripts and `tidepool bench` read it.
             println!(
@@ -270,7 +272,11 @@ fn run(cli: Cli) -> Result<()> {
                 sections
             );
             std::io::stdout().flush()?;
-            server.wait();
+            let signal = tidepool_sys::wait_for_stop()?;
+            eprintln!("tidepool node: {signal}: closing every connection and stopping");
+            let addr = server.local_addr();
+            server.shutdown();
+            eprintln!("tidepool node: stopped ({addr} is free)");
             Ok(())
         }
         Cmd::Stats { url } => {

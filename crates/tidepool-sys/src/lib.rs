@@ -352,3 +352,45 @@ impl Drop for RawThread {
         }
     }
 }
+
+/// SIGTERM and SIGINT, the signals that ask a server to stop.
+fn stop_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it, sigaddset adds valid signals.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    }
+}
+
+/// Blocks SIGTERM and SIGINT in this thread and in every thread it starts from now on, so that
+/// [`wait_for_stop`] receives them instead of their killing the process. A server calls it
+/// before starting its threads. (Not for a process that execs a program: the mask would pass.)
+pub fn block_stop_signals() -> io::Result<()> {
+    let set = stop_signals();
+    // SAFETY: a valid signal set; the old mask is not wanted.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    Ok(())
+}
+
+/// Waits until SIGTERM or SIGINT arrives (blocked beforehand with [`block_stop_signals`]) and
+/// names it.
+pub fn wait_for_stop() -> io::Result<&'static str> {
+    let set = stop_signals();
+    let mut sig: libc::c_int = 0;
+    loop {
+        // SAFETY: a valid signal set and a writable int for the signal number.
+        let rc = unsafe { libc::sigwait(&set, &mut sig) };
+        match rc {
+            0 if sig == libc::SIGTERM => return Ok("SIGTERM"),
+            0 => return Ok("SIGINT"),
+            libc::EINTR => continue,
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
+    }
+}
