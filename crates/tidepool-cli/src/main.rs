@@ -21,7 +21,10 @@ use tidepool_node::{format_size, parse_size, NodeConfig, Server, TokensFile};
                   node that many compute processes share, or a far store (Redis, Redis Cluster, \
                   memcached, or in-process).\n\nStart here: `tidepool demo` runs a verified \
                   round trip on the embedded store and an embedded memory node, with nothing to \
-                  set up."
+                  set up.",
+    after_help = "Logging: messages go to standard error; RUST_LOG sets how much (default \
+                  `warn`; `info` shows servers' progress, `tidepool_node=debug` one crate in \
+                  detail; syntax of tracing-subscriber's EnvFilter). Colours only on a terminal."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -220,6 +223,8 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .with_writer(std::io::stderr)
+        // Escape codes only for a person at a terminal, never into a file or a journal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Err(e) = run(Cli::parse()) {
         eprintln!("tidepool: {e:#}");

@@ -11,6 +11,7 @@ const EXE: &str = env!("CARGO_BIN_EXE_tidepool");
 fn start(args: &[&str]) -> (Child, String) {
     let mut child = Command::new(EXE)
         .args(args)
+        .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -49,6 +50,9 @@ fn a_node_stops_on_sigterm_and_sigint_and_starts_again_on_its_address() {
     let (code, err) = stop(node, "-TERM");
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("SIGTERM") && err.contains("stopped"), "{err}");
+    // RUST_LOG=info logs, and a log that is not a terminal carries no colour codes.
+    assert!(err.contains("INFO"), "{err}");
+    assert!(!err.contains('\x1b'), "{err:?}");
     let (node, _) = start(&["node", "--listen", &addr, "--capacity", "64M"]);
     let (code, err) = stop(node, "-INT");
     assert_eq!(code, Some(0), "{err}");
