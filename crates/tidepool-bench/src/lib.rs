@@ -10,6 +10,7 @@
 pub mod alloc;
 pub mod apps;
 pub mod coord;
+pub mod env;
 pub mod far;
 mod far_overhead;
 mod far_query;
@@ -216,6 +217,7 @@ pub fn run(name: &str, opts: BenchOpts) -> Result<Report> {
     );
     progress.enable_steady_tick(Duration::from_millis(200));
     let mut report = Report::new(name, opts.quick);
+    report.env = Some(env::Env::capture(opts.quick));
     // Clients (this thread, the threads it starts, the processes it spawns) go where clients go;
     // suites move each server they start to the server CPUs.
     if let Some(cpus) = opts.placement.client_cpus() {

@@ -105,8 +105,28 @@ def main(src, dst):
         ax.axis("off")
     title = f"tidepool bench {data['suite']}" + (" (quick)" if data.get("quick") else "")
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    footer = describe_env(data.get("env"))
+    if footer:
+        fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=7, color="#555")
+    fig.tight_layout(rect=(0, 0.03 if footer else 0, 1, 0.97))
     fig.savefig(dst, dpi=110)
+
+
+def describe_env(env):
+    """One line saying where the figures came from (the JSON's `env`), or None."""
+    if not env:
+        return None
+    commit = env.get("commit", "unknown")
+    parts = [f"commit {commit[:10]}" + (" (with local changes)" if env.get("dirty") else "")]
+    parts.append(f"Linux {env.get('kernel', '?')}")
+    parts.append(f"{env.get('cpus', '?')} x {env.get('cpu_model') or 'CPU'}")
+    parts.append(f"{env.get('memory_bytes', 0) / 2**30:.1f} GiB")
+    for name, version in sorted((env.get("peers") or {}).items()):
+        version = version.split(" sha=")[0]  # redis-server's line goes on to build details
+        base = name.split("-")[0].rstrip("0123456789")
+        parts.append(version if base in version.lower() else f"{name} {version}")
+    parts.append("quick" if env.get("quick") else "full")
+    return " · ".join(parts)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ pub struct Report {
     /// Peers that could not run and other caveats, in words.
     #[serde(default)]
     pub notes: Vec<String>,
+    /// The machine and commit the figures came from (absent in files from before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<crate::env::Env>,
 }
 
 impl Report {
@@ -33,6 +36,7 @@ impl Report {
             quick,
             results: vec![],
             notes: vec![],
+            env: None,
         }
     }
 
