@@ -100,20 +100,66 @@ fn secrets_in_store_urls_never_print() {
     }
 }
 
-/// A wrong Redis password is reported as such, not as an unreachable server.
-#[test]
-fn a_wrong_redis_password_says_so() {
+/// A redis-server on a free loopback port, with extra arguments; (process, port).
+fn redis(extra: &[&str]) -> (std::process::Child, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let mut server = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--requirepass", "right-one"])
+    let server = Command::new("redis-server")
+        .args(["--port", &port.to_string()])
+        .args(extra)
         .args(["--save", "", "--appendonly", "no", "--bind", "127.0.0.1"])
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("redis-server (scripts/setup installs it)");
+    (server, port)
+}
+
+/// `redis://host:port/DB` selects that database; several hosts in a one-server URL are
+/// explained.
+#[test]
+fn a_redis_database_number_is_used() {
+    let (mut server, port) = redis(&[]);
+    let url = format!("redis://127.0.0.1:{port}/3");
+    let mut out = None;
+    for _ in 0..50 {
+        let o = Command::new(EXE)
+            .args(["demo", "--backend", &url, "--size", "4M"])
+            .output()
+            .unwrap();
+        if o.status.success() {
+            out = Some(o);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let stats = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "commandstats"])
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(out.is_some(), "the demo never succeeded against {url}");
+    let stats = String::from_utf8_lossy(&stats.stdout);
+    assert!(stats.contains("cmdstat_select"), "{stats}");
+
+    let out = Command::new(EXE)
+        .args(["stats", "redis://127.0.0.1:1,127.0.0.1:2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("one server") && err.contains("redis+cluster://"),
+        "{err}"
+    );
+}
+
+/// A wrong Redis password is reported as such, not as an unreachable server.
+#[test]
+fn a_wrong_redis_password_says_so() {
+    let (mut server, port) = redis(&["--requirepass", "right-one"]);
     let url = format!("redis://:WRONG-SECRET@127.0.0.1:{port}");
     let mut all = String::new();
     for _ in 0..50 {

@@ -30,7 +30,8 @@ pub enum StoreUrl {
 
 const FORMS: &str =
     "expected one of local:, local:?compress=lz4, node://[tenant[:token]@]host:port, \
-                     redis://host:port, redis+cluster://h1:p1,h2:p2,..., memcached://host:port";
+                     redis://[:password@]host:port[/DB], redis+cluster://h1:p1,h2:p2,..., \
+                     memcached://host:port";
 
 impl StoreUrl {
     pub fn parse(url: &str) -> Result<StoreUrl, StoreError> {
@@ -99,6 +100,7 @@ impl StoreUrl {
                     .or_else(|| take_param("token"))
                     .or_else(|| std::env::var("TIDEPOOL_TOKEN").ok())
                     .unwrap_or_default();
+                one_host(addr, "node://", "").map_err(bad)?;
                 check_addr(addr).map_err(bad)?;
                 StoreUrl::Node {
                     addr: addr.to_string(),
@@ -108,7 +110,25 @@ impl StoreUrl {
             }
             "redis" => {
                 let addr = host_part(rest)?;
-                check_addr(&addr).map_err(bad)?;
+                // redis://[:password@]host:port[/DB]: the database number stays on the address.
+                let host = match addr.split_once('/') {
+                    Some((host, db)) => {
+                        db.parse::<u32>().map_err(|_| {
+                            bad(format!(
+                                "'{db}' is not a database number (redis://host:port/DB)"
+                            ))
+                        })?;
+                        host
+                    }
+                    None => addr.as_str(),
+                };
+                one_host(
+                    host,
+                    "redis://",
+                    "; for a cluster write redis+cluster://h1:p1,h2:p2",
+                )
+                .map_err(bad)?;
+                check_addr(host).map_err(bad)?;
                 StoreUrl::Redis {
                     addr,
                     prefix: take_param("prefix"),
@@ -127,6 +147,7 @@ impl StoreUrl {
             }
             "memcached" => {
                 let addr = host_part(rest)?;
+                one_host(&addr, "memcached://", "").map_err(bad)?;
                 check_addr(&addr).map_err(bad)?;
                 StoreUrl::Memcached {
                     addr,
@@ -222,6 +243,16 @@ impl std::fmt::Debug for StoreUrl {
     }
 }
 
+/// A URL of a scheme that names one server, given several.
+fn one_host(addr: &str, scheme: &str, hint: &str) -> Result<(), String> {
+    if addr.contains(',') {
+        return Err(format!(
+            "a {scheme} URL names one server, not several{hint}"
+        ));
+    }
+    Ok(())
+}
+
 fn check_addr(addr: &str) -> Result<(), String> {
     let (host, port) = addr
         .rsplit_once(':')
@@ -265,6 +296,26 @@ mod tests {
         assert!(!format!("{u:?}").contains("s3cret"), "{u:?}");
         let u = StoreUrl::parse("redis://:s3cret@127.0.0.1:7070").unwrap();
         assert!(!format!("{u:?}").contains("s3cret"), "{u:?}");
+    }
+
+    #[test]
+    fn a_redis_database_number_is_kept_and_several_hosts_are_explained() {
+        assert_eq!(
+            StoreUrl::parse("redis://:pw@127.0.0.1:6379/3").unwrap(),
+            StoreUrl::Redis {
+                addr: ":pw@127.0.0.1:6379/3".into(),
+                prefix: None
+            }
+        );
+        let e = StoreUrl::parse("redis://h:1/x").unwrap_err().to_string();
+        assert!(e.contains("not a database number"), "{e}");
+        let e = StoreUrl::parse("redis://a:1,b:2").unwrap_err().to_string();
+        assert!(
+            e.contains("one server") && e.contains("redis+cluster://"),
+            "{e}"
+        );
+        let e = StoreUrl::parse("node://a:1,b:2").unwrap_err().to_string();
+        assert!(e.contains("one server"), "{e}");
     }
 
     #[test]

@@ -110,11 +110,16 @@ const SINGLE: &str = "redis";
 const CLUSTER: &str = "redis cluster";
 
 impl RedisStore {
-    /// Connects to the Redis server at `addr` (`host:port`). Values are kept under `prefix`, by
-    /// default one unique to this store instance.
+    /// Connects to the Redis server at `addr` (`[:password@]host:port[/DB]`). Values are kept
+    /// under `prefix`, by default one unique to this store instance.
     pub fn connect(addr: &str, prefix: Option<String>) -> Result<RedisStore, StoreError> {
         let connect_error = |e: RedisError| refused_or_unreachable(SINGLE, addr, e);
-        let client = redis::Client::open(format!("redis://{addr}/")).map_err(connect_error)?;
+        let url = if addr.contains('/') {
+            format!("redis://{addr}")
+        } else {
+            format!("redis://{addr}/")
+        };
+        let client = redis::Client::open(url).map_err(connect_error)?;
         // Open the first connection now, so that a wrong address fails here and not at the
         // first page fault.
         let first = open_single(&client).map_err(connect_error)?;
