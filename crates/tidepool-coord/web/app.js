@@ -7,6 +7,7 @@ function mib(x) { return (x / MiB).toFixed(1); }
 
 // Application names come from the applications themselves: they are only ever shown as text
 // (dygraphs 2.2.1 escapes series labels in its legend itself; the test checks the whole page).
+
 // An element with text in it (never parsed as HTML), and an optional class.
 function el(tag, text, cls) {
   const e = document.createElement(tag);
