@@ -293,12 +293,36 @@ pub fn pandas(
     rows: u64,
     dir: &Path,
 ) -> Result<(Outcome, u64)> {
-    let script = dir.join("apps_pandas.py");
-    std::fs::write(&script, PANDAS_SCRIPT)?;
-    let argv = [python.into(), script.into(), rows.to_string().into()];
-    let ended = run_to_end(l.command(system, local, &argv)?)?;
+    let ended = run_script(
+        l,
+        system,
+        local,
+        python,
+        dir,
+        "apps_pandas.py",
+        PANDAS_SCRIPT,
+        rows,
+    )?;
     let peak = ended.peak_rss;
     Ok((program_outcome("pandas", ended)?, peak))
+}
+
+/// Writes `text` to `dir/name` and runs it with `python` and one number argument, to its end.
+#[allow(clippy::too_many_arguments)]
+fn run_script(
+    l: &Launcher,
+    system: System,
+    local: u64,
+    python: &Path,
+    dir: &Path,
+    name: &str,
+    text: &str,
+    arg: u64,
+) -> Result<Ended> {
+    let script = dir.join(name);
+    std::fs::write(&script, text)?;
+    let argv = [python.into(), script.into(), arg.to_string().into()];
+    run_to_end(l.command(system, local, &argv)?)
 }
 
 /// The python-dict workload (the pager suite's script).
@@ -310,10 +334,16 @@ pub fn python_dict(
     strings: u64,
     dir: &Path,
 ) -> Result<(Outcome, u64)> {
-    let script = dir.join("apps_dict.py");
-    std::fs::write(&script, crate::pager::DICT_SCRIPT)?;
-    let argv = [python.into(), script.into(), strings.to_string().into()];
-    let ended = run_to_end(l.command(system, local, &argv)?)?;
+    let ended = run_script(
+        l,
+        system,
+        local,
+        python,
+        dir,
+        "apps_dict.py",
+        crate::pager::DICT_SCRIPT,
+        strings,
+    )?;
     let peak = ended.peak_rss;
     // The script prints seconds, its own peak RSS and the sum; the sum is the answer.
     Ok((

@@ -81,39 +81,37 @@ async fn security_headers(mut res: Response) -> Response {
 }
 
 async fn app_js() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+    static_file(
+        "text/javascript; charset=utf-8",
         include_str!("../web/app.js"),
     )
-        .into_response()
 }
 
 async fn app_css() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
-        include_str!("../web/app.css"),
-    )
-        .into_response()
+    static_file("text/css; charset=utf-8", include_str!("../web/app.css"))
 }
 
 async fn dashboard() -> Html<&'static str> {
     Html(include_str!("../web/index.html"))
 }
 
+/// One of the page's own files, with its type.
+fn static_file(content_type: &'static str, body: &'static str) -> Response {
+    ([(header::CONTENT_TYPE, content_type)], body).into_response()
+}
+
 async fn dygraph_js() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+    static_file(
+        "text/javascript; charset=utf-8",
         include_str!("../web/vendor/dygraph.min.js"),
     )
-        .into_response()
 }
 
 async fn dygraph_css() -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+    static_file(
+        "text/css; charset=utf-8",
         include_str!("../web/vendor/dygraph.min.css"),
     )
-        .into_response()
 }
 
 async fn state(State(s): State<Arc<Shared>>) -> Json<crate::Snapshot> {
