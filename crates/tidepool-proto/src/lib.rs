@@ -20,6 +20,7 @@
 //! item, so one bad handle does not fail its neighbours.
 #![forbid(unsafe_code)]
 
+pub mod build;
 mod codec;
 pub mod coord;
 pub mod scan;
