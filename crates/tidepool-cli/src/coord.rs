@@ -9,12 +9,21 @@ use tidepool_node::format_size;
 
 #[derive(clap::Args, Debug)]
 pub struct CoordArgs {
-    /// Unix socket to listen on [default: $XDG_RUNTIME_DIR or /tmp, tidepool-coord.sock].
+    /// Unix socket to listen on, mode 0600 [default: $XDG_RUNTIME_DIR/tidepool/coord.sock,
+    /// else /tmp/tidepool-UID/coord.sock, in a directory of mode 0700].
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Let programs of this group (name or id) join too: socket 0660, its directory 0750.
+    /// Whoever joins may change only its own registration; the owner and root, any.
+    #[arg(long, value_parser = parse_group)]
+    pub group: Option<u32>,
     /// Serve the dashboard, /api/state and Prometheus /metrics at this address.
     #[arg(long)]
     pub http: Option<std::net::SocketAddr>,
+    /// The token that changes over HTTP need (`Authorization: Bearer`), mode 0600; made with a
+    /// random token if missing [default: beside the socket, coord.token].
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
     /// midas (reconstruction time saved per byte), hitrate (hits per byte, like
     /// Cliffhanger) or static (even split by weight).
     #[arg(long, default_value = "midas")]
@@ -33,6 +42,18 @@ pub struct CoordArgs {
     pub floor: u64,
 }
 
+/// A group by name or number.
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(s) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => Err(format!("no group named {s:?} (see /etc/group)")),
+        Err(e) => Err(format!("cannot look up group {s:?}: {e}")),
+    }
+}
+
 pub fn run(a: CoordArgs) -> Result<()> {
     // SIGTERM and SIGINT stop the coordinator in order (below) rather than kill it.
     tidepool_sys::block_stop_signals()?;
@@ -42,12 +63,17 @@ pub fn run(a: CoordArgs) -> Result<()> {
         max: a.max.unwrap_or(u64::MAX),
         epoch: Duration::from_millis(a.epoch_ms.max(10)),
         floor: a.floor,
+        group: a.group,
+        token_file: a.token_file.clone(),
         ..Config::default()
     };
     if let Some(s) = a.socket {
         cfg.socket = s;
     }
     let socket = cfg.socket.clone();
+    let token_file = a
+        .token_file
+        .unwrap_or_else(|| tidepool_coord::default_token_file(&socket));
     let coord = Coordinator::start(cfg)
         .with_context(|| format!("cannot listen at {}", socket.display()))?;
     let http = match a.http {
@@ -55,13 +81,17 @@ pub fn run(a: CoordArgs) -> Result<()> {
             if !addr.ip().is_loopback() {
                 eprintln!(
                     "tidepool coord: the dashboard at {addr} is reachable from other machines, \
-                     and anyone who reaches it can change weights; bind 127.0.0.1 unless that is meant"
+                     and anyone who reaches it can read the applications' names and figures; bind \
+                     127.0.0.1 unless that is meant"
                 );
             }
             let bound = coord
                 .serve_http(addr)
                 .with_context(|| format!("cannot serve HTTP at {addr}"))?;
-            format!("; dashboard at http://{bound}/")
+            format!(
+                "; dashboard at http://{bound}/, changes there need the token in {}",
+                token_file.display()
+            )
         }
         None => String::new(),
     };
@@ -85,6 +115,7 @@ pub fn run(a: CoordArgs) -> Result<()> {
         "tidepool coord: {signal}: stopping; {} applications were joined",
         coord.snapshot().apps.len()
     );
+    drop(coord); // removes the token file it made
     let _ = std::fs::remove_file(&socket);
     eprintln!("tidepool coord: stopped ({} removed)", socket.display());
     Ok(())
@@ -155,10 +186,11 @@ pub fn render(s: &Snapshot) -> String {
         mib(s.punched_bytes)
     );
     o.push_str(&format!(
-        "{:>4} {:<20} {:>8} {:>6} {:>10} {:>10} {:>8} {:>10} {:>9} {:>12}\n",
+        "{:>4} {:<20} {:>8} {:>6} {:>6} {:>10} {:>10} {:>8} {:>10} {:>9} {:>12}\n",
         "id",
         "application",
         "pid",
+        "uid",
         "weight",
         "budget MiB",
         "held MiB",
@@ -169,10 +201,11 @@ pub fn render(s: &Snapshot) -> String {
     ));
     for a in &s.apps {
         o.push_str(&format!(
-            "{:>4} {:<20} {:>8} {:>6.2} {:>10} {:>10} {:>8.3} {:>10.0} {:>8.1}% {:>12.4}\n",
+            "{:>4} {:<20} {:>8} {:>6} {:>6.2} {:>10} {:>10} {:>8.3} {:>10.0} {:>8.1}% {:>12.4}\n",
             a.id,
             as_text(&a.name).chars().take(20).collect::<String>(),
             a.pid,
+            a.uid,
             a.weight,
             mib(a.budget),
             mib(a.held),
@@ -188,11 +221,53 @@ pub fn render(s: &Snapshot) -> String {
     o
 }
 
+/// Where `tidepool weight` sends the change.
+pub enum WeightVia {
+    /// The coordinator's socket: the kernel tells it who asks.
+    Socket(PathBuf),
+    /// Its HTTP address, with the token read from a file.
+    Http { addr: String, token_file: PathBuf },
+}
+
 /// `tidepool weight`: changes an application's weight.
-pub fn set_weight(addr: &str, app: u32, weight: f64) -> Result<()> {
+pub fn set_weight(via: WeightVia, app: u32, weight: f64) -> Result<()> {
+    use tidepool_proto::coord::{FromCoord, ToCoord, MAX_MESSAGE};
+    let (addr, token_file) = match via {
+        WeightVia::Socket(path) => {
+            let ch = tidepool_soft::coord::Channel::connect(&path).with_context(|| {
+                format!(
+                    "cannot reach the coordinator at {} (is `tidepool coord` running, as you or \
+                     with --group for you?)",
+                    path.display()
+                )
+            })?;
+            ch.send(&ToCoord::SetWeight { app, weight }.encode())?;
+            let mut buf = vec![0u8; MAX_MESSAGE];
+            let n = match ch.recv(&mut buf, Some(Duration::from_secs(5)))? {
+                Some((n, _)) => n,
+                None => anyhow::bail!("the coordinator did not answer within 5 s"),
+            };
+            return match FromCoord::decode(&buf[..n])? {
+                FromCoord::Weight { .. } => Ok(()),
+                FromCoord::Error { message } => anyhow::bail!("{}", as_text(&message)),
+                other => anyhow::bail!("unexpected answer from the coordinator: {other:?}"),
+            };
+        }
+        WeightVia::Http { addr, token_file } => (addr, token_file),
+    };
+    let token = std::fs::read_to_string(&token_file)
+        .with_context(|| {
+            format!(
+                "cannot read the coordinator's token from {} (pass --token-file)",
+                token_file.display()
+            )
+        })?
+        .trim()
+        .to_string();
     let url = format!("http://{addr}/api/apps/{app}/weight");
     match ureq::post(&url)
         .timeout(Duration::from_secs(5))
+        .set("Authorization", &format!("Bearer {token}"))
         .send_json(serde_json::json!({ "weight": weight }))
     {
         Ok(_) => Ok(()),

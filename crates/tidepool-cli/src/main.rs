@@ -197,15 +197,23 @@ enum Cmd {
         #[arg(long)]
         once: bool,
     },
-    /// Change an application's weight in the coordinator while it runs.
+    /// Change an application's weight in the coordinator while it runs: over its socket (the
+    /// coordinator's owner and root may change any application, others only their own), or
+    /// over HTTP with its token.
     Weight {
         /// The application's id (as `tidepool top` shows it).
         app: u32,
         /// The new weight (1 is the default; 2 counts its utility twice).
         weight: f64,
-        /// The coordinator's --http address.
-        #[arg(long, default_value = "127.0.0.1:7171")]
-        http: String,
+        /// The coordinator's socket [default: as `tidepool coord`'s].
+        #[arg(long, conflicts_with = "http")]
+        socket: Option<PathBuf>,
+        /// Go through the coordinator's --http address instead of its socket.
+        #[arg(long)]
+        http: Option<String>,
+        /// The token for --http [default: beside the default socket, coord.token].
+        #[arg(long, requires = "http")]
+        token_file: Option<PathBuf>,
     },
     /// Internal: a client process of a benchmark.
     #[command(hide = true)]
@@ -333,7 +341,26 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Resize { pid, local } => run::resize(pid, local),
         Cmd::Coord(args) => coord::run(args),
         Cmd::Top { http, once } => coord::top(&http, once),
-        Cmd::Weight { app, weight, http } => coord::set_weight(&http, app, weight),
+        Cmd::Weight {
+            app,
+            weight,
+            socket,
+            http,
+            token_file,
+        } => {
+            let via = match http {
+                Some(addr) => coord::WeightVia::Http {
+                    addr,
+                    token_file: token_file.unwrap_or_else(|| {
+                        tidepool_coord::default_token_file(&tidepool_coord::default_socket())
+                    }),
+                },
+                None => {
+                    coord::WeightVia::Socket(socket.unwrap_or_else(tidepool_coord::default_socket))
+                }
+            };
+            coord::set_weight(via, app, weight)
+        }
         Cmd::Status { pid } => run::status(pid),
         Cmd::Tune {
             profile,

@@ -24,11 +24,26 @@ struct Coord {
     _out: BufReader<ChildStdout>,
     http: String,
     socket: std::path::PathBuf,
+    /// The coordinator's directory: its socket and its token file.
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Coord {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Coord {
+    fn token_file(&self) -> std::path::PathBuf {
+        self.dir.join("coord.token")
+    }
 }
 
 fn coord(name: &str, args: &[&str]) -> Coord {
-    let socket =
-        std::env::temp_dir().join(format!("tp-cli-coord-{name}-{}.sock", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("tp-cli-coord-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let socket = dir.join("coord.sock");
     let mut child = Command::new(EXE)
         .args([
             "coord",
@@ -59,6 +74,7 @@ fn coord(name: &str, args: &[&str]) -> Coord {
         _out: out,
         http,
         socket,
+        dir,
     }
 }
 
@@ -146,12 +162,39 @@ fn applications_join_are_watched_and_a_killed_one_frees_its_budget() {
         metrics.contains("tidepool_coord_app_budget_bytes{app=\"dear\""),
         "{metrics}"
     );
-    // The operator doubles an application's weight.
+    // The operator doubles an application's weight, over HTTP with the token, and over the
+    // socket.
     let id = find(&state(&c), "dear").unwrap()["id"].as_u64().unwrap();
-    tidepool(&["weight", &id.to_string(), "2.5", "--http", &c.http]);
+    let token = c.token_file();
+    let token = token.to_str().unwrap();
+    tidepool(&[
+        "weight",
+        &id.to_string(),
+        "2.5",
+        "--http",
+        &c.http,
+        "--token-file",
+        token,
+    ]);
     assert_eq!(find(&state(&c), "dear").unwrap()["weight"], 2.5);
+    tidepool(&[
+        "weight",
+        &id.to_string(),
+        "3",
+        "--socket",
+        c.socket.to_str().unwrap(),
+    ]);
+    assert_eq!(find(&state(&c), "dear").unwrap()["weight"], 3.0);
     let err = Command::new(EXE)
-        .args(["weight", "999", "2", "--http", &c.http])
+        .args([
+            "weight",
+            "999",
+            "2",
+            "--http",
+            &c.http,
+            "--token-file",
+            token,
+        ])
         .output()
         .unwrap();
     assert!(
@@ -168,6 +211,130 @@ fn applications_join_are_watched_and_a_killed_one_frees_its_budget() {
     wait_for("its budget to go to the other", || {
         budget(&state(&c), "dear") > before
     });
+}
+
+/// The uid tests run others as (nobody).
+const OTHER: u32 = 65534;
+
+/// `tidepool weight` run as another user.
+fn weight_as(uid: u32, socket: &std::path::Path, app: u64) -> std::process::Output {
+    use std::os::unix::process::CommandExt;
+    Command::new(EXE)
+        .args(["weight", &app.to_string(), "9", "--socket"])
+        .arg(socket)
+        .uid(uid)
+        .gid(uid)
+        .output()
+        .unwrap()
+}
+
+fn mode(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn another_user_cannot_steer_the_coordinator() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!(
+            "skipped: running as another user needs root (this test sets its uid to {OTHER})"
+        );
+        return;
+    }
+    // Owner only: socket 0600 in a 0700 directory; another user cannot even connect.
+    let c = coord("private", &["--max", "32M"]);
+    assert_eq!(mode(&c.socket), 0o600);
+    assert_eq!(mode(&c.dir), 0o700);
+    assert_eq!(mode(&c.token_file()), 0o600);
+    let _mine = app(&c, "mine", "5", "60");
+    wait_for("the application", || find(&state(&c), "mine").is_some());
+    let id = find(&state(&c), "mine").unwrap()["id"].as_u64().unwrap();
+    let out = weight_as(OTHER, &c.socket, id);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("cannot reach"),
+        "{err}"
+    );
+    assert!(err.contains("ermission denied"), "{err}");
+    assert_eq!(find(&state(&c), "mine").unwrap()["weight"], 1.0);
+
+    // With a group, its members join and change their own registrations, not the owner's.
+    let g = coord("group", &["--max", "32M", "--group", &OTHER.to_string()]);
+    assert_eq!(mode(&g.socket), 0o660);
+    assert_eq!(mode(&g.dir), 0o750);
+    let _root_app = app(&g, "owners", "5", "60");
+    let _their_app = {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(EXE);
+        cmd.args([
+            "bench-worker",
+            "coord-app",
+            "theirs",
+            "1024",
+            "0.99",
+            "5",
+            "5",
+        ])
+        .args(["60", "0", "1"])
+        .env("TIDEPOOL_COORD", &g.socket)
+        .env("TIDEPOOL_APP", "theirs")
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .uid(OTHER)
+        .gid(OTHER);
+        Proc(cmd.spawn().unwrap())
+    };
+    wait_for("both applications", || {
+        let s = state(&g);
+        find(&s, "owners").is_some() && find(&s, "theirs").is_some()
+    });
+    let s = state(&g);
+    let (owners, theirs) = (find(&s, "owners").unwrap(), find(&s, "theirs").unwrap());
+    assert_eq!(theirs["uid"], OTHER, "the uid is the kernel's: {s}");
+    let out = weight_as(OTHER, &g.socket, owners["id"].as_u64().unwrap());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&format!("refused: uid {OTHER}")),
+        "{err}"
+    );
+    let out = weight_as(OTHER, &g.socket, theirs["id"].as_u64().unwrap());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = state(&g);
+    assert_eq!(find(&s, "owners").unwrap()["weight"], 1.0);
+    assert_eq!(find(&s, "theirs").unwrap()["weight"], 9.0);
+}
+
+#[test]
+fn weight_changes_over_http_need_the_token() {
+    let c = coord("token", &["--max", "32M"]);
+    let _a = app(&c, "a", "5", "60");
+    wait_for("the application", || find(&state(&c), "a").is_some());
+    let id = find(&state(&c), "a").unwrap()["id"].as_u64().unwrap();
+    let url = format!("http://{}/api/apps/{id}/weight", c.http);
+    let post = |auth: Option<&str>| {
+        let mut r = ureq::post(&url);
+        if let Some(a) = auth {
+            r = r.set("Authorization", a);
+        }
+        match r.send_json(serde_json::json!({ "weight": 4.0 })) {
+            Ok(r) => r.status(),
+            Err(ureq::Error::Status(code, _)) => code,
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(post(None), 401);
+    assert_eq!(post(Some("Bearer 0000000000000000000000")), 401);
+    let max = ureq::post(&format!("http://{}/api/max", c.http))
+        .send_json(serde_json::json!({ "bytes": 1 }));
+    assert!(matches!(max, Err(ureq::Error::Status(401, _))));
+    assert_eq!(find(&state(&c), "a").unwrap()["weight"], 1.0);
+    let token = std::fs::read_to_string(c.token_file()).unwrap();
+    assert_eq!(post(Some(&format!("Bearer {}", token.trim()))), 200);
+    assert_eq!(find(&state(&c), "a").unwrap()["weight"], 4.0);
 }
 
 /// Chromium, if this machine has it (scripts/setup installs it).

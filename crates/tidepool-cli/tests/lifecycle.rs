@@ -61,13 +61,19 @@ fn a_node_stops_on_sigterm_and_sigint_and_starts_again_on_its_address() {
 
 #[test]
 fn a_coordinator_stops_on_sigterm_and_its_socket_is_reused() {
-    let socket = std::env::temp_dir().join(format!("tp-life-{}.sock", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("tp-life-{}", std::process::id()));
+    let socket = dir.join("coord.sock");
     let s = socket.to_str().unwrap();
     let (coord, _) = start(&["coord", "--socket", s, "--http", "127.0.0.1:0"]);
+    assert!(dir.join("coord.token").exists());
     let (code, err) = stop(coord, "-TERM");
     assert_eq!(code, Some(0), "{err}");
     assert!(err.contains("stopped"), "{err}");
     assert!(!socket.exists(), "the socket file is left behind");
+    assert!(
+        !dir.join("coord.token").exists(),
+        "the token it made is left behind"
+    );
     // Killed outright, it leaves the file; the next one finds nobody answering and replaces it.
     let (coord, _) = start(&["coord", "--socket", s]);
     let (code, _) = stop(coord, "-KILL");
@@ -76,4 +82,5 @@ fn a_coordinator_stops_on_sigterm_and_its_socket_is_reused() {
     let (coord, _) = start(&["coord", "--socket", s]);
     let (code, err) = stop(coord, "-TERM");
     assert_eq!(code, Some(0), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

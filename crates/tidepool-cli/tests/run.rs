@@ -263,6 +263,25 @@ fn resize_while_running_evicts_at_once_and_keeps_every_byte() {
         before.0 > 60.0,
         "the working set is not local yet: {before:?}"
     );
+    // Another user may not resize it (its control socket has no file mode to guard it: the
+    // kernel's word on who connected does).
+    if rustix::process::geteuid().is_root() {
+        use std::os::unix::process::CommandExt;
+        let out = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+            .args(["resize", &pid, "8M"])
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let (_, stderr) = text(&out);
+        assert!(
+            !out.status.success() && stderr.contains("refused"),
+            "{stderr}"
+        );
+        assert_eq!(resident_of(&tidepool(&["status", &pid])).unwrap().1, 256.0);
+    } else {
+        eprintln!("skipped the other-user check: it needs root to run as uid 65534");
+    }
     assert!(tidepool(&["resize", &pid, "8M"]).contains("8.0 MiB"));
     // The evictor works in the background: wait until it is done (no time limit here, the
     // test harness has one).

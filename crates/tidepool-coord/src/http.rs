@@ -1,6 +1,7 @@
 //! The operator's surface over HTTP: the dashboard (`/`), the state as JSON (`/api/state`),
-//! its history (`/api/history`), Prometheus metrics (`/metrics`), and weights
-//! (`POST /api/apps/{id}/weight` with `{"weight": 2.0}`).
+//! its history (`/api/history`), Prometheus metrics (`/metrics`), and changes: weights
+//! (`POST /api/apps/{id}/weight` with `{"weight": 2.0}`) and the limit (`POST /api/max` with
+//! `{"bytes": N}`), each with `Authorization: Bearer TOKEN` (the token file beside the socket).
 //!
 //! Application names come from the applications, so the page treats them as text only, and
 //! every response carries a Content-Security-Policy that allows no script but the page's own
@@ -8,7 +9,7 @@
 
 use crate::Shared;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -122,6 +123,26 @@ async fn history(State(s): State<Arc<Shared>>) -> Json<Vec<crate::Sample>> {
     Json(s.state.lock().history.iter().cloned().collect())
 }
 
+/// Changes need the token: the answer to send instead when it is missing or wrong.
+fn refusal(s: &crate::Shared, headers: &HeaderMap) -> Option<Response> {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if crate::access::bearer_matches(given, &s.token) {
+        return None;
+    }
+    tracing::warn!("coordinator: refused a change over HTTP without the right token");
+    Some(
+        (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "changes need the coordinator's token: send \"Authorization: Bearer TOKEN\" with the \
+         token from its token file (`tidepool coord` prints where it is)\n",
+        )
+            .into_response(),
+    )
+}
+
 #[derive(serde::Deserialize)]
 struct WeightBody {
     weight: f64,
@@ -130,8 +151,12 @@ struct WeightBody {
 async fn weight(
     State(s): State<Arc<Shared>>,
     Path(id): Path<u32>,
+    headers: HeaderMap,
     Json(body): Json<WeightBody>,
 ) -> Response {
+    if let Some(r) = refusal(&s, &headers) {
+        return r;
+    }
     if !(body.weight.is_finite() && body.weight > 0.0) {
         return (
             StatusCode::BAD_REQUEST,
@@ -152,7 +177,14 @@ struct MaxBody {
 }
 
 /// The operator resizes the memory soft memory may take in all.
-async fn max(State(s): State<Arc<Shared>>, Json(body): Json<MaxBody>) -> Response {
+async fn max(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    Json(body): Json<MaxBody>,
+) -> Response {
+    if let Some(r) = refusal(&s, &headers) {
+        return r;
+    }
     s.state.lock().max = body.bytes;
     tracing::info!(bytes = body.bytes, "soft memory limited");
     (StatusCode::OK, "ok\n").into_response()

@@ -17,10 +17,12 @@
 //! An application that exits or dies closes its socket; its memfd is closed at once, and its
 //! budget goes to the others at the next epoch.
 
+mod access;
 pub mod http;
 mod metrics;
 pub mod policy;
 
+pub use access::default_token_file;
 pub use policy::{Candidate, Planner, Policy};
 
 use parking_lot::Mutex;
@@ -43,6 +45,10 @@ use tidepool_soft::coord::{Channel, Listener};
 #[derive(Debug, Clone)]
 pub struct Config {
     pub socket: PathBuf,
+    /// Members of this group may join too (socket 0660, directory 0750); else only the owner.
+    pub group: Option<u32>,
+    /// The HTTP token's file [default: beside the socket, `.token`].
+    pub token_file: Option<PathBuf>,
     pub policy: Policy,
     /// Headroom always left to everything else (bytes).
     pub reserve: u64,
@@ -66,6 +72,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             socket: default_socket(),
+            group: None,
+            token_file: None,
             policy: Policy::Midas,
             reserve: 512 << 20,
             max: u64::MAX,
@@ -79,12 +87,17 @@ impl Default for Config {
     }
 }
 
-/// Where `tidepool coord` listens unless told otherwise: `$XDG_RUNTIME_DIR`, else /tmp.
+/// Where `tidepool coord` listens unless told otherwise: `$XDG_RUNTIME_DIR/tidepool/coord.sock`,
+/// else `/tmp/tidepool-UID/coord.sock` (a directory of this user's, mode 0700).
 pub fn default_socket() -> PathBuf {
-    std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("tidepool-coord.sock")
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("tidepool"),
+        None => PathBuf::from(format!(
+            "/tmp/tidepool-{}",
+            rustix::process::geteuid().as_raw()
+        )),
+    }
+    .join("coord.sock")
 }
 
 /// One application as the dashboard shows it.
@@ -93,6 +106,8 @@ pub struct AppSnapshot {
     pub id: u32,
     pub name: String,
     pub pid: u32,
+    /// The user it runs as.
+    pub uid: u32,
     pub weight: f64,
     pub budget: u64,
     /// Bytes its memfd holds (measured).
@@ -147,7 +162,9 @@ pub struct Sample {
 struct App {
     id: u32,
     name: String,
+    /// As the kernel saw it connect (SO_PEERCRED), not as it said.
     pid: u32,
+    uid: u32,
     weight: f64,
     segment: u64,
     capacity: u64,
@@ -210,6 +227,7 @@ impl App {
             id: self.id,
             name: self.name.clone(),
             pid: self.pid,
+            uid: self.uid,
             weight: self.weight,
             budget: self.budget,
             held: self.held,
@@ -252,6 +270,12 @@ const DEMAND_EPOCHS: u64 = 8;
 
 struct Shared {
     config: Config,
+    /// The user the coordinator runs as: it (and root) may change any registration.
+    owner_uid: u32,
+    /// Bearer token for changes over HTTP.
+    token: String,
+    /// The token file, if this coordinator made it (it goes when the coordinator stops).
+    made_token: Option<PathBuf>,
     state: Mutex<State>,
     stop: AtomicBool,
     started: Instant,
@@ -274,7 +298,22 @@ impl std::fmt::Debug for Coordinator {
 impl Coordinator {
     /// Listens at `config.socket` and starts the accept and control threads.
     pub fn start(config: Config) -> io::Result<Coordinator> {
-        let listener = Arc::new(Listener::bind(&config.socket)?);
+        access::prepare_dir(
+            &config.socket,
+            config.group,
+            config.socket == default_socket(),
+        )?;
+        let listener = Arc::new(Listener::bind(&config.socket, config.group)?);
+        let token_file = config
+            .token_file
+            .clone()
+            .unwrap_or_else(|| default_token_file(&config.socket));
+        let (token, made) = access::load_or_create_token(&token_file).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("the HTTP token at {}: {e}", token_file.display()),
+            )
+        })?;
         let segment = 2 << 20;
         // The pool before the first tick, so that the first application to join gets a share.
         let pool = (MemoryView::of_this_process().headroom() as u64)
@@ -298,6 +337,9 @@ impl Coordinator {
                 history: VecDeque::new(),
             }),
             config,
+            owner_uid: rustix::process::geteuid().as_raw(),
+            token,
+            made_token: made.then_some(token_file),
             stop: AtomicBool::new(false),
             started: Instant::now(),
         });
@@ -347,6 +389,9 @@ impl Coordinator {
 impl Drop for Coordinator {
     fn drop(&mut self) {
         self.shared.stop.store(true, Release);
+        if let Some(t) = &self.shared.made_token {
+            let _ = std::fs::remove_file(t);
+        }
         // Wake the accept thread.
         let _ = Channel::connect(self.listener.path());
     }
@@ -377,6 +422,51 @@ impl Shared {
                 .iter()
                 .map(|a| a.snapshot(s.planner.policy))
                 .collect(),
+        }
+    }
+
+    /// A weight change asked for over the socket by `peer` (from application `own`'s connection,
+    /// if it has registered): the answer to send back.
+    fn command_set_weight(
+        &self,
+        peer: tidepool_soft::coord::Peer,
+        own: Option<u32>,
+        app: u32,
+        weight: f64,
+    ) -> FromCoord {
+        let app_uid = self
+            .state
+            .lock()
+            .apps
+            .iter()
+            .find(|a| a.id == app)
+            .map(|a| a.uid);
+        let Some(app_uid) = app_uid else {
+            return FromCoord::Error {
+                message: format!("no application {app}"),
+            };
+        };
+        if !access::may_change(peer, self.owner_uid, app_uid, own == Some(app)) {
+            tracing::warn!(
+                app,
+                uid = peer.uid,
+                pid = peer.pid,
+                "coordinator: refused a weight change from another user"
+            );
+            return FromCoord::Error {
+                message: format!(
+                    "refused: uid {} may change only applications that run as uid {0}, and \
+                     application {app} does not; ask the coordinator's owner (uid {}) or root",
+                    peer.uid, self.owner_uid
+                ),
+            };
+        }
+        if self.set_weight(app, weight) {
+            FromCoord::Weight { weight }
+        } else {
+            FromCoord::Error {
+                message: format!("no application {app}"),
+            }
         }
     }
 
@@ -426,23 +516,31 @@ fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
         tracing::warn!("coordinator: refused an application: {why}");
         let _ = ch.send(&FromCoord::Error { message: why }.encode());
     };
+    let peer = match ch.peer() {
+        Ok(p) => p,
+        Err(e) => return refuse(format!("its credentials cannot be read: {e}")),
+    };
     let (msg, memfd) = match ch.recv(&mut buf, Some(Duration::from_secs(5))) {
         Ok(Some((n, fd))) => (ToCoord::decode(&buf[..n]), fd),
         Ok(None) => return refuse("no hello within 5 s".into()),
         Err(_) => return,
     };
-    let (pid, weight, segment, capacity, name) = match msg {
+    let (weight, segment, capacity, name) = match msg {
         Ok(ToCoord::Hello {
-            pid,
             weight,
             segment,
             capacity,
             name,
             ..
-        }) => (pid, weight, segment as u64, capacity, name),
+        }) => (weight, segment as u64, capacity, name),
+        Ok(ToCoord::SetWeight { app, weight }) => {
+            return serve_commands(&shared, &ch, peer, app, weight, &mut buf)
+        }
         Ok(other) => return refuse(format!("expected hello first, got {other:?}")),
         Err(e) => return refuse(format!("bad hello: {e}")),
     };
+    // The process as the kernel knows it: a pid in the hello could name anyone.
+    let (pid, uid) = (peer.pid, peer.uid);
     let Some(memfd) = memfd else {
         return refuse("the hello carried no memfd (SCM_RIGHTS)".into());
     };
@@ -483,6 +581,7 @@ fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
             id,
             name: name.clone(),
             pid,
+            uid,
             weight,
             segment,
             capacity,
@@ -516,7 +615,7 @@ fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
         s.epoch_due = true;
         id
     };
-    tracing::info!(app = id, %name, pid, weight, "application joined");
+    tracing::info!(app = id, %name, pid, uid, weight, "application joined");
     let quiet = shared.config.heartbeat * 50;
     let why = loop {
         let n = match ch.recv(&mut buf, Some(quiet)) {
@@ -534,6 +633,12 @@ fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
                     a.punched_since_report.clear();
                 }
             }
+            Ok(ToCoord::SetWeight { app, weight }) => {
+                let reply = shared.command_set_weight(peer, Some(id), app, weight);
+                if app != id {
+                    let _ = ch.send(&reply.encode());
+                }
+            }
             Ok(ToCoord::Bye) => break "it said goodbye".into(),
             Ok(ToCoord::Hello { .. }) => break "a second hello".into(),
             Err(e) => break format!("a bad message: {e}"),
@@ -544,6 +649,30 @@ fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
         let a = s.apps.remove(i); // closes its memfd: its memory goes with the process
         tracing::info!(app = id, name = %a.name, budget = a.budget, "application left: {why}");
         s.epoch_due = true;
+    }
+}
+
+/// A connection that only sends commands (`tidepool weight`): the first has come; answers it
+/// and any that follow within 5 s each.
+fn serve_commands(
+    shared: &Shared,
+    ch: &Channel,
+    peer: tidepool_soft::coord::Peer,
+    app: u32,
+    weight: f64,
+    buf: &mut [u8],
+) {
+    let mut next = Some((app, weight));
+    while let Some((app, weight)) = next.take() {
+        let reply = shared.command_set_weight(peer, None, app, weight);
+        if ch.send(&reply.encode()).is_err() {
+            return;
+        }
+        if let Ok(Some((n, _))) = ch.recv(buf, Some(Duration::from_secs(5))) {
+            if let Ok(ToCoord::SetWeight { app, weight }) = ToCoord::decode(&buf[..n]) {
+                next = Some((app, weight));
+            }
+        }
     }
 }
 

@@ -68,16 +68,30 @@ function render(history, state) {
     Object.assign(input, { className: "w", type: "number", min: "0.1", step: "0.1", value: String(a.weight) });
     const weight = document.createElement("td");
     weight.append(input);
-    tr.append(el("td", `${a.name} #${a.id}`), el("td", String(a.pid)), weight,
+    tr.append(el("td", `${a.name} #${a.id}`), el("td", String(a.pid)), el("td", String(a.uid)), weight,
       el("td", mib(a.budget)), el("td", mib(a.held)), el("td", a.hit_rate.toFixed(3)),
       el("td", a.reads_per_s.toFixed(0)), el("td", (100 * a.rebuild_share).toFixed(1) + "%"),
       el("td", a.utility_per_mib.toFixed(3)), el("td", mib(a.punched_bytes)));
-    input.addEventListener("change", ev => {
-      fetch(`/api/apps/${a.id}/weight`, { method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ weight: parseFloat(ev.target.value) }) });
-    });
+    input.addEventListener("change", ev => setWeight(a.id, parseFloat(ev.target.value)));
     body.appendChild(tr);
   }
+}
+
+// Changes need the coordinator's token (its token file); asked once, kept for this tab only.
+async function setWeight(id, weight) {
+  let token = sessionStorage.getItem("tidepool-token");
+  if (!token) {
+    token = window.prompt("Changing a weight needs the coordinator's token (the file `tidepool coord` names when it starts):");
+    if (!token) return;
+    sessionStorage.setItem("tidepool-token", token.trim());
+  }
+  const r = await fetch(`/api/apps/${id}/weight`, {
+    method: "POST",
+    headers: { "content-type": "application/json", "authorization": `Bearer ${sessionStorage.getItem("tidepool-token")}` },
+    body: JSON.stringify({ weight }),
+  });
+  if (r.status === 401) sessionStorage.removeItem("tidepool-token");
+  if (!r.ok) window.alert(`The weight was not changed: ${r.status} ${await r.text()}`);
 }
 
 async function refresh() {

@@ -8,6 +8,9 @@
 //! budget 536870912      ->  ok budget 536870912
 //! stats                 ->  ok <the statistics report, several lines>
 //! ```
+//!
+//! An abstract socket has no file mode, so anyone on the machine could connect: the kernel's
+//! word on who did (`SO_PEERCRED`) decides. Only the program's own user and root are answered.
 
 use crate::Pager;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -48,9 +51,22 @@ pub fn serve(pager: &Pager, pid: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Whether the process at the other end of `conn` runs as this program's user or as root.
+fn trusted(conn: &UnixStream) -> bool {
+    match rustix::net::sockopt::socket_peercred(conn) {
+        Ok(c) => c.uid.is_root() || c.uid == rustix::process::geteuid(),
+        Err(_) => false,
+    }
+}
+
 fn answer(pager: &Pager, conn: UnixStream) -> io::Result<()> {
     let mut line = String::new();
     BufReader::new(&conn).take(4096).read_line(&mut line)?;
+    if !trusted(&conn) {
+        return (&conn).write_all(
+            b"error refused: only this program's user or root may resize it or read its stats\n",
+        );
+    }
     let mut words = line.split_whitespace();
     let reply = match (words.next(), words.next()) {
         (Some("budget"), Some(n)) => match n.parse::<usize>() {

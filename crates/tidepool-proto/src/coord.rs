@@ -97,6 +97,13 @@ pub enum ToCoord {
     Report(Box<Report>),
     /// Leaving: the budget can go to others now.
     Bye,
+    /// The operator's call: a new weight for application `app`. Accepted from the
+    /// coordinator's owner or root, or from the application itself (its own id on its own
+    /// connection, or its own process); answered with `Weight` or `Error`.
+    SetWeight {
+        app: u32,
+        weight: f64,
+    },
 }
 
 /// Coordinator to runtime.
@@ -157,6 +164,7 @@ pub enum DecodeError {
 const HELLO: u8 = 0x01;
 const REPORT: u8 = 0x02;
 const BYE: u8 = 0x03;
+const SET_WEIGHT: u8 = 0x04;
 const WELCOME: u8 = 0x81;
 const BUDGET: u8 = 0x82;
 const PUNCHED: u8 = 0x83;
@@ -314,6 +322,7 @@ impl ToCoord {
             ToCoord::Hello { .. } => HELLO,
             ToCoord::Report(_) => REPORT,
             ToCoord::Bye => BYE,
+            ToCoord::SetWeight { .. } => SET_WEIGHT,
         }
     }
 
@@ -348,6 +357,9 @@ impl ToCoord {
                 w.u64(r.bytes_dropped).runs(&r.cold, MAX_COLD);
             }
             ToCoord::Bye => {}
+            ToCoord::SetWeight { app, weight } => {
+                w.u32(*app).f64(*weight);
+            }
         }
         w.finish()
     }
@@ -384,6 +396,10 @@ impl ToCoord {
                 ToCoord::Report(Box::new(rep))
             }
             BYE => ToCoord::Bye,
+            SET_WEIGHT => ToCoord::SetWeight {
+                app: r.u32("app id")?,
+                weight: r.weight()?,
+            },
             k => return Err(DecodeError::UnknownKind(k)),
         };
         r.end()?;
@@ -502,6 +518,8 @@ mod tests {
                     cold,
                 }))),
             Just(ToCoord::Bye),
+            (any::<u32>(), 0.001f64..1e6)
+                .prop_map(|(app, weight)| ToCoord::SetWeight { app, weight }),
         ]
     }
 

@@ -142,6 +142,26 @@ impl AsFd for Channel {
     }
 }
 
+/// Who connected: the kernel's word for it (`SO_PEERCRED`), not the peer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Channel {
+    /// The process at the other end, as the kernel recorded it when it connected.
+    pub fn peer(&self) -> io::Result<Peer> {
+        let c = rustix::net::sockopt::socket_peercred(&self.fd)?;
+        Ok(Peer {
+            pid: c.pid.as_raw_nonzero().get() as u32,
+            uid: c.uid.as_raw(),
+            gid: c.gid.as_raw(),
+        })
+    }
+}
+
 /// The coordinator's listening socket; the socket file goes when it is dropped.
 #[derive(Debug)]
 pub struct Listener {
@@ -150,9 +170,11 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Listens at `path`. A socket file nobody answers on is a leftover and is replaced; one
+    /// Listens at `path`, a socket only its owner may connect to (mode 0600), or also members
+    /// of `group` (0660). A socket file nobody answers on is a leftover and is replaced; one
     /// that answers belongs to a coordinator that is running, and is an error.
-    pub fn bind(path: &Path) -> io::Result<Listener> {
+    pub fn bind(path: &Path, group: Option<u32>) -> io::Result<Listener> {
+        use rustix::fs::{Gid, Mode};
         if path.exists() {
             if Channel::connect(path).is_ok() {
                 return Err(io::Error::new(
@@ -171,11 +193,16 @@ impl Listener {
             rustix::net::SocketFlags::CLOEXEC,
             None,
         )?;
+        // The file bind creates takes the socket's mode: set it first, so that there is no
+        // moment in which others could connect.
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o600))?;
         rustix::net::bind(&fd, &SocketAddrUnix::new(path)?)?;
+        if let Some(gid) = group {
+            rustix::fs::chown(path, None, Some(Gid::from_raw(gid)))?;
+        }
+        let mode = if group.is_some() { 0o660 } else { 0o600 };
+        rustix::fs::chmod(path, Mode::from_raw_mode(mode))?;
         rustix::net::listen(&fd, 64)?;
-        // Any user's programs may join (they hand over memory, they take none).
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
         Ok(Listener {
             fd,
             path: path.to_path_buf(),
