@@ -158,10 +158,14 @@ fn applications_join_are_watched_and_a_killed_one_frees_its_budget() {
         .unwrap()
         .into_string()
         .unwrap();
-    assert!(
-        metrics.contains("tidepool_coord_app_budget_bytes{app=\"dear\""),
-        "{metrics}"
-    );
+    for m in [
+        "tidepool_coord_app_budget_bytes{app=\"dear\"",
+        "tidepool_coord_app_hits_total{app=\"dear\"",
+        "# TYPE tidepool_coord_reclaim_duration_seconds histogram",
+        "tidepool_build_info{version=",
+    ] {
+        assert!(metrics.contains(m), "no {m} in {metrics}");
+    }
     // The operator doubles an application's weight, over HTTP with the token, and over the
     // socket.
     let id = find(&state(&c), "dear").unwrap()["id"].as_u64().unwrap();

@@ -196,7 +196,7 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        crate::metrics::render(&s.snapshot()),
+        crate::metrics::render(&s.snapshot(), &s.latencies),
     )
         .into_response()
 }

@@ -114,6 +114,9 @@ pub struct AppSnapshot {
     pub held: u64,
     pub hits: u64,
     pub misses: u64,
+    /// Objects rebuilt, and the time that took, since it joined.
+    pub reconstructions: u64,
+    pub reconstruction_seconds: f64,
     /// Over the last epoch.
     pub hit_rate: f64,
     /// Reads per second over the last epoch.
@@ -142,6 +145,8 @@ pub struct Snapshot {
     pub held: u64,
     /// Share of the last 100 ms some task stalled on memory (PSI).
     pub pressure: f64,
+    /// Time some task on the host stalled on memory since boot (PSI's total), seconds.
+    pub memory_stall_seconds: f64,
     /// Longest time the headroom stayed under the reserve, milliseconds.
     pub longest_below_reserve_ms: f64,
     pub punched_bytes: u64,
@@ -233,6 +238,8 @@ impl App {
             held: self.held,
             hits: self.report.hits,
             misses: self.report.misses,
+            reconstructions: self.report.reconstructions,
+            reconstruction_seconds: self.report.reconstruct_nanos as f64 / 1e9,
             hit_rate: self.hit_rate,
             reads_per_s: self.reads_per_s,
             rebuild_share: self.rebuild_share,
@@ -276,6 +283,7 @@ struct Shared {
     token: String,
     /// The token file, if this coordinator made it (it goes when the coordinator stops).
     made_token: Option<PathBuf>,
+    latencies: metrics::Latencies,
     state: Mutex<State>,
     stop: AtomicBool,
     started: Instant,
@@ -340,6 +348,7 @@ impl Coordinator {
             owner_uid: rustix::process::geteuid().as_raw(),
             token,
             made_token: made.then_some(token_file),
+            latencies: metrics::Latencies::default(),
             stop: AtomicBool::new(false),
             started: Instant::now(),
         });
@@ -415,6 +424,7 @@ impl Shared {
             granted: s.apps.iter().map(|a| a.budget).sum(),
             held: s.apps.iter().map(|a| a.held).sum(),
             pressure: s.pressure,
+            memory_stall_seconds: memory_stall_us().unwrap_or(0) as f64 / 1e6,
             longest_below_reserve_ms: below.as_secs_f64() * 1e3,
             punched_bytes: s.punched_bytes,
             apps: s
@@ -684,6 +694,7 @@ fn control_loop(shared: Arc<Shared>) {
     let mut last_epoch = Instant::now();
     while !shared.stop.load(Acquire) {
         std::thread::sleep(cfg.tick);
+        let tick_start = Instant::now();
         let available = mem_available();
         let headroom = view.headroom_under(available) as u64;
         let mem_available = available.unwrap_or(0) as u64;
@@ -732,10 +743,14 @@ fn control_loop(shared: Arc<Shared>) {
         } else if granted > pool {
             cut(s);
         }
-        reclaim_directly(s, severe, cfg.grace);
+        reclaim_directly(s, severe, cfg.grace, &shared.latencies.reclaim);
         if s.history.len() > cfg.history {
             s.history.pop_front();
         }
+        shared
+            .latencies
+            .tick
+            .observe(tick_start.elapsed().as_secs_f64());
     }
 }
 
@@ -842,13 +857,20 @@ fn apply(s: &mut State, budgets: &[u64]) {
 
 /// Punches holes in applications holding more than their budget: at once when pressure is
 /// severe, else once their grace period is over (they were too slow).
-fn reclaim_directly(s: &mut State, severe: bool, grace: Duration) {
+fn reclaim_directly(
+    s: &mut State,
+    severe: bool,
+    grace: Duration,
+    latency: &prometheus_client::metrics::histogram::Histogram,
+) {
     let mut punched_total = 0;
     for a in s.apps.iter_mut() {
         let slack = 2 * a.segment;
         let excess = a.held.saturating_sub(a.budget + slack);
         if excess == 0 {
-            a.shrink_deadline = None;
+            if let Some(t) = a.shrink_deadline.take() {
+                latency.observe(t.elapsed().as_secs_f64());
+            }
             continue;
         }
         // The grace period runs from the cut, or from when the excess was first seen.

@@ -1,9 +1,15 @@
-//! Prometheus metrics (OpenMetrics text), rendered from a snapshot.
+//! Prometheus metrics (OpenMetrics text) by the usual conventions: what only grows is a counter
+//! ending in `_total` (rates are the query's business, `rate(...[1m])`), what goes up and down is
+//! a gauge in base units, latencies are histograms, and `tidepool_build_info` says which build
+//! answers. Gauges and counters are read from a snapshot; the histograms live in the state.
 
 use crate::Snapshot;
 use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
 
@@ -13,13 +19,50 @@ struct AppLabels {
     id: u32,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    commit: &'static str,
+}
+
 type F64Gauge = Gauge<f64, AtomicU64>;
+type F64Counter = Counter<f64, AtomicU64>;
 /// A per-application metric: name, help, and how to read it.
 type AppMetric = (&'static str, &'static str, fn(&crate::AppSnapshot) -> f64);
+type AppCount = (&'static str, &'static str, fn(&crate::AppSnapshot) -> u64);
 
-pub(crate) fn render(s: &Snapshot) -> String {
-    let mut r = Registry::with_prefix("tidepool_coord");
-    let machine: [(&str, &str, f64); 8] = [
+/// The coordinator's latencies, observed as they happen.
+#[derive(Debug, Clone)]
+pub(crate) struct Latencies {
+    /// From a budget cut until the application held no more than its budget (Midas's "at once").
+    pub reclaim: Histogram,
+    /// One control tick: measuring memory and cgroups, planning, cutting, punching.
+    pub tick: Histogram,
+}
+
+impl Default for Latencies {
+    fn default() -> Self {
+        Latencies {
+            // 1 ms .. 16 s
+            reclaim: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            // 10 us .. 160 ms
+            tick: Histogram::new(exponential_buckets(1e-5, 2.0, 15)),
+        }
+    }
+}
+
+pub(crate) fn render(s: &Snapshot, latencies: &Latencies) -> String {
+    let mut r = Registry::default();
+    r.register(
+        "tidepool_build",
+        "The running build",
+        Info::new(BuildLabels {
+            version: tidepool_proto::build::VERSION,
+            commit: tidepool_proto::build::COMMIT,
+        }),
+    );
+    let c = r.sub_registry_with_prefix("tidepool_coord");
+    let gauges: [(&str, &str, f64); 7] = [
         (
             "reserve_bytes",
             "Headroom always left to everything else",
@@ -42,58 +85,190 @@ pub(crate) fn render(s: &Snapshot) -> String {
             "Soft memory held by all applications",
             s.held as f64,
         ),
-        (
-            "pressure_ratio",
-            "Share of time some task stalled on memory (PSI)",
-            s.pressure,
-        ),
-        (
-            "longest_below_reserve_seconds",
-            "Longest time the headroom stayed under the reserve",
-            s.longest_below_reserve_ms / 1e3,
-        ),
+        ("applications", "Applications joined", s.apps.len() as f64),
     ];
-    for (name, help, v) in machine {
+    for (name, help, v) in gauges {
         let g = F64Gauge::default();
         g.set(v);
-        r.register(name, help, g);
+        c.register(name, help, g);
     }
-    let per_app: [AppMetric; 7] = [
+    let punched = Counter::<u64>::default();
+    punched.inc_by(s.punched_bytes);
+    c.register(
+        "punched_bytes",
+        "Bytes taken by direct reclamation",
+        punched,
+    );
+    let stall = F64Counter::default();
+    stall.inc_by(s.memory_stall_seconds);
+    c.register(
+        "memory_stall_seconds",
+        "Time some task on this host stalled on memory (PSI some total)",
+        stall,
+    );
+    c.register(
+        "reclaim_duration_seconds",
+        "From a budget cut until the application held no more than its budget",
+        latencies.reclaim.clone(),
+    );
+    c.register(
+        "tick_duration_seconds",
+        "One control tick: memory measured, budgets planned and applied",
+        latencies.tick.clone(),
+    );
+    let app_gauges: [AppMetric; 3] = [
         ("app_budget_bytes", "Budget", |a| a.budget as f64),
         ("app_held_bytes", "Soft memory held (measured)", |a| {
             a.held as f64
         }),
         ("app_weight", "Operator's weight", |a| a.weight),
-        ("app_hit_ratio", "Hit rate over the last epoch", |a| {
-            a.hit_rate
-        }),
-        ("app_reads_per_second", "Reads per second", |a| {
-            a.reads_per_s
-        }),
-        (
-            "app_rebuild_ratio",
-            "Share of time spent reconstructing",
-            |a| a.rebuild_share,
-        ),
-        (
-            "app_punched_bytes",
-            "Bytes taken by direct reclamation",
-            |a| a.punched_bytes as f64,
-        ),
     ];
-    for (name, help, f) in per_app {
+    for (name, help, f) in app_gauges {
         let fam = Family::<AppLabels, F64Gauge>::default();
         for a in &s.apps {
-            fam.get_or_create(&AppLabels {
-                app: a.name.clone(),
-                id: a.id,
-            })
-            .set(f(a));
+            fam.get_or_create(&labels(a)).set(f(a));
         }
-        r.register(name, help, fam);
+        c.register(name, help, fam);
     }
+    let app_counters: [AppCount; 4] = [
+        ("app_hits", "Reads that found their object", |a| a.hits),
+        ("app_misses", "Reads that did not", |a| a.misses),
+        ("app_reconstructions", "Objects rebuilt", |a| {
+            a.reconstructions
+        }),
+        (
+            "app_punched_bytes",
+            "Bytes taken from it by direct reclamation",
+            |a| a.punched_bytes,
+        ),
+    ];
+    for (name, help, f) in app_counters {
+        let fam = Family::<AppLabels, Counter>::default();
+        for a in &s.apps {
+            fam.get_or_create(&labels(a)).inc_by(f(a));
+        }
+        c.register(name, help, fam);
+    }
+    let rebuilt = Family::<AppLabels, F64Counter>::default();
+    for a in &s.apps {
+        rebuilt
+            .get_or_create(&labels(a))
+            .inc_by(a.reconstruction_seconds);
+    }
+    c.register(
+        "app_reconstruction_seconds",
+        "Time spent rebuilding objects",
+        rebuilt,
+    );
     let mut out = String::new();
     // Writing to a String cannot fail.
     let _ = encode(&mut out, &r);
     out
+}
+
+fn labels(a: &crate::AppSnapshot) -> AppLabels {
+    AppLabels {
+        app: escape_label_value(&a.name),
+        id: a.id,
+    }
+}
+
+/// A label value as the text format needs it: backslash, double quote and line feed escaped.
+/// prometheus-client writes label values as they are (prometheus/client_rust#151), and names
+/// come from the applications: unescaped, one could close its label and write metrics of its
+/// own, or make the whole scrape unparseable.
+fn escape_label_value(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AppSnapshot, Policy};
+
+    fn snapshot(name: &str) -> Snapshot {
+        Snapshot {
+            seconds: 1.0,
+            policy: Policy::Midas,
+            reserve: 1,
+            mem_available: 2,
+            headroom: 3,
+            pool: 4,
+            granted: 5,
+            held: 6,
+            pressure: 0.5,
+            memory_stall_seconds: 7.5,
+            longest_below_reserve_ms: 0.0,
+            punched_bytes: 8192,
+            apps: vec![AppSnapshot {
+                id: 3,
+                name: name.into(),
+                pid: 10,
+                uid: 0,
+                weight: 2.0,
+                budget: 1 << 20,
+                held: 1 << 19,
+                hits: 90,
+                misses: 10,
+                reconstructions: 10,
+                reconstruction_seconds: 0.25,
+                hit_rate: 0.9,
+                reads_per_s: 100.0,
+                rebuild_share: 0.1,
+                utility_per_mib: 1.0,
+                punched_bytes: 4096,
+                seconds: 1.0,
+            }],
+        }
+    }
+
+    #[test]
+    fn counters_end_in_total_and_nothing_is_a_precomputed_rate() {
+        let l = Latencies::default();
+        l.reclaim.observe(0.003);
+        let out = render(&snapshot("web"), &l);
+        for line in [
+            "tidepool_coord_app_hits_total{app=\"web\",id=\"3\"} 90",
+            "tidepool_coord_app_misses_total{app=\"web\",id=\"3\"} 10",
+            "tidepool_coord_app_reconstruction_seconds_total{app=\"web\",id=\"3\"} 0.25",
+            "tidepool_coord_punched_bytes_total 8192",
+            "tidepool_coord_reclaim_duration_seconds_count 1",
+            "tidepool_coord_reclaim_duration_seconds_bucket{le=\"0.004\"} 1",
+            "# TYPE tidepool_coord_app_hits counter",
+            "# TYPE tidepool_coord_reclaim_duration_seconds histogram",
+        ] {
+            assert!(out.contains(line), "no {line:?} in\n{out}");
+        }
+        assert!(
+            out.contains(&format!(
+                "tidepool_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+                tidepool_proto::build::VERSION,
+                tidepool_proto::build::COMMIT
+            )),
+            "{out}"
+        );
+        assert!(
+            !out.contains("per_second") && !out.contains("_ratio"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_hostile_name_stays_inside_its_label() {
+        let out = render(&snapshot("a\"} 1\nevil_metric 2\\"), &Latencies::default());
+        assert!(!out.lines().any(|l| l.starts_with("evil_metric")), "{out}");
+        assert!(
+            out.contains(r#"app="a\"} 1\nevil_metric 2\\""#),
+            "not escaped: {out}"
+        );
+    }
 }
