@@ -20,14 +20,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-/// Debian's peer allocators, as benchmarks.md names them.
-const PEERS: [(&str, &str); 3] = [
-    ("jemalloc", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+/// The peer allocators as benchmarks.md names them: library file, Debian's package, Fedora's.
+const PEERS: [(&str, &str, &str, &str); 3] = [
+    ("jemalloc", "libjemalloc.so.2", "libjemalloc2", "jemalloc"),
     (
         "tcmalloc",
-        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "libtcmalloc_minimal.so.4",
+        "libtcmalloc-minimal4",
+        "gperftools-libs",
     ),
-    ("mimalloc", "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"),
+    ("mimalloc", "libmimalloc.so.2", "libmimalloc2.0", "mimalloc"),
 ];
 
 /// Workloads run by `tidepool bench-worker alloc`.
@@ -148,18 +150,13 @@ impl Suite for AllocSuite {
 fn systems(ctx: &mut Ctx) -> Result<Vec<(String, Option<PathBuf>)>> {
     let mut systems = vec![("tidepool".to_string(), Some(tidepool_library()?))];
     systems.push(("glibc".to_string(), None));
-    for (name, path) in PEERS {
-        if Path::new(path).exists() {
-            systems.push((name.to_string(), Some(PathBuf::from(path))));
-        } else {
-            ctx.note(format!(
-                "{name} skipped: {path} is missing (Debian package: {})",
-                match name {
-                    "jemalloc" => "libjemalloc2",
-                    "tcmalloc" => "libtcmalloc-minimal4",
-                    _ => "libmimalloc2.0",
-                }
-            ));
+    for (name, file, debian, fedora) in PEERS {
+        match tidepool_peers::shared_library(file) {
+            Some(path) => systems.push((name.to_string(), Some(path))),
+            None => ctx.note(format!(
+                "{name} skipped: {file} is not installed (package {debian} on Debian, \
+                 {fedora} on Fedora; scripts/setup installs it)"
+            )),
         }
     }
     Ok(systems)

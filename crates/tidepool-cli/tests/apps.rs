@@ -59,11 +59,13 @@ fn pandas_under(system: System, node: Option<&NodeProc>) {
 
 #[test]
 fn pandas_groupby_under_the_local_store() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     pandas_under(System::TidepoolLocal, None);
 }
 
 #[test]
 fn pandas_groupby_under_a_memory_node() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let node = NodeProc::start(&["--capacity", "4G"]);
     pandas_under(System::TidepoolNode, Some(&node));
 }
@@ -85,11 +87,13 @@ fn bgsave_under(system: System, node: Option<&NodeProc>) {
 
 #[test]
 fn redis_bgsave_of_four_times_the_local_size_under_the_local_store() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     bgsave_under(System::TidepoolLocal, None);
 }
 
 #[test]
 fn redis_bgsave_of_four_times_the_local_size_under_a_memory_node() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let node = NodeProc::start(&["--capacity", "4G"]);
     bgsave_under(System::TidepoolNode, Some(&node));
 }
@@ -115,11 +119,13 @@ fn fork_under(backend: &str) {
 
 #[test]
 fn fork_of_four_times_the_local_size_under_the_local_store() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     fork_under("local:");
 }
 
 #[test]
 fn fork_of_four_times_the_local_size_under_a_memory_node() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let node = NodeProc::start(&["--capacity", "4G"]);
     fork_under(&format!("node://fork@{}", node.addr));
 }

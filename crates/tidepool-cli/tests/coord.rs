@@ -239,12 +239,8 @@ fn mode(p: &std::path::Path) -> u32 {
 
 #[test]
 fn another_user_cannot_steer_the_coordinator() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!(
-            "skipped: running as another user needs root (this test sets its uid to {OTHER})"
-        );
-        return;
-    }
+    // It runs commands as uid OTHER.
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Root);
     // Owner only: socket 0600 in a 0700 directory; another user cannot even connect.
     let c = coord("private", &["--max", "32M"]);
     assert_eq!(mode(&c.socket), 0o600);

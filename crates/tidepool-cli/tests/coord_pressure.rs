@@ -6,6 +6,7 @@
 //! memory must give way and come back, and idle memory that appears must be taken up.
 
 use std::process::Command;
+use tidepool_sys::probe::Need;
 
 fn value(report: &serde_json::Value, workload: &str, metric: &str) -> f64 {
     report["results"]
@@ -20,6 +21,7 @@ fn value(report: &serde_json::Value, workload: &str, metric: &str) -> f64 {
 
 #[test]
 fn soft_memory_gives_way_to_an_antagonist_and_takes_idle_memory_back() {
+    tidepool_sys::skip_unless!(Need::Root, Need::CgroupV1Memory);
     let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("coord-pressure");
     let run = Command::new(env!("CARGO_BIN_EXE_tidepool"))
         .args(["bench", "coord", "--quick", "--out"])
@@ -33,10 +35,7 @@ fn soft_memory_gives_way_to_an_antagonist_and_takes_idle_memory_back() {
         "{text}\n{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    assert!(
-        !text.contains("skipped"),
-        "this test needs root and the cgroup v1 memory controller: {text}"
-    );
+    assert!(!text.contains("skipped"), "{text}");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("coord.json")).unwrap()).unwrap();
     // (c) pressure.

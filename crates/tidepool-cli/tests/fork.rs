@@ -61,6 +61,7 @@ const CASES: [&str; 7] = [
 
 #[test]
 fn every_fork_case_under_the_local_store() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     for case in CASES {
         run_case(case, "local:");
     }
@@ -68,6 +69,7 @@ fn every_fork_case_under_the_local_store() {
 
 #[test]
 fn every_fork_case_under_a_memory_node() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let node = NodeProc::start(&["--capacity", "1G"]);
     let backend = format!("node://forks@{}", node.addr);
     for case in CASES {

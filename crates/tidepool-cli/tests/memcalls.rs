@@ -10,7 +10,7 @@
 mod common;
 
 use common::{c_program, preload, NodeProc};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 fn memcalls() -> PathBuf {
@@ -38,14 +38,16 @@ const CASES: [&str; 16] = [
 
 /// jemalloc cannot be dlopen'ed (its thread-locals are initial-exec): the allocators case
 /// finds it preloaded, natively and under the pager alike.
-const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+fn jemalloc() -> Option<PathBuf> {
+    tidepool_peers::shared_library("libjemalloc.so.2")
+}
 
 fn run_all(backend: &str) {
     for case in CASES {
         let mut native = Command::new(memcalls());
         native.args([case, "64"]);
-        if case == "allocators" && Path::new(JEMALLOC).exists() {
-            native.env("LD_PRELOAD", JEMALLOC);
+        if let Some(j) = jemalloc().filter(|_| case == "allocators") {
+            native.env("LD_PRELOAD", j);
         }
         let native = native.output().unwrap();
         let want = String::from_utf8_lossy(&native.stdout).into_owned();
@@ -56,8 +58,8 @@ fn run_all(backend: &str) {
             .arg(memcalls())
             .args([case, "64"])
             .env("TIDEPOOL_PRELOAD", preload());
-        if case == "allocators" && Path::new(JEMALLOC).exists() {
-            paged.env("LD_PRELOAD", JEMALLOC);
+        if let Some(j) = jemalloc().filter(|_| case == "allocators") {
+            paged.env("LD_PRELOAD", j);
         }
         let paged = paged.output().unwrap();
         let (got, stderr) = (
@@ -75,11 +77,13 @@ fn run_all(backend: &str) {
 
 #[test]
 fn every_memory_call_under_the_local_store() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     run_all("local:");
 }
 
 #[test]
 fn every_memory_call_under_a_memory_node() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let node = NodeProc::start(&["--capacity", "1G"]);
     run_all(&format!("node://calls@{}", node.addr));
 }
@@ -105,6 +109,7 @@ print(pc.sum(y).as_py(), g.num_rows, g.column("v_sum")[7].as_py(), h)
 
 #[test]
 fn numpy_and_arrow_buffers_match_native() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let (python, _) = tidepool_bench::apps::python().expect("python3");
     let native = Command::new(&python)
         .args(["-c", ARROW_SCRIPT])

@@ -40,6 +40,7 @@ fn a_bad_placement_names_every_choice() {
 /// A password or token in a store URL appears in no message, whatever fails.
 #[test]
 fn secrets_in_store_urls_never_print() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let failing: [&[&str]; 7] = [
         &[
             "run",

@@ -62,6 +62,7 @@ print(len(d), sum(len(k) + len(v) for k, v in d.items()))
 
 #[test]
 fn python_dict_of_three_million_strings_matches_native() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let native = Command::new(python3())
         .args(["-c", DICT_SCRIPT])
         .output()
@@ -88,6 +89,7 @@ fn python_dict_of_three_million_strings_matches_native() {
 
 #[test]
 fn exit_status_passes_through_and_bad_input_is_refused_before_the_program_runs() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let out = tidepool_run("64M", "local:", &["sh", "-c", "exit 3"])
         .output()
         .unwrap();
@@ -162,29 +164,34 @@ fn verify_under(backend: &str) {
 
 #[test]
 fn verification_workload_under_the_local_store() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     verify_under("local:");
 }
 
 #[test]
 fn verification_workload_under_a_memory_node() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let node = NodeProc::start(&["--capacity", "256M"]);
     verify_under(&format!("node://verify@{}", node.addr));
 }
 
 #[test]
 fn verification_workload_under_redis() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let redis = tidepool_peers::RedisServer::start().expect("redis-server");
     verify_under(&redis.url());
 }
 
 #[test]
 fn verification_workload_under_redis_cluster() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let cluster = tidepool_peers::RedisCluster::start(3).expect("redis cluster");
     verify_under(&cluster.url());
 }
 
 #[test]
 fn verification_workload_under_memcached() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let memcached = tidepool_peers::Memcached::start(256).expect("memcached");
     verify_under(&memcached.url());
 }
@@ -220,6 +227,7 @@ fn start_waiting_worker(local: &str, backend: &str, size: &str, rounds: &str) ->
 
 #[test]
 fn losing_the_backend_stops_the_program_with_a_clear_error_never_zeros() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let mut node = NodeProc::start(&["--capacity", "256M"]);
     let backend = format!("node://loss@{}", node.addr);
     let mut child = start_waiting_worker("4M", &backend, "64M", "1000");
@@ -247,6 +255,7 @@ fn losing_the_backend_stops_the_program_with_a_clear_error_never_zeros() {
 
 #[test]
 fn resize_while_running_evicts_at_once_and_keeps_every_byte() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let mut child = start_waiting_worker("256M", "local:", "64M", "3");
     let pid = child.id().to_string();
     let tidepool = |args: &[&str]| {
@@ -265,7 +274,9 @@ fn resize_while_running_evicts_at_once_and_keeps_every_byte() {
     );
     // Another user may not resize it (its control socket has no file mode to guard it: the
     // kernel's word on who connected does).
-    if rustix::process::geteuid().is_root() {
+    if let Some(why) = tidepool_sys::probe::Need::Root.missing() {
+        eprintln!("skipped the other-user check: it needs {why}");
+    } else {
         use std::os::unix::process::CommandExt;
         let out = Command::new(env!("CARGO_BIN_EXE_tidepool"))
             .args(["resize", &pid, "8M"])
@@ -279,8 +290,6 @@ fn resize_while_running_evicts_at_once_and_keeps_every_byte() {
             "{stderr}"
         );
         assert_eq!(resident_of(&tidepool(&["status", &pid])).unwrap().1, 256.0);
-    } else {
-        eprintln!("skipped the other-user check: it needs root to run as uid 65534");
     }
     assert!(tidepool(&["resize", &pid, "8M"]).contains("8.0 MiB"));
     // The evictor works in the background: wait until it is done (no time limit here, the
@@ -320,6 +329,7 @@ print("parent", sum(len(s) for s in data) == expected)
 
 #[test]
 fn a_forked_python_child_reads_its_parents_data_and_the_parent_is_untouched() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let out = tidepool_run("32M", "local:", &[python3(), "-c", FORK_SCRIPT])
         .output()
         .unwrap();
@@ -335,6 +345,7 @@ fn a_forked_python_child_reads_its_parents_data_and_the_parent_is_untouched() {
 /// --allow-unpaged it runs (unpaged).
 #[test]
 fn static_and_set_user_id_programs_are_refused_unless_allowed() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let src = dir.join("hello.c");
     std::fs::write(

@@ -336,6 +336,7 @@ mod tests {
 
     #[test]
     fn runs_split_at_gaps() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let (_pager, region) = pager(Recorder::new(), false, 16);
         let r = region_inner(&region);
         let victims: Vec<_> = [1, 2, 3, 5, 6, 9]
@@ -347,6 +348,7 @@ mod tests {
 
     #[test]
     fn dirty_pages_are_written_back_and_clean_ones_dropped() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let store = Recorder::new();
         let (pager, mut region) = pager(store.clone(), false, 32);
         for p in 0..8 {
@@ -372,6 +374,7 @@ mod tests {
 
     #[test]
     fn an_inaccessible_page_is_never_a_victim() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let (pager, mut region) = pager(Recorder::new(), false, 16);
         fill(&mut region, 0, 1);
         fill(&mut region, 1, 2);

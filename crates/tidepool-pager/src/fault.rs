@@ -557,6 +557,7 @@ mod tests {
 
     #[test]
     fn a_read_maps_the_zero_page_and_a_write_a_dirty_one() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let (pager, mut region) = pager(Recorder::new(), false, 16);
         assert_eq!(region.as_slice()[0], 0);
         let w = word(&region, 0);
@@ -569,6 +570,7 @@ mod tests {
 
     #[test]
     fn a_page_fetched_for_reading_is_clean_until_its_first_write() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let (pager, mut region) = pager(Recorder::new(), false, 16);
         fill(&mut region, 3, 0x5a);
         evict_all(&pager, &region);
@@ -597,6 +599,7 @@ mod tests {
 
     #[test]
     fn a_page_dropped_behind_the_pagers_back_reads_zeros() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let (_pager, mut region) = pager(Recorder::new(), false, 16);
         fill(&mut region, 2, 9);
         crate::sys::discard(region.as_ptr() as usize + 2 * crate::PAGE, crate::PAGE);

@@ -241,6 +241,7 @@ mod tests {
 
     #[test]
     fn a_framed_page_moves_out_and_back_without_a_store_write() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let store = Recorder::new();
         let (pager, mut region) = pager(store.clone(), true, 8);
         fill(&mut region, 1, 0xc3);

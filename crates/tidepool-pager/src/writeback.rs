@@ -193,6 +193,7 @@ mod tests {
 
     #[test]
     fn slots_are_taken_without_waiting_and_given_back() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let (pager, _region) = pager(Recorder::new(), false, 1);
         let slots = &inner(&pager).slots;
         let all = slots.try_take_up_to(usize::MAX);
@@ -204,6 +205,7 @@ mod tests {
 
     #[test]
     fn a_page_discarded_on_its_way_out_is_removed_after_its_write() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let store = Recorder::new();
         let (pager, mut region) = pager(store.clone(), false, 4);
         fill(&mut region, 0, 3);

@@ -32,6 +32,7 @@ fn verify_64m_in_8m(config: Config) -> PagerStats {
 
 #[test]
 fn every_byte_survives_eviction_with_the_local_store() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let stats = verify_64m_in_8m(Config::new(8 << 20));
     // The working set really went far and came back.
     assert!(stats.written_back > 0 && stats.far_fetches > 0, "{stats:?}");
@@ -45,6 +46,7 @@ fn every_byte_survives_eviction_with_the_local_store() {
 /// kernel put it (`frames_repaired`). Before it did, this test read such a page back as zeros.
 #[test]
 fn every_byte_survives_eviction_with_in_process_frames() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let mut config = Config::new(8 << 20);
     config.in_process_frames = true;
     let stats = verify_64m_in_8m(config);
@@ -60,6 +62,7 @@ fn every_byte_survives_eviction_with_in_process_frames() {
 
 #[test]
 fn discarded_pages_read_zero_and_untouched_pages_are_never_fetched() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let store = tidepool_store::open("local:").unwrap();
     let pager = Pager::start(Config::new(1 << 20), store).unwrap();
     let mut region = Region::new(&pager, 16 << 20).unwrap();

@@ -643,6 +643,23 @@ fn running_as_root() -> bool {
         .unwrap_or(false)
 }
 
+/// Where distributions put shared libraries: Debian and Ubuntu, Fedora and RHEL, then the rest.
+const LIBRARY_DIRS: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+];
+
+/// An installed shared library by file name (`libjemalloc.so.2`), wherever this distribution
+/// keeps it.
+pub fn shared_library(file: &str) -> Option<PathBuf> {
+    LIBRARY_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(file))
+        .find(|p| p.exists())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

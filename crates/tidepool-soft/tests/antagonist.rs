@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tidepool_soft::{ArenaConfig, AutoBudget, SoftArena, SoftMap};
+use tidepool_sys::probe::Need;
 
 const LIMIT: usize = 1 << 30;
 const KEYS: u64 = 150_000; // 4 KiB values: 600 MiB of soft state
@@ -154,6 +155,7 @@ fn soft_map_survives_a_fast_antagonist() {
         }
         return;
     }
+    tidepool_sys::skip_unless!(Need::Root, Need::CgroupV1Memory);
     let cg = Cgroup::create();
     let spawn = |role: &str| {
         Command::new(std::env::current_exe().unwrap())

@@ -13,6 +13,8 @@
 //! slices of this buffer). The standard library offers no stable way to read into
 //! uninitialised memory.
 
+pub mod probe;
+
 use bytes::BytesMut;
 use linux_raw_sys::general as uapi;
 use std::io;
