@@ -128,7 +128,8 @@ impl RedisStore {
         prefix: Option<String>,
         tls: Option<&TlsOptions>,
     ) -> Result<RedisStore, StoreError> {
-        let connect_error = |e: RedisError| refused_or_unreachable(SINGLE, addr, e);
+        let connect_error =
+            |e: RedisError| hang_up_hint(refused_or_unreachable(SINGLE, addr, e), tls);
         let scheme = if tls.is_some() { "rediss" } else { "redis" };
         let url = if addr.contains('/') {
             format!("{scheme}://{addr}")
@@ -186,7 +187,8 @@ impl RedisStore {
         tls: Option<&TlsOptions>,
     ) -> Result<RedisStore, StoreError> {
         let joined = nodes.join(",");
-        let connect_error = |e: RedisError| refused_or_unreachable(CLUSTER, &joined, e);
+        let connect_error =
+            |e: RedisError| hang_up_hint(refused_or_unreachable(CLUSTER, &joined, e), tls);
         let scheme = if tls.is_some() { "rediss" } else { "redis" };
         let mut builder = ClusterClient::builder(nodes.iter().map(|n| format!("{scheme}://{n}/")));
         if let Some(opts) = tls {
@@ -548,6 +550,37 @@ impl FarStore for RedisStore {
 fn is_auth_failure(e: &RedisError) -> bool {
     e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH") | Some("WRONGPASS"))
+}
+
+/// A plain connection that the server hangs up on at its first command is most likely at a
+/// TLS port (Redis's TLS port drops a connection whose first bytes are not a handshake).
+fn hang_up_hint(e: StoreError, tls: Option<&TlsOptions>) -> StoreError {
+    match e {
+        StoreError::Connect {
+            backend,
+            addr,
+            cause,
+        } if tls.is_none()
+            && matches!(
+                cause.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            ) =>
+        {
+            let cause = io::Error::new(
+                cause.kind(),
+                format!(
+                    "{cause}; the server hung up at the first command: if this is its TLS \
+                     port (tls-port), write rediss:// (or rediss+cluster://)"
+                ),
+            );
+            StoreError::Connect {
+                backend,
+                addr,
+                cause,
+            }
+        }
+        e => e,
+    }
 }
 
 fn refused_or_unreachable(backend: &'static str, addr: &str, e: RedisError) -> StoreError {
