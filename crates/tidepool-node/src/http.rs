@@ -27,7 +27,7 @@ impl MetricsServer {
         listener.set_nonblocking(true)?;
         let bound = listener.local_addr()?;
         let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
+            .enable_all()
             .build()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let join = std::thread::Builder::new()

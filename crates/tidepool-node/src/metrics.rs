@@ -9,12 +9,12 @@
 //! into a fresh registry on the metrics thread, off the data path.
 
 use crate::server::Shared;
+use crate::tenants::Tenant;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{
     EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder, MetricEncoder, NoLabelSet,
 };
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
@@ -270,6 +270,30 @@ struct BuildLabels {
     commit: &'static str,
 }
 
+/// A per-tenant gauge: name, help, and how to read it.
+type TenantGauge = (&'static str, &'static str, fn(&Tenant) -> u64);
+
+/// Labelled series in the order given (a `Family` would print them in hash order): ops in
+/// protocol order, error kinds in code order, tenants in the order they first connected.
+#[derive(Debug)]
+struct Series<L, M> {
+    kind: MetricType,
+    series: Vec<(L, M)>,
+}
+
+impl<L: EncodeLabelSet, M: EncodeMetric> EncodeMetric for Series<L, M> {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        for (labels, metric) in &self.series {
+            metric.encode(encoder.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.kind
+    }
+}
+
 /// A histogram already counted (by the workers), encoded as one.
 #[derive(Debug)]
 struct CountedHistogram {
@@ -316,14 +340,19 @@ pub(crate) fn render(sh: &Shared) -> String {
     let r = root.sub_registry_with_prefix("tidepool_node");
 
     // Counters (prometheus-client appends `_total`).
-    let requests = Family::<OpLabel, Counter>::default();
-    for (i, (_, name)) in OPS.iter().enumerate() {
-        requests
-            .get_or_create(&OpLabel { op: name })
-            .inc_by(m.sum(|w| &w.requests[i]));
-    }
+    let requests = Series {
+        kind: MetricType::Counter,
+        series: OPS
+            .iter()
+            .enumerate()
+            .map(|(i, (_, op))| (OpLabel { op }, counter(m.sum(|w| &w.requests[i]))))
+            .collect(),
+    };
     r.register("requests", "Requests served, by op", requests);
-    let errors = Family::<KindLabel, Counter>::default();
+    let mut errors = Series {
+        kind: MetricType::Counter,
+        series: vec![],
+    };
     for i in 0..FAILURE_KINDS {
         let Some(kind) = Failure::name(i) else {
             continue;
@@ -332,7 +361,7 @@ pub(crate) fn render(sh: &Shared) -> String {
         if i == ErrorCode::Busy as usize {
             n += m.refused_busy.load(Ordering::Relaxed);
         }
-        errors.get_or_create(&KindLabel { kind }).inc_by(n);
+        errors.series.push((KindLabel { kind }, counter(n)));
     }
     r.register(
         "errors",
@@ -417,7 +446,7 @@ pub(crate) fn render(sh: &Shared) -> String {
         r.register(name, help, gauge(value));
     }
     let tenants = sh.tenants.all();
-    let per_tenant: [(&str, &str, fn(&crate::tenants::Tenant) -> u64); 5] = [
+    let per_tenant: [TenantGauge; 5] = [
         (
             "tenant_stored_bytes",
             "Bytes of the tenant's objects",
@@ -439,14 +468,23 @@ pub(crate) fn render(sh: &Shared) -> String {
         ),
     ];
     for (name, help, f) in per_tenant {
-        let fam = Family::<TenantLabel, Gauge>::default();
-        for t in &tenants {
-            fam.get_or_create(&TenantLabel {
-                tenant: Escaped(t.name.clone()),
+        let series = tenants
+            .iter()
+            .map(|t| {
+                let label = TenantLabel {
+                    tenant: Escaped(t.name.clone()),
+                };
+                (label, gauge(f(t)))
             })
-            .set(f(t).min(i64::MAX as u64) as i64);
-        }
-        r.register(name, help, fam);
+            .collect();
+        r.register(
+            name,
+            help,
+            Series {
+                kind: MetricType::Gauge,
+                series,
+            },
+        );
     }
 
     let mut out = String::new();
@@ -499,13 +537,18 @@ mod tests {
 
     #[test]
     fn label_values_are_escaped() {
-        let fam = Family::<TenantLabel, Gauge>::default();
-        fam.get_or_create(&TenantLabel {
+        let label = TenantLabel {
             tenant: Escaped("we\"b\\\nx".into()),
-        })
-        .set(1);
+        };
         let mut r = Registry::default();
-        r.register("t", "t", fam);
+        r.register(
+            "t",
+            "t",
+            Series {
+                kind: MetricType::Gauge,
+                series: vec![(label, gauge(1))],
+            },
+        );
         let mut out = String::new();
         encode(&mut out, &r).unwrap();
         assert!(out.contains(r#"t{tenant="we\"b\\\nx"} 1"#), "{out}");
