@@ -313,7 +313,7 @@ fn run(cli: Cli) -> Result<()> {
                 .unwrap_or_default();
             // The first line names the address: scripts and `tidepool bench` read it.
             println!(
-                "tidepool node listening on {} with {} in {} sections ({mode}{tls}){metrics}",
+                "tidepool node listening on {} with {} in {} sections ({mode}){tls}{metrics}",
                 server.local_addr(),
                 format_size(server.capacity()),
                 sections

@@ -221,27 +221,29 @@ impl ClientTls {
         Ok(conn)
     }
 
-    /// Opens a connection to `addr` and runs the handshake on it, then closes it: for clients
-    /// (the redis crate's) whose own handshake would wait without a timeout, this fails fast
-    /// and clearly when the server does not speak TLS or is not trusted.
+    /// Opens a connection to `server` (`host:port`) and runs the handshake on it, then closes
+    /// it: for clients (the redis crate's) whose own handshake would wait without a timeout,
+    /// this fails fast and clearly when the server does not speak TLS or is not trusted.
+    /// Messages name `shown` (the URL's address, printed redacted).
     pub(crate) fn probe(
         &self,
-        addr: &str,
+        server: &str,
+        shown: &str,
         backend: &'static str,
         timeout: std::time::Duration,
         plain_hint: &str,
     ) -> Result<(), StoreError> {
         let connect_err = |cause| StoreError::Connect {
             backend,
-            addr: addr.to_string(),
+            addr: shown.to_string(),
             cause,
         };
-        let mut stream = connect_with_timeout(addr, timeout).map_err(connect_err)?;
+        let mut stream = connect_with_timeout(server, timeout).map_err(connect_err)?;
         stream
             .set_read_timeout(Some(timeout))
             .and_then(|()| stream.set_write_timeout(Some(timeout)))
             .map_err(connect_err)?;
-        let mut conn = self.handshake(&mut stream, backend, addr, plain_hint, &|_| None)?;
+        let mut conn = self.handshake(&mut stream, backend, shown, plain_hint, &|_| None)?;
         conn.send_close_notify();
         let _ = conn.write_tls(&mut stream);
         Ok(())
@@ -275,11 +277,25 @@ fn no_answer(e: &io::Error, plain_hint: &str) -> String {
 }
 
 fn describe_tls_error(e: &rustls::Error, roots: &str) -> String {
+    use rustls::CertificateError as C;
     match e {
-        rustls::Error::InvalidCertificate(why) => format!(
-            "the server's certificate was refused ({why:?}); it must be signed by a CA in \
-             {roots} and name the host of the URL"
-        ),
+        rustls::Error::InvalidCertificate(why) => {
+            let what = match why {
+                C::UnknownIssuer => format!("it is not signed by a CA in {roots}"),
+                C::NotValidForName | C::NotValidForNameContext { .. } => {
+                    "it does not name the host of the URL (DNS name or IP address)".to_string()
+                }
+                C::Expired | C::ExpiredContext { .. } => "it has expired".to_string(),
+                C::NotValidYet | C::NotValidYetContext { .. } => {
+                    "it is not valid yet (are the clocks right?)".to_string()
+                }
+                other => format!(
+                    "{other:?}; it must be a server certificate signed by a CA in {roots}, \
+                     naming the host of the URL"
+                ),
+            };
+            format!("the server's certificate was refused: {what}")
+        }
         rustls::Error::InvalidMessage(_) => {
             format!("the server does not speak TLS here ({e}); is this its TLS port?")
         }

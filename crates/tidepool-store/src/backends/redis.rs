@@ -144,6 +144,7 @@ impl RedisStore {
                 let server = crate::tls::host_port(addr);
                 ClientTls::from_options(server, opts)?.probe(
                     server,
+                    addr,
                     SINGLE,
                     CONNECT_TIMEOUT,
                     PLAIN_REDIS_HINT,
@@ -366,7 +367,7 @@ fn probe_any(nodes: &[String], opts: &TlsOptions) -> Result<(), StoreError> {
     for n in nodes {
         let server = crate::tls::host_port(n);
         let r = ClientTls::from_options(server, opts)
-            .and_then(|t| t.probe(server, CLUSTER, CONNECT_TIMEOUT, PLAIN_REDIS_HINT));
+            .and_then(|t| t.probe(server, n, CLUSTER, CONNECT_TIMEOUT, PLAIN_REDIS_HINT));
         match r {
             Ok(()) => return Ok(()),
             Err(e @ (StoreError::Tls { .. } | StoreError::TlsSetup { .. })) => {
