@@ -10,7 +10,7 @@ use clap::{Parser, Subcommand};
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
-use tidepool_node::{format_size, parse_size, NodeConfig, Server, TokensFile};
+use tidepool_node::{format_size, parse_size, NodeConfig, Server, TlsFiles, TokensFile};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -40,6 +40,10 @@ enum Cmd {
     /// Clients authenticate as a tenant; with --tokens only the tenants listed there may
     /// connect, each with its own token and quota. Everything a client put is freed when it
     /// disconnects.
+    ///
+    /// With --tls-cert and --tls-key it accepts only TLS connections (clients add ?tls=1 to
+    /// their node:// URL). With --metrics ADDR it serves Prometheus metrics at
+    /// http://ADDR/metrics.
     Node {
         /// Address to listen on, e.g. 0.0.0.0:7070 (port 0 picks a free port).
         #[arg(long, default_value = "127.0.0.1:7070")]
@@ -67,6 +71,20 @@ enum Cmd {
         /// Largest object (and frame) accepted.
         #[arg(long, default_value = "16M", value_parser = parse_size_arg)]
         max_object: u64,
+        /// Answers a connection may have waiting for its client to read them; past this the
+        /// node stops reading its requests until it drains (at least 64K).
+        #[arg(long, default_value = "4M", value_parser = parse_size_arg)]
+        max_outstanding: u64,
+        /// PEM file of the node's certificate chain: accept only TLS connections.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// PEM file of the private key of --tls-cert.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (port 0 picks a
+        /// free port; the first line of output names it).
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<std::net::SocketAddr>,
     },
     /// Print a memory node's counters for one tenant and for the node.
     Stats {
@@ -107,8 +125,9 @@ enum Cmd {
         /// Local memory for the program's heap, e.g. 256M; the rest lives in far memory.
         #[arg(long, value_parser = parse_size_arg)]
         local: u64,
-        /// Far store URL: local: (in this process, the default), node://tenant[:token]@host:port,
-        /// redis://host:port, redis+cluster://host:port,..., memcached://host:port.
+        /// Far store URL: local: (in this process, the default), node://tenant[:token]@host:port
+        /// (?tls=1[&ca=FILE] for TLS), redis://host:port, rediss://host:port (TLS),
+        /// redis+cluster://host:port,..., memcached://host:port.
         #[arg(long, default_value = "local:")]
         backend: String,
         /// Print faults, hits, prefetch accuracy and bytes moved when the program exits.
@@ -251,6 +270,10 @@ fn run(cli: Cli) -> Result<()> {
             busy_poll_us,
             max_connections,
             max_object,
+            max_outstanding,
+            tls_cert,
+            tls_key,
+            metrics,
         } => {
             let mut cfg = NodeConfig::new(listen, capacity);
             if let Some(s) = sections {
@@ -263,6 +286,20 @@ fn run(cli: Cli) -> Result<()> {
             cfg.max_connections = max_connections;
             cfg.max_body =
                 u32::try_from(max_object + 64).context("--max-object must be below 4 GiB")?;
+            cfg.max_outstanding = usize::try_from(max_outstanding)
+                .context("--max-outstanding does not fit this machine's address space")?;
+            if let (Some(cert), Some(key)) = (tls_cert, tls_key) {
+                cfg.tls = Some(TlsFiles { cert, key });
+            }
+            if let Some(addr) = metrics {
+                if !addr.ip().is_loopback() {
+                    eprintln!(
+                        "tidepool node: the metrics at {addr} are reachable from other machines \
+                         and name every tenant and what it holds; bind 127.0.0.1 unless that is meant"
+                    );
+                }
+                cfg.metrics = Some(addr);
+            }
             let mode = match &tokens {
                 Some(path) => {
                     let f = TokensFile::load(path)?;
@@ -277,9 +314,14 @@ fn run(cli: Cli) -> Result<()> {
             // SIGTERM and SIGINT stop the server in order (below) rather than kill it.
             tidepool_sys::block_stop_signals()?;
             let server = Server::start(cfg)?;
+            let tls = if server.uses_tls() { ", TLS only" } else { "" };
+            let metrics = server
+                .metrics_addr()
+                .map(|a| format!("; metrics at http://{a}/metrics"))
+                .unwrap_or_default();
             // The first line names the address: scripts and `tidepool bench` read it.
             println!(
-                "tidepool node listening on {} with {} in {} sections ({mode})",
+                "tidepool node listening on {} with {} in {} sections ({mode}){tls}{metrics}",
                 server.local_addr(),
                 format_size(server.capacity()),
                 sections

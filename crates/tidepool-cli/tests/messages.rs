@@ -41,7 +41,7 @@ fn a_bad_placement_names_every_choice() {
 #[test]
 fn secrets_in_store_urls_never_print() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
-    let failing: [&[&str]; 7] = [
+    let failing: [&[&str]; 10] = [
         &[
             "run",
             "--local",
@@ -83,6 +83,25 @@ fn secrets_in_store_urls_never_print() {
         &[
             "stats",
             "redis+cluster://:SECRET@127.0.0.1:1,:SECRET@127.0.0.1:2",
+        ],
+        &[
+            "run",
+            "--local",
+            "64M",
+            "--backend",
+            "node://u:SECRET@127.0.0.1:1?tls=1",
+            "--",
+            "true",
+        ],
+        &["demo", "--backend", "rediss://:SECRET@127.0.0.1:1/2"],
+        &[
+            "run",
+            "--local",
+            "64M",
+            "--backend",
+            "rediss://:SECRET@127.0.0.1:1?ca=/nonexistent/ca.pem",
+            "--",
+            "true",
         ],
     ];
     for args in failing {

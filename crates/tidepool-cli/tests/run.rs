@@ -118,8 +118,9 @@ fn exit_status_passes_through_and_bad_input_is_refused_before_the_program_runs()
 }
 
 /// The verification workload inside the tidepool binary (an ordinary Rust program: its heap
-/// comes from malloc), 64 MiB over an 8 MiB budget, two threads, every byte checked.
-fn verify_under(backend: &str) {
+/// comes from malloc), 64 MiB over an 8 MiB budget, two threads, every byte checked. Returns
+/// its standard output and error.
+fn verify_under(backend: &str) -> (String, String) {
     let out = tidepool_run(
         "8M",
         backend,
@@ -160,6 +161,7 @@ fn verify_under(backend: &str) {
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
     assert!(fetched > 1000, "{backend}: few pages came back: {stderr}");
+    (stdout, stderr)
 }
 
 #[test]
@@ -173,6 +175,31 @@ fn verification_workload_under_a_memory_node() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let node = NodeProc::start(&["--capacity", "256M"]);
     verify_under(&format!("node://verify@{}", node.addr));
+}
+
+#[test]
+fn verification_workload_under_a_tls_memory_node() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let certs = tidepool_peers::tls::TestCerts::generate().unwrap();
+    let (cert, key) = (certs.cert(), certs.key());
+    let node = NodeProc::start(&[
+        "--capacity",
+        "256M",
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]);
+    assert!(node.announced.contains("TLS only"), "{}", node.announced);
+    let (stdout, stderr) = verify_under(&format!(
+        "node://verify:s3cret-token@{}?tls=1&ca={}",
+        node.addr,
+        certs.ca().display()
+    ));
+    assert!(
+        !stdout.contains("s3cret-token") && !stderr.contains("s3cret-token"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! Node configuration: sizes, the tokens file.
+//! Node configuration: sizes, the tokens file, TLS files. Debug forms never show a token.
 
 use crate::NodeError;
 use serde::Deserialize;
@@ -47,12 +47,28 @@ pub fn format_size(bytes: u64) -> String {
     }
 }
 
-/// One tenant as the tokens file declares it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One tenant as the tokens file declares it. Its Debug form leaves the token out.
+#[derive(Clone, PartialEq, Eq)]
 pub struct TenantSpec {
     pub token: String,
     /// Bytes the tenant may hold; `None`: up to the node's capacity.
     pub quota: Option<u64>,
+}
+
+impl std::fmt::Debug for TenantSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantSpec")
+            .field("token", &"***")
+            .field("quota", &self.quota)
+            .finish()
+    }
+}
+
+/// The node's certificate chain and private key, PEM files (`--tls-cert`, `--tls-key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
 }
 
 /// The tokens file: which tenants may connect, with what token and quota.
@@ -142,7 +158,20 @@ pub struct NodeConfig {
     pub max_connections: usize,
     /// Largest frame body accepted, and so the largest object.
     pub max_body: u32,
+    /// Answers a connection may have waiting for its client to read them before the node stops
+    /// reading its requests (one answer may take it past this once).
+    pub max_outstanding: usize,
+    /// `Some`: accept only TLS connections, with this certificate and key.
+    pub tls: Option<TlsFiles>,
+    /// `Some`: serve Prometheus metrics at `http://ADDR/metrics`.
+    pub metrics: Option<std::net::SocketAddr>,
 }
+
+/// The default of [`NodeConfig::max_outstanding`].
+pub const DEFAULT_MAX_OUTSTANDING: usize = 4 << 20;
+/// The least [`NodeConfig::max_outstanding`] accepted: room for a few answers, so a client
+/// that pipelines a handful of requests before reading is never stalled by its own answers.
+pub const MIN_MAX_OUTSTANDING: usize = 64 << 10;
 
 impl NodeConfig {
     pub fn new(listen: impl Into<String>, capacity: u64) -> NodeConfig {
@@ -159,6 +188,9 @@ impl NodeConfig {
             tokens: None,
             max_connections: 4096,
             max_body: 16 << 20,
+            max_outstanding: DEFAULT_MAX_OUTSTANDING,
+            tls: None,
+            metrics: None,
         }
     }
 }
@@ -195,5 +227,23 @@ mod tests {
         .unwrap_err()
         .contains("twice"));
         assert!(TokensFile::parse("[[tenant]]\nname=\"x\"\ntoken=\"a\"\ncolour=1\n").is_err());
+    }
+
+    #[test]
+    fn debug_forms_never_show_a_token() {
+        let mut cfg = NodeConfig::new("127.0.0.1:0", 1 << 20);
+        cfg.tokens = Some(
+            TokensFile::parse("[[tenant]]\nname = \"web\"\ntoken = \"s3cret-token\"\n").unwrap(),
+        );
+        cfg.tls = Some(TlsFiles {
+            cert: "/etc/tp/node.pem".into(),
+            key: "/etc/tp/node.key".into(),
+        });
+        let shown = format!("{cfg:?}");
+        assert!(!shown.contains("s3cret-token"), "{shown}");
+        assert!(
+            shown.contains("web") && shown.contains("node.key"),
+            "{shown}"
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! One client connection's protocol state: authentication, magazines of reserved blocks,
 //! pending frees, and the ops themselves. The I/O around it is in `io.rs`.
 
+use crate::metrics::{Failure, WorkerMetrics};
 use crate::section::SectionRequest;
 use crate::server::Shared;
 use crate::slots::{ReadGuard, Refusal, SlotMeta};
@@ -46,6 +47,8 @@ struct Auth {
 
 pub(crate) struct Conn<'a> {
     pub sh: &'a Shared,
+    /// The counters of the I/O worker serving this connection.
+    metrics: &'a WorkerMetrics,
     auth: Option<Auth>,
     /// Per size class: reserved (section, slot) pairs ready for puts.
     magazines: Vec<Vec<(u16, u32)>>,
@@ -63,7 +66,20 @@ pub(crate) struct Conn<'a> {
     /// Where this connection starts looking for a section with room.
     rotor: usize,
     /// Gets answered from the arena, waiting for the next send.
-    pub splices: Vec<Splice<'a>>,
+    splices: Vec<Splice<'a>>,
+    /// Object bytes in `splices`.
+    splice_bytes: usize,
+}
+
+/// What one [`Conn::on_bytes`] did.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Served {
+    /// Frames answered (a malformed one included).
+    pub frames: u64,
+    /// It stopped with complete frames left in the buffer: the answers reached the limit.
+    pub at_limit: bool,
+    /// A malformed frame was answered; the connection must close once the answer is out.
+    pub malformed: bool,
 }
 
 fn refusal(r: Refusal) -> ErrorCode {
@@ -74,10 +90,11 @@ fn refusal(r: Refusal) -> ErrorCode {
 }
 
 impl<'a> Conn<'a> {
-    pub fn new(sh: &'a Shared, id: u64) -> Conn<'a> {
+    pub fn new(sh: &'a Shared, id: u64, metrics: &'a WorkerMetrics) -> Conn<'a> {
         let (reply_tx, reply_rx) = crossbeam_channel::bounded(1);
         Conn {
             sh,
+            metrics,
             auth: None,
             magazines: vec![vec![]; class_sizes().len()],
             refill_count: vec![2; class_sizes().len()],
@@ -88,23 +105,46 @@ impl<'a> Conn<'a> {
             reply_rx,
             rotor: id as usize,
             splices: vec![],
+            splice_bytes: 0,
         }
     }
 
     /// Bytes of answers still to be spliced in from the arena.
     pub fn spliced_bytes(&self) -> usize {
-        use crate::slots::ReadAccess;
-        self.splices.iter().map(|s| s.guard.extent().1).sum()
+        self.splice_bytes
     }
 
-    /// Serves every complete frame in `rbuf`, appending the answers to `wbuf`. On a malformed
-    /// frame it appends an error answer naming the problem and returns `Err`: the caller sends
-    /// what is in `wbuf` and closes this connection (and only this one).
-    pub fn on_bytes(&mut self, rbuf: &mut BytesMut, wbuf: &mut BytesMut) -> Result<(), ()> {
-        let result = loop {
+    /// Whether answers wait in the arena (see [`Conn::take_splices`]).
+    pub fn has_splices(&self) -> bool {
+        !self.splices.is_empty()
+    }
+
+    /// Hands the pending splices to the sender, who releases their guards once their bytes
+    /// are sent or copied.
+    pub fn take_splices(&mut self) -> Vec<Splice<'a>> {
+        self.splice_bytes = 0;
+        std::mem::take(&mut self.splices)
+    }
+
+    /// Serves the complete frames in `rbuf`, appending the answers to `wbuf`, until
+    /// `wbuf.len()` plus the object bytes still to be spliced in reach `limit` (checked before
+    /// each frame: one answer can take them past it). On a malformed frame it appends an
+    /// error answer naming the problem and says so: the caller sends what is in `wbuf` and
+    /// closes this connection (and only this one).
+    pub fn on_bytes(&mut self, rbuf: &mut BytesMut, wbuf: &mut BytesMut, limit: usize) -> Served {
+        let mut served = Served::default();
+        loop {
+            if wbuf.len() + self.splice_bytes >= limit {
+                served.at_limit = !rbuf.is_empty();
+                break;
+            }
             match decode_request(rbuf, self.sh.max_body) {
-                Ok(Some((id, req))) => self.serve(id, req, wbuf),
-                Ok(None) => break Ok(()),
+                Ok(Some((id, req))) => {
+                    served.frames += 1;
+                    self.metrics.request(req.op());
+                    self.serve(id, req, wbuf);
+                }
+                Ok(None) => break,
                 Err(e) => {
                     // Answer with the reason, using the frame's own op and id when the header
                     // was readable, so the client can report it.
@@ -112,17 +152,30 @@ impl<'a> Conn<'a> {
                         Ok(Some(h)) if Op::from_u8(h.op).is_some() => (h.op, h.id),
                         _ => (Op::Hello as u8, 0),
                     };
+                    // A TLS ClientHello at a node without TLS: say so in the answer (the
+                    // client sees it as plain text where a handshake should be).
+                    let tls_hello = rbuf.first() == Some(&0x16) && rbuf.get(1) == Some(&0x03);
                     let mut w = FrameWriter::begin(wbuf, op | RESPONSE_BIT, id);
                     w.put_u8(ErrorCode::Malformed as u8);
-                    w.put_str16(&format!("{e}; closing this connection"));
+                    if tls_hello {
+                        w.put_str16(
+                            "this memory node does not use TLS (it was started without \
+                             --tls-cert); connect without tls=1",
+                        );
+                    } else {
+                        w.put_str16(&format!("{e}; closing this connection"));
+                    }
                     w.finish();
                     tracing::debug!("malformed frame: {e}");
-                    break Err(());
+                    self.metrics.failure(Failure::Code(ErrorCode::Malformed));
+                    served.frames += 1;
+                    served.malformed = true;
+                    break;
                 }
             }
-        };
+        }
         self.hand_over_owned();
-        result
+        served
     }
 
     /// Copies every pending splice into `out` and drops its read guard. Needed before this
@@ -132,8 +185,9 @@ impl<'a> Conn<'a> {
         if self.splices.is_empty() {
             return;
         }
-        let mut whole = BytesMut::with_capacity(out.len() + self.spliced_bytes());
+        let mut whole = BytesMut::with_capacity(out.len() + self.splice_bytes);
         let mut at = 0;
+        self.splice_bytes = 0;
         for s in self.splices.drain(..) {
             whole.extend_from_slice(&out[at..s.at]);
             self.sh.arena.read(&s.guard, s.base, &mut whole);
@@ -158,7 +212,7 @@ impl<'a> Conn<'a> {
         if takes_exclusive {
             self.materialize_splices(out);
         }
-        let splices_before = self.splices.len();
+        let splices_before = (self.splices.len(), self.splice_bytes);
         let mut w = FrameWriter::begin(out, op as u8 | RESPONSE_BIT, id);
         let result = match req {
             Request::Hello {
@@ -253,6 +307,7 @@ impl<'a> Conn<'a> {
                 w.abandon();
                 let resp = answer.unwrap_or_else(|(code, message)| {
                     self.tenant().stats.errors.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.failure(Failure::Code(code));
                     Response::Error { code, message }
                 });
                 resp.encode(op, id, out);
@@ -263,7 +318,12 @@ impl<'a> Conn<'a> {
             if let Some(a) = &self.auth {
                 a.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
             }
-            self.splices.truncate(splices_before);
+            self.metrics.failure(Failure::Code(code));
+            if code == ErrorCode::AuthFailed {
+                self.metrics.auth_failure();
+            }
+            self.splices.truncate(splices_before.0);
+            self.splice_bytes = splices_before.1;
             w.abandon();
             let mut w = FrameWriter::begin(out, op as u8 | RESPONSE_BIT, id);
             w.put_u8(code as u8);
@@ -295,6 +355,7 @@ impl<'a> Conn<'a> {
         if let Some(a) = &self.auth {
             a.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
+        self.metrics.failure(Failure::Code(code));
         w.put_u8(code as u8);
     }
 
@@ -490,6 +551,7 @@ impl<'a> Conn<'a> {
                 let at = w.buf().len();
                 w.add_external(len);
                 self.splices.push(Splice { at, guard, base });
+                self.splice_bytes += len;
             } else {
                 self.sh.arena.read(&guard, base, w.buf());
                 drop(guard);
@@ -690,6 +752,7 @@ impl<'a> Conn<'a> {
         // Answers that will never be sent: their read guards must go before this connection
         // takes objects exclusively below.
         self.splices.clear();
+        self.splice_bytes = 0;
         self.hand_over_owned();
         self.return_magazines();
         if let Some(auth) = self.auth.take() {

@@ -29,6 +29,22 @@ pub enum NodeError {
     },
     #[error("tokens file {path} is invalid: {reason}")]
     TokensInvalid { path: PathBuf, reason: String },
+    #[error("TLS file {path}: {reason}")]
+    Tls { path: PathBuf, reason: String },
+    #[error("TLS certificate {cert} and key {key} do not go together: {reason}")]
+    TlsPair {
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+    #[error("cannot serve metrics on {addr} (is another server using that port?)")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--max-outstanding {given} is too small: at least {min} bytes")]
+    MaxOutstandingTooSmall { given: usize, min: usize },
     #[error("cannot start a node thread")]
     Thread(#[source] std::io::Error),
 }

@@ -3,25 +3,32 @@
 //! and answers each connection with one write. On small VMs a wake-up costs more than a 4 KiB
 //! request, so one wake-up must serve everything that is ready rather than one connection's
 //! batch (as a thread per connection would).
+//!
+//! A TLS connection (`tidepool node --tls-cert`) runs the same loop with rustls between the
+//! socket and the buffers: records are read with `read_tls`, decrypted by
+//! `process_new_packets` and taken from `reader()`; answers go into `writer()` and out with
+//! `write_tls`. Plain connections never touch that code: the transport is chosen by one
+//! branch on an `Option`, and their bytes still go straight between the socket and the buffers
+//! (object bytes straight from the arena).
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Served, Splice};
+use crate::metrics::{Failure, WorkerMetrics};
 use crate::server::Shared;
 use bytes::{Buf, BytesMut};
 use crossbeam_channel::{Receiver, Sender};
 use mio::net::TcpStream;
 use mio::{Events, Interest, Poll, Registry, Token, Waker};
+use rustls::ServerConnection;
 use std::collections::HashMap;
-use std::io::{self, IoSlice, Write};
+use std::io::{self, BufRead, IoSlice, Write};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use tidepool_proto::{ErrorCode, FrameWriter, Op, MAGIC, RESPONSE_BIT};
 
 const WAKE: Token = Token(usize::MAX);
 const READ_RESERVE: usize = 128 << 10;
-/// Stop reading a connection whose unsent answers exceed this, until it drains (a client that
-/// sends but does not read cannot make the node buffer without bound).
-const HIGH_WATER: usize = 4 << 20;
 /// Reads per connection per turn before the others get theirs.
 const READ_BUDGET: usize = 16;
 /// The most buffers one writev takes (Linux's IOV_MAX).
@@ -42,7 +49,7 @@ impl WorkerHandle {
         let (tx, rx) = crossbeam_channel::unbounded();
         let join = std::thread::Builder::new()
             .name(format!("tp-io-{index}"))
-            .spawn(move || run(&shared, poll, rx))?;
+            .spawn(move || run(&shared, index, poll, rx))?;
         Ok(WorkerHandle {
             tx,
             waker,
@@ -69,32 +76,69 @@ impl WorkerHandle {
     }
 }
 
+/// A TLS connection's rustls state.
+struct Tls {
+    conn: ServerConnection,
+    /// The client's first byte has been looked at (a plain-TCP client is told to use TLS).
+    checked_first_byte: bool,
+}
+
 struct Client<'a> {
     token: Token,
     stream: TcpStream,
     rbuf: BytesMut,
     wbuf: BytesMut,
     conn: Conn<'a>,
+    /// `None`: plain TCP.
+    tls: Option<Box<Tls>>,
     writable_interest: bool,
     /// A malformed frame was answered; close once the answer is out.
     closing: bool,
+    /// Serving stopped at the outstanding limit with frames left in `rbuf`.
+    unserved: bool,
+    /// This connection's share of the worker's unsent-bytes gauge.
+    reported_unsent: usize,
 }
 
 enum Drive {
     Idle,
-    /// Read budget used up with data possibly left: drive again soon.
+    /// Read budget used up with data possibly left, or room made after the outstanding limit
+    /// stopped serving: drive again soon.
     Again,
     Close,
 }
 
 impl Client<'_> {
-    fn drive(&mut self, registry: &Registry) -> Drive {
-        if self.flush().is_err() {
+    /// Answers waiting for the client: bytes in `wbuf` and object bytes still to be spliced in
+    /// from the arena. (A TLS connection also has up to rustls's buffer limit, 64 KiB, of
+    /// encrypted records queued.)
+    fn outstanding(&self) -> usize {
+        self.wbuf.len() + self.conn.spliced_bytes()
+    }
+
+    fn tls_wants_write(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.conn.wants_write())
+    }
+
+    fn drive(&mut self, registry: &Registry, limit: usize, metrics: &WorkerMetrics) -> Drive {
+        if self.flush(metrics).is_err() {
             return Drive::Close;
         }
         let mut outcome = Drive::Idle;
         let mut reads = 0;
-        while !self.closing && self.wbuf.len() + self.conn.spliced_bytes() < HIGH_WATER {
+        let mut at_limit = false;
+        loop {
+            if self.closing {
+                break;
+            }
+            if self.outstanding() >= limit {
+                at_limit = true;
+                break;
+            }
+            if self.unserved {
+                self.serve(limit, metrics);
+                continue;
+            }
             if reads == READ_BUDGET {
                 outcome = Drive::Again;
                 break;
@@ -102,23 +146,46 @@ impl Client<'_> {
             if self.rbuf.capacity() - self.rbuf.len() < READ_RESERVE / 2 {
                 self.rbuf.reserve(READ_RESERVE);
             }
-            match tidepool_sys::recv_into(&self.stream, &mut self.rbuf) {
+            let received = match &mut self.tls {
+                None => tidepool_sys::recv_into(&self.stream, &mut self.rbuf).inspect(|&n| {
+                    metrics.received(n);
+                }),
+                Some(tls) => match tls_receive(tls, &mut self.stream, &mut self.rbuf, metrics) {
+                    Ok(Received::Plain(n)) => Ok(n),
+                    Ok(Received::PlainClient) => {
+                        refuse_plain_client(&mut self.stream, metrics);
+                        return Drive::Close;
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            match received {
                 Ok(0) => return Drive::Close,
                 Ok(_) => {
                     reads += 1;
-                    if self.conn.on_bytes(&mut self.rbuf, &mut self.wbuf).is_err() {
-                        self.closing = true;
-                    }
+                    self.serve(limit, metrics);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return Drive::Close,
+                Err(_) => {
+                    // A refused TLS record leaves an alert queued: send it before closing.
+                    let _ = self.flush(metrics);
+                    return Drive::Close;
+                }
             }
         }
-        if self.flush().is_err() || (self.closing && self.wbuf.is_empty()) {
+        if self.flush(metrics).is_err()
+            || (self.closing && self.wbuf.is_empty() && !self.tls_wants_write())
+        {
             return Drive::Close;
         }
-        let want_write = !self.wbuf.is_empty();
+        // Serving stopped at the limit and the flush has since made room: no event will come
+        // for requests already read (or still in the socket, under edge triggering), so come
+        // back on the next turn.
+        if at_limit && self.outstanding() < limit {
+            outcome = Drive::Again;
+        }
+        let want_write = !self.wbuf.is_empty() || self.tls_wants_write();
         if want_write != self.writable_interest {
             let interest = if want_write {
                 Interest::READABLE | Interest::WRITABLE
@@ -133,20 +200,48 @@ impl Client<'_> {
             }
             self.writable_interest = want_write;
         }
+        let now = self.outstanding();
+        if now != self.reported_unsent {
+            metrics.unsent_changed(self.reported_unsent, now);
+            self.reported_unsent = now;
+        }
         outcome
     }
 
+    /// Serves the frames in `rbuf` up to the outstanding limit, timing them for the latency
+    /// histogram (two clock reads per batch, not per request).
+    fn serve(&mut self, limit: usize, metrics: &WorkerMetrics) {
+        let start = Instant::now();
+        let Served {
+            frames,
+            at_limit,
+            malformed,
+        } = self.conn.on_bytes(&mut self.rbuf, &mut self.wbuf, limit);
+        metrics.served(frames, start.elapsed());
+        self.unserved = at_limit;
+        if malformed {
+            self.closing = true;
+        }
+    }
+
     /// Sends as much of the pending answers as the socket takes now. Object bytes still in the
-    /// arena go out in the same writev; whatever the socket does not take now is copied out
-    /// and its guards released, so no guard outlives this call.
-    fn flush(&mut self) -> io::Result<()> {
-        if !self.conn.splices.is_empty() {
-            return self.flush_spliced();
+    /// arena go out in the same writev (or, with TLS, are encrypted straight from the arena);
+    /// whatever the socket does not take now is copied out and its guards released, so no
+    /// guard outlives this call.
+    fn flush(&mut self, metrics: &WorkerMetrics) -> io::Result<()> {
+        if self.tls.is_some() {
+            return self.flush_tls(metrics);
+        }
+        if self.conn.has_splices() {
+            return self.flush_spliced(metrics);
         }
         while !self.wbuf.is_empty() {
             match self.stream.write(&self.wbuf) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => self.wbuf.advance(n),
+                Ok(n) => {
+                    metrics.sent(n);
+                    self.wbuf.advance(n);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
@@ -154,50 +249,17 @@ impl Client<'_> {
         }
         Ok(())
     }
-}
 
-impl Client<'_> {
-    fn flush_spliced(&mut self) -> io::Result<()> {
+    fn flush_spliced(&mut self, metrics: &WorkerMetrics) -> io::Result<()> {
         let shared: &Shared = self.conn.sh;
-        let arena = &shared.arena;
-        let splices = std::mem::take(&mut self.conn.splices);
-        // The output in order: buffer, object, buffer, object, ..., buffer.
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(splices.len() * 2 + 1);
-        let mut at = 0;
-        for s in &splices {
-            parts.push(&self.wbuf[at..s.at]);
-            parts.push(arena.slice(&s.guard, s.base));
-            at = s.at;
-        }
-        parts.push(&self.wbuf[at..]);
-        let total: usize = parts.iter().map(|p| p.len()).sum();
-        let mut sent = 0;
-        let mut first = 0; // first part not wholly sent
-        let mut offset = 0; // bytes of parts[first] already sent
-        while sent < total {
-            let end = (first + IOV_MAX).min(parts.len());
-            let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(end - first);
-            iov.push(IoSlice::new(&parts[first][offset..]));
-            iov.extend(parts[first + 1..end].iter().map(|p| IoSlice::new(p)));
-            match self.stream.write_vectored(&iov) {
+        let splices = self.conn.take_splices();
+        let mut out = Outgoing::new(&self.wbuf, &splices, shared);
+        while !out.is_done() {
+            match self.stream.write_vectored(&out.iov()) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(mut n) => {
-                    sent += n;
-                    while n > 0 {
-                        let left = parts[first].len() - offset;
-                        if n >= left {
-                            n -= left;
-                            first += 1;
-                            offset = 0;
-                        } else {
-                            offset += n;
-                            n = 0;
-                        }
-                    }
-                    while first < parts.len() && parts[first].len() == offset {
-                        first += 1;
-                        offset = 0;
-                    }
+                Ok(n) => {
+                    metrics.sent(n);
+                    out.advance(n);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -205,27 +267,231 @@ impl Client<'_> {
             }
         }
         // Keep what was not sent as plain bytes; the guards go when `splices` drops below.
-        let mut rest = BytesMut::with_capacity(total - sent);
-        if first < parts.len() {
-            rest.extend_from_slice(&parts[first][offset..]);
-            for p in &parts[first + 1..] {
-                rest.extend_from_slice(p);
+        let rest = out.rest();
+        drop(splices);
+        self.wbuf = rest;
+        Ok(())
+    }
+
+    /// The TLS form of [`Client::flush`]: queued records go out first; then answers are
+    /// encrypted (rustls takes up to its buffer limit) and sent, until the socket is full or
+    /// nothing is left.
+    fn flush_tls(&mut self, metrics: &WorkerMetrics) -> io::Result<()> {
+        let Some(tls) = self.tls.as_deref_mut() else {
+            return Ok(());
+        };
+        let shared: &Shared = self.conn.sh;
+        let splices = self.conn.take_splices();
+        let mut out = Outgoing::new(&self.wbuf, &splices, shared);
+        loop {
+            let mut blocked = false;
+            while tls.conn.wants_write() {
+                match tls.conn.write_tls(&mut self.stream) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => metrics.sent(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        blocked = true;
+                        break;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
             }
+            if blocked || out.is_done() {
+                break;
+            }
+            let n = tls.conn.writer().write_vectored(&out.iov())?;
+            if n == 0 {
+                break;
+            }
+            out.advance(n);
         }
-        drop(parts);
+        if splices.is_empty() {
+            // Only the buffer was sent from: drop what went, no copy.
+            let sent = out.sent;
+            drop(out);
+            self.wbuf.advance(sent);
+            return Ok(());
+        }
+        let rest = out.rest();
         drop(splices);
         self.wbuf = rest;
         Ok(())
     }
 }
 
-fn run(shared: &Shared, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>) {
+/// Answers on their way out: the send buffer interleaved with object bytes still in the
+/// arena (buffer, object, buffer, ..., buffer), and how much of them has gone.
+struct Outgoing<'b> {
+    parts: Vec<&'b [u8]>,
+    total: usize,
+    sent: usize,
+    /// First part not wholly sent, and how much of it was.
+    first: usize,
+    offset: usize,
+}
+
+impl<'b> Outgoing<'b> {
+    fn new(wbuf: &'b [u8], splices: &'b [Splice<'_>], shared: &'b Shared) -> Outgoing<'b> {
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(splices.len() * 2 + 1);
+        let mut at = 0;
+        for s in splices {
+            parts.push(&wbuf[at..s.at]);
+            parts.push(shared.arena.slice(&s.guard, s.base));
+            at = s.at;
+        }
+        parts.push(&wbuf[at..]);
+        let total = parts.iter().map(|p| p.len()).sum();
+        Outgoing {
+            parts,
+            total,
+            sent: 0,
+            first: 0,
+            offset: 0,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.sent == self.total
+    }
+
+    /// The next writev's worth of what is left.
+    fn iov(&self) -> Vec<IoSlice<'b>> {
+        let end = (self.first + IOV_MAX).min(self.parts.len());
+        let mut iov: Vec<IoSlice<'b>> = Vec::with_capacity(end - self.first);
+        iov.push(IoSlice::new(&self.parts[self.first][self.offset..]));
+        iov.extend(
+            self.parts[self.first + 1..end]
+                .iter()
+                .map(|p| IoSlice::new(p)),
+        );
+        iov
+    }
+
+    fn advance(&mut self, mut n: usize) {
+        self.sent += n;
+        while n > 0 {
+            let left = self.parts[self.first].len() - self.offset;
+            if n >= left {
+                n -= left;
+                self.first += 1;
+                self.offset = 0;
+            } else {
+                self.offset += n;
+                n = 0;
+            }
+        }
+        while self.first < self.parts.len() && self.parts[self.first].len() == self.offset {
+            self.first += 1;
+            self.offset = 0;
+        }
+    }
+
+    /// What was not sent, copied into a buffer of its own.
+    fn rest(self) -> BytesMut {
+        let mut rest = BytesMut::with_capacity(self.total - self.sent);
+        if self.first < self.parts.len() {
+            rest.extend_from_slice(&self.parts[self.first][self.offset..]);
+            for p in &self.parts[self.first + 1..] {
+                rest.extend_from_slice(p);
+            }
+        }
+        rest
+    }
+}
+
+/// What a TLS connection's read gave.
+enum Received {
+    /// This many plaintext bytes appended to the buffer (0: the client closed).
+    Plain(usize),
+    /// The client speaks the protocol in the clear to a node that accepts only TLS.
+    PlainClient,
+}
+
+/// Appends what a TLS connection has decrypted to `rbuf`, first reading and decrypting records
+/// from the socket when nothing is decrypted yet. `WouldBlock` when the socket is drained.
+fn tls_receive(
+    tls: &mut Tls,
+    stream: &mut TcpStream,
+    rbuf: &mut BytesMut,
+    metrics: &WorkerMetrics,
+) -> io::Result<Received> {
+    if !tls.checked_first_byte {
+        let mut first = [0u8; 1];
+        match stream.peek(&mut first) {
+            Ok(0) => return Ok(Received::Plain(0)),
+            Ok(_) if first[0] == MAGIC[0] => return Ok(Received::PlainClient),
+            Ok(_) => tls.checked_first_byte = true,
+            Err(e) => return Err(e),
+        }
+    }
+    loop {
+        match tls.conn.reader().fill_buf() {
+            Ok(chunk) if !chunk.is_empty() => {
+                let n = chunk.len();
+                rbuf.extend_from_slice(chunk);
+                tls.conn.reader().consume(n);
+                return Ok(Received::Plain(n));
+            }
+            // The client sent close_notify, or closed without it.
+            Ok(_) => return Ok(Received::Plain(0)),
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(Received::Plain(0)),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        let n = tls.conn.read_tls(stream)?;
+        if n == 0 {
+            return Ok(Received::Plain(0));
+        }
+        metrics.received(n);
+        if let Err(e) = tls.conn.process_new_packets() {
+            tracing::debug!("TLS refused: {e}");
+            metrics.failure(Failure::Tls);
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+        }
+    }
+}
+
+/// Tells a plain-TCP client, in the clear (it cannot read anything else), that this node
+/// accepts only TLS. It sent a hello: the answer takes its op and request id, so the client
+/// reports the message as the node's.
+fn refuse_plain_client(stream: &mut TcpStream, metrics: &WorkerMetrics) {
+    metrics.failure(Failure::TlsRequired);
+    let mut head = [0u8; tidepool_proto::HEADER_LEN];
+    let n = stream.peek(&mut head).unwrap_or(0);
+    let (op, id) = match tidepool_proto::peek_header(&head[..n], u32::MAX) {
+        Ok(Some(h)) if Op::from_u8(h.op).is_some() => (h.op, h.id),
+        _ => (Op::Hello as u8, 0),
+    };
+    let mut buf = BytesMut::new();
+    let mut w = FrameWriter::begin(&mut buf, op | RESPONSE_BIT, id);
+    w.put_u8(ErrorCode::Malformed as u8);
+    w.put_str16(
+        "this memory node accepts only TLS connections: add tls=1 to the URL \
+         (node://tenant:token@host:port?tls=1, with ca=FILE for a private CA)",
+    );
+    w.finish();
+    // A fresh socket's buffer takes these few bytes at once; if not, the client sees the
+    // connection close instead.
+    if let Ok(n) = stream.write(&buf) {
+        metrics.sent(n);
+    }
+}
+
+fn run(shared: &Shared, index: usize, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>) {
+    let metrics = &shared.metrics.workers[index];
+    let limit = shared.max_outstanding;
     let mut events = Events::with_capacity(256);
     let mut clients: HashMap<usize, Client<'_>> = HashMap::new();
     let mut again: Vec<usize> = vec![];
     // Until this instant the worker polls without sleeping: a client that sends its next request
     // soon after an answer finds the worker awake, and neither side pays a wake-up.
     let mut spin_until = Instant::now();
+    let close = |mut c: Client<'_>| {
+        metrics.unsent_changed(c.reported_unsent, 0);
+        c.conn.close();
+        shared.connections.fetch_sub(1, Ordering::Relaxed);
+    };
     loop {
         let spinning = Instant::now() < spin_until;
         let timeout = (!again.is_empty() || spinning).then_some(Duration::ZERO);
@@ -243,15 +509,29 @@ fn run(shared: &Shared, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>
         for event in events.iter() {
             if event.token() == WAKE {
                 if shared.stopping.load(Ordering::SeqCst) {
-                    for (_, mut c) in clients.drain() {
-                        c.conn.close();
-                        shared.connections.fetch_sub(1, Ordering::Relaxed);
+                    for (_, c) in clients.drain() {
+                        close(c);
                     }
                     return;
                 }
                 while let Ok((stream, id)) = rx.try_recv() {
                     let token = Token(id as usize);
                     let mut stream = TcpStream::from_std(stream);
+                    let tls = match &shared.tls {
+                        None => None,
+                        Some(t) => match ServerConnection::new(Arc::clone(&t.config)) {
+                            Ok(conn) => Some(Box::new(Tls {
+                                conn,
+                                checked_first_byte: false,
+                            })),
+                            Err(e) => {
+                                tracing::warn!("cannot start a TLS connection: {e}");
+                                metrics.failure(Failure::Tls);
+                                shared.connections.fetch_sub(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        },
+                    };
                     if poll
                         .registry()
                         .register(&mut stream, token, Interest::READABLE)
@@ -267,9 +547,12 @@ fn run(shared: &Shared, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>
                             stream,
                             rbuf: BytesMut::with_capacity(READ_RESERVE),
                             wbuf: BytesMut::with_capacity(READ_RESERVE),
-                            conn: Conn::new(shared, id),
+                            conn: Conn::new(shared, id, metrics),
+                            tls,
                             writable_interest: false,
                             closing: false,
+                            unserved: false,
+                            reported_unsent: 0,
                         },
                     );
                     // Data may have arrived before registration.
@@ -283,7 +566,7 @@ fn run(shared: &Shared, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>
             let Some(c) = clients.get_mut(&id) else {
                 continue;
             };
-            match c.drive(poll.registry()) {
+            match c.drive(poll.registry(), limit, metrics) {
                 Drive::Idle => {}
                 Drive::Again => {
                     if !again.contains(&id) {
@@ -293,8 +576,7 @@ fn run(shared: &Shared, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>
                 Drive::Close => {
                     let mut c = clients.remove(&id).expect("present");
                     let _ = poll.registry().deregister(&mut c.stream);
-                    c.conn.close();
-                    shared.connections.fetch_sub(1, Ordering::Relaxed);
+                    close(c);
                 }
             }
         }

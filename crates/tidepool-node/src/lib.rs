@@ -8,6 +8,8 @@
 //!   data ([`slots`]). A scheduler spreads allocation over sections; frees are batched.
 //! - Per-tenant tokens and quotas; handles carry tenant, epoch and generation, so forged and
 //!   stale handles are refused; a client's objects are released when its session ends.
+//! - Optionally TLS ([`tls`]: rustls in the event loop) and Prometheus metrics ([`metrics`],
+//!   served by [`http`]).
 #![deny(unsafe_code)]
 
 #[allow(unsafe_code)]
@@ -15,13 +17,19 @@ mod arena;
 pub mod config;
 mod conn;
 mod error;
+mod http;
 mod io;
+mod metrics;
 mod section;
 mod server;
 mod slots;
 pub mod spans;
 mod tenants;
+mod tls;
 
-pub use config::{format_size, parse_size, NodeConfig, TenantSpec, TokensFile};
+pub use config::{
+    format_size, parse_size, NodeConfig, TenantSpec, TlsFiles, TokensFile, DEFAULT_MAX_OUTSTANDING,
+    MIN_MAX_OUTSTANDING,
+};
 pub use error::NodeError;
 pub use server::Server;

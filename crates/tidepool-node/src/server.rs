@@ -1,11 +1,14 @@
 //! The listening server: accepts connections, gives each a thread, and owns the shared state.
 
 use crate::arena::Arena;
-use crate::config::NodeConfig;
+use crate::config::{NodeConfig, MIN_MAX_OUTSTANDING};
+use crate::http::MetricsServer;
 use crate::io::WorkerHandle;
+use crate::metrics::NodeMetrics;
 use crate::section::{Section, SectionRequest};
 use crate::spans::PAGE;
 use crate::tenants::{Sessions, Tenants};
+use crate::tls::TlsServer;
 use crate::NodeError;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -31,8 +34,13 @@ pub(crate) struct Shared {
     /// How long an I/O worker keeps polling after it last had work, before it sleeps.
     pub busy_poll: std::time::Duration,
     max_connections: usize,
+    /// Unsent answers past which a connection is not read until it drains.
+    pub max_outstanding: usize,
+    /// `Some`: every connection is TLS.
+    pub tls: Option<TlsServer>,
     pub connections: AtomicUsize,
     pub stopping: AtomicBool,
+    pub metrics: NodeMetrics,
 }
 
 impl Shared {
@@ -98,12 +106,21 @@ pub struct Server {
     accept: Option<JoinHandle<()>>,
     allocators: Vec<JoinHandle<()>>,
     workers: Arc<Vec<WorkerHandle>>,
+    metrics: Option<MetricsServer>,
 }
 
 impl Server {
     /// Maps the capacity, starts the section allocators and begins accepting connections.
     pub fn start(cfg: NodeConfig) -> Result<Server, NodeError> {
         let sections = cfg.sections.max(1);
+        if cfg.max_outstanding < MIN_MAX_OUTSTANDING {
+            return Err(NodeError::MaxOutstandingTooSmall {
+                given: cfg.max_outstanding,
+                min: MIN_MAX_OUTSTANDING,
+            });
+        }
+        // Bad certificate files are reported before anything is mapped or bound.
+        let tls = cfg.tls.as_ref().map(TlsServer::load).transpose()?;
         let section_len = (cfg.capacity / sections as u64) / PAGE * PAGE;
         if section_len == 0 {
             return Err(NodeError::CapacityTooSmall {
@@ -134,6 +151,7 @@ impl Server {
             secs.push(s);
         }
         let capacity = section_len * sections as u64;
+        let io_threads = cfg.io_threads.max(1);
         let shared = Arc::new(Shared {
             arena,
             sections: secs,
@@ -144,11 +162,21 @@ impl Server {
             max_body: cfg.max_body,
             busy_poll: cfg.busy_poll,
             max_connections: cfg.max_connections,
+            max_outstanding: cfg.max_outstanding,
+            tls,
             connections: AtomicUsize::new(0),
             stopping: AtomicBool::new(false),
+            metrics: NodeMetrics::new(io_threads),
         });
+        let metrics = cfg
+            .metrics
+            .map(|addr| {
+                MetricsServer::start(Arc::clone(&shared), addr)
+                    .map_err(|source| NodeError::Metrics { addr, source })
+            })
+            .transpose()?;
         let workers = Arc::new(
-            (0..cfg.io_threads.max(1))
+            (0..io_threads)
                 .map(|i| WorkerHandle::spawn(Arc::clone(&shared), i))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(NodeError::Thread)?,
@@ -168,11 +196,27 @@ impl Server {
             accept: Some(accept),
             allocators,
             workers,
+            metrics,
         })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where `/metrics` is served, if it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|m| m.addr)
+    }
+
+    /// Whether connections must use TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.shared.tls.is_some()
+    }
+
+    /// The metrics as `/metrics` serves them (OpenMetrics text).
+    pub fn metrics_text(&self) -> String {
+        crate::metrics::render(&self.shared)
     }
 
     pub fn capacity(&self) -> u64 {
@@ -201,6 +245,9 @@ impl Server {
     /// joins every thread.
     pub fn shutdown(mut self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
+        if let Some(m) = &mut self.metrics {
+            m.stop();
+        }
         // Wake the accept loop.
         let _ = TcpStream::connect(self.addr);
         if let Some(a) = self.accept.take() {
@@ -238,7 +285,9 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Arc<Vec<Work
                 continue;
             }
         };
+        shared.metrics.accepted.fetch_add(1, Ordering::Relaxed);
         if shared.connections.load(Ordering::Relaxed) >= shared.max_connections {
+            shared.metrics.refused_busy.fetch_add(1, Ordering::Relaxed);
             let mut buf = bytes::BytesMut::new();
             let mut w = FrameWriter::begin(&mut buf, Op::Hello as u8 | RESPONSE_BIT, 0);
             w.put_u8(ErrorCode::Busy as u8);

@@ -10,6 +10,8 @@
 //! again on a new port.
 #![forbid(unsafe_code)]
 
+pub mod tls;
+
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -87,6 +89,16 @@ pub enum PeerError {
         addr: String,
         timeout: Duration,
         last: String,
+    },
+
+    #[error("cannot make test certificates: {0}")]
+    Certificates(String),
+
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
     },
 }
 
@@ -365,6 +377,8 @@ pub struct RedisServer {
     // Field order matters: the process dies before its directory is removed.
     process: Process,
     port: u16,
+    /// With [`RedisServer::start_tls`]: the port that speaks TLS (`port` stays plain).
+    tls_port: Option<u16>,
     dir: TempDir,
 }
 
@@ -382,6 +396,40 @@ impl RedisServer {
     /// Starts a standalone Redis.
     pub fn start() -> Result<RedisServer, PeerError> {
         Self::start_with(&[], free_port)
+    }
+
+    /// Starts a standalone Redis serving TLS with `certs` on [`RedisServer::tls_addr`], and
+    /// plain TCP on [`RedisServer::addr`] as usual. (Debian's redis-server is built with TLS.)
+    pub fn start_tls(certs: &tls::TestCerts) -> Result<RedisServer, PeerError> {
+        let tls_port = free_port()?;
+        let (cert, key, ca) = (
+            certs.cert().display().to_string(),
+            certs.key().display().to_string(),
+            certs.ca().display().to_string(),
+        );
+        let port = tls_port.to_string();
+        let mut server = Self::start_with(
+            &[
+                "--tls-port",
+                &port,
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &ca,
+                "--tls-auth-clients",
+                "no",
+            ],
+            free_port,
+        )?;
+        server.tls_port = Some(tls_port);
+        Ok(server)
+    }
+
+    /// `127.0.0.1:TLS_PORT`, for a server started with [`RedisServer::start_tls`].
+    pub fn tls_addr(&self) -> Option<String> {
+        self.tls_port.map(|p| format!("127.0.0.1:{p}"))
     }
 
     fn start_with(
@@ -415,7 +463,12 @@ impl RedisServer {
             logs: vec![log.clone(), stdio_log.clone()],
             stdio_log,
         })?;
-        Ok(RedisServer { process, port, dir })
+        Ok(RedisServer {
+            process,
+            port,
+            tls_port: None,
+            dir,
+        })
     }
 
     /// `127.0.0.1:PORT`.

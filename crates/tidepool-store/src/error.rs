@@ -19,6 +19,16 @@ pub enum StoreError {
         cause: std::io::Error,
     },
 
+    #[error("cannot set up TLS: {reason}")]
+    TlsSetup { reason: String },
+
+    #[error("TLS with {backend} at {} failed: {reason}", crate::url::redact(.addr))]
+    Tls {
+        backend: &'static str,
+        addr: String,
+        reason: String,
+    },
+
     #[error("{backend} connection failed during {op}: {cause}")]
     Io {
         backend: &'static str,

@@ -10,9 +10,14 @@
 //! | URL | backend |
 //! |---|---|
 //! | `local:` / `local:?compress=lz4` | in-process map (the embedded default), optionally LZ4-compressed |
-//! | `node://[tenant[:token]@]host:port` | a `tidepool node` memory node |
-//! | `redis://host:port[?prefix=P]` | one Redis server |
+//! | `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]]` | a `tidepool node` memory node |
+//! | `redis://[:password@]host:port[/DB][?prefix=P]` | one Redis server |
 //! | `redis+cluster://h1:p1,h2:p2,...[?prefix=P]` | a Redis Cluster |
+//! | `rediss://...`, `rediss+cluster://...` `[?ca=FILE]` | the same over TLS |
+//!
+//! With TLS, `ca=FILE` names a PEM file of CA certificates to trust (a private CA); without it
+//! the system's root certificates are trusted. The server's certificate must name the URL's
+//! host (DNS name or IP address).
 //! | `memcached://host:port[?prefix=P]` | a memcached server |
 #![forbid(unsafe_code)]
 
@@ -20,6 +25,7 @@ mod backends;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+mod tls;
 mod url;
 
 use bytes::Bytes;
@@ -32,6 +38,7 @@ pub use backends::memcached::MemcachedStore;
 pub use backends::node::{NodeClient, NodeStore};
 pub use backends::redis::RedisStore;
 pub use error::StoreError;
+pub use tls::{ClientTls, TlsOptions};
 pub use url::{redact, StoreUrl};
 
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.
@@ -223,11 +230,19 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
             addr,
             tenant,
             token,
-        } => Arc::new(NodeStore::connect(&addr, &tenant, &token)?),
-        StoreUrl::Redis { addr, prefix } => Arc::new(RedisStore::connect(&addr, prefix)?),
-        StoreUrl::RedisCluster { nodes, prefix } => {
-            Arc::new(RedisStore::connect_cluster(&nodes, prefix)?)
+            tls,
+        } => {
+            let tls = tls
+                .map(|t| ClientTls::from_options(&addr, &t))
+                .transpose()?;
+            Arc::new(NodeStore::connect_with(&addr, &tenant, &token, tls)?)
         }
+        StoreUrl::Redis { addr, prefix, tls } => {
+            Arc::new(RedisStore::connect_with(&addr, prefix, tls.as_ref())?)
+        }
+        StoreUrl::RedisCluster { nodes, prefix, tls } => Arc::new(
+            RedisStore::connect_cluster_with(&nodes, prefix, tls.as_ref())?,
+        ),
         StoreUrl::Memcached { addr, prefix } => Arc::new(MemcachedStore::connect(&addr, prefix)?),
     })
 }

@@ -1,7 +1,9 @@
 //! Store URLs. Parsed by hand: `redis+cluster://h1:p1,h2:p2` is not a URL the `url` crate
 //! accepts, and the grammar is small.
 
+use crate::tls::TlsOptions;
 use crate::StoreError;
+use std::path::PathBuf;
 
 /// A parsed store URL. Its Debug form hides tokens and passwords.
 #[derive(Clone, PartialEq, Eq)]
@@ -9,18 +11,24 @@ pub enum StoreUrl {
     Local {
         compress: bool,
     },
+    /// `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]]`
     Node {
         addr: String,
         tenant: String,
         token: String,
+        tls: Option<TlsOptions>,
     },
+    /// `redis://` or, with `tls`, `rediss://[:password@]host:port[/DB][?ca=FILE]`
     Redis {
         addr: String,
         prefix: Option<String>,
+        tls: Option<TlsOptions>,
     },
+    /// `redis+cluster://h1:p1,...` or, with `tls`, `rediss+cluster://`
     RedisCluster {
         nodes: Vec<String>,
         prefix: Option<String>,
+        tls: Option<TlsOptions>,
     },
     Memcached {
         addr: String,
@@ -29,9 +37,9 @@ pub enum StoreUrl {
 }
 
 const FORMS: &str =
-    "expected one of local:, local:?compress=lz4, node://[tenant[:token]@]host:port, \
-                     redis://[:password@]host:port[/DB], redis+cluster://h1:p1,h2:p2,..., \
-                     memcached://host:port";
+    "expected one of local:, local:?compress=lz4, node://[tenant[:token]@]host:port[?tls=1], \
+                     redis://[:password@]host:port[/DB], rediss://... (TLS), \
+                     redis+cluster://h1:p1,h2:p2,..., rediss+cluster://..., memcached://host:port";
 
 impl StoreUrl {
     pub fn parse(url: &str) -> Result<StoreUrl, StoreError> {
@@ -56,6 +64,16 @@ impl StoreUrl {
         let mut take_param = |name: &str| -> Option<String> {
             let i = params.iter().position(|(k, _)| *k == name)?;
             Some(params.remove(i).1.to_string())
+        };
+        // `ca=FILE` only means something with TLS on.
+        let tls_options = |on: bool, ca: Option<String>, how: &str| match (on, ca) {
+            (true, ca) => Ok(Some(TlsOptions {
+                ca: ca.map(PathBuf::from),
+            })),
+            (false, None) => Ok(None),
+            (false, Some(_)) => Err(bad(format!(
+                "ca= names the CA to trust for TLS, which this URL does not use; {how}"
+            ))),
         };
         let host_part = |rest: &str| -> Result<String, StoreError> {
             let h = rest
@@ -102,13 +120,20 @@ impl StoreUrl {
                     .unwrap_or_default();
                 one_host(addr, "node://", "").map_err(bad)?;
                 check_addr(addr).map_err(bad)?;
+                let tls = match take_param("tls").as_deref() {
+                    None | Some("0" | "false" | "no") => false,
+                    Some("1" | "true" | "yes") => true,
+                    Some(other) => return Err(bad(format!("tls={other}: write tls=1 or tls=0"))),
+                };
+                let tls = tls_options(tls, take_param("ca"), "add tls=1")?;
                 StoreUrl::Node {
                     addr: addr.to_string(),
                     tenant,
                     token,
+                    tls,
                 }
             }
-            "redis" => {
+            "redis" | "rediss" => {
                 let addr = host_part(rest)?;
                 // redis://[:password@]host:port[/DB]: the database number stays on the address.
                 let host = match addr.split_once('/') {
@@ -124,25 +149,33 @@ impl StoreUrl {
                 };
                 one_host(
                     host,
-                    "redis://",
-                    "; for a cluster write redis+cluster://h1:p1,h2:p2",
+                    &format!("{scheme}://"),
+                    &format!("; for a cluster write {scheme}+cluster://h1:p1,h2:p2"),
                 )
                 .map_err(bad)?;
                 check_addr(host).map_err(bad)?;
+                let tls = tls_options(scheme == "rediss", take_param("ca"), "write rediss://")?;
                 StoreUrl::Redis {
                     addr,
                     prefix: take_param("prefix"),
+                    tls,
                 }
             }
-            "redis+cluster" => {
+            "redis+cluster" | "rediss+cluster" => {
                 let h = host_part(rest)?;
                 let nodes: Vec<String> = h.split(',').map(str::to_string).collect();
                 for n in &nodes {
                     check_addr(n).map_err(bad)?;
                 }
+                let tls = tls_options(
+                    scheme == "rediss+cluster",
+                    take_param("ca"),
+                    "write rediss+cluster://",
+                )?;
                 StoreUrl::RedisCluster {
                     nodes,
                     prefix: take_param("prefix"),
+                    tls,
                 }
             }
             "memcached" => {
@@ -215,24 +248,28 @@ impl std::fmt::Debug for StoreUrl {
                 addr,
                 tenant,
                 token,
+                tls,
             } => f
                 .debug_struct("Node")
                 .field("addr", addr)
                 .field("tenant", tenant)
                 .field("token", &if token.is_empty() { "" } else { "***" })
+                .field("tls", tls)
                 .finish(),
-            StoreUrl::Redis { addr, prefix } => f
+            StoreUrl::Redis { addr, prefix, tls } => f
                 .debug_struct("Redis")
                 .field("addr", &redact(addr))
                 .field("prefix", prefix)
+                .field("tls", tls)
                 .finish(),
-            StoreUrl::RedisCluster { nodes, prefix } => f
+            StoreUrl::RedisCluster { nodes, prefix, tls } => f
                 .debug_struct("RedisCluster")
                 .field(
                     "nodes",
                     &nodes.iter().map(|n| redact(n)).collect::<Vec<_>>(),
                 )
                 .field("prefix", prefix)
+                .field("tls", tls)
                 .finish(),
             StoreUrl::Memcached { addr, prefix } => f
                 .debug_struct("Memcached")
@@ -304,7 +341,8 @@ mod tests {
             StoreUrl::parse("redis://:pw@127.0.0.1:6379/3").unwrap(),
             StoreUrl::Redis {
                 addr: ":pw@127.0.0.1:6379/3".into(),
-                prefix: None
+                prefix: None,
+                tls: None,
             }
         );
         let e = StoreUrl::parse("redis://h:1/x").unwrap_err().to_string();
@@ -333,14 +371,16 @@ mod tests {
             StoreUrl::Node {
                 addr: "127.0.0.1:7070".into(),
                 tenant: "web".into(),
-                token: "s3cret".into()
+                token: "s3cret".into(),
+                tls: None,
             }
         );
         assert_eq!(
             StoreUrl::parse("redis+cluster://a:1,b:2,c:3?prefix=x").unwrap(),
             StoreUrl::RedisCluster {
                 nodes: vec!["a:1".into(), "b:2".into(), "c:3".into()],
-                prefix: Some("x".into())
+                prefix: Some("x".into()),
+                tls: None,
             }
         );
         assert_eq!(
@@ -349,6 +389,61 @@ mod tests {
                 addr: "localhost:11211".into(),
                 prefix: None
             }
+        );
+    }
+
+    #[test]
+    fn tls_is_asked_for_by_query_or_scheme() {
+        let ca = Some(TlsOptions {
+            ca: Some(PathBuf::from("/etc/tp/ca.pem")),
+        });
+        assert_eq!(
+            StoreUrl::parse("node://web:s3cret@10.0.0.5:7070?tls=1&ca=/etc/tp/ca.pem").unwrap(),
+            StoreUrl::Node {
+                addr: "10.0.0.5:7070".into(),
+                tenant: "web".into(),
+                token: "s3cret".into(),
+                tls: ca.clone(),
+            }
+        );
+        assert!(matches!(
+            StoreUrl::parse("node://web@h:1?tls=1").unwrap(),
+            StoreUrl::Node {
+                tls: Some(TlsOptions { ca: None }),
+                ..
+            }
+        ));
+        assert!(matches!(
+            StoreUrl::parse("node://web@h:1?tls=0").unwrap(),
+            StoreUrl::Node { tls: None, .. }
+        ));
+        assert_eq!(
+            StoreUrl::parse("rediss://:pw@h:6380/2?ca=/etc/tp/ca.pem").unwrap(),
+            StoreUrl::Redis {
+                addr: ":pw@h:6380/2".into(),
+                prefix: None,
+                tls: ca.clone(),
+            }
+        );
+        assert!(matches!(
+            StoreUrl::parse("rediss+cluster://a:1,b:2").unwrap(),
+            StoreUrl::RedisCluster { tls: Some(_), .. }
+        ));
+        for (url, needle) in [
+            ("node://w@h:1?ca=/x.pem", "add tls=1"),
+            ("node://w@h:1?tls=maybe", "tls=1 or tls=0"),
+            ("redis://h:1?ca=/x.pem", "rediss://"),
+            ("redis+cluster://h:1?ca=/x.pem", "rediss+cluster://"),
+            ("rediss://a:1,b:2", "rediss+cluster://"),
+        ] {
+            let e = StoreUrl::parse(url).unwrap_err().to_string();
+            assert!(e.contains(needle), "{url}: {e}");
+        }
+        let u = StoreUrl::parse("rediss://:s3cret@h:6380").unwrap();
+        assert!(!format!("{u:?}").contains("s3cret"), "{u:?}");
+        assert_eq!(
+            redact("rediss://:s3cret@h:6380/1"),
+            "rediss://:***@h:6380/1"
         );
     }
 

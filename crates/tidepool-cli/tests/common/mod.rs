@@ -51,6 +51,8 @@ pub fn c_program(name: &str, libs: &[&str]) -> PathBuf {
 pub struct NodeProc {
     child: Child,
     pub addr: String,
+    /// The node's first line of output (address, capacity, mode, metrics address).
+    pub announced: String,
 }
 
 impl NodeProc {
@@ -73,7 +75,20 @@ impl NodeProc {
             .find(|w| w.starts_with("127.0.0.1:"))
             .unwrap_or_else(|| panic!("node did not announce its address: {line:?}"))
             .to_string();
-        NodeProc { child, addr }
+        NodeProc {
+            child,
+            addr,
+            announced: line,
+        }
+    }
+
+    /// `http://ADDR/metrics`, for a node started with `--metrics`.
+    pub fn metrics_url(&self) -> String {
+        self.announced
+            .split_whitespace()
+            .find(|w| w.starts_with("http://") && w.ends_with("/metrics"))
+            .unwrap_or_else(|| panic!("node announced no metrics: {:?}", self.announced))
+            .to_string()
     }
 
     pub fn pid(&self) -> u32 {

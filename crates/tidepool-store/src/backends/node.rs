@@ -17,6 +17,7 @@
 //!
 //! [`NodeStore`] is the [`FarStore`] over it: it maps the caller's keys to the node's handles.
 
+use crate::tls::ClientTls;
 use crate::{FarStore, FetchMode, Key, StoreError, StoreStats};
 use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -42,6 +43,11 @@ const SEND_BUFFER: usize = 2 << 20;
 const IOV_MAX: usize = 1024;
 /// A node that has not answered for this long is treated as gone.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a TLS handshake may take before the node is taken for one that does not use TLS.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// What to do when the client uses TLS and the node does not.
+const PLAIN_NODE_HINT: &str =
+    "; remove tls=1 from the URL, or start the node with --tls-cert and --tls-key";
 
 /// One piece of an outgoing batch: bytes in the batch's own buffer, or a caller's payload.
 #[derive(Debug)]
@@ -184,10 +190,21 @@ impl<'a> Batch<'a> {
 }
 
 /// One connection, used by one thread at a time.
-#[derive(Debug)]
 pub struct NodeConn {
     stream: TcpStream,
     rbuf: BytesMut,
+    /// `None`: plain TCP, the bytes go straight between the socket and the buffers.
+    tls: Option<Box<rustls::ClientConnection>>,
+}
+
+impl std::fmt::Debug for NodeConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConn")
+            .field("stream", &self.stream)
+            .field("buffered", &self.rbuf.len())
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl NodeConn {
@@ -196,26 +213,43 @@ impl NodeConn {
         tenant: &str,
         token: &str,
         session: u64,
+        tls: Option<&ClientTls>,
     ) -> Result<(NodeConn, HelloInfo), StoreError> {
         let connect_err = |source| StoreError::Connect {
             backend: BACKEND,
             addr: addr.to_string(),
             cause: source,
         };
-        let stream = TcpStream::connect(addr).map_err(connect_err)?;
+        let mut stream = TcpStream::connect(addr).map_err(connect_err)?;
         stream.set_nodelay(true).map_err(connect_err)?;
-        stream
-            .set_read_timeout(Some(READ_TIMEOUT))
-            .map_err(connect_err)?;
         // Room for a whole batch of pages in one writev rather than a write that sleeps until
         // the node has drained the first 16 KiB. (A fixed receive buffer measured worse than the
         // kernel's automatic tuning, so that one is left alone.)
         if let Err(e) = tidepool_sys::set_send_buffer(&stream, SEND_BUFFER) {
             tracing::debug!("cannot enlarge the send buffer: {e}");
         }
+        let tls = match tls {
+            None => None,
+            Some(t) => {
+                stream
+                    .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
+                    .map_err(connect_err)?;
+                Some(Box::new(t.handshake(
+                    &mut stream,
+                    BACKEND,
+                    addr,
+                    PLAIN_NODE_HINT,
+                    &busy_answer,
+                )?))
+            }
+        };
+        stream
+            .set_read_timeout(Some(READ_TIMEOUT))
+            .map_err(connect_err)?;
         let mut conn = NodeConn {
             stream,
             rbuf: BytesMut::with_capacity(64 << 10),
+            tls,
         };
         let hello = Request::Hello {
             tenant: tenant.to_string(),
@@ -295,6 +329,9 @@ impl NodeConn {
                 Seg::Borrowed(d) => IoSlice::new(d),
             })
             .collect();
+        if let Some(tls) = &mut self.tls {
+            return crate::tls::write_all_vectored(tls, &mut self.stream, &mut slices, IOV_MAX);
+        }
         let mut rest = &mut slices[..];
         while !rest.is_empty() {
             let take = rest.len().min(IOV_MAX);
@@ -316,10 +353,21 @@ impl NodeConn {
                 Ok(Some((id, r))) => return Ok((id, r, op)),
                 Ok(None) => {}
                 Err(e) => {
+                    // A TLS record (a handshake, or an alert refusing our plain bytes) where a
+                    // frame should be: the node expects TLS.
+                    let tls_record = self.tls.is_none()
+                        && matches!(self.rbuf.first(), Some(0x15 | 0x16))
+                        && self.rbuf.get(1) == Some(&0x03);
                     return Err(StoreError::Protocol {
                         backend: BACKEND,
-                        detail: e.to_string(),
-                    })
+                        detail: if tls_record {
+                            "the node answered with TLS: it accepts only TLS connections; add \
+                             tls=1 to the URL (and ca=FILE for a private CA)"
+                                .to_string()
+                        } else {
+                            e.to_string()
+                        },
+                    });
                 }
             }
             // Make room for at least the rest of the frame in progress.
@@ -329,7 +377,11 @@ impl NodeConn {
             };
             self.rbuf.reserve(pending.max(MIN_READ));
             let n = loop {
-                match tidepool_sys::recv_into(&self.stream, &mut self.rbuf) {
+                let r = match &mut self.tls {
+                    None => tidepool_sys::recv_into(&self.stream, &mut self.rbuf),
+                    Some(tls) => crate::tls::read_plain(tls, &mut self.stream, &mut self.rbuf),
+                };
+                match r {
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     r => break r,
                 }
@@ -350,6 +402,21 @@ impl NodeConn {
                 });
             }
         }
+    }
+}
+
+/// The node's refusal at its connection limit, which it sends in the clear before any TLS
+/// handshake.
+fn busy_answer(bytes: &[u8]) -> Option<StoreError> {
+    match decode_response(&mut BytesMut::from(bytes), MAX_BODY) {
+        Ok(Some((_, Response::Error { code, message }))) if code == ErrorCode::Busy => {
+            Some(StoreError::Node {
+                op: "hello",
+                code,
+                message,
+            })
+        }
+        _ => None,
     }
 }
 
@@ -375,12 +442,13 @@ fn item_error(op: &'static str, code: ErrorCode) -> StoreError {
     }
 }
 
-/// A client of one memory node, shared by any number of threads.
-#[derive(Debug)]
+/// A client of one memory node, shared by any number of threads. Its Debug form leaves the
+/// token out.
 pub struct NodeClient {
     addr: String,
     tenant: String,
     token: String,
+    tls: Option<ClientTls>,
     session: AtomicU64,
     info: HelloInfo,
     pool: Mutex<Vec<NodeConn>>,
@@ -389,15 +457,39 @@ pub struct NodeClient {
     keepalive: Mutex<Vec<NodeConn>>,
 }
 
+impl std::fmt::Debug for NodeClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeClient")
+            .field("addr", &self.addr)
+            .field("tenant", &self.tenant)
+            .field("token", &if self.token.is_empty() { "" } else { "***" })
+            .field("tls", &self.tls)
+            .field("info", &self.info)
+            .field("pooled", &self.pool.try_lock().map(|p| p.len()))
+            .finish()
+    }
+}
+
 impl NodeClient {
     /// Connects and authenticates once, so a wrong address or token fails here.
     pub fn connect(addr: &str, tenant: &str, token: &str) -> Result<NodeClient, StoreError> {
+        Self::connect_with(addr, tenant, token, None)
+    }
+
+    /// [`NodeClient::connect`], over TLS when `tls` is given (every connection of the pool).
+    pub fn connect_with(
+        addr: &str,
+        tenant: &str,
+        token: &str,
+        tls: Option<ClientTls>,
+    ) -> Result<NodeClient, StoreError> {
         let session = new_session_id();
-        let (conn, info) = NodeConn::open(addr, tenant, token, session)?;
+        let (conn, info) = NodeConn::open(addr, tenant, token, session, tls.as_ref())?;
         Ok(NodeClient {
             addr: addr.to_string(),
             tenant: tenant.to_string(),
             token: token.to_string(),
+            tls,
             session: AtomicU64::new(session),
             info,
             pool: Mutex::new(vec![conn]),
@@ -417,6 +509,11 @@ impl NodeClient {
         &self.addr
     }
 
+    /// Whether the connections use TLS.
+    pub fn uses_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// What the node said at hello: tenant id, quota, capacity, frame limit.
     pub fn info(&self) -> HelloInfo {
         self.info
@@ -433,7 +530,14 @@ impl NodeClient {
             Some(c) => c,
             None => {
                 let session = self.session.load(Ordering::Relaxed);
-                NodeConn::open(&self.addr, &self.tenant, &self.token, session)?.0
+                NodeConn::open(
+                    &self.addr,
+                    &self.tenant,
+                    &self.token,
+                    session,
+                    self.tls.as_ref(),
+                )?
+                .0
             }
         };
         let r = f(&mut conn);
@@ -593,8 +697,18 @@ pub struct NodeStore {
 
 impl NodeStore {
     pub fn connect(addr: &str, tenant: &str, token: &str) -> Result<NodeStore, StoreError> {
+        Self::connect_with(addr, tenant, token, None)
+    }
+
+    /// [`NodeStore::connect`], over TLS when `tls` is given.
+    pub fn connect_with(
+        addr: &str,
+        tenant: &str,
+        token: &str,
+        tls: Option<ClientTls>,
+    ) -> Result<NodeStore, StoreError> {
         Ok(NodeStore {
-            client: NodeClient::connect(addr, tenant, token)?,
+            client: NodeClient::connect_with(addr, tenant, token, tls)?,
             handles: (0..SHARDS)
                 .map(|_| Mutex::new(FxHashMap::default()))
                 .collect(),
@@ -739,7 +853,8 @@ impl FarStore for NodeStore {
     }
 
     fn describe(&self) -> String {
-        format!("node://{}", self.client.addr)
+        let tls = if self.client.uses_tls() { "?tls=1" } else { "" };
+        format!("node://{}{tls}", self.client.addr)
     }
 
     fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {

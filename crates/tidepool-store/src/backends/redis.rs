@@ -18,6 +18,7 @@
 //! repeating it would read `None` where a value was. The error goes to the caller, who knows
 //! whether the operation can be repeated.
 
+use crate::tls::{ClientTls, TlsOptions};
 use crate::{FarStore, Key, StoreError, StoreStats};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -36,6 +37,9 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_IDLE: usize = 16;
 /// Redis refuses a bulk string longer than `proto-max-bulk-len`, 512 MiB unless configured.
 const MAX_VALUE: usize = 512 << 20;
+/// What to do when the client uses TLS and the server does not.
+const PLAIN_REDIS_HINT: &str =
+    "; is this the server's tls-port? A plain port takes redis:// (or redis+cluster://)";
 
 /// Connections not in use, ready for the next call.
 struct Pool<C> {
@@ -90,6 +94,8 @@ enum Target {
 pub struct RedisStore {
     target: Target,
     prefix: Vec<u8>,
+    /// Connections use TLS (`rediss://`).
+    tls: bool,
 }
 
 impl fmt::Debug for RedisStore {
@@ -113,13 +119,44 @@ impl RedisStore {
     /// Connects to the Redis server at `addr` (`[:password@]host:port[/DB]`). Values are kept
     /// under `prefix`, by default one unique to this store instance.
     pub fn connect(addr: &str, prefix: Option<String>) -> Result<RedisStore, StoreError> {
-        let connect_error = |e: RedisError| refused_or_unreachable(SINGLE, addr, e);
+        Self::connect_with(addr, prefix, None)
+    }
+
+    /// [`RedisStore::connect`], over TLS when `tls` is given (`rediss://`).
+    pub fn connect_with(
+        addr: &str,
+        prefix: Option<String>,
+        tls: Option<&TlsOptions>,
+    ) -> Result<RedisStore, StoreError> {
+        let connect_error =
+            |e: RedisError| hang_up_hint(refused_or_unreachable(SINGLE, addr, e), tls);
+        let scheme = if tls.is_some() { "rediss" } else { "redis" };
         let url = if addr.contains('/') {
-            format!("redis://{addr}")
+            format!("{scheme}://{addr}")
         } else {
-            format!("redis://{addr}/")
+            format!("{scheme}://{addr}/")
         };
-        let client = redis::Client::open(url).map_err(connect_error)?;
+        let client = match tls {
+            None => redis::Client::open(url).map_err(connect_error)?,
+            Some(opts) => {
+                // The redis crate's own handshake waits without a timeout (a plain server
+                // never answers it); ours fails fast and says why.
+                let server = crate::tls::host_port(addr);
+                ClientTls::from_options(server, opts)?.probe(
+                    server,
+                    addr,
+                    SINGLE,
+                    CONNECT_TIMEOUT,
+                    PLAIN_REDIS_HINT,
+                )?;
+                match redis_certificates(opts)? {
+                    Some(certs) => {
+                        redis::Client::build_with_tls(url, certs).map_err(connect_error)?
+                    }
+                    None => redis::Client::open(url).map_err(connect_error)?,
+                }
+            }
+        };
         // Open the first connection now, so that a wrong address fails here and not at the
         // first page fault.
         let first = open_single(&client).map_err(connect_error)?;
@@ -130,6 +167,7 @@ impl RedisStore {
                 pool: Pool::new(first),
             },
             prefix: prefix.unwrap_or_else(crate::default_prefix).into_bytes(),
+            tls: tls.is_some(),
         })
     }
 
@@ -139,9 +177,28 @@ impl RedisStore {
         nodes: &[String],
         prefix: Option<String>,
     ) -> Result<RedisStore, StoreError> {
+        Self::connect_cluster_with(nodes, prefix, None)
+    }
+
+    /// [`RedisStore::connect_cluster`], over TLS when `tls` is given (`rediss+cluster://`).
+    /// The nodes' certificates must name the addresses the cluster announces for them.
+    pub fn connect_cluster_with(
+        nodes: &[String],
+        prefix: Option<String>,
+        tls: Option<&TlsOptions>,
+    ) -> Result<RedisStore, StoreError> {
         let joined = nodes.join(",");
-        let connect_error = |e: RedisError| refused_or_unreachable(CLUSTER, &joined, e);
-        let client = ClusterClient::builder(nodes.iter().map(|n| format!("redis://{n}/")))
+        let connect_error =
+            |e: RedisError| hang_up_hint(refused_or_unreachable(CLUSTER, &joined, e), tls);
+        let scheme = if tls.is_some() { "rediss" } else { "redis" };
+        let mut builder = ClusterClient::builder(nodes.iter().map(|n| format!("{scheme}://{n}/")));
+        if let Some(opts) = tls {
+            probe_any(nodes, opts)?;
+            if let Some(certs) = redis_certificates(opts)? {
+                builder = builder.certs(certs);
+            }
+        }
+        let client = builder
             .connection_timeout(CONNECT_TIMEOUT)
             .response_timeout(IO_TIMEOUT)
             // Retries serve redirects (MOVED/ASK) and TRYAGAIN while slots migrate; keep their
@@ -159,6 +216,7 @@ impl RedisStore {
                 pool: Pool::new(first),
             },
             prefix: prefix.unwrap_or_else(crate::default_prefix).into_bytes(),
+            tls: tls.is_some(),
         })
     }
 
@@ -286,6 +344,43 @@ impl RedisStore {
     }
 }
 
+/// The redis crate's form of a `ca=` file; `None`: the system's roots (its default).
+fn redis_certificates(opts: &TlsOptions) -> Result<Option<redis::TlsCertificates>, StoreError> {
+    let Some(path) = &opts.ca else {
+        return Ok(None);
+    };
+    // Checked here so that a bad file is named; the crate would only say "Unable to parse".
+    crate::tls::read_ca_file(path)?;
+    let pem = std::fs::read(path).map_err(|e| StoreError::TlsSetup {
+        reason: format!("cannot read CA certificates from {}: {e}", path.display()),
+    })?;
+    Ok(Some(redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem),
+    }))
+}
+
+/// Runs a TLS handshake with the first cluster node that answers; the error of the first node
+/// that answered wrongly (not TLS, certificate refused) if none did right.
+fn probe_any(nodes: &[String], opts: &TlsOptions) -> Result<(), StoreError> {
+    let mut first_error = None;
+    for n in nodes {
+        let server = crate::tls::host_port(n);
+        let r = ClientTls::from_options(server, opts)
+            .and_then(|t| t.probe(server, n, CLUSTER, CONNECT_TIMEOUT, PLAIN_REDIS_HINT));
+        match r {
+            Ok(()) => return Ok(()),
+            Err(e @ (StoreError::Tls { .. } | StoreError::TlsSetup { .. })) => {
+                return Err(e);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(first_error.expect("a cluster URL names at least one node"))
+}
+
 fn open_single(client: &redis::Client) -> redis::RedisResult<Connection> {
     let conn = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
     conn.set_read_timeout(Some(IO_TIMEOUT))?;
@@ -322,9 +417,10 @@ impl FarStore for RedisStore {
     }
 
     fn describe(&self) -> String {
+        let s = if self.tls { "s" } else { "" };
         match &self.target {
-            Target::Single { addr, .. } => crate::redact(&format!("redis://{addr}")),
-            Target::Cluster { nodes, .. } => crate::redact(&format!("redis+cluster://{nodes}")),
+            Target::Single { addr, .. } => crate::redact(&format!("redis{s}://{addr}")),
+            Target::Cluster { nodes, .. } => crate::redact(&format!("redis{s}+cluster://{nodes}")),
         }
     }
 
@@ -457,6 +553,37 @@ fn is_auth_failure(e: &RedisError) -> bool {
         || matches!(e.code(), Some("NOAUTH") | Some("WRONGPASS"))
 }
 
+/// A plain connection that the server hangs up on at its first command is most likely at a
+/// TLS port (Redis's TLS port drops a connection whose first bytes are not a handshake).
+fn hang_up_hint(e: StoreError, tls: Option<&TlsOptions>) -> StoreError {
+    match e {
+        StoreError::Connect {
+            backend,
+            addr,
+            cause,
+        } if tls.is_none()
+            && matches!(
+                cause.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            ) =>
+        {
+            let cause = io::Error::new(
+                cause.kind(),
+                format!(
+                    "{cause}; the server hung up at the first command: if this is its TLS \
+                     port (tls-port), write rediss:// (or rediss+cluster://)"
+                ),
+            );
+            StoreError::Connect {
+                backend,
+                addr,
+                cause,
+            }
+        }
+        e => e,
+    }
+}
+
 fn refused_or_unreachable(backend: &'static str, addr: &str, e: RedisError) -> StoreError {
     if is_auth_failure(&e) {
         return StoreError::Backend {
@@ -491,6 +618,7 @@ mod tests {
                 },
             },
             prefix: b"p:".to_vec(),
+            tls: false,
         };
         assert_eq!(
             store.redis_key(0x0102_0304_0506_0708),
