@@ -166,28 +166,12 @@ pub(crate) fn render(s: &Snapshot, latencies: &Latencies) -> String {
     out
 }
 
+/// An application's labels, its name escaped (names come from the applications).
 fn labels(a: &crate::AppSnapshot) -> AppLabels {
-    AppLabels {
-        app: escape_label_value(&a.name),
-        id: a.id,
-    }
-}
-
-/// A label value as the text format needs it: backslash, double quote and line feed escaped.
-/// prometheus-client writes label values as they are (prometheus/client_rust#151), and names
-/// come from the applications: unescaped, one could close its label and write metrics of its
-/// own, or make the whole scrape unparseable.
-fn escape_label_value(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
+    let mut app = String::with_capacity(a.name.len());
+    // Writing to a String cannot fail.
+    let _ = tidepool_proto::exposition::escape_label_value(&a.name, &mut app);
+    AppLabels { app, id: a.id }
 }
 
 #[cfg(test)]

@@ -19,7 +19,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tidepool_proto::{ErrorCode, Op};
@@ -229,23 +228,13 @@ impl NodeMetrics {
     }
 }
 
-/// A label value as the exposition format needs it: backslash, double quote and newline
-/// escaped. (prometheus-client 0.23 writes label values exactly as given, and tenant names
-/// come from clients.)
+/// A label value from outside (a tenant's name), escaped as it is written.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct Escaped(String);
 
 impl EncodeLabelValue for Escaped {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        for c in self.0.chars() {
-            match c {
-                '\\' => encoder.write_str("\\\\")?,
-                '"' => encoder.write_str("\\\"")?,
-                '\n' => encoder.write_str("\\n")?,
-                c => encoder.write_char(c)?,
-            }
-        }
-        Ok(())
+        tidepool_proto::exposition::escape_label_value(&self.0, encoder)
     }
 }
 

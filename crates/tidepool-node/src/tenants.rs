@@ -85,14 +85,10 @@ pub struct Tenants {
     next_id: AtomicU32,
 }
 
-/// Compares without an early exit, so timing does not reveal how much of a token matched.
+/// Compares in constant time (subtle), so timing does not reveal how much of a token matched.
 fn same_token(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    let mut diff = a.len() ^ b.len();
-    for i in 0..a.len().max(b.len()) {
-        diff |= (a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0)) as usize;
-    }
-    diff == 0
+    use subtle::ConstantTimeEq;
+    a.as_bytes().ct_eq(b.as_bytes()).into()
 }
 
 impl Tenants {

@@ -23,6 +23,7 @@
 pub mod build;
 mod codec;
 pub mod coord;
+pub mod exposition;
 pub mod scan;
 mod types;
 
