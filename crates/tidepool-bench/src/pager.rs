@@ -18,6 +18,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::Distribution;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{compiler_fence, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
 const WORKLOADS: [&str; 3] = ["seq-scan", "uniform-rmw", "zipf-0.99"];
@@ -112,9 +113,11 @@ impl Suite for PagerSuite {
         // (system, workload, ratio) -> samples
         let mut samples: std::collections::BTreeMap<(String, String, u64), Vec<f64>> =
             Default::default();
+        let mut misses: std::collections::BTreeMap<(String, String, u64, &str), Vec<f64>> =
+            Default::default();
         let mut add = |system: &str, workload: &str, ratio: f64, v: f64| {
             samples
-                .entry((system.into(), workload.into(), (ratio * 100.0) as u64))
+                .entry((system.into(), workload.into(), ratio_key(ratio)))
                 .or_default()
                 .push(v);
         };
@@ -188,7 +191,22 @@ impl Suite for PagerSuite {
                         let value = if is_python {
                             run_python(cmd).map(|r| r.0)
                         } else {
-                            run_worker(cmd)
+                            run_worker_report(cmd).and_then(|v| {
+                                for m in MISS_METRICS {
+                                    if let Some(x) = v[m].as_f64() {
+                                        misses
+                                            .entry((
+                                                system.into(),
+                                                workload.into(),
+                                                ratio_key(ratio),
+                                                m,
+                                            ))
+                                            .or_default()
+                                            .push(x);
+                                    }
+                                }
+                                v["value"].as_f64().context("worker report lacks value")
+                            })
                         };
                         // One failed point (the kernel's OOM killer sometimes fires on a small
                         // cgroup when zram reclaim falls behind) is reported, not fatal.
@@ -229,13 +247,44 @@ impl Suite for PagerSuite {
                 ],
             );
         }
+        // What one miss costs the program (sampled accesses slower than a local one).
+        for ((system, workload, pct, metric), mut v) in misses {
+            ctx.report.push(
+                &system,
+                &workload,
+                metric,
+                median(&mut v),
+                "us",
+                &[("local_ratio", pct as f64 / 100.0)],
+            );
+        }
         verdict(ctx);
         Ok(())
     }
 }
 
+/// The miss latencies a random-access worker reports.
+const MISS_METRICS: [&str; 2] = ["miss_us_p50", "miss_us_p99"];
+
+fn ratio_key(ratio: f64) -> u64 {
+    (ratio * 100.0) as u64
+}
+
+/// An access slower than this is a miss (a local access, TLB miss and all, takes well under
+/// a microsecond here; a fault served from anywhere takes more).
+const MISS_NS: u64 = 1500;
+/// One access in this many is timed (two clock reads cost about as much as a local access).
+const TIME_EVERY: u64 = 8;
+
 /// Runs a worker; its throughput (GB/s for the scan, ops/s otherwise).
-pub(crate) fn run_worker(mut cmd: Command) -> Result<f64> {
+pub(crate) fn run_worker(cmd: Command) -> Result<f64> {
+    let v = run_worker_report(cmd)?;
+    v["value"].as_f64().context("worker report lacks value")
+}
+
+/// Runs a worker; its whole report (`value`, and for the random workloads `miss_us_p50` and
+/// `miss_us_p99`).
+fn run_worker_report(mut cmd: Command) -> Result<serde_json::Value> {
     let out = cmd.stdin(Stdio::null()).output()?;
     if !out.status.success() {
         bail!(
@@ -244,9 +293,8 @@ pub(crate) fn run_worker(mut cmd: Command) -> Result<f64> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("worker said: {}", String::from_utf8_lossy(&out.stdout)))?;
-    v["value"].as_f64().context("worker report lacks value")
+    serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("worker said: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 pub(crate) const DICT_SCRIPT: &str = r#"
@@ -397,7 +445,8 @@ pub fn worker(args: &[String]) -> Result<()> {
     }
     let mut checksum = mem.iter().fold(0u64, |a, &w| a.wrapping_add(w));
     let start = Instant::now();
-    let value = match workload.as_str() {
+    // The throughput, and what the program saw of misses (the random workloads).
+    let (value, misses) = match workload.as_str() {
         "seq-scan" => {
             let mut bytes = 0u64;
             let chunk = (1 << 20) / 8;
@@ -410,15 +459,21 @@ pub fn worker(args: &[String]) -> Result<()> {
                 bytes += ((end - at) * 8) as u64;
                 at = if end == words { 0 } else { end };
             }
-            bytes as f64 / start.elapsed().as_secs_f64() / 1e9
+            (
+                bytes as f64 / start.elapsed().as_secs_f64() / 1e9,
+                String::new(),
+            )
         }
         "uniform-rmw" | "zipf-0.99" => {
             let pages = (words / 512) as u64;
             let zipf = rand_distr::Zipf::new(pages, 0.99).context("zipf")?;
             let zipfian = workload == "zipf-0.99";
             let mut ops = 0u64;
+            let mut miss_ns =
+                hdrhistogram::Histogram::<u64>::new_with_bounds(100, 10_000_000_000, 2)
+                    .context("histogram")?;
             while start.elapsed() < run_for {
-                for _ in 0..1024 {
+                for k in 0..1024u64 {
                     let page = if zipfian {
                         // Rank 1 is hottest; scatter ranks over the working set.
                         let rank = zipf.sample(&mut rng) as u64 - 1;
@@ -427,14 +482,37 @@ pub fn worker(args: &[String]) -> Result<()> {
                         rng.gen_range(0..pages)
                     };
                     let i = page as usize * 512 + rng.gen_range(0..512);
-                    mem[i] = mem[i].wrapping_add(1);
+                    if k % TIME_EVERY == 0 {
+                        // The fences keep the access between the clock reads.
+                        let t = Instant::now();
+                        compiler_fence(SeqCst);
+                        mem[i] = mem[i].wrapping_add(1);
+                        compiler_fence(SeqCst);
+                        let ns = t.elapsed().as_nanos() as u64;
+                        if ns > MISS_NS {
+                            let _ = miss_ns.record(ns.min(10_000_000_000));
+                        }
+                    } else {
+                        mem[i] = mem[i].wrapping_add(1);
+                    }
                 }
                 ops += 1024;
             }
-            ops as f64 / start.elapsed().as_secs_f64()
+            let rate = ops as f64 / start.elapsed().as_secs_f64();
+            let misses = if miss_ns.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", \"miss_us_p50\": {}, \"miss_us_p99\": {}, \"misses_timed\": {}",
+                    miss_ns.value_at_quantile(0.5) as f64 / 1e3,
+                    miss_ns.value_at_quantile(0.99) as f64 / 1e3,
+                    miss_ns.len()
+                )
+            };
+            (rate, misses)
         }
         other => bail!("unknown pager workload '{other}'"),
     };
-    println!("{{\"value\": {value}, \"checksum\": {checksum}}}");
+    println!("{{\"value\": {value}, \"checksum\": {checksum}{misses}}}");
     Ok(())
 }

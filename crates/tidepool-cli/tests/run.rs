@@ -161,6 +161,24 @@ fn verify_under(backend: &str) -> (String, String) {
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
     assert!(fetched > 1000, "{backend}: few pages came back: {stderr}");
+    // Where a far fetch's time went, by stage: a node's fetches spend it reading the store.
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("far fetch"))
+        .unwrap_or_else(|| panic!("{backend}: no far-fetch timing: {stderr}"));
+    let us_after = |what: &str| -> f64 {
+        line.split(what)
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{backend}: no '{what}' in {line}"))
+    };
+    assert!(us_after("handler time p50") > 0.0, "{line}");
+    if backend.starts_with("node://") {
+        assert!(us_after("store read p50") > 0.0, "{line}");
+        // A part of each fetch's time, so no more than the whole at the median.
+        assert!(us_after("store read p50") <= us_after("handler time p50"), "{line}");
+    }
     (stdout, stderr)
 }
 

@@ -10,7 +10,7 @@ use crate::table::*;
 use crate::writeback::StoreJob;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tidepool_store::Key;
 
 /// A fault handler's own buffer for pages read from the store on their way into the region:
@@ -64,6 +64,7 @@ impl Inner {
     }
 
     pub(crate) fn serve(&self, f: Fault, staging: &mut Staging) {
+        let taken = Instant::now();
         let Some(region) = self.region_of(f.page_addr) else {
             self.uffd.wake(f.page_addr, PAGE);
             return;
@@ -90,12 +91,16 @@ impl Inner {
             self.refill_resident(&region, page, word);
             return;
         }
-        self.install_demand(&region, page, word, f.write, staging);
+        self.install_demand(&region, page, word, f.write, staging, taken);
         let budget = self.budget_pages.load(Relaxed);
         if self.local_pages() > budget {
             self.kick_evictor();
             // Far over budget (the evictor is behind): reclaim here before going on.
-            while self.local_pages() > budget + self.margin() && self.evict_batch() > 0 {}
+            if self.local_pages() > budget + self.margin() {
+                let t = Instant::now();
+                while self.local_pages() > budget + self.margin() && self.evict_batch() > 0 {}
+                self.timings.evict.record(t.elapsed());
+            }
         }
         let (plan, credited) = {
             let mut d = region.detector.lock();
@@ -173,6 +178,7 @@ impl Inner {
         word: u64,
         write: bool,
         staging: &mut Staging,
+        taken: Instant,
     ) {
         let addr = region.addr(page);
         let history = word & HISTORY;
@@ -209,12 +215,18 @@ impl Inner {
             _ if word & FRAMED != 0 => {
                 Counters::add(&self.counters.far_fetches, 1);
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
+                let t = Instant::now();
                 self.move_in(region, page, 1, true);
+                self.timings.install.record(t.elapsed());
+                self.timings.serve.record(taken.elapsed());
                 RESIDENT | if write { DIRTY } else { 0 } | history
             }
             _ => {
                 Counters::add(&self.counters.far_fetches, 1);
+                let t = Instant::now();
                 self.read_pages(&[region.key(page)], staging, "reading a page");
+                let read = Instant::now();
+                self.timings.store.record(read - t);
                 let data = staging.page(0);
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
                 let predicted_write = write || history & WAS_DIRTY != 0;
@@ -224,6 +236,9 @@ impl Inner {
                     region.table.hash(page).store(hash_page(data), Relaxed);
                 }
                 self.copy_in(addr, data, !predicted_write);
+                let woken = Instant::now();
+                self.timings.install.record(woken - read);
+                self.timings.serve.record(woken - taken);
                 let clean = if predicted_write {
                     if write {
                         DIRTY

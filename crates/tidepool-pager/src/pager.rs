@@ -172,6 +172,7 @@ pub(crate) struct Inner {
     /// How far copies are named, and which may be removed (see `tags.rs`).
     pub(crate) tags: Tags,
     pub(crate) counters: Counters,
+    pub(crate) timings: crate::stats::Timings,
     pub(crate) shutdown: AtomicBool,
     pub(crate) window_max: u32,
     /// Far pages are frames in shadow mappings ([`Config::in_process_frames`]).
@@ -283,6 +284,7 @@ impl Shared {
             k += n;
         }
         i.counters.reset();
+        i.timings.reset();
         i.store.after_fork_in_child();
         let mut threads = self.threads.lock();
         // Those were the parent's threads: nothing to join or detach here.
@@ -394,6 +396,7 @@ impl Pager {
             store_rx,
             tags,
             counters: Counters::default(),
+            timings: crate::stats::Timings::new(),
             shutdown: AtomicBool::new(false),
             room_wanted: AtomicUsize::new(0),
             window_max: config.prefetch_window_max,
@@ -441,6 +444,7 @@ impl Pager {
         let i = self.inner();
         snapshot(
             &i.counters,
+            &i.timings,
             i.resident.load(Relaxed) as u64,
             i.budget_pages.load(Relaxed) as u64,
         )

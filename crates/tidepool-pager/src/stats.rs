@@ -1,7 +1,100 @@
 //! Counters the pager keeps, and the report `tidepool run --stats` prints.
 
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Where a far fetch's time goes on the handler's side, one histogram per stage (nanoseconds).
+/// Recorded only by fault handlers, inside the fork gate's section, so a fork never copies a
+/// held lock.
+#[derive(Debug)]
+pub(crate) struct Timings {
+    /// From the handler taking the fault to the faulting thread woken: what the handler adds
+    /// to a miss.
+    pub serve: Stage,
+    /// Reading the page from the far store (request, network, the store's work, copy into the
+    /// staging buffer).
+    pub store: Stage,
+    /// Installing it (UFFDIO_COPY or MOVE, which also wakes the faulting thread).
+    pub install: Stage,
+    /// Evicting inline because the evictor fell behind, before the next fault is taken.
+    pub evict: Stage,
+}
+
+impl Timings {
+    pub fn new() -> Timings {
+        Timings {
+            serve: Stage::new(),
+            store: Stage::new(),
+            install: Stage::new(),
+            evict: Stage::new(),
+        }
+    }
+
+    pub fn reset(&self) {
+        for s in [&self.serve, &self.store, &self.install, &self.evict] {
+            s.0.lock().reset();
+        }
+    }
+
+    fn snapshot(&self) -> MissTimes {
+        MissTimes {
+            serve: self.serve.quantiles(),
+            store: self.store.quantiles(),
+            install: self.install.quantiles(),
+            evict: self.evict.quantiles(),
+        }
+    }
+}
+
+/// One stage's durations.
+#[derive(Debug)]
+pub(crate) struct Stage(Mutex<Histogram<u64>>);
+
+impl Stage {
+    fn new() -> Stage {
+        // 100 ns .. 100 s at 2 significant digits: a few KiB, allocated once, never grown.
+        let h = Histogram::new_with_bounds(100, 100_000_000_000, 2).expect("valid bounds");
+        Stage(Mutex::new(h))
+    }
+
+    pub fn record(&self, d: Duration) {
+        let ns = (d.as_nanos() as u64).clamp(100, 100_000_000_000);
+        let _ = self.0.lock().record(ns);
+    }
+
+    fn quantiles(&self) -> StageTimes {
+        let h = self.0.lock();
+        StageTimes {
+            count: h.len(),
+            p50_ns: h.value_at_quantile(0.5),
+            p99_ns: h.value_at_quantile(0.99),
+            mean_ns: h.mean() as u64,
+        }
+    }
+}
+
+/// Percentiles of one stage, nanoseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageTimes {
+    pub count: u64,
+    pub p50_ns: u64,
+    pub p99_ns: u64,
+    pub mean_ns: u64,
+}
+
+/// A far fetch's time on the handler's side, by stage.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MissTimes {
+    /// The whole: fault taken to thread woken.
+    pub serve: StageTimes,
+    pub store: StageTimes,
+    pub install: StageTimes,
+    /// Inline eviction, in the faults that had to.
+    pub evict: StageTimes,
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -111,6 +204,8 @@ pub struct PagerStats {
     /// Pages mapped now, and the budget in pages.
     pub resident_pages: u64,
     pub budget_pages: u64,
+    /// Where far fetches' time went in the fault handler.
+    pub miss: MissTimes,
 }
 
 impl PagerStats {
@@ -129,8 +224,9 @@ impl PagerStats {
     }
 }
 
-pub(crate) fn snapshot(c: &Counters, resident: u64, budget: u64) -> PagerStats {
+pub(crate) fn snapshot(c: &Counters, t: &Timings, resident: u64, budget: u64) -> PagerStats {
     PagerStats {
+        miss: t.snapshot(),
         missing_faults: c.missing_faults.load(Relaxed),
         wp_faults: c.wp_faults.load(Relaxed),
         zero_fills: c.zero_fills.load(Relaxed),
@@ -190,6 +286,23 @@ impl fmt::Display for PagerStats {
                 f,
                 "frames       {} pages found moved between region and frame without a request, kept",
                 self.frames_repaired
+            )?;
+        }
+        let m = &self.miss;
+        if m.serve.count > 0 {
+            let us = |ns: u64| ns as f64 / 1e3;
+            writeln!(
+                f,
+                "far fetch    handler time p50 {:.1} us, p99 {:.1} us: store read p50 {:.1} us (p99 {:.1}), \
+                 install and wake p50 {:.1} us (p99 {:.1}); inline eviction in {} faults, p50 {:.1} us",
+                us(m.serve.p50_ns),
+                us(m.serve.p99_ns),
+                us(m.store.p50_ns),
+                us(m.store.p99_ns),
+                us(m.install.p50_ns),
+                us(m.install.p99_ns),
+                m.evict.count,
+                us(m.evict.p50_ns)
             )?;
         }
         write!(
