@@ -131,9 +131,15 @@ fn tidepool_bin() -> Result<PathBuf> {
 
 impl NodeProcess {
     pub fn start(capacity: &str) -> Result<NodeProcess> {
+        Self::start_with(capacity, &[])
+    }
+
+    /// A node with more options (`--busy-poll-us 200`, ...).
+    pub fn start_with(capacity: &str, args: &[&str]) -> Result<NodeProcess> {
         let bin = tidepool_bin()?;
         let mut child = Command::new(&bin)
             .args(["node", "--listen", "127.0.0.1:0", "--capacity", capacity])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -177,7 +177,10 @@ fn verify_under(backend: &str) -> (String, String) {
     if backend.starts_with("node://") {
         assert!(us_after("store read p50") > 0.0, "{line}");
         // A part of each fetch's time, so no more than the whole at the median.
-        assert!(us_after("store read p50") <= us_after("handler time p50"), "{line}");
+        assert!(
+            us_after("store read p50") <= us_after("handler time p50"),
+            "{line}"
+        );
     }
     (stdout, stderr)
 }

@@ -35,7 +35,7 @@ use tidepool_proto::scan::{Column, Scan};
 
 pub use backends::local::LocalStore;
 pub use backends::memcached::MemcachedStore;
-pub use backends::node::{NodeClient, NodeStore};
+pub use backends::node::{NodeClient, NodeStore, DEFAULT_POLL as NODE_DEFAULT_POLL};
 pub use backends::redis::RedisStore;
 pub use error::StoreError;
 pub use tls::{ClientTls, TlsOptions};
@@ -231,11 +231,16 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
             tenant,
             token,
             tls,
+            poll_us,
         } => {
             let tls = tls
                 .map(|t| ClientTls::from_options(&addr, &t))
                 .transpose()?;
-            Arc::new(NodeStore::connect_with(&addr, &tenant, &token, tls)?)
+            let store = NodeStore::connect_with(&addr, &tenant, &token, tls)?;
+            if let Some(us) = poll_us {
+                store.set_poll(std::time::Duration::from_micros(us));
+            }
+            Arc::new(store)
         }
         StoreUrl::Redis { addr, prefix, tls } => {
             Arc::new(RedisStore::connect_with(&addr, prefix, tls.as_ref())?)

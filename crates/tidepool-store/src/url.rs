@@ -11,12 +11,14 @@ pub enum StoreUrl {
     Local {
         compress: bool,
     },
-    /// `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]]`
+    /// `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]][&poll_us=N]`
     Node {
         addr: String,
         tenant: String,
         token: String,
         tls: Option<TlsOptions>,
+        /// Microseconds a request polls for its answer before sleeping (`None`: the default).
+        poll_us: Option<u64>,
     },
     /// `redis://` or, with `tls`, `rediss://[:password@]host:port[/DB][?ca=FILE]`
     Redis {
@@ -126,11 +128,23 @@ impl StoreUrl {
                     Some(other) => return Err(bad(format!("tls={other}: write tls=1 or tls=0"))),
                 };
                 let tls = tls_options(tls, take_param("ca"), "add tls=1")?;
+                let poll_us = match take_param("poll_us") {
+                    None => None,
+                    Some(v) => Some(
+                        v.parse::<u64>()
+                            .ok()
+                            .filter(|&us| us <= 1_000_000)
+                            .ok_or_else(|| {
+                                bad(format!("poll_us={v}: write microseconds, 0 to 1000000"))
+                            })?,
+                    ),
+                };
                 StoreUrl::Node {
                     addr: addr.to_string(),
                     tenant,
                     token,
                     tls,
+                    poll_us,
                 }
             }
             "redis" | "rediss" => {
@@ -249,8 +263,10 @@ impl std::fmt::Debug for StoreUrl {
                 tenant,
                 token,
                 tls,
+                poll_us,
             } => f
                 .debug_struct("Node")
+                .field("poll_us", poll_us)
                 .field("addr", addr)
                 .field("tenant", tenant)
                 .field("token", &if token.is_empty() { "" } else { "***" })
@@ -373,6 +389,7 @@ mod tests {
                 tenant: "web".into(),
                 token: "s3cret".into(),
                 tls: None,
+                poll_us: None,
             }
         );
         assert_eq!(
@@ -404,6 +421,7 @@ mod tests {
                 tenant: "web".into(),
                 token: "s3cret".into(),
                 tls: ca.clone(),
+                poll_us: None,
             }
         );
         assert!(matches!(
@@ -417,6 +435,17 @@ mod tests {
             StoreUrl::parse("node://web@h:1?tls=0").unwrap(),
             StoreUrl::Node { tls: None, .. }
         ));
+        assert!(matches!(
+            StoreUrl::parse("node://web@h:1?poll_us=0").unwrap(),
+            StoreUrl::Node {
+                poll_us: Some(0),
+                ..
+            }
+        ));
+        let e = StoreUrl::parse("node://web:SECRET@h:1?poll_us=soon")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("poll_us=soon") && !e.contains("SECRET"), "{e}");
         assert_eq!(
             StoreUrl::parse("rediss://:pw@h:6380/2?ca=/etc/tp/ca.pem").unwrap(),
             StoreUrl::Redis {

@@ -116,6 +116,19 @@ fn open_uffd_device() -> io::Result<OwnedFd> {
 
 /// Receives at most the buffer's spare capacity; returns the bytes received (0: peer closed).
 pub fn recv_into(stream: &impl AsRawFd, buf: &mut BytesMut) -> io::Result<usize> {
+    recv_into_with(stream, buf, 0)
+}
+
+/// [`recv_into`] without blocking: `WouldBlock` when nothing has arrived.
+pub fn recv_into_now(stream: &impl AsRawFd, buf: &mut BytesMut) -> io::Result<usize> {
+    recv_into_with(stream, buf, libc::MSG_DONTWAIT)
+}
+
+fn recv_into_with(
+    stream: &impl AsRawFd,
+    buf: &mut BytesMut,
+    flags: libc::c_int,
+) -> io::Result<usize> {
     if buf.capacity() == buf.len() {
         buf.reserve(16 << 10);
     }
@@ -128,7 +141,7 @@ pub fn recv_into(stream: &impl AsRawFd, buf: &mut BytesMut) -> io::Result<usize>
                 stream.as_raw_fd(),
                 spare.as_mut_ptr().cast(),
                 spare.len(),
-                0,
+                flags,
             )
         };
         if n < 0 {
