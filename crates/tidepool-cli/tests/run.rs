@@ -469,3 +469,49 @@ fn static_and_set_user_id_programs_are_refused_unless_allowed() {
         eprintln!("skipped the set-user-ID part: cannot chown a file to nobody (not root)");
     }
 }
+
+/// A node that stops answering (SIGSTOP: up, connected, silent) is found by the URL's deadline:
+/// the program stops with exit 70 and says why, rather than hang or read zeros.
+#[test]
+fn a_silent_node_stops_the_program_at_its_deadline() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let mut node = NodeProc::start(&["--capacity", "256M"]);
+    let backend = format!("node://deadline@{}?timeout_ms=1500", node.addr);
+    // Round 0 fills and checks; round 1, after "go", reads the far pages back.
+    let mut child = start_waiting_worker("24M", &backend, "96M", "2");
+    let pid = node.pid().to_string();
+    let signal = |sig: &str| {
+        assert!(Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP");
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    // Liveness, not speed: a hang would never end, so give up after a minute.
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    signal("-CONT");
+    let Some(status) = status else {
+        let _ = child.kill();
+        panic!("the program hung on a silent node");
+    };
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(status.code(), Some(70), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("did not respond within 1.5s"),
+        "the message says why: {stderr}"
+    );
+    assert!(!stdout.contains("wrong words"), "it went on: {stdout}");
+    assert!(node.alive());
+}

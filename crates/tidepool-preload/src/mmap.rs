@@ -178,7 +178,7 @@ fn split(rt: &Runtime, addr: usize, len: usize) -> (Option<Span>, [Span; 2]) {
     let (base, end) = (rt.large.base(), rt.large.base() + rt.large.len());
     let stop = addr.saturating_add(len);
     let (lo, hi) = (addr.max(base), stop.min(end));
-    let inside = (lo < hi).then_some((lo, hi - lo));
+    let inside = (lo < hi).then(|| (lo, hi - lo));
     let below = (addr, stop.min(base).saturating_sub(addr));
     let above = (addr.max(end), stop.saturating_sub(addr.max(end)));
     (inside, [below, above])

@@ -35,7 +35,10 @@ use tidepool_proto::scan::{Column, Scan};
 
 pub use backends::local::LocalStore;
 pub use backends::memcached::MemcachedStore;
-pub use backends::node::{NodeClient, NodeStore, DEFAULT_POLL as NODE_DEFAULT_POLL};
+pub use backends::node::{
+    NodeClient, NodeOptions, NodeStore, DEFAULT_POLL as NODE_DEFAULT_POLL,
+    DEFAULT_TIMEOUT as NODE_DEFAULT_TIMEOUT,
+};
 pub use backends::redis::RedisStore;
 pub use error::StoreError;
 pub use tls::{ClientTls, TlsOptions};
@@ -232,15 +235,21 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
             token,
             tls,
             poll_us,
+            timeout_ms,
         } => {
             let tls = tls
                 .map(|t| ClientTls::from_options(&addr, &t))
                 .transpose()?;
-            let store = NodeStore::connect_with(&addr, &tenant, &token, tls)?;
+            let mut options = NodeOptions::default();
             if let Some(us) = poll_us {
-                store.set_poll(std::time::Duration::from_micros(us));
+                options.poll = std::time::Duration::from_micros(us);
             }
-            Arc::new(store)
+            if let Some(ms) = timeout_ms {
+                options.timeout = std::time::Duration::from_millis(ms);
+            }
+            Arc::new(NodeStore::connect_with_options(
+                &addr, &tenant, &token, tls, options,
+            )?)
         }
         StoreUrl::Redis { addr, prefix, tls } => {
             Arc::new(RedisStore::connect_with(&addr, prefix, tls.as_ref())?)

@@ -11,7 +11,7 @@ pub enum StoreUrl {
     Local {
         compress: bool,
     },
-    /// `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]][&poll_us=N]`
+    /// `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]][&poll_us=N][&timeout_ms=N]`
     Node {
         addr: String,
         tenant: String,
@@ -19,6 +19,8 @@ pub enum StoreUrl {
         tls: Option<TlsOptions>,
         /// Microseconds a request polls for its answer before sleeping (`None`: the default).
         poll_us: Option<u64>,
+        /// Milliseconds the node may take to answer before requests fail (`None`: the default).
+        timeout_ms: Option<u64>,
     },
     /// `redis://` or, with `tls`, `rediss://[:password@]host:port[/DB][?ca=FILE]`
     Redis {
@@ -139,12 +141,24 @@ impl StoreUrl {
                             })?,
                     ),
                 };
+                let timeout_ms = match take_param("timeout_ms") {
+                    None => None,
+                    Some(v) => Some(
+                        v.parse::<u64>()
+                            .ok()
+                            .filter(|ms| (1..=3_600_000).contains(ms))
+                            .ok_or_else(|| {
+                                bad(format!("timeout_ms={v}: write milliseconds, 1 to 3600000"))
+                            })?,
+                    ),
+                };
                 StoreUrl::Node {
                     addr: addr.to_string(),
                     tenant,
                     token,
                     tls,
                     poll_us,
+                    timeout_ms,
                 }
             }
             "redis" | "rediss" => {
@@ -264,9 +278,11 @@ impl std::fmt::Debug for StoreUrl {
                 token,
                 tls,
                 poll_us,
+                timeout_ms,
             } => f
                 .debug_struct("Node")
                 .field("poll_us", poll_us)
+                .field("timeout_ms", timeout_ms)
                 .field("addr", addr)
                 .field("tenant", tenant)
                 .field("token", &if token.is_empty() { "" } else { "***" })
@@ -390,6 +406,7 @@ mod tests {
                 token: "s3cret".into(),
                 tls: None,
                 poll_us: None,
+                timeout_ms: None,
             }
         );
         assert_eq!(
@@ -422,6 +439,7 @@ mod tests {
                 token: "s3cret".into(),
                 tls: ca.clone(),
                 poll_us: None,
+                timeout_ms: None,
             }
         );
         assert!(matches!(
@@ -446,6 +464,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("poll_us=soon") && !e.contains("SECRET"), "{e}");
+        assert!(matches!(
+            StoreUrl::parse("node://web@h:1?timeout_ms=1500").unwrap(),
+            StoreUrl::Node {
+                timeout_ms: Some(1500),
+                ..
+            }
+        ));
+        assert!(StoreUrl::parse("node://web@h:1?timeout_ms=0").is_err());
         assert_eq!(
             StoreUrl::parse("rediss://:pw@h:6380/2?ca=/etc/tp/ca.pem").unwrap(),
             StoreUrl::Redis {

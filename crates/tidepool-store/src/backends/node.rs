@@ -42,7 +42,6 @@ const SEND_BUFFER: usize = 2 << 20;
 /// The most buffers one writev takes (Linux's IOV_MAX).
 const IOV_MAX: usize = 1024;
 /// A node that has not answered for this long is treated as gone.
-const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a TLS handshake may take before the node is taken for one that does not use TLS.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What to do when the client uses TLS and the node does not.
@@ -193,8 +192,10 @@ impl<'a> Batch<'a> {
 pub struct NodeConn {
     stream: TcpStream,
     rbuf: BytesMut,
-    /// Nanoseconds to ask for an answer without sleeping (see [`NodeClient::set_poll`]).
+    /// Nanoseconds to ask for an answer without sleeping (see [`NodeOptions::poll`]).
     poll_ns: u64,
+    /// The longest wait for the node to take a request or send an answer.
+    timeout: Duration,
     /// `None`: plain TCP, the bytes go straight between the socket and the buffers.
     tls: Option<Box<rustls::ClientConnection>>,
 }
@@ -216,13 +217,14 @@ impl NodeConn {
         token: &str,
         session: u64,
         tls: Option<&ClientTls>,
+        timeout: Duration,
     ) -> Result<(NodeConn, HelloInfo), StoreError> {
         let connect_err = |source| StoreError::Connect {
             backend: BACKEND,
             addr: addr.to_string(),
             cause: source,
         };
-        let mut stream = TcpStream::connect(addr).map_err(connect_err)?;
+        let mut stream = connect_within(addr, timeout).map_err(connect_err)?;
         stream.set_nodelay(true).map_err(connect_err)?;
         // Room for a whole batch of pages in one writev rather than a write that sleeps until
         // the node has drained the first 16 KiB. (A fixed receive buffer measured worse than the
@@ -246,12 +248,16 @@ impl NodeConn {
             }
         };
         stream
-            .set_read_timeout(Some(READ_TIMEOUT))
+            .set_read_timeout(Some(timeout))
+            .map_err(connect_err)?;
+        stream
+            .set_write_timeout(Some(timeout))
             .map_err(connect_err)?;
         let mut conn = NodeConn {
             stream,
             rbuf: BytesMut::with_capacity(64 << 10),
             poll_ns: 0,
+            timeout,
             tls,
         };
         let hello = Request::Hello {
@@ -296,10 +302,11 @@ impl NodeConn {
 
     /// Sends a batch and returns its answers in request order.
     pub fn exchange(&mut self, batch: &Batch<'_>) -> Result<Vec<Response>, StoreError> {
+        let timeout = self.timeout;
         self.send(batch).map_err(|source| StoreError::Io {
             backend: BACKEND,
             op: "send",
-            cause: source,
+            cause: past_deadline(source, timeout),
         })?;
         let mut answers: Vec<Option<Response>> = vec![None; batch.ops.len()];
         for _ in 0..batch.ops.len() {
@@ -412,7 +419,7 @@ impl NodeConn {
             .map_err(|source| StoreError::Io {
                 backend: BACKEND,
                 op: "receive",
-                cause: source,
+                cause: past_deadline(source, self.timeout),
             })?;
             if n == 0 {
                 return Err(StoreError::Io {
@@ -425,6 +432,39 @@ impl NodeConn {
                 });
             }
         }
+    }
+}
+
+/// Connects to the first address of `addr` that answers within `timeout` (a host that is gone
+/// drops the SYN, and a plain connect would wait minutes).
+fn connect_within(addr: &str, timeout: Duration) -> std::io::Result<TcpStream> {
+    use std::net::ToSocketAddrs;
+    let mut last = None;
+    for a in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("{addr} resolves to no address"),
+        )
+    }))
+}
+
+/// A socket timeout (SO_RCVTIMEO or SO_SNDTIMEO fired) said as what it means.
+fn past_deadline(e: std::io::Error, timeout: Duration) -> std::io::Error {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the node did not respond within {timeout:?}: it is stopped, overloaded or \
+                 unreachable (timeout_ms in the URL sets the limit)"
+            ),
+        ),
+        _ => e,
     }
 }
 
@@ -465,6 +505,29 @@ fn item_error(op: &'static str, code: ErrorCode) -> StoreError {
     }
 }
 
+/// How a client talks to its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeOptions {
+    /// How long each request asks for its answer without sleeping before it sleeps (zero:
+    /// sleep at once). Plain TCP only: a TLS connection sleeps at once.
+    pub poll: Duration,
+    /// The longest wait to connect, for the node to take a request, or for its answer; past
+    /// it the request fails (and `tidepool run` stops the program, exit 70).
+    pub timeout: Duration,
+}
+
+impl Default for NodeOptions {
+    fn default() -> Self {
+        NodeOptions {
+            poll: DEFAULT_POLL,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// See [`NodeOptions::timeout`]; the URL's `timeout_ms` sets it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long a request polls for its answer before sleeping, unless the URL's `poll_us` says
 /// otherwise. Measured in `tidepool bench pager` (issue 28): with the node on another CPU of
 /// this VM, an unpipelined 4 KiB get took 82 us sleeping and 24 us polling; a page miss 85 us
@@ -478,8 +541,7 @@ pub struct NodeClient {
     tenant: String,
     token: String,
     tls: Option<ClientTls>,
-    /// How long a request asks for its answer before sleeping, nanoseconds.
-    poll_ns: AtomicU64,
+    options: NodeOptions,
     session: AtomicU64,
     info: HelloInfo,
     pool: Mutex<Vec<NodeConn>>,
@@ -514,14 +576,26 @@ impl NodeClient {
         token: &str,
         tls: Option<ClientTls>,
     ) -> Result<NodeClient, StoreError> {
+        Self::connect_with_options(addr, tenant, token, tls, NodeOptions::default())
+    }
+
+    /// [`NodeClient::connect_with`], polling and timing out as `options` say.
+    pub fn connect_with_options(
+        addr: &str,
+        tenant: &str,
+        token: &str,
+        tls: Option<ClientTls>,
+        options: NodeOptions,
+    ) -> Result<NodeClient, StoreError> {
         let session = new_session_id();
-        let (conn, info) = NodeConn::open(addr, tenant, token, session, tls.as_ref())?;
+        let (conn, info) =
+            NodeConn::open(addr, tenant, token, session, tls.as_ref(), options.timeout)?;
         Ok(NodeClient {
             addr: addr.to_string(),
             tenant: tenant.to_string(),
             token: token.to_string(),
             tls,
-            poll_ns: AtomicU64::new(DEFAULT_POLL.as_nanos() as u64),
+            options,
             session: AtomicU64::new(session),
             info,
             pool: Mutex::new(vec![conn]),
@@ -539,16 +613,6 @@ impl NodeClient {
 
     pub fn addr(&self) -> &str {
         &self.addr
-    }
-
-    /// How long each request asks for its answer without sleeping before it sleeps
-    /// ([`DEFAULT_POLL`] unless set; zero: sleep at once). Plain TCP only: a TLS connection
-    /// sleeps at once.
-    pub fn set_poll(&self, poll: Duration) {
-        self.poll_ns.store(
-            poll.as_nanos().min(u64::MAX as u128) as u64,
-            Ordering::Relaxed,
-        );
     }
 
     /// Whether the connections use TLS.
@@ -578,11 +642,12 @@ impl NodeClient {
                     &self.token,
                     session,
                     self.tls.as_ref(),
+                    self.options.timeout,
                 )?
                 .0
             }
         };
-        conn.poll_ns = self.poll_ns.load(Ordering::Relaxed);
+        conn.poll_ns = self.options.poll.as_nanos().min(u64::MAX as u128) as u64;
         let r = f(&mut conn);
         if !matches!(r, Err(StoreError::Io { .. } | StoreError::Protocol { .. })) {
             self.pool.lock().push(conn);
@@ -739,11 +804,6 @@ pub struct NodeStore {
 }
 
 impl NodeStore {
-    /// See [`NodeClient::set_poll`].
-    pub fn set_poll(&self, poll: Duration) {
-        self.client.set_poll(poll);
-    }
-
     pub fn connect(addr: &str, tenant: &str, token: &str) -> Result<NodeStore, StoreError> {
         Self::connect_with(addr, tenant, token, None)
     }
@@ -755,8 +815,19 @@ impl NodeStore {
         token: &str,
         tls: Option<ClientTls>,
     ) -> Result<NodeStore, StoreError> {
+        Self::connect_with_options(addr, tenant, token, tls, NodeOptions::default())
+    }
+
+    /// [`NodeStore::connect_with`], polling and timing out as `options` say.
+    pub fn connect_with_options(
+        addr: &str,
+        tenant: &str,
+        token: &str,
+        tls: Option<ClientTls>,
+        options: NodeOptions,
+    ) -> Result<NodeStore, StoreError> {
         Ok(NodeStore {
-            client: NodeClient::connect_with(addr, tenant, token, tls)?,
+            client: NodeClient::connect_with_options(addr, tenant, token, tls, options)?,
             handles: (0..SHARDS)
                 .map(|_| Mutex::new(FxHashMap::default()))
                 .collect(),
