@@ -247,9 +247,9 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
             if let Some(ms) = timeout_ms {
                 options.timeout = std::time::Duration::from_millis(ms);
             }
-            Arc::new(NodeStore::connect_with_options(
+            Arc::new(NodeStore::with_client(NodeClient::connect_with_options(
                 &addr, &tenant, &token, tls, options,
-            )?)
+            )?))
         }
         StoreUrl::Redis { addr, prefix, tls } => {
             Arc::new(RedisStore::connect_with(&addr, prefix, tls.as_ref())?)

@@ -805,33 +805,18 @@ pub struct NodeStore {
 
 impl NodeStore {
     pub fn connect(addr: &str, tenant: &str, token: &str) -> Result<NodeStore, StoreError> {
-        Self::connect_with(addr, tenant, token, None)
+        Ok(Self::with_client(NodeClient::connect(addr, tenant, token)?))
     }
 
-    /// [`NodeStore::connect`], over TLS when `tls` is given.
-    pub fn connect_with(
-        addr: &str,
-        tenant: &str,
-        token: &str,
-        tls: Option<ClientTls>,
-    ) -> Result<NodeStore, StoreError> {
-        Self::connect_with_options(addr, tenant, token, tls, NodeOptions::default())
-    }
-
-    /// [`NodeStore::connect_with`], polling and timing out as `options` say.
-    pub fn connect_with_options(
-        addr: &str,
-        tenant: &str,
-        token: &str,
-        tls: Option<ClientTls>,
-        options: NodeOptions,
-    ) -> Result<NodeStore, StoreError> {
-        Ok(NodeStore {
-            client: NodeClient::connect_with_options(addr, tenant, token, tls, options)?,
+    /// A store over a client already connected (over TLS, with options: see
+    /// [`NodeClient::connect_with_options`]).
+    pub fn with_client(client: NodeClient) -> NodeStore {
+        NodeStore {
+            client,
             handles: (0..SHARDS)
                 .map(|_| Mutex::new(FxHashMap::default()))
                 .collect(),
-        })
+        }
     }
 
     pub fn client(&self) -> &NodeClient {
