@@ -442,6 +442,8 @@ impl Pager {
     /// What the pager has done so far.
     pub fn stats(&self) -> PagerStats {
         let i = self.inner();
+        // Reading the timings takes their locks, which a fork must not find held.
+        let _section = crate::fork::section();
         snapshot(
             &i.counters,
             &i.timings,
