@@ -64,16 +64,13 @@ pub fn run(a: CoordArgs) -> Result<()> {
         epoch: Duration::from_millis(a.epoch_ms.max(10)),
         floor: a.floor,
         group: a.group,
-        token_file: a.token_file.clone(),
+        token_file: a.token_file,
         ..Config::default()
     };
     if let Some(s) = a.socket {
         cfg.socket = s;
     }
     let socket = cfg.socket.clone();
-    let token_file = a
-        .token_file
-        .unwrap_or_else(|| tidepool_coord::default_token_file(&socket));
     let coord = Coordinator::start(cfg)
         .with_context(|| format!("cannot listen at {}", socket.display()))?;
     let http = match a.http {
@@ -90,7 +87,7 @@ pub fn run(a: CoordArgs) -> Result<()> {
                 .with_context(|| format!("cannot serve HTTP at {addr}"))?;
             format!(
                 "; dashboard at http://{bound}/, changes there need the token in {}",
-                token_file.display()
+                coord.token_file().display()
             )
         }
         None => String::new(),

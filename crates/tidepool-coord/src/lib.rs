@@ -281,8 +281,9 @@ struct Shared {
     owner_uid: u32,
     /// Bearer token for changes over HTTP.
     token: String,
-    /// The token file, if this coordinator made it (it goes when the coordinator stops).
-    made_token: Option<PathBuf>,
+    /// The token's file, and whether this coordinator made it (then it goes at stop).
+    token_file: PathBuf,
+    made_token: bool,
     latencies: metrics::Latencies,
     state: Mutex<State>,
     stop: AtomicBool,
@@ -347,7 +348,8 @@ impl Coordinator {
             config,
             owner_uid: rustix::process::geteuid().as_raw(),
             token,
-            made_token: made.then_some(token_file),
+            token_file,
+            made_token: made,
             latencies: metrics::Latencies::default(),
             stop: AtomicBool::new(false),
             started: Instant::now(),
@@ -370,6 +372,11 @@ impl Coordinator {
     /// The state now.
     pub fn snapshot(&self) -> Snapshot {
         self.shared.snapshot()
+    }
+
+    /// Where the token that changes over HTTP need is kept.
+    pub fn token_file(&self) -> &std::path::Path {
+        &self.shared.token_file
     }
 
     /// The history the dashboard charts.
@@ -398,8 +405,8 @@ impl Coordinator {
 impl Drop for Coordinator {
     fn drop(&mut self) {
         self.shared.stop.store(true, Release);
-        if let Some(t) = &self.shared.made_token {
-            let _ = std::fs::remove_file(t);
+        if self.shared.made_token {
+            let _ = std::fs::remove_file(&self.shared.token_file);
         }
         // Wake the accept thread.
         let _ = Channel::connect(self.listener.path());

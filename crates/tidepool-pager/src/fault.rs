@@ -99,7 +99,7 @@ impl Inner {
             if self.local_pages() > budget + self.margin() {
                 let t = Instant::now();
                 while self.local_pages() > budget + self.margin() && self.evict_batch() > 0 {}
-                self.timings.evict.record(t.elapsed());
+                self.timings.evicted_inline(t.elapsed());
             }
         }
         let (plan, credited) = {
@@ -217,8 +217,7 @@ impl Inner {
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
                 let t = Instant::now();
                 self.move_in(region, page, 1, true);
-                self.timings.install.record(t.elapsed());
-                self.timings.serve.record(taken.elapsed());
+                self.timings.far_fetch(None, t.elapsed(), taken.elapsed());
                 RESIDENT | if write { DIRTY } else { 0 } | history
             }
             _ => {
@@ -226,7 +225,6 @@ impl Inner {
                 let t = Instant::now();
                 self.read_pages(&[region.key(page)], staging, "reading a page");
                 let read = Instant::now();
-                self.timings.store.record(read - t);
                 let data = staging.page(0);
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
                 let predicted_write = write || history & WAS_DIRTY != 0;
@@ -237,8 +235,8 @@ impl Inner {
                 }
                 self.copy_in(addr, data, !predicted_write);
                 let woken = Instant::now();
-                self.timings.install.record(woken - read);
-                self.timings.serve.record(woken - taken);
+                self.timings
+                    .far_fetch(Some(read - t), woken - read, woken - taken);
                 let clean = if predicted_write {
                     if write {
                         DIRTY

@@ -6,72 +6,81 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-/// Where a far fetch's time goes on the handler's side, one histogram per stage (nanoseconds).
-/// Recorded only by fault handlers, inside the fork gate's section, so a fork never copies a
-/// held lock.
+/// Where a far fetch's time goes on the handler's side, one histogram per stage (nanoseconds),
+/// under one lock: a fetch records all its stages at once. Recorded only by fault handlers,
+/// inside the fork gate's section (and read inside one), so a fork never copies a held lock.
 #[derive(Debug)]
-pub(crate) struct Timings {
+pub(crate) struct Timings(Mutex<Stages>);
+
+#[derive(Debug)]
+struct Stages {
     /// From the handler taking the fault to the faulting thread woken: what the handler adds
     /// to a miss.
-    pub serve: Stage,
+    serve: Histogram<u64>,
     /// Reading the page from the far store (request, network, the store's work, copy into the
     /// staging buffer).
-    pub store: Stage,
+    store: Histogram<u64>,
     /// Installing it (UFFDIO_COPY or MOVE, which also wakes the faulting thread).
-    pub install: Stage,
+    install: Histogram<u64>,
     /// Evicting inline because the evictor fell behind, before the next fault is taken.
-    pub evict: Stage,
+    evict: Histogram<u64>,
+}
+
+/// 100 ns .. 100 s at 2 significant digits: a few KiB, allocated once, never grown.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(100, 100_000_000_000, 2).expect("valid bounds")
+}
+
+fn record(h: &mut Histogram<u64>, d: Duration) {
+    let _ = h.record((d.as_nanos() as u64).clamp(100, 100_000_000_000));
+}
+
+fn quantiles(h: &Histogram<u64>) -> StageTimes {
+    StageTimes {
+        count: h.len(),
+        p50_ns: h.value_at_quantile(0.5),
+        p99_ns: h.value_at_quantile(0.99),
+    }
 }
 
 impl Timings {
     pub fn new() -> Timings {
-        Timings {
-            serve: Stage::new(),
-            store: Stage::new(),
-            install: Stage::new(),
-            evict: Stage::new(),
+        Timings(Mutex::new(Stages {
+            serve: histogram(),
+            store: histogram(),
+            install: histogram(),
+            evict: histogram(),
+        }))
+    }
+
+    /// One far fetch: its store read (none for a page in a frame), install, and the whole.
+    pub fn far_fetch(&self, store: Option<Duration>, install: Duration, serve: Duration) {
+        let mut s = self.0.lock();
+        if let Some(d) = store {
+            record(&mut s.store, d);
         }
+        record(&mut s.install, install);
+        record(&mut s.serve, serve);
+    }
+
+    pub fn evicted_inline(&self, d: Duration) {
+        record(&mut self.0.lock().evict, d);
     }
 
     pub fn reset(&self) {
-        for s in [&self.serve, &self.store, &self.install, &self.evict] {
-            s.0.lock().reset();
+        let s = &mut *self.0.lock();
+        for h in [&mut s.serve, &mut s.store, &mut s.install, &mut s.evict] {
+            h.reset();
         }
     }
 
     fn snapshot(&self) -> MissTimes {
+        let s = self.0.lock();
         MissTimes {
-            serve: self.serve.quantiles(),
-            store: self.store.quantiles(),
-            install: self.install.quantiles(),
-            evict: self.evict.quantiles(),
-        }
-    }
-}
-
-/// One stage's durations.
-#[derive(Debug)]
-pub(crate) struct Stage(Mutex<Histogram<u64>>);
-
-impl Stage {
-    fn new() -> Stage {
-        // 100 ns .. 100 s at 2 significant digits: a few KiB, allocated once, never grown.
-        let h = Histogram::new_with_bounds(100, 100_000_000_000, 2).expect("valid bounds");
-        Stage(Mutex::new(h))
-    }
-
-    pub fn record(&self, d: Duration) {
-        let ns = (d.as_nanos() as u64).clamp(100, 100_000_000_000);
-        let _ = self.0.lock().record(ns);
-    }
-
-    fn quantiles(&self) -> StageTimes {
-        let h = self.0.lock();
-        StageTimes {
-            count: h.len(),
-            p50_ns: h.value_at_quantile(0.5),
-            p99_ns: h.value_at_quantile(0.99),
-            mean_ns: h.mean() as u64,
+            serve: quantiles(&s.serve),
+            store: quantiles(&s.store),
+            install: quantiles(&s.install),
+            evict: quantiles(&s.evict),
         }
     }
 }
@@ -82,7 +91,6 @@ pub struct StageTimes {
     pub count: u64,
     pub p50_ns: u64,
     pub p99_ns: u64,
-    pub mean_ns: u64,
 }
 
 /// A far fetch's time on the handler's side, by stage.

@@ -35,10 +35,7 @@ use tidepool_proto::scan::{Column, Scan};
 
 pub use backends::local::LocalStore;
 pub use backends::memcached::MemcachedStore;
-pub use backends::node::{
-    NodeClient, NodeOptions, NodeStore, DEFAULT_POLL as NODE_DEFAULT_POLL,
-    DEFAULT_TIMEOUT as NODE_DEFAULT_TIMEOUT,
-};
+pub use backends::node::{NodeClient, NodeOptions, NodeStore, DEFAULT_POLL as NODE_DEFAULT_POLL};
 pub use backends::redis::RedisStore;
 pub use error::StoreError;
 pub use tls::{ClientTls, TlsOptions};

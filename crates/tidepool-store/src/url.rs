@@ -130,28 +130,37 @@ impl StoreUrl {
                     Some(other) => return Err(bad(format!("tls={other}: write tls=1 or tls=0"))),
                 };
                 let tls = tls_options(tls, take_param("ca"), "add tls=1")?;
-                let poll_us = match take_param("poll_us") {
-                    None => None,
-                    Some(v) => Some(
+                // A whole number in `range` (what it counts, for the message).
+                let number = |v: Option<String>,
+                              name: &str,
+                              range: std::ops::RangeInclusive<u64>,
+                              unit: &str| {
+                    v.map(|v| {
                         v.parse::<u64>()
                             .ok()
-                            .filter(|&us| us <= 1_000_000)
+                            .filter(|n| range.contains(n))
                             .ok_or_else(|| {
-                                bad(format!("poll_us={v}: write microseconds, 0 to 1000000"))
-                            })?,
-                    ),
+                                bad(format!(
+                                    "{name}={v}: write {unit}, {} to {}",
+                                    range.start(),
+                                    range.end()
+                                ))
+                            })
+                    })
+                    .transpose()
                 };
-                let timeout_ms = match take_param("timeout_ms") {
-                    None => None,
-                    Some(v) => Some(
-                        v.parse::<u64>()
-                            .ok()
-                            .filter(|ms| (1..=3_600_000).contains(ms))
-                            .ok_or_else(|| {
-                                bad(format!("timeout_ms={v}: write milliseconds, 1 to 3600000"))
-                            })?,
-                    ),
-                };
+                let poll_us = number(
+                    take_param("poll_us"),
+                    "poll_us",
+                    0..=1_000_000,
+                    "microseconds",
+                )?;
+                let timeout_ms = number(
+                    take_param("timeout_ms"),
+                    "timeout_ms",
+                    1..=3_600_000,
+                    "milliseconds",
+                )?;
                 StoreUrl::Node {
                     addr: addr.to_string(),
                     tenant,
