@@ -40,6 +40,7 @@ fn quantiles(h: &Histogram<u64>) -> StageTimes {
         count: h.len(),
         p50_ns: h.value_at_quantile(0.5),
         p99_ns: h.value_at_quantile(0.99),
+        mean_ns: h.mean() as u64,
     }
 }
 
@@ -91,6 +92,8 @@ pub struct StageTimes {
     pub count: u64,
     pub p50_ns: u64,
     pub p99_ns: u64,
+    /// What throughput pays: the tail weighs in.
+    pub mean_ns: u64,
 }
 
 /// A far fetch's time on the handler's side, by stage.
@@ -301,11 +304,14 @@ impl fmt::Display for PagerStats {
             let us = |ns: u64| ns as f64 / 1e3;
             writeln!(
                 f,
-                "far fetch    handler time p50 {:.1} us, p99 {:.1} us: store read p50 {:.1} us (p99 {:.1}), \
-                 install and wake p50 {:.1} us (p99 {:.1}); inline eviction in {} faults, p50 {:.1} us",
+                "far fetch    handler time p50 {:.1} us, mean {:.1}, p99 {:.1} us: store read p50 {:.1} us \
+                 (mean {:.1}, p99 {:.1}), install and wake p50 {:.1} us (p99 {:.1}); inline eviction in {} \
+                 faults, p50 {:.1} us",
                 us(m.serve.p50_ns),
+                us(m.serve.mean_ns),
                 us(m.serve.p99_ns),
                 us(m.store.p50_ns),
+                us(m.store.mean_ns),
                 us(m.store.p99_ns),
                 us(m.install.p50_ns),
                 us(m.install.p99_ns),
