@@ -845,9 +845,21 @@ impl Suite for AppsSuite {
         let s = Sizes::of(&ctx.opts);
         let exe = std::env::current_exe()?;
         let preload = crate::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")?;
-        let node = crate::store::NodeProcess::start("4G")?;
-        ctx.opts.placement.pin_server(node.pid())?;
-        let mut l = Launcher::new(exe, preload, Some(format!("node://apps@{}", node.addr)));
+        // As in the pager suite, a node with a CPU of its own polls for requests before it
+        // sleeps (a cross-CPU wake-up per miss costs this VM more than serving the page). The
+        // Redis workloads' load generator shares that CPU, and a polling node halves its
+        // throughput there: Redis pages to a node that sleeps.
+        let poll = crate::pager::NODE_BUSY_POLL_US.to_string();
+        let polling = crate::store::NodeProcess::start_with("4G", &["--busy-poll-us", &poll])?;
+        ctx.opts.placement.pin_server(polling.pid())?;
+        let sleeping = crate::store::NodeProcess::start("4G")?;
+        ctx.opts.placement.pin_server(sleeping.pid())?;
+        ctx.note(format!(
+            "tidepool-node: the node polls {poll} us for requests before it sleeps, except \
+             under Redis, whose load generator shares the node's CPU"
+        ));
+        let node_url = |n: &crate::store::NodeProcess| format!("node://apps@{}", n.addr);
+        let mut l = Launcher::new(exe, preload, Some(node_url(&polling)));
         l.load_cpus = ctx.opts.placement.server_cpus();
         let mut systems: Vec<System> = System::CONSTRAINED.to_vec();
         match Zram::start(8 << 30) {
@@ -873,6 +885,11 @@ impl Suite for AppsSuite {
                 continue;
             }
             ctx.step(format!("{workload}: native"));
+            l.node = Some(node_url(if workload == "redis" {
+                &sleeping
+            } else {
+                &polling
+            }));
             let mut port = 17_000u16;
             let run = |l: &Launcher, system: System, local: u64, port: u16| -> Result<Measured> {
                 Ok(match workload {
@@ -991,7 +1008,8 @@ impl Measured {
     }
 }
 
-/// tidepool-local against linux-zram on each workload and ratio, as notes.
+/// tidepool-local and tidepool-node against linux-zram on each workload and ratio, as notes
+/// (issue 28 asks tidepool-node for >= 0.8x at 50% local).
 fn verdict(ctx: &mut Ctx) {
     let mut notes = Vec::new();
     for w in [
@@ -1020,24 +1038,27 @@ fn verdict(ctx: &mut Ctx) {
                     })
                     .map(|r| r.value)
             };
-            let (Some(t), zram) = (at("tidepool-local", metric), at("linux-zram", metric)) else {
-                continue;
-            };
-            let text = match zram {
-                Some(z) => {
-                    let x = if higher_better { t / z } else { z / t };
-                    format!(
-                        "{w} at {:.0}% local: tidepool-local {x:.2}x linux-zram",
+            let zram = at("linux-zram", metric);
+            for system in ["tidepool-local", "tidepool-node"] {
+                let Some(t) = at(system, metric) else {
+                    continue;
+                };
+                let text = match zram {
+                    Some(z) => {
+                        let x = if higher_better { t / z } else { z / t };
+                        format!(
+                            "{w} at {:.0}% local: {system} {x:.2}x linux-zram",
+                            ratio * 100.0
+                        )
+                    }
+                    None if at("linux-zram", "oom_killed").is_some() => format!(
+                        "{w} at {:.0}% local: linux-zram was OOM-killed, {system} finished",
                         ratio * 100.0
-                    )
-                }
-                None if at("linux-zram", "oom_killed").is_some() => format!(
-                    "{w} at {:.0}% local: linux-zram was OOM-killed, tidepool-local finished",
-                    ratio * 100.0
-                ),
-                None => continue,
-            };
-            notes.push(text);
+                    ),
+                    None => continue,
+                };
+                notes.push(text);
+            }
         }
     }
     for n in notes {

@@ -308,7 +308,7 @@ fn node_get_latency(url: &str) -> Result<(f64, f64)> {
 }
 
 /// How long the suite's node keeps polling after a request (`tidepool node --busy-poll-us`).
-const NODE_BUSY_POLL_US: u64 = 200;
+pub(crate) const NODE_BUSY_POLL_US: u64 = 200;
 
 /// The miss latencies a random-access worker reports.
 const MISS_METRICS: [&str; 2] = ["miss_us_p50", "miss_us_p99"];

@@ -505,6 +505,10 @@ fn run(shared: &Shared, index: usize, mut poll: Poll, rx: Receiver<(std::net::Tc
         let mut ready: Vec<usize> = std::mem::take(&mut again);
         if !events.is_empty() && !shared.busy_poll.is_zero() {
             spin_until = Instant::now() + shared.busy_poll;
+        } else if spinning && events.is_empty() && ready.is_empty() {
+            // Nothing yet: give the CPU to anything else that wants it (a process sharing the
+            // core runs; alone, the yield returns at once).
+            std::thread::yield_now();
         }
         for event in events.iter() {
             if event.token() == WAKE {
