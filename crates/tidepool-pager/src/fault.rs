@@ -183,6 +183,9 @@ impl Inner {
         let addr = region.addr(page);
         let history = word & HISTORY;
         let referenced = self.recently_evicted(region, page);
+        if kind(word) == FAR && self.evicted_within(region, page, 8) {
+            Counters::add(&self.counters.early_refetches, 1);
+        }
         let new = match kind(word) {
             UNTOUCHED => {
                 Counters::add(&self.counters.zero_fills, 1);
@@ -342,10 +345,15 @@ impl Inner {
 
     /// A page evicted within the last half budget of evictions that is wanted again is hot.
     pub(crate) fn recently_evicted(&self, region: &RegionInner, page: usize) -> bool {
+        self.evicted_within(region, page, 2)
+    }
+
+    /// Whether the page was evicted less than a `part`th of a budget's evictions ago.
+    pub(crate) fn evicted_within(&self, region: &RegionInner, page: usize, part: usize) -> bool {
         let at = region.table.evicted_at(page).load(Relaxed);
         at != 0
             && self.evict_seq.load(Relaxed).wrapping_sub(at) as usize
-                <= self.budget_pages.load(Relaxed) / 2
+                <= self.budget_pages.load(Relaxed) / part
     }
 
     /// The first write to a page installed write-protected: it is dirty from now on.

@@ -113,6 +113,7 @@ pub(crate) struct Counters {
     pub wp_faults: AtomicU64,
     pub zero_fills: AtomicU64,
     pub far_fetches: AtomicU64,
+    pub early_refetches: AtomicU64,
     pub writeback_hits: AtomicU64,
     pub prefetched: AtomicU64,
     pub prefetch_planned: AtomicU64,
@@ -140,6 +141,7 @@ impl Counters {
             wp_faults,
             zero_fills,
             far_fetches,
+            early_refetches,
             writeback_hits,
             prefetched,
             prefetch_planned,
@@ -159,6 +161,7 @@ impl Counters {
             wp_faults,
             zero_fills,
             far_fetches,
+            early_refetches,
             writeback_hits,
             prefetched,
             prefetch_planned,
@@ -187,8 +190,12 @@ pub struct PagerStats {
     pub wp_faults: u64,
     /// Missing faults served with a zero page (first touch, nothing fetched).
     pub zero_fills: u64,
-    /// Missing faults served by a read from the far store.
+    /// Missing faults served by a read from the far store (or a move from a frame).
     pub far_fetches: u64,
+    /// Far fetches of pages evicted less than an eighth of a budget's evictions before: the
+    /// replacement's mistakes (an LRU would have kept them; CLOCK here sees faults, not
+    /// accesses).
+    pub early_refetches: u64,
     /// Missing faults served from the write-back buffer.
     pub writeback_hits: u64,
     /// Pages the prefetcher mapped before they were asked for.
@@ -242,6 +249,7 @@ pub(crate) fn snapshot(c: &Counters, t: &Timings, resident: u64, budget: u64) ->
         wp_faults: c.wp_faults.load(Relaxed),
         zero_fills: c.zero_fills.load(Relaxed),
         far_fetches: c.far_fetches.load(Relaxed),
+        early_refetches: c.early_refetches.load(Relaxed),
         writeback_hits: c.writeback_hits.load(Relaxed),
         prefetched: c.prefetched.load(Relaxed),
         prefetch_planned: c.prefetch_planned.load(Relaxed),
@@ -273,8 +281,10 @@ impl fmt::Display for PagerStats {
         )?;
         writeln!(
             f,
-            "hits         {:.1}% of missing faults served without a far read",
-            self.local_hit_ratio() * 100.0
+            "hits         {:.1}% of missing faults served without a far read; {} far reads of pages \
+             evicted within the last eighth of a budget's evictions",
+            self.local_hit_ratio() * 100.0,
+            self.early_refetches
         )?;
         match self.prefetch_accuracy() {
             Some(a) => writeln!(
