@@ -62,8 +62,9 @@ enum Cmd {
         #[arg(long)]
         io_threads: Option<usize>,
         /// Microseconds an I/O thread keeps polling after its last request before it sleeps.
-        /// Saves a wake-up per request (tens of microseconds on VMs); the poll yields between
-        /// tries, so other processes on the node's CPUs still run; the CPU does not idle while it polls.
+        /// Saves a wake-up per request (tens of microseconds on VMs). The poll yields between
+        /// tries, so other processes on the node's CPUs still run, but the CPU does not idle
+        /// while it polls.
         #[arg(long, default_value_t = 0)]
         busy_poll_us: u64,
         /// Most simultaneous client connections.
