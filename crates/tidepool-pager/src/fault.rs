@@ -619,6 +619,32 @@ mod tests {
     }
 
     #[test]
+    fn a_page_read_back_soon_after_its_eviction_counts_as_an_early_refetch() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let (pager, mut region) = pager(Recorder::new(), false, 16);
+        fill(&mut region, 0, 1);
+        fill(&mut region, 1, 2);
+        assert_eq!(
+            pager.stats().early_refetches,
+            0,
+            "first touches are not refetches"
+        );
+        evict_all(&pager, &region);
+        landed(&region, 0);
+        landed(&region, 1);
+        assert!(holds(&region, 0, 1));
+        let s = pager.stats();
+        assert_eq!(s.far_fetches, 1);
+        // Two evictions ago, of a budget of thousands of pages: an LRU would have kept it.
+        assert_eq!(s.early_refetches, 1);
+        assert!(
+            s.to_string()
+                .contains("1 far reads of pages evicted within"),
+            "{s}"
+        );
+    }
+
+    #[test]
     fn a_page_dropped_behind_the_pagers_back_reads_zeros() {
         tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let (_pager, mut region) = pager(Recorder::new(), false, 16);
