@@ -64,6 +64,10 @@ impl Inner {
                     }
                 }
             }
+            // A tier over its share (the budget shrank) gives back the difference.
+            if self.probation && !self.tier_has_room(0) {
+                self.tier_make_room(0);
+            }
         }
     }
 
@@ -139,7 +143,9 @@ impl Inner {
         }
         victims.sort_by_key(|(r, p, _)| (r.id, *p));
         let mut evicted = 0;
-        if self.frames {
+        // With a probation tier, the victims go to frames if the tier has room for them (made
+        // by spilling its oldest), else straight to the store.
+        if self.frames && (!self.probation || self.tier_make_room(victims.len())) {
             let mut refused = Vec::new();
             for run in runs_of(&victims) {
                 self.move_out(&victims[run], &mut refused);

@@ -183,7 +183,10 @@ impl Inner {
         let addr = region.addr(page);
         let history = word & HISTORY;
         let referenced = self.recently_evicted(region, page);
-        if kind(word) == FAR && self.evicted_within(region, page, 8) {
+        if kind(word) == FAR
+            && !(self.probation && word & FRAMED != 0)
+            && self.evicted_within(region, page, 8)
+        {
             Counters::add(&self.counters.early_refetches, 1);
         }
         let new = match kind(word) {
@@ -215,13 +218,21 @@ impl Inner {
                 // The write in flight will land; the page is written again at next eviction.
                 RESIDENT | DIRTY | history
             }
+            _ if word & FRAMED != 0 && self.probation => {
+                // Touched in the probation tier: a local hit.
+                self.tier_touched();
+                let new = self.unframed(region, page, word, write);
+                self.move_in(region, page, 1, true);
+                new
+            }
             _ if word & FRAMED != 0 => {
                 Counters::add(&self.counters.far_fetches, 1);
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
                 let t = Instant::now();
+                let new = self.unframed(region, page, word, write);
                 self.move_in(region, page, 1, true);
                 self.timings.far_fetch(None, t.elapsed(), taken.elapsed());
-                RESIDENT | if write { DIRTY } else { 0 } | history
+                new
             }
             _ => {
                 Counters::add(&self.counters.far_fetches, 1);
@@ -512,8 +523,12 @@ impl Inner {
             let this = how(w);
             let wp = this == How::Copy { wp: true };
             let new = if this == How::Move {
-                Counters::add(&self.counters.bytes_read, PAGE as u64);
-                RESIDENT | PREFETCHED | (w & HISTORY)
+                if self.probation {
+                    self.tier_touched();
+                } else {
+                    Counters::add(&self.counters.bytes_read, PAGE as u64);
+                }
+                self.unframed(region, p, w, false) | PREFETCHED
             } else if kind(w) == FAR {
                 if !wp {
                     // Installed writable on a guess (see `install_demand`).

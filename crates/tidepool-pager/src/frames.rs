@@ -11,36 +11,82 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use tidepool_store::Key;
 
-impl RegionInner {
+impl Inner {
     /// The new word of locked page `page` (word `w`), just moved out to its frame, and whether
     /// the frame holds only zeros (the caller drops it before releasing the page: once
     /// released, the page could come back and go out again into the same frame, which a late
     /// drop would destroy).
     pub(crate) fn framed(
         &self,
+        region: &RegionInner,
         page: usize,
         w: u64,
         seq: u32,
         removes: &mut Vec<Key>,
     ) -> (u64, bool) {
-        if w & FAR_VALID != 0 {
-            // The frame is the far copy now (or nothing, if zero).
-            removes.push(self.key(page));
-        }
-        self.table.evicted_at(page).store(seq, Relaxed);
+        region.table.evicted_at(page).store(seq, Relaxed);
         let history = (w & HISTORY) | if w & DIRTY != 0 { WAS_DIRTY } else { 0 };
         // Checked in the shadow, where nobody writes: zero pages are never kept.
         // SAFETY: the page was just moved there, so the frame exists (possibly the shared zero
         // page), and only this thread, holding the page's lock, uses it.
-        if is_zero_page(unsafe { page_bytes(self.shadow_addr(page)) }) {
-            (UNTOUCHED | history, true)
+        let bytes = unsafe { page_bytes(region.shadow_addr(page)) };
+        let far_valid = w & FAR_VALID != 0;
+        if is_zero_page(bytes) {
+            if far_valid {
+                self.tags.drop_copy(region.key(page), removes);
+            }
+            return (UNTOUCHED | history, true);
+        }
+        if !self.probation {
+            if far_valid {
+                // The frame is the far copy now.
+                removes.push(region.key(page));
+            }
+            return (FAR | FRAMED | history, false);
+        }
+        // A probation frame: the store keeps what it has, and the word says what that is.
+        let copy = if !far_valid {
+            0
+        } else if w & WP_CLEAN != 0 {
+            FAR_VALID
+        } else if w & DIRTY == 0 && hash_page(bytes) == region.table.hash(page).load(Relaxed) {
+            // Installed writable on a guess, and not written.
+            FAR_VALID
+        } else if region.table.tag(page).load(Relaxed) == self.tags.current() {
+            STORE_OLD
         } else {
-            (FAR | FRAMED | history, false)
+            // The old copy went to a process forked since: kept for it.
+            self.tags.drop_copy(region.key(page), removes);
+            0
+        };
+        (FAR | FRAMED | copy | history, false)
+    }
+
+    /// The word of framed page `page` (word `w`), about to move in for a fault that wrote
+    /// (`write`), or for the prefetcher (neither). A page whose frame the store holds comes back
+    /// writable (a move maps pages writable, and a write-protect after it would leave a moment
+    /// for another thread's write to go unseen), hashed here, while nobody can write its
+    /// frame, so that eviction can tell whether it was written.
+    pub(crate) fn unframed(&self, region: &RegionInner, page: usize, w: u64, write: bool) -> u64 {
+        let dirty = if write { DIRTY } else { 0 };
+        if !self.probation {
+            return RESIDENT | dirty | (w & HISTORY);
+        }
+        if w & FAR_VALID != 0 {
+            if !write {
+                // SAFETY: a FRAMED page has its frame in the shadow, which only the pager
+                // touches, and the caller holds the page's lock.
+                let bytes = unsafe { page_bytes(region.shadow_addr(page)) };
+                region.table.hash(page).store(hash_page(bytes), Relaxed);
+            }
+            RESIDENT | FAR_VALID | dirty | (w & HISTORY)
+        } else if w & STORE_OLD != 0 {
+            RESIDENT | FAR_VALID | DIRTY | (w & HISTORY)
+        } else {
+            RESIDENT | dirty | (w & HISTORY)
         }
     }
-}
 
-impl Inner {
     /// Moves pages `[first, first + count)` of a framed region in from its shadow, waking
     /// whoever waits there if `wake`. A page the kernel will not move (shared with a forked
     /// child, EBUSY) is copied instead and its frame dropped.
@@ -137,6 +183,8 @@ impl Inner {
         let mut zero_count = 0;
         let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed).max(1);
         let mut waiters = false;
+        // Probation frames made, for the tier's list.
+        let mut framed = Vec::new();
         let (mut i, mut moved) = (0, 0u64);
         while i < run.len() {
             let p = first + i;
@@ -160,7 +208,7 @@ impl Inner {
             zeros.clear();
             let mut new_words = Vec::with_capacity(done.len());
             for (_, page, w) in done {
-                let (new, zero) = region.framed(*page, *w, seq, &mut removes);
+                let (new, zero) = self.framed(region, *page, *w, seq, &mut removes);
                 if zero {
                     zeros.push((region.shadow_addr(*page), PAGE));
                 }
@@ -170,6 +218,9 @@ impl Inner {
             zero_count += zeros.len() as u64;
             for ((_, page, _), new) in done.iter().zip(new_words) {
                 crate::tr!(*page, "move_out", new);
+                if self.probation && new & FRAMED != 0 {
+                    framed.push((region.clone(), *page, seq));
+                }
                 waiters |= region.table.unlock(*page, new);
             }
             moved += (n / PAGE) as u64;
@@ -193,10 +244,12 @@ impl Inner {
                 // A frame already in the shadow. If the page is not in the region, the kernel
                 // moved it there without a request: it is the page, keep it.
                 Some(libc::EEXIST) if self.adopt_moved(region, *page, false) => {
-                    let (new, zero) = region.framed(*page, *w, seq, &mut removes);
+                    let (new, zero) = self.framed(region, *page, *w, seq, &mut removes);
                     if zero {
                         sys::discard(region.shadow_addr(*page), PAGE);
                         zero_count += 1;
+                    } else if self.probation {
+                        framed.push((region.clone(), *page, seq));
                     }
                     moved += 1;
                     waiters |= region.table.unlock(*page, new);
@@ -220,6 +273,10 @@ impl Inner {
             i += 1;
         }
         self.resident.fetch_sub(moved as usize, Relaxed);
+        if !framed.is_empty() {
+            self.tier.held.fetch_add(framed.len(), Relaxed);
+            self.tier.fifo.lock().extend(framed);
+        }
         Counters::add(&self.counters.evicted_zero, zero_count);
         if waiters {
             // Threads that faulted on the pages meanwhile retry now and find them framed.

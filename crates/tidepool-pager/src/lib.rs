@@ -54,6 +54,7 @@ mod table;
 mod tags;
 #[cfg(test)]
 mod testkit;
+mod tier;
 #[cfg(feature = "trace")]
 pub mod trace;
 pub mod verify;

@@ -85,6 +85,11 @@ pub struct Config {
     /// the pages the kernel will not move (pages shared with a forked child), and the option
     /// is ignored where the kernel lacks UFFDIO_MOVE.
     pub in_process_frames: bool,
+    /// With a far store elsewhere (not the in-process one), keep a probation tier: evicted pages
+    /// wait as frames in the shadow (part of the budget, sized by how often the program touches
+    /// them there) before they go to the store, so a page in use that CLOCK evicted comes back
+    /// for a fault, not a round trip (see `tier.rs`). Ignored where the kernel lacks UFFDIO_MOVE.
+    pub probation: bool,
 }
 
 impl Config {
@@ -96,6 +101,7 @@ impl Config {
             thread_start: None,
             around_child_restart: None,
             in_process_frames: false,
+            probation: false,
         }
     }
 }
@@ -175,8 +181,12 @@ pub(crate) struct Inner {
     pub(crate) timings: crate::stats::Timings,
     pub(crate) shutdown: AtomicBool,
     pub(crate) window_max: u32,
-    /// Far pages are frames in shadow mappings ([`Config::in_process_frames`]).
+    /// Evicted pages go to frames in shadow mappings: as the far store
+    /// ([`Config::in_process_frames`]) or as a probation tier in front of it (`probation`).
     pub(crate) frames: bool,
+    /// Frames are a probation tier in front of the store ([`Config::probation`]).
+    pub(crate) probation: bool,
+    pub(crate) tier: crate::tier::Tier,
     /// Pages the prefetcher is waiting to have room for.
     pub(crate) room_wanted: AtomicUsize,
 }
@@ -376,11 +386,18 @@ impl Pager {
         let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
         let (store_tx, store_rx) = crossbeam_channel::unbounded();
         let tags = Tags::new(!store.private_to_process());
+        let probation = config.probation && !config.in_process_frames && can_move;
+        let tier = crate::tier::Tier::default();
+        let budget = if probation {
+            tier.set_total(budget_pages(config.local_budget))
+        } else {
+            budget_pages(config.local_budget)
+        };
         let inner = Arc::new(Inner {
             uffd,
             store,
             regions: RwLock::new(Vec::new()),
-            budget_pages: AtomicUsize::new(budget_pages(config.local_budget)),
+            budget_pages: AtomicUsize::new(budget),
             resident: AtomicUsize::new(0),
             clock: Mutex::new(VecDeque::new()),
             done: Mutex::new(VecDeque::new()),
@@ -400,7 +417,9 @@ impl Pager {
             shutdown: AtomicBool::new(false),
             room_wanted: AtomicUsize::new(0),
             window_max: config.prefetch_window_max,
-            frames: config.in_process_frames && can_move,
+            frames: (config.in_process_frames || probation) && can_move,
+            probation,
+            tier,
         });
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
         crate::fork::install();
@@ -428,15 +447,19 @@ impl Pager {
 
     /// Changes the local-memory budget of a running pager; shrinking evicts at once.
     pub fn set_local_budget(&self, bytes: usize) {
-        self.inner()
-            .budget_pages
-            .store(budget_pages(bytes), Relaxed);
-        self.inner().kick_evictor();
+        let i = self.inner();
+        let pages = if i.probation {
+            i.tier.set_total(budget_pages(bytes))
+        } else {
+            budget_pages(bytes)
+        };
+        i.budget_pages.store(pages, Relaxed);
+        i.kick_evictor();
     }
 
     /// The local-memory budget in bytes.
     pub fn local_budget(&self) -> usize {
-        self.inner().budget_pages.load(Relaxed) * PAGE
+        self.inner().total_budget_pages() * PAGE
     }
 
     /// What the pager has done so far.
@@ -448,7 +471,8 @@ impl Pager {
             &i.counters,
             &i.timings,
             i.resident.load(Relaxed) as u64,
-            i.budget_pages.load(Relaxed) as u64,
+            i.total_budget_pages() as u64,
+            &i.tier,
         )
     }
 
@@ -569,6 +593,15 @@ impl Inner {
     pub(crate) fn kick_evictor(&self) {
         if self.evictor_kick.swap(1, AcqRel) == 0 {
             sys::futex_wake(&self.evictor_kick);
+        }
+    }
+
+    /// The whole budget: mapped pages, write-back slots and the probation tier.
+    pub(crate) fn total_budget_pages(&self) -> usize {
+        if self.probation {
+            self.tier.total.load(Relaxed)
+        } else {
+            self.budget_pages.load(Relaxed)
         }
     }
 

@@ -249,6 +249,13 @@ impl Inner {
                             self.tags.drop_copy(region.key(p), &mut removes);
                         }
                     }
+                    // A frame in the probation tier, and perhaps the store's copy.
+                    FAR if w & FRAMED != 0 && self.probation => {
+                        self.tier.held.fetch_sub(1, Relaxed);
+                        if w & (FAR_VALID | STORE_OLD) != 0 {
+                            self.tags.drop_copy(region.key(p), &mut removes);
+                        }
+                    }
                     FAR if w & FRAMED != 0 => {}
                     // A page on its way to the store: removed (or kept for a forked child) after
                     // the write in flight lands, the jobs running in order.

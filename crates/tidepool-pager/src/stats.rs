@@ -124,6 +124,8 @@ pub(crate) struct Counters {
     pub written_back: AtomicU64,
     pub moved_out: AtomicU64,
     pub frames_repaired: AtomicU64,
+    pub tier_touched: AtomicU64,
+    pub tier_spilled: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub discarded: AtomicU64,
@@ -152,6 +154,8 @@ impl Counters {
             written_back,
             moved_out,
             frames_repaired,
+            tier_touched,
+            tier_spilled,
             bytes_read,
             bytes_written,
             discarded,
@@ -172,6 +176,8 @@ impl Counters {
             written_back,
             moved_out,
             frames_repaired,
+            tier_touched,
+            tier_spilled,
             bytes_read,
             bytes_written,
             discarded,
@@ -214,6 +220,13 @@ pub struct PagerStats {
     /// Framed pages the kernel moved between a region and its shadow without being asked,
     /// found and taken as they were (see `Inner::adopt_moved`).
     pub frames_repaired: u64,
+    /// The probation tier ([`crate::Config::probation`]): pages the program touched there (a
+    /// fault, no store read) and pages spilled to the store; frames held now, and the tier's
+    /// share of the budget now (0 with no tier).
+    pub tier_touched: u64,
+    pub tier_spilled: u64,
+    pub tier_pages: u64,
+    pub tier_cap_pages: u64,
     /// Bytes fetched from and written to the far store.
     pub bytes_read: u64,
     pub bytes_written: u64,
@@ -242,7 +255,13 @@ impl PagerStats {
     }
 }
 
-pub(crate) fn snapshot(c: &Counters, t: &Timings, resident: u64, budget: u64) -> PagerStats {
+pub(crate) fn snapshot(
+    c: &Counters,
+    t: &Timings,
+    resident: u64,
+    budget: u64,
+    tier: &crate::tier::Tier,
+) -> PagerStats {
     PagerStats {
         miss: t.snapshot(),
         missing_faults: c.missing_faults.load(Relaxed),
@@ -260,6 +279,10 @@ pub(crate) fn snapshot(c: &Counters, t: &Timings, resident: u64, budget: u64) ->
         written_back: c.written_back.load(Relaxed),
         moved_out: c.moved_out.load(Relaxed),
         frames_repaired: c.frames_repaired.load(Relaxed),
+        tier_touched: c.tier_touched.load(Relaxed),
+        tier_spilled: c.tier_spilled.load(Relaxed),
+        tier_pages: tier.held.load(Relaxed) as u64,
+        tier_cap_pages: tier.cap.load(Relaxed) as u64,
         bytes_read: c.bytes_read.load(Relaxed),
         bytes_written: c.bytes_written.load(Relaxed),
         discarded: c.discarded.load(Relaxed),
@@ -302,6 +325,17 @@ impl fmt::Display for PagerStats {
             "evictions    {} pages ({} clean dropped, {} zero, {} written back, {} moved to frames), {} discarded by the program",
             self.evicted, self.evicted_clean, self.evicted_zero, self.written_back, self.moved_out, self.discarded
         )?;
+        if self.tier_cap_pages > 0 {
+            writeln!(
+                f,
+                "probation    {} pages touched in the tier (a fault, no far read), {} spilled to the store; \
+                 {:.1} of {:.1} MiB held",
+                self.tier_touched,
+                self.tier_spilled,
+                mib(self.tier_pages * 4096),
+                mib(self.tier_cap_pages * 4096)
+            )?;
+        }
         if self.frames_repaired > 0 {
             writeln!(
                 f,

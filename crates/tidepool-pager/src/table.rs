@@ -41,6 +41,7 @@ pub const FOREIGN: u64 = 5;
 
 /// RESIDENT: the far store holds a copy. If the page was installed writable without a write
 /// (on the guess that it would be written), the hash table holds the copy's hash.
+/// FAR and FRAMED, in a probation tier: the store holds a copy identical to the frame.
 pub const FAR_VALID: u64 = 1 << 3;
 /// RESIDENT: installed write-protected and not written since, so identical to its far copy
 /// (or to zero if there is none). Eviction needs neither a hash nor a write.
@@ -57,6 +58,11 @@ pub const WAS_DIRTY: u64 = 1 << 8;
 /// FAR: the page is a frame in the region's shadow mapping (the in-process store keeps pages
 /// that way, moved in and out with UFFDIO_MOVE), not in the far store.
 pub const FRAMED: u64 = 1 << 9;
+/// FAR and FRAMED, in a probation tier ([`crate::Config::probation`]): the store also holds an
+/// older version of the page under its tag, written over (or dropped) when the frame is spilled.
+/// (FAR_VALID on such a page says the store's copy is the frame's bytes: a spill drops the
+/// frame and writes nothing.)
+pub const STORE_OLD: u64 = 1 << 15;
 /// How often the page came back soon after its eviction (0-3, saturating): a page the
 /// replacement keeps evicting and fetching again is hot, whatever CLOCK saw of it.
 pub const HEAT_SHIFT: u32 = 10;

@@ -67,6 +67,17 @@ pub fn pager(store: Arc<dyn FarStore>, frames: bool, pages: usize) -> (Pager, Re
     (pager, region)
 }
 
+/// [`pager`] with a probation tier in front of `store` (a twentieth of the budget: thousands of
+/// pages, so nothing leaves it unless a test spills it).
+pub fn probation_pager(store: Arc<dyn FarStore>, pages: usize) -> (Pager, Region) {
+    let mut config = Config::new(1 << 30);
+    config.probation = true;
+    config.handler_cpus = Some(vec![0]);
+    let pager = Pager::start(config, store).unwrap();
+    let region = Region::new(&pager, pages * crate::PAGE).unwrap();
+    (pager, region)
+}
+
 pub fn inner(pager: &Pager) -> &Arc<Inner> {
     pager.inner()
 }

@@ -6,9 +6,14 @@ use tidepool_pager::{verify, Config, Pager, PagerStats, Region};
 /// Three rounds of the workload over 64 MiB with four threads under an 8 MiB budget; every
 /// byte must come back. Returns the pager's counters.
 fn verify_64m_in_8m(config: Config) -> PagerStats {
+    verify_in(config, 64 << 20)
+}
+
+/// [`verify_64m_in_8m`] over `wss` bytes.
+fn verify_in(config: Config, wss: usize) -> PagerStats {
     let store = tidepool_store::open("local:").unwrap();
     let pager = Pager::start(config, store).unwrap();
-    let mut region = Region::new(&pager, 64 << 20).unwrap();
+    let mut region = Region::new(&pager, wss).unwrap();
     let report = verify::run(region.as_mut_slice(), 4, 3);
     let stats = pager.stats();
     eprintln!("{report:?}\n{stats}");
@@ -26,7 +31,7 @@ fn verify_64m_in_8m(config: Config) -> PagerStats {
         "first wrong word: {:?}",
         report.first_wrong
     );
-    assert!(report.bytes_checked >= 3 * (64 << 20));
+    assert!(report.bytes_checked >= 3 * wss as u64);
     stats
 }
 
@@ -82,4 +87,25 @@ fn discarded_pages_read_zero_and_untouched_pages_are_never_fetched() {
     }
     let stats = pager.stats();
     assert!(stats.far_fetches > 0);
+}
+
+/// A probation tier in front of the store: pages go out to frames, are touched back from
+/// there or spilled to the store, clean ones dropped, dirty ones written. A working set a
+/// third over the budget, so that pages are touched in the tier as well as spilled.
+#[test]
+fn every_byte_survives_eviction_through_a_probation_tier() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let mut config = Config::new(12 << 20);
+    config.probation = true;
+    let stats = verify_in(config, 16 << 20);
+    if stats.tier_cap_pages == 0 {
+        eprintln!("skipped: a probation tier needs UFFDIO_MOVE (Linux 6.8)");
+        return;
+    }
+    assert!(
+        stats.tier_touched > 0 && stats.tier_spilled > 0 && stats.written_back > 0,
+        "{stats:?}"
+    );
+    assert!(stats.far_fetches > 0, "{stats:?}");
+    assert!(stats.resident_pages + stats.tier_pages <= stats.budget_pages + 4096);
 }

@@ -288,6 +288,9 @@ extern "C" fn start() {
             tidepool_store::StoreUrl::parse(&backend),
             Ok(tidepool_store::StoreUrl::Local { compress: false })
         );
+    // Any other store gets a probation tier in front of it; TIDEPOOL_RUN_PROBATION=0 turns it
+    // off, to compare.
+    config.probation = env_var("TIDEPOOL_RUN_PROBATION").map_or(true, |v| v != "0");
     let pager = Pager::start(config, store)
         .unwrap_or_else(|e| fail(&format!("cannot start the pager: {e}")));
     let heap = tidepool_alloc::region().map(|(base, len)| {
