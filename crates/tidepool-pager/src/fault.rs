@@ -44,6 +44,9 @@ impl Inner {
             if let Err(e) = self.uffd.read_faults(&mut faults) {
                 self.fatal("reading fault events", &e);
             }
+            if faults.len() > 1 {
+                self.serve_together(&mut faults, &mut staging);
+            }
             let mut stop = false;
             for f in faults.drain(..) {
                 if f.page_addr != bell {
@@ -92,6 +95,76 @@ impl Inner {
             return;
         }
         self.install_demand(&region, page, word, f.write, staging, taken);
+        self.after_demand(&region, page, staging);
+    }
+
+    /// Missing faults read together on pages in the store (not framed): one store read for all
+    /// of them, a round trip instead of one each. Takes them out of `faults`; the rest (and
+    /// any page already being moved) are left for [`Inner::serve`].
+    pub(crate) fn serve_together(&self, faults: &mut Vec<Fault>, staging: &mut Staging) {
+        let taken = Instant::now();
+        let _section = crate::fork::section();
+        let bell = self.doorbell.addr();
+        let mut batch: Vec<(Arc<RegionInner>, usize, u64, bool)> = Vec::new();
+        faults.retain(|f| {
+            if f.wp || f.page_addr == bell || batch.len() == PREFETCH_BATCH {
+                return true;
+            }
+            let Some(region) = self.region_of(f.page_addr) else {
+                return true;
+            };
+            let page = (f.page_addr - region.base) / PAGE;
+            if batch
+                .iter()
+                .any(|(r, p, ..)| Arc::ptr_eq(r, &region) && *p == page)
+            {
+                // A second fault on the page: served (woken) by the first's install.
+                return true;
+            }
+            match region.table.try_lock(page, &[FAR]) {
+                Some(w) if w & FRAMED == 0 => {
+                    batch.push((region, page, w, f.write));
+                    false
+                }
+                Some(w) => {
+                    if region.table.unlock(page, w) {
+                        self.uffd.wake(region.addr(page), PAGE);
+                    }
+                    true
+                }
+                None => true,
+            }
+        });
+        if batch.is_empty() {
+            return;
+        }
+        let n = batch.len() as u64;
+        Counters::add(&self.counters.missing_faults, n);
+        Counters::add(&self.counters.far_fetches, n);
+        Counters::add(&self.counters.bytes_read, n * PAGE as u64);
+        let keys: Vec<Key> = batch.iter().map(|(r, p, ..)| r.key(*p)).collect();
+        let t = Instant::now();
+        self.read_pages(&keys, staging, "reading pages");
+        let read = t.elapsed();
+        for (i, (region, page, word, write)) in batch.iter().enumerate() {
+            let t = Instant::now();
+            let new = self.install_from_store(region, *page, *word, *write, staging.page(i));
+            self.timings
+                .far_fetch(Some(read), t.elapsed(), taken.elapsed());
+            self.publish_demand(region, *page, *word, new);
+        }
+        for (region, page, ..) in &batch {
+            self.after_demand(region, *page, staging);
+        }
+    }
+
+    /// After a demand install: eviction if the evictor fell behind, and the prefetcher's vote.
+    pub(crate) fn after_demand(
+        &self,
+        region: &Arc<RegionInner>,
+        page: usize,
+        staging: &mut Staging,
+    ) {
         let budget = self.budget_pages.load(Relaxed);
         if self.local_pages() > budget {
             self.kick_evictor();
@@ -117,9 +190,9 @@ impl Inner {
         if let Some(plan) = plan {
             Counters::add(&self.counters.prefetch_planned, plan.count as u64);
             if plan.behind_count > 0 {
-                self.note_done(&region, &plan);
+                self.note_done(region, &plan);
             }
-            self.prefetch(&region, plan, staging);
+            self.prefetch(region, plan, staging);
         }
     }
 
@@ -182,13 +255,6 @@ impl Inner {
     ) {
         let addr = region.addr(page);
         let history = word & HISTORY;
-        let referenced = self.recently_evicted(region, page);
-        if kind(word) == FAR
-            && !(self.probation && word & FRAMED != 0)
-            && self.evicted_within(region, page, 8)
-        {
-            Counters::add(&self.counters.early_refetches, 1);
-        }
         let new = match kind(word) {
             UNTOUCHED => {
                 Counters::add(&self.counters.zero_fills, 1);
@@ -239,30 +305,62 @@ impl Inner {
                 let t = Instant::now();
                 self.read_pages(&[region.key(page)], staging, "reading a page");
                 let read = Instant::now();
-                let data = staging.page(0);
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
-                let predicted_write = write || history & WAS_DIRTY != 0;
-                if predicted_write && !write {
-                    // Installed writable on a guess: eviction compares hashes to tell whether
-                    // it was written.
-                    region.table.hash(page).store(hash_page(data), Relaxed);
-                }
-                self.copy_in(addr, data, !predicted_write);
+                let new = self.install_from_store(region, page, word, write, staging.page(0));
                 let woken = Instant::now();
                 self.timings
                     .far_fetch(Some(read - t), woken - read, woken - taken);
-                let clean = if predicted_write {
-                    if write {
-                        DIRTY
-                    } else {
-                        0
-                    }
-                } else {
-                    WP_CLEAN
-                };
-                RESIDENT | FAR_VALID | clean | history
+                new
             }
         };
+        self.publish_demand(region, page, word, new);
+    }
+
+    /// Installs page `page` (word `word`, locked) from `data`, read from the store, waking the
+    /// faulting thread; returns the page's new word.
+    pub(crate) fn install_from_store(
+        &self,
+        region: &RegionInner,
+        page: usize,
+        word: u64,
+        write: bool,
+        data: &[u8],
+    ) -> u64 {
+        let predicted_write = write || word & WAS_DIRTY != 0;
+        if predicted_write && !write {
+            // Installed writable on a guess: eviction compares hashes to tell whether it was
+            // written.
+            region.table.hash(page).store(hash_page(data), Relaxed);
+        }
+        self.copy_in(region.addr(page), data, !predicted_write);
+        let clean = if predicted_write {
+            if write {
+                DIRTY
+            } else {
+                0
+            }
+        } else {
+            WP_CLEAN
+        };
+        RESIDENT | FAR_VALID | clean | (word & HISTORY)
+    }
+
+    /// Publishes a page a demand fault installed (`word` its word before, `new` after the
+    /// install): its heat, the budget's count and the clock.
+    pub(crate) fn publish_demand(
+        &self,
+        region: &Arc<RegionInner>,
+        page: usize,
+        word: u64,
+        new: u64,
+    ) {
+        let referenced = self.recently_evicted(region, page);
+        if kind(word) == FAR
+            && !(self.probation && word & FRAMED != 0)
+            && self.evicted_within(region, page, 8)
+        {
+            Counters::add(&self.counters.early_refetches, 1);
+        }
         // A page fetched again soon after its eviction heats up, one fetched late cools
         // down; the hotter, the more passes of the clock hand it survives.
         let heat = (new & HEAT) >> HEAT_SHIFT;
