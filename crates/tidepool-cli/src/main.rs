@@ -118,6 +118,11 @@ enum Cmd {
     /// exec gets a pager of its own over a copy of its parent's memory. `tidepool resize PID
     /// SIZE` changes the budget while it runs.
     ///
+    /// With a store elsewhere (any backend but plain local:), part of --local holds evicted
+    /// pages on probation before they go to the store: a page the program still uses comes
+    /// back for a fault, not a round trip. The part follows how often that happens, from a
+    /// hundredth to a fifth; TIDEPOOL_RUN_PROBATION=0 turns it off.
+    ///
     /// A program the pager cannot serve (statically linked, or set-user-ID/set-group-ID, for
     /// which the loader ignores LD_PRELOAD) is refused before it starts, unless
     /// --allow-unpaged.

@@ -284,7 +284,10 @@ impl Inner {
         }
         Counters::add(&self.counters.evicted, moved);
         Counters::add(&self.counters.moved_out, moved);
-        Counters::add(&self.counters.bytes_written, moved * PAGE as u64);
+        if !self.probation {
+            // Into the in-process backend; a probation tier writes when it spills.
+            Counters::add(&self.counters.bytes_written, moved * PAGE as u64);
+        }
         if !removes.is_empty() {
             let _ = self.store_tx.send(StoreJob::Remove(removes));
         }

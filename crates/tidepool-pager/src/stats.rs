@@ -215,7 +215,7 @@ pub struct PagerStats {
     pub evicted_zero: u64,
     /// Dirty pages written to the far store.
     pub written_back: u64,
-    /// Pages moved, not copied, into the in-process backend's frames.
+    /// Pages moved, not copied, into frames (the in-process backend, or a probation tier).
     pub moved_out: u64,
     /// Framed pages the kernel moved between a region and its shadow without being asked,
     /// found and taken as they were (see `Inner::adopt_moved`).
