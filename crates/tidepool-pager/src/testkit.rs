@@ -61,17 +61,24 @@ impl FarStore for Recorder {
 pub fn pager(store: Arc<dyn FarStore>, frames: bool, pages: usize) -> (Pager, Region) {
     let mut config = Config::new(1 << 30);
     config.in_process_frames = frames;
-    config.handler_cpus = Some(vec![0]);
-    let pager = Pager::start(config, store).unwrap();
-    let region = Region::new(&pager, pages * crate::PAGE).unwrap();
-    (pager, region)
+    pager_with(config, store, pages)
 }
 
 /// [`pager`] with a probation tier in front of `store` (a twentieth of the budget: thousands of
-/// pages, so nothing leaves it unless a test spills it).
-pub fn probation_pager(store: Arc<dyn FarStore>, pages: usize) -> (Pager, Region) {
+/// pages, so nothing leaves it unless a test spills it); None, with a note, on a kernel without
+/// UFFDIO_MOVE.
+pub fn probation_pager(store: Arc<dyn FarStore>, pages: usize) -> Option<(Pager, Region)> {
     let mut config = Config::new(1 << 30);
     config.probation = true;
+    let (pager, region) = pager_with(config, store, pages);
+    if !pager.inner().probation {
+        eprintln!("skipped: a probation tier needs UFFDIO_MOVE (Linux 6.8)");
+        return None;
+    }
+    Some((pager, region))
+}
+
+fn pager_with(mut config: Config, store: Arc<dyn FarStore>, pages: usize) -> (Pager, Region) {
     config.handler_cpus = Some(vec![0]);
     let pager = Pager::start(config, store).unwrap();
     let region = Region::new(&pager, pages * crate::PAGE).unwrap();

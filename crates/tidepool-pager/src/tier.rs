@@ -239,11 +239,9 @@ mod tests {
     fn a_page_touched_in_the_tier_comes_back_without_the_store() {
         tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let store = Recorder::new();
-        let (pager, mut region) = probation_pager(store.clone(), 8);
-        if !inner(&pager).probation {
-            eprintln!("skipped: this test needs UFFDIO_MOVE (Linux 6.8)");
+        let Some((pager, mut region)) = probation_pager(store.clone(), 8) else {
             return;
-        }
+        };
         fill(&mut region, 1, 0x3c);
         evict_all(&pager, &region);
         let w = word(&region, 1);
@@ -259,11 +257,9 @@ mod tests {
     fn spilled_frames_reach_the_store_and_clean_ones_are_not_written_again() {
         tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let store = Recorder::new();
-        let (pager, mut region) = probation_pager(store.clone(), 8);
-        if !inner(&pager).probation {
-            eprintln!("skipped: this test needs UFFDIO_MOVE (Linux 6.8)");
+        let Some((pager, mut region)) = probation_pager(store.clone(), 8) else {
             return;
-        }
+        };
         for p in 0..8 {
             fill(&mut region, p, p as u8 + 1);
         }
@@ -294,11 +290,9 @@ mod tests {
     fn a_page_written_since_its_store_copy_is_written_again_over_it() {
         tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let store = Recorder::new();
-        let (pager, mut region) = probation_pager(store.clone(), 4);
-        if !inner(&pager).probation {
-            eprintln!("skipped: this test needs UFFDIO_MOVE (Linux 6.8)");
+        let Some((pager, mut region)) = probation_pager(store.clone(), 4) else {
             return;
-        }
+        };
         fill(&mut region, 2, 0x11);
         evict_all(&pager, &region);
         spill_all(&pager, &region, 2..3);
@@ -325,11 +319,9 @@ mod tests {
     #[test]
     fn the_tier_is_part_of_the_budget_and_follows_a_resize() {
         tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
-        let (pager, _region) = probation_pager(Recorder::new(), 4);
-        if !inner(&pager).probation {
-            eprintln!("skipped: this test needs UFFDIO_MOVE (Linux 6.8)");
+        let Some((pager, _region)) = probation_pager(Recorder::new(), 4) else {
             return;
-        }
+        };
         let s = pager.stats();
         assert_eq!(s.budget_pages, (1 << 30) / 4096);
         assert_eq!(s.tier_cap_pages, s.budget_pages / 20);
