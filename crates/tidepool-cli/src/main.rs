@@ -133,7 +133,8 @@ enum Cmd {
         #[arg(long, value_parser = parse_size_arg)]
         local: u64,
         /// Far store URL: local: (in this process, the default), node://tenant[:token]@host:port
-        /// (?tls=1[&ca=FILE] for TLS), redis://host:port, rediss://host:port (TLS),
+        /// (?tls=1[&ca=FILE] for TLS; several hosts, comma-separated, with ?replicas=R to keep
+        /// each page on R of them), redis://host:port, rediss://host:port (TLS),
         /// redis+cluster://host:port,..., memcached://host:port.
         #[arg(long, default_value = "local:")]
         backend: String,

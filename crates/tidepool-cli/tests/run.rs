@@ -246,6 +246,22 @@ fn verification_workload_under_memcached() {
 
 /// Starts the verification worker under `tidepool run`, with `wait`: it stops after the first
 /// round until a line arrives on its standard input. Returns once it said "filled".
+/// Lets a waiting worker go after its far store was lost, and checks that it stopped with
+/// the pager's exit status; returns its standard output and error.
+fn go_and_expect_a_stop(mut child: Child) -> (String, String) {
+    // The pager may find the store gone (writing back the fill) and stop the program before
+    // it reads this: a broken pipe here is one of the outcomes under test.
+    let _ = child.stdin.as_mut().unwrap().write_all(b"go\n");
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(tidepool_pager::FATAL_EXIT_CODE),
+        "{stdout}\n{stderr}"
+    );
+    (stdout, stderr)
+}
+
 fn start_waiting_worker(local: &str, backend: &str, size: &str, rounds: &str) -> Child {
     let mut child = tidepool_run(
         local,
@@ -278,23 +294,55 @@ fn losing_the_backend_stops_the_program_with_a_clear_error_never_zeros() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let mut node = NodeProc::start(&["--capacity", "256M"]);
     let backend = format!("node://loss@{}", node.addr);
-    let mut child = start_waiting_worker("4M", &backend, "64M", "1000");
+    let child = start_waiting_worker("4M", &backend, "64M", "1000");
     node.kill();
-    // The pager may find the node gone (writing back the fill) and stop the program before
-    // it reads this: a broken pipe here is one of the outcomes under test.
-    let _ = child.stdin.as_mut().unwrap().write_all(b"go\n");
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = text(&out);
-    assert_eq!(
-        out.status.code(),
-        Some(tidepool_pager::FATAL_EXIT_CODE),
-        "{stdout}\n{stderr}"
-    );
+    let (stdout, stderr) = go_and_expect_a_stop(child);
     assert!(stderr.contains("unreachable"), "{stderr}");
     assert!(
         stderr.contains(&node.addr),
         "the message names the store: {stderr}"
     );
+    assert!(
+        !stdout.contains("wrong words"),
+        "the program went on: {stdout}"
+    );
+}
+
+/// Three memory nodes keeping each page twice: SIGKILL one while the program runs and it
+/// finishes with every byte right; lose two and it stops with exit 70 naming them.
+#[test]
+fn a_program_outlives_a_killed_memory_node_when_pages_are_kept_twice() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let mut nodes: Vec<NodeProc> = (0..3)
+        .map(|_| NodeProc::start(&["--capacity", "256M"]))
+        .collect();
+    let addrs: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
+    let backend = format!("node://twice@{}?replicas=2", addrs.join(","));
+    let mut child = start_waiting_worker("4M", &backend, "64M", "3");
+    let killed = nodes[1].addr.clone();
+    nodes[1].kill();
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains(", 0 wrong words"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("memory node {killed} is down")),
+        "{stderr}"
+    );
+
+    // A second loss leaves pages with no copy: the program stops, never reads zeros.
+    let child = start_waiting_worker(
+        "4M",
+        &backend.replace(&format!("{killed},"), ""),
+        "64M",
+        "1000",
+    );
+    let (a, b) = (nodes[0].addr.clone(), nodes[2].addr.clone());
+    nodes[0].kill();
+    nodes[2].kill();
+    let (stdout, stderr) = go_and_expect_a_stop(child);
+    assert!(stderr.contains(&a) && stderr.contains(&b), "{stderr}");
     assert!(
         !stdout.contains("wrong words"),
         "the program went on: {stdout}"

@@ -36,6 +36,7 @@ use tidepool_proto::scan::{Column, Scan};
 pub use backends::local::LocalStore;
 pub use backends::memcached::MemcachedStore;
 pub use backends::node::{NodeClient, NodeOptions, NodeStore, DEFAULT_POLL as NODE_DEFAULT_POLL};
+pub use backends::nodes::NodeSet;
 pub use backends::redis::RedisStore;
 pub use error::StoreError;
 pub use tls::{ClientTls, TlsOptions};
@@ -226,27 +227,17 @@ pub(crate) fn copy_into_chunk(
 pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
     Ok(match StoreUrl::parse(url)? {
         StoreUrl::Local { compress } => Arc::new(LocalStore::new(compress)),
-        StoreUrl::Node {
-            addr,
-            tenant,
-            token,
-            tls,
-            poll_us,
-            timeout_ms,
-        } => {
-            let tls = tls
-                .map(|t| ClientTls::from_options(&addr, &t))
-                .transpose()?;
-            let mut options = NodeOptions::default();
-            if let Some(us) = poll_us {
-                options.poll = std::time::Duration::from_micros(us);
+        node @ StoreUrl::Node { .. } => Arc::new(open_node(node)?),
+        StoreUrl::Nodes { nodes, replicas } => {
+            let mut stores = Vec::with_capacity(nodes.len());
+            for node in nodes {
+                let addr = match &node {
+                    StoreUrl::Node { addr, .. } => addr.clone(),
+                    other => unreachable!("a node set of {other:?}"),
+                };
+                stores.push((addr, open_node(node)?));
             }
-            if let Some(ms) = timeout_ms {
-                options.timeout = std::time::Duration::from_millis(ms);
-            }
-            Arc::new(NodeStore::with_client(NodeClient::connect_with_options(
-                &addr, &tenant, &token, tls, options,
-            )?))
+            Arc::new(NodeSet::new(stores, replicas, url.to_string())?)
         }
         StoreUrl::Redis { addr, prefix, tls } => {
             Arc::new(RedisStore::connect_with(&addr, prefix, tls.as_ref())?)
@@ -256,6 +247,34 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
         ),
         StoreUrl::Memcached { addr, prefix } => Arc::new(MemcachedStore::connect(&addr, prefix)?),
     })
+}
+
+/// Connects to the memory node a [`StoreUrl::Node`] names.
+fn open_node(url: StoreUrl) -> Result<NodeStore, StoreError> {
+    let StoreUrl::Node {
+        addr,
+        tenant,
+        token,
+        tls,
+        poll_us,
+        timeout_ms,
+    } = url
+    else {
+        unreachable!("not a node URL: {url:?}");
+    };
+    let tls = tls
+        .map(|t| ClientTls::from_options(&addr, &t))
+        .transpose()?;
+    let mut options = NodeOptions::default();
+    if let Some(us) = poll_us {
+        options.poll = std::time::Duration::from_micros(us);
+    }
+    if let Some(ms) = timeout_ms {
+        options.timeout = std::time::Duration::from_millis(ms);
+    }
+    Ok(NodeStore::with_client(NodeClient::connect_with_options(
+        &addr, &tenant, &token, tls, options,
+    )?))
 }
 
 /// A key prefix unique to this process and store instance, so that several programs sharing

@@ -22,6 +22,13 @@ pub enum StoreUrl {
         /// Milliseconds the node may take to answer before requests fail (`None`: the default).
         timeout_ms: Option<u64>,
     },
+    /// `node://[tenant[:token]@]host1:port,host2:port,...[?replicas=R]`: several memory nodes
+    /// as one store, each key on `replicas` of them. `nodes` are `Node`s, one per host, with
+    /// the URL's tenant, token and options.
+    Nodes {
+        nodes: Vec<StoreUrl>,
+        replicas: usize,
+    },
     /// `redis://` or, with `tls`, `rediss://[:password@]host:port[/DB][?ca=FILE]`
     Redis {
         addr: String,
@@ -122,8 +129,21 @@ impl StoreUrl {
                     .or_else(|| take_param("token"))
                     .or_else(|| std::env::var("TIDEPOOL_TOKEN").ok())
                     .unwrap_or_default();
-                one_host(addr, "node://", "").map_err(bad)?;
-                check_addr(addr).map_err(bad)?;
+                let addrs: Vec<String> = addr.split(',').map(str::to_string).collect();
+                for (i, a) in addrs.iter().enumerate() {
+                    check_addr(a).map_err(bad)?;
+                    if addrs[..i].contains(a) {
+                        return Err(bad(format!(
+                            "{a} is listed twice; name each memory node once"
+                        )));
+                    }
+                }
+                if let Some(ec) = take_param("ec") {
+                    return Err(bad(format!(
+                        "ec={ec}: erasure coding across memory nodes is not built yet; \
+                         use replicas=R to keep each page on R nodes"
+                    )));
+                }
                 let tls = match take_param("tls").as_deref() {
                     None | Some("0" | "false" | "no") => false,
                     Some("1" | "true" | "yes") => true,
@@ -161,13 +181,36 @@ impl StoreUrl {
                     1..=3_600_000,
                     "milliseconds",
                 )?;
-                StoreUrl::Node {
-                    addr: addr.to_string(),
-                    tenant,
-                    token,
-                    tls,
-                    poll_us,
-                    timeout_ms,
+                let replicas = number(take_param("replicas"), "replicas", 1..=64, "a count")?;
+                match (addrs.len(), replicas) {
+                    (1, None | Some(1)) => StoreUrl::Node {
+                        addr: addr.to_string(),
+                        tenant,
+                        token,
+                        tls,
+                        poll_us,
+                        timeout_ms,
+                    },
+                    (n, Some(r)) if r as usize > n => {
+                        return Err(bad(format!(
+                            "replicas={r} needs at least {r} memory nodes and the URL lists {n}; \
+                             add nodes (host1:port,host2:port,...) or lower replicas"
+                        )))
+                    }
+                    (_, r) => StoreUrl::Nodes {
+                        nodes: addrs
+                            .into_iter()
+                            .map(|addr| StoreUrl::Node {
+                                addr,
+                                tenant: tenant.clone(),
+                                token: token.clone(),
+                                tls: tls.clone(),
+                                poll_us,
+                                timeout_ms,
+                            })
+                            .collect(),
+                        replicas: r.unwrap_or(1) as usize,
+                    },
                 }
             }
             "redis" | "rediss" => {
@@ -297,6 +340,11 @@ impl std::fmt::Debug for StoreUrl {
                 .field("token", &if token.is_empty() { "" } else { "***" })
                 .field("tls", tls)
                 .finish(),
+            StoreUrl::Nodes { nodes, replicas } => f
+                .debug_struct("Nodes")
+                .field("nodes", nodes)
+                .field("replicas", replicas)
+                .finish(),
             StoreUrl::Redis { addr, prefix, tls } => f
                 .debug_struct("Redis")
                 .field("addr", &redact(addr))
@@ -393,8 +441,54 @@ mod tests {
             e.contains("one server") && e.contains("redis+cluster://"),
             "{e}"
         );
-        let e = StoreUrl::parse("node://a:1,b:2").unwrap_err().to_string();
-        assert!(e.contains("one server"), "{e}");
+    }
+
+    #[test]
+    fn several_memory_nodes_with_replicas() {
+        let StoreUrl::Nodes { nodes, replicas } =
+            StoreUrl::parse("node://web:s3cret@a:1,b:2,c:3?replicas=2&poll_us=5").unwrap()
+        else {
+            panic!("not several nodes");
+        };
+        assert_eq!(replicas, 2);
+        for (n, addr) in nodes.iter().zip(["a:1", "b:2", "c:3"]) {
+            let StoreUrl::Node {
+                addr: a,
+                tenant,
+                token,
+                poll_us,
+                ..
+            } = n
+            else {
+                panic!("{n:?}");
+            };
+            assert_eq!(
+                (a.as_str(), tenant.as_str(), token.as_str()),
+                (addr, "web", "s3cret")
+            );
+            assert_eq!(*poll_us, Some(5));
+        }
+        assert!(matches!(
+            StoreUrl::parse("node://a:1,b:2").unwrap(),
+            StoreUrl::Nodes { replicas: 1, .. }
+        ));
+        assert!(matches!(
+            StoreUrl::parse("node://a:1?replicas=1").unwrap(),
+            StoreUrl::Node { .. }
+        ));
+        for (url, needle) in [
+            ("node://a:1,b:2?replicas=3", "add nodes"),
+            ("node://a:1?replicas=2", "lists 1"),
+            ("node://a:1,b:2?replicas=0", "replicas=0"),
+            ("node://a:1,a:1", "listed twice"),
+            ("node://a:1,b", "no port"),
+            ("node://a:1,b:2,c:3?ec=2+1", "use replicas=R"),
+        ] {
+            let e = StoreUrl::parse(url).unwrap_err().to_string();
+            assert!(e.contains(needle), "{url}: {e}");
+        }
+        let u = StoreUrl::parse("node://web:s3cret@a:1,b:2").unwrap();
+        assert!(!format!("{u:?}").contains("s3cret"), "{u:?}");
     }
 
     #[test]

@@ -1,4 +1,5 @@
 pub mod local;
 pub mod memcached;
 pub mod node;
+pub mod nodes;
 pub mod redis;

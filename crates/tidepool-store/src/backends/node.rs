@@ -837,6 +837,11 @@ impl NodeStore {
         self.shard(key).lock().get(&key).copied()
     }
 
+    /// Whether this client stored a value under `key` on this node (and has not removed it).
+    pub fn holds(&self, key: Key) -> bool {
+        self.lookup(key).is_some()
+    }
+
     /// A column named by keys, named by the handles the node knows (`None`: never written).
     fn column(&self, c: &Column<Key>) -> Column<Option<Handle>> {
         Column {
