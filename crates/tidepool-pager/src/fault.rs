@@ -138,8 +138,23 @@ impl Inner {
         if batch.is_empty() {
             return;
         }
+        Counters::add(&self.counters.missing_faults, batch.len() as u64);
+        self.fetch_from_store(&batch, staging, taken);
+        for (region, page, ..) in &batch {
+            self.after_demand(region, *page, staging);
+        }
+    }
+
+    /// Serves missing faults on locked pages in the store (`(region, page, word before, write)`
+    /// each): one store read for all of them, then each installed, its thread woken, and
+    /// published.
+    pub(crate) fn fetch_from_store(
+        &self,
+        batch: &[(Arc<RegionInner>, usize, u64, bool)],
+        staging: &mut Staging,
+        taken: Instant,
+    ) {
         let n = batch.len() as u64;
-        Counters::add(&self.counters.missing_faults, n);
         Counters::add(&self.counters.far_fetches, n);
         Counters::add(&self.counters.bytes_read, n * PAGE as u64);
         let keys: Vec<Key> = batch.iter().map(|(r, p, ..)| r.key(*p)).collect();
@@ -152,9 +167,6 @@ impl Inner {
             self.timings
                 .far_fetch(Some(read), t.elapsed(), taken.elapsed());
             self.publish_demand(region, *page, *word, new);
-        }
-        for (region, page, ..) in &batch {
-            self.after_demand(region, *page, staging);
         }
     }
 
@@ -301,16 +313,8 @@ impl Inner {
                 new
             }
             _ => {
-                Counters::add(&self.counters.far_fetches, 1);
-                let t = Instant::now();
-                self.read_pages(&[region.key(page)], staging, "reading a page");
-                let read = Instant::now();
-                Counters::add(&self.counters.bytes_read, PAGE as u64);
-                let new = self.install_from_store(region, page, word, write, staging.page(0));
-                let woken = Instant::now();
-                self.timings
-                    .far_fetch(Some(read - t), woken - read, woken - taken);
-                new
+                self.fetch_from_store(&[(region.clone(), page, word, write)], staging, taken);
+                return;
             }
         };
         self.publish_demand(region, page, word, new);
