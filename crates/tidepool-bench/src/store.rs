@@ -70,7 +70,8 @@ impl Suite for StoreSuite {
 
     fn steps(&self, opts: &BenchOpts) -> u64 {
         let r = opts.rounds() as u64;
-        3 + (2 + 2 * batches(opts).len() as u64) * 3 * r
+        5 + (2 + 2 * batches(opts).len() as u64) * 5 * r
+            + LOSS_LAYOUTS.len() as u64 * r
             + 2 * 2 * r * share_ratios(opts).len() as u64
     }
 
@@ -78,6 +79,7 @@ impl Suite for StoreSuite {
         let systems = start_systems(ctx)?;
         kv_workloads(ctx, &systems)?;
         drop(systems);
+        node_loss(ctx)?;
         if wanted("tidepool-node") {
             sharing(ctx)?;
         }
@@ -172,9 +174,32 @@ impl Drop for NodeProcess {
 struct System {
     name: &'static str,
     store: Arc<dyn FarStore>,
-    /// The server process, for its CPU time.
-    pid: u32,
+    /// The server processes, for pinning and their CPU time.
+    pids: Vec<u32>,
     _server: Box<dyn std::any::Any>,
+}
+
+impl System {
+    fn pin(&self, placement: crate::Placement) -> Result<()> {
+        self.pids.iter().try_for_each(|&p| placement.pin_server(p))
+    }
+
+    fn cpu_seconds(&self) -> Option<f64> {
+        self.pids.iter().map(|&p| cpu_seconds(p)).sum()
+    }
+}
+
+/// Memory nodes started together for one store over all of them.
+fn start_nodes(n: usize, query: &str) -> Result<Started> {
+    let nodes = (0..n)
+        .map(|_| NodeProcess::start("2G"))
+        .collect::<Result<Vec<_>>>()?;
+    let addrs: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
+    Ok((
+        nodes.iter().map(NodeProcess::pid).collect(),
+        format!("node://bench@{}?{query}", addrs.join(",")),
+        Box::new(nodes),
+    ))
 }
 
 /// CPU seconds (user + system) process `pid` has used so far.
@@ -196,37 +221,48 @@ fn wanted(system: &str) -> bool {
     }
 }
 
-/// A started server: its pid, the store URL to reach it, and what keeps it running.
-type Started = (u32, String, Box<dyn std::any::Any>);
+/// A started server: its pids, the store URL to reach it, and what keeps it running.
+type Started = (Vec<u32>, String, Box<dyn std::any::Any>);
 type StartFn = fn() -> Result<Started>;
 
 fn start_systems(ctx: &mut Ctx) -> Result<Vec<System>> {
-    let candidates: [(&'static str, StartFn); 3] = [
+    let candidates: [(&'static str, StartFn); 5] = [
         ("tidepool-node", || {
             let n = NodeProcess::start("2G")?;
-            Ok((n.pid(), format!("node://bench@{}", n.addr), Box::new(n)))
+            Ok((
+                vec![n.pid()],
+                format!("node://bench@{}", n.addr),
+                Box::new(n),
+            ))
         }),
+        ("tidepool-node-x3-r2", || start_nodes(3, "replicas=2")),
+        ("tidepool-node-x6-ec4+2", || start_nodes(6, "ec=4+2")),
         ("redis", || {
             let r = tidepool_peers::RedisServer::start()?;
-            Ok((r.pid(), format!("redis://{}", r.addr()), Box::new(r)))
+            Ok((vec![r.pid()], format!("redis://{}", r.addr()), Box::new(r)))
         }),
         ("memcached", || {
             let m = tidepool_peers::Memcached::start(1024)?;
-            Ok((m.pid(), format!("memcached://{}", m.addr()), Box::new(m)))
+            Ok((
+                vec![m.pid()],
+                format!("memcached://{}", m.addr()),
+                Box::new(m),
+            ))
         }),
     ];
     let mut systems = vec![];
     for (name, start) in candidates {
         ctx.step(format!("starting {name}"));
         if wanted(name) {
-            let started = start().and_then(|(pid, url, server)| {
-                ctx.opts.placement.pin_server(pid)?;
-                Ok(System {
+            let started = start().and_then(|(pids, url, server)| {
+                let s = System {
                     name,
                     store: tidepool_store::open(&url)?,
-                    pid,
+                    pids,
                     _server: server,
-                })
+                };
+                s.pin(ctx.opts.placement)?;
+                Ok(s)
             });
             match started {
                 Ok(s) => systems.push(s),
@@ -265,6 +301,18 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
     for s in systems {
         ctx.step(format!("loading {n} values into {}", s.name));
         preload(s.store.as_ref(), n, &noise).with_context(|| format!("loading {}", s.name))?;
+        // What the store keeps far for each byte of the values (redundancy and allocation
+        // overhead), where the backend can tell.
+        if let Some(far) = s.store.stats().ok().and_then(|st| st.far_bytes) {
+            ctx.report.push(
+                s.name,
+                "load",
+                "far_bytes_per_live_byte",
+                far as f64 / (n as f64 * VALUE_BYTES as f64),
+                "ratio",
+                &[("value_bytes", VALUE_BYTES as f64)],
+            );
+        }
     }
     let d = ctx.opts.measure_for();
     let mut workloads = vec![
@@ -296,10 +344,11 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
     for &(name, kind, threads, batch) in &workloads {
         for s in systems {
             ctx.step(format!("warming up {name} on {}", s.name));
-            ctx.opts
-                .placement
-                .for_workload(name.ends_with("unpipelined"))
-                .pin_server(s.pid)?;
+            s.pin(
+                ctx.opts
+                    .placement
+                    .for_workload(name.ends_with("unpipelined")),
+            )?;
             drive(&s.store, kind, threads, batch, n, warm, &noise, s.name)?;
         }
     }
@@ -308,14 +357,15 @@ fn kv_workloads(ctx: &mut Ctx, systems: &[System]) -> Result<()> {
             for (si, s) in systems.iter().enumerate() {
                 ctx.step(format!("round {} {name} on {}", round + 1, s.name));
                 // Every system gets the same placement for the same workload.
-                ctx.opts
-                    .placement
-                    .for_workload(name.ends_with("unpipelined"))
-                    .pin_server(s.pid)?;
-                let cpu0 = cpu_seconds(s.pid);
+                s.pin(
+                    ctx.opts
+                        .placement
+                        .for_workload(name.ends_with("unpipelined")),
+                )?;
+                let cpu0 = s.cpu_seconds();
                 let (hist, ops, secs) =
                     drive(&s.store, kind, threads, batch, n, d, &noise, s.name)?;
-                if let (Some(a), Some(b)) = (cpu0, cpu_seconds(s.pid)) {
+                if let (Some(a), Some(b)) = (cpu0, s.cpu_seconds()) {
                     server_cpu[w][si].0 += b - a;
                     server_cpu[w][si].1 += ops;
                 }
@@ -452,6 +502,145 @@ fn drive(
         ops += n;
     }
     Ok((hist, ops, secs))
+}
+
+// ---- Losing a node under load ----
+
+/// The stores `node-loss` runs on: (system, nodes, URL query). Each has one node more than its
+/// system's layout in `start_systems`, so that what the lost node held can be protected again.
+const LOSS_LAYOUTS: [(&str, usize, &str); 2] = [
+    ("tidepool-node-x3-r2", 4, "replicas=2"),
+    ("tidepool-node-x6-ec4+2", 7, "ec=4+2"),
+];
+
+/// `node-loss`: readers run batches of 32 over the whole store; one node is SIGKILLed.
+/// `recovery_ms`: from the kill to the first correct read begun after it, in the slowest reader.
+/// `reprotect_mib_per_s`: bytes stored again (on the spare node and the others) over the time
+/// from the kill until every value has all its pieces again, re-protection riding on the load.
+fn node_loss(ctx: &mut Ctx) -> Result<()> {
+    let n = keys(&ctx.opts);
+    let noise = noise();
+    for (name, nodes, query) in LOSS_LAYOUTS {
+        if !wanted(name) {
+            continue;
+        }
+        let (mut recovery, mut rate) = (vec![], vec![]);
+        for round in 0..ctx.opts.rounds() {
+            ctx.step(format!("round {} node-loss on {name}", round + 1));
+            let (ms, mib_s) = one_loss(ctx, nodes, query, n, &noise)
+                .with_context(|| format!("node-loss on {name}"))?;
+            recovery.push(ms);
+            rate.push(mib_s);
+            ctx.advance();
+        }
+        let params = [
+            ("nodes", nodes as f64),
+            ("threads", THREADS as f64),
+            ("batch", 32.0),
+            ("value_bytes", VALUE_BYTES as f64),
+        ];
+        ctx.report.push(
+            name,
+            "node-loss",
+            "recovery_ms",
+            median(&mut recovery),
+            "ms",
+            &params,
+        );
+        ctx.report.push(
+            name,
+            "node-loss",
+            "reprotect_mib_per_s",
+            median(&mut rate),
+            "MiB/s",
+            &params,
+        );
+    }
+    Ok(())
+}
+
+fn extra_stat(store: &dyn FarStore, name: &str) -> Result<u64> {
+    let st = store.stats()?;
+    st.extra
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| *v)
+        .ok_or_else(|| anyhow!("the store reports no {name}"))
+}
+
+fn one_loss(ctx: &Ctx, nodes: usize, query: &str, n: u64, noise: &[u8]) -> Result<(f64, f64)> {
+    let (pids, url, servers) = start_nodes(nodes, query)?;
+    for &p in &pids {
+        ctx.opts.placement.pin_server(p)?;
+    }
+    let store = tidepool_store::open(&url)?;
+    preload(store.as_ref(), n, noise)?;
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let killed: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    let (recovered, reprotect) = std::thread::scope(|s| -> Result<(f64, f64)> {
+        let readers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (store, stop, killed) = (&store, &stop, &killed);
+                s.spawn(move || -> Result<Option<Duration>> {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64 + 99);
+                    let mut keys = vec![0u64; 32];
+                    let mut first_after = None;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        keys.iter_mut().for_each(|k| *k = rng.gen_range(0..n));
+                        let begun = Instant::now();
+                        let got = store.read_many(&keys)?;
+                        for (k, g) in keys.iter().zip(&got) {
+                            check(*k, Some(0), g.as_ref(), "node-loss")?;
+                        }
+                        match killed.get() {
+                            Some(&k) if begun >= k && first_after.is_none() => {
+                                first_after = Some(begun.elapsed() + (begun - k))
+                            }
+                            _ => {}
+                        }
+                    }
+                    Ok(first_after)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let before = extra_stat(store.as_ref(), "bytes_reprotected")?;
+        // SIGKILL the first node: the nodes are a Vec<NodeProcess> whose drop kills.
+        let victim = pids[0];
+        let victim = rustix::process::Pid::from_raw(victim as i32)
+            .ok_or_else(|| anyhow!("node pid {victim}"))?;
+        rustix::process::kill_process(victim, rustix::process::Signal::KILL)
+            .context("killing a node")?;
+        let at = Instant::now();
+        killed.set(at).expect("killed once");
+        let deadline = at + Duration::from_secs(60);
+        let result = loop {
+            let left = extra_stat(store.as_ref(), "bytes_not_protected");
+            match left {
+                Ok(0) => break Ok(at.elapsed()),
+                Ok(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                Ok(b) => break Err(anyhow!("{b} bytes still unprotected after 60 s")),
+                Err(e) => break Err(e),
+            }
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut worst = Duration::ZERO;
+        for r in readers {
+            let first = r
+                .join()
+                .map_err(|_| anyhow!("reader panicked"))??
+                .ok_or_else(|| anyhow!("a reader made no read after the kill"))?;
+            worst = worst.max(first);
+        }
+        let took = result?;
+        let bytes = extra_stat(store.as_ref(), "bytes_reprotected")? - before;
+        Ok((
+            worst.as_secs_f64() * 1e3,
+            bytes as f64 / (1 << 20) as f64 / took.as_secs_f64(),
+        ))
+    })?;
+    drop(servers);
+    Ok((recovered, reprotect))
 }
 
 // ---- The sharing experiment ----

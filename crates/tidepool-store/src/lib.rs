@@ -40,7 +40,7 @@ pub use backends::nodes::NodeSet;
 pub use backends::redis::RedisStore;
 pub use error::StoreError;
 pub use tls::{ClientTls, TlsOptions};
-pub use url::{redact, StoreUrl};
+pub use url::{redact, Redundancy, StoreUrl, MAX_PIECES};
 
 /// Entry points for the fuzz targets in `fuzz/`; not part of the API.
 #[doc(hidden)]
@@ -228,7 +228,7 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
     Ok(match StoreUrl::parse(url)? {
         StoreUrl::Local { compress } => Arc::new(LocalStore::new(compress)),
         node @ StoreUrl::Node { .. } => Arc::new(open_node(node)?),
-        StoreUrl::Nodes { nodes, replicas } => {
+        StoreUrl::Nodes { nodes, redundancy } => {
             let mut stores = Vec::with_capacity(nodes.len());
             for node in nodes {
                 let addr = match &node {
@@ -237,7 +237,7 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
                 };
                 stores.push((addr, open_node(node)?));
             }
-            Arc::new(NodeSet::new(stores, replicas, url.to_string())?)
+            Arc::new(NodeSet::new(stores, redundancy, url.to_string())?)
         }
         StoreUrl::Redis { addr, prefix, tls } => {
             Arc::new(RedisStore::connect_with(&addr, prefix, tls.as_ref())?)

@@ -6,6 +6,73 @@ use crate::StoreError;
 use std::path::PathBuf;
 
 /// A parsed store URL. Its Debug form hides tokens and passwords.
+/// How a store over several memory nodes keeps each value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redundancy {
+    /// Whole copies on this many nodes (1: no redundancy, the nodes share the data).
+    Replicas(usize),
+    /// Reed-Solomon: the value cut into `data` pieces, plus `parity` pieces computed from them,
+    /// each on its own node; any `data` of them give the value back.
+    Erasure { data: usize, parity: usize },
+}
+
+/// The most pieces one value is kept in (copies, or data and parity pieces).
+pub const MAX_PIECES: usize = 16;
+
+impl Redundancy {
+    /// Pieces stored per value, each on a different node.
+    pub fn pieces(self) -> usize {
+        match self {
+            Redundancy::Replicas(r) => r,
+            Redundancy::Erasure { data, parity } => data + parity,
+        }
+    }
+
+    /// Pieces a read needs.
+    pub fn needed(self) -> usize {
+        match self {
+            Redundancy::Replicas(_) => 1,
+            Redundancy::Erasure { data, .. } => data,
+        }
+    }
+
+    /// Nodes that can be lost without losing data.
+    pub fn tolerates(self) -> usize {
+        self.pieces() - self.needed()
+    }
+
+    /// `K+M` as written in `ec=K+M`.
+    fn parse_ec(v: &str) -> Result<Redundancy, String> {
+        let parsed = v.split_once('+').and_then(|(k, m)| {
+            Some((
+                k.trim().parse::<usize>().ok()?,
+                m.trim().parse::<usize>().ok()?,
+            ))
+        });
+        match parsed {
+            Some((k, m)) if k >= 2 && m >= 1 && k + m <= MAX_PIECES => {
+                Ok(Redundancy::Erasure { data: k, parity: m })
+            }
+            Some((1, _)) => Err(format!(
+                "ec={v}: one data piece is a copy; write replicas=R instead"
+            )),
+            _ => Err(format!(
+                "ec={v}: write ec=K+M with K >= 2 data pieces, M >= 1 parity pieces and \
+                 K+M <= {MAX_PIECES} (for example ec=4+2)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Redundancy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Redundancy::Replicas(r) => write!(f, "replicas={r}"),
+            Redundancy::Erasure { data, parity } => write!(f, "ec={data}+{parity}"),
+        }
+    }
+}
+
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
     Local {
@@ -22,12 +89,12 @@ pub enum StoreUrl {
         /// Milliseconds the node may take to answer before requests fail (`None`: the default).
         timeout_ms: Option<u64>,
     },
-    /// `node://[tenant[:token]@]host1:port,host2:port,...[?replicas=R]`: several memory nodes
-    /// as one store, each key on `replicas` of them. `nodes` are `Node`s, one per host, with
-    /// the URL's tenant, token and options.
+    /// `node://[tenant[:token]@]host1:port,host2:port,...[?replicas=R|?ec=K+M]`: several
+    /// memory nodes as one store, each key kept as `redundancy` says. `nodes` are `Node`s, one
+    /// per host, with the URL's tenant, token and options.
     Nodes {
         nodes: Vec<StoreUrl>,
-        replicas: usize,
+        redundancy: Redundancy,
     },
     /// `redis://` or, with `tls`, `rediss://[:password@]host:port[/DB][?ca=FILE]`
     Redis {
@@ -138,12 +205,7 @@ impl StoreUrl {
                         )));
                     }
                 }
-                if let Some(ec) = take_param("ec") {
-                    return Err(bad(format!(
-                        "ec={ec}: erasure coding across memory nodes is not built yet; \
-                         use replicas=R to keep each page on R nodes"
-                    )));
-                }
+                let ec = take_param("ec");
                 let tls = match take_param("tls").as_deref() {
                     None | Some("0" | "false" | "no") => false,
                     Some("1" | "true" | "yes") => true,
@@ -182,22 +244,42 @@ impl StoreUrl {
                     "milliseconds",
                 )?;
                 let replicas = number(take_param("replicas"), "replicas", 1..=64, "a count")?;
-                match (addrs.len(), replicas) {
-                    (1, None | Some(1)) => StoreUrl::Node {
+                let redundancy = match (replicas, ec) {
+                    (Some(_), Some(_)) => {
+                        return Err(bad(
+                            "replicas= and ec= both given; keep copies (replicas=R) or \
+                             erasure-code (ec=K+M), not both"
+                                .into(),
+                        ))
+                    }
+                    (r, None) => Redundancy::Replicas(r.unwrap_or(1) as usize),
+                    (None, Some(ec)) => Redundancy::parse_ec(&ec).map_err(bad)?,
+                };
+                let n = addrs.len();
+                if redundancy.pieces() > n {
+                    return Err(bad(match redundancy {
+                        Redundancy::Replicas(r) => format!(
+                            "replicas={r} needs at least {r} memory nodes and the URL lists {n}; \
+                             add nodes (host1:port,host2:port,...) or lower replicas"
+                        ),
+                        Redundancy::Erasure { data, parity } => format!(
+                            "ec={data}+{parity} needs at least {} memory nodes (K+M) and the \
+                             URL lists {n}; add nodes (host1:port,host2:port,...) or lower K or M",
+                            data + parity
+                        ),
+                    }));
+                }
+                if n == 1 {
+                    StoreUrl::Node {
                         addr: addr.to_string(),
                         tenant,
                         token,
                         tls,
                         poll_us,
                         timeout_ms,
-                    },
-                    (n, Some(r)) if r as usize > n => {
-                        return Err(bad(format!(
-                            "replicas={r} needs at least {r} memory nodes and the URL lists {n}; \
-                             add nodes (host1:port,host2:port,...) or lower replicas"
-                        )))
                     }
-                    (_, r) => StoreUrl::Nodes {
+                } else {
+                    StoreUrl::Nodes {
                         nodes: addrs
                             .into_iter()
                             .map(|addr| StoreUrl::Node {
@@ -209,8 +291,8 @@ impl StoreUrl {
                                 timeout_ms,
                             })
                             .collect(),
-                        replicas: r.unwrap_or(1) as usize,
-                    },
+                        redundancy,
+                    }
                 }
             }
             "redis" | "rediss" => {
@@ -340,10 +422,10 @@ impl std::fmt::Debug for StoreUrl {
                 .field("token", &if token.is_empty() { "" } else { "***" })
                 .field("tls", tls)
                 .finish(),
-            StoreUrl::Nodes { nodes, replicas } => f
+            StoreUrl::Nodes { nodes, redundancy } => f
                 .debug_struct("Nodes")
                 .field("nodes", nodes)
-                .field("replicas", replicas)
+                .field("redundancy", redundancy)
                 .finish(),
             StoreUrl::Redis { addr, prefix, tls } => f
                 .debug_struct("Redis")
@@ -445,12 +527,12 @@ mod tests {
 
     #[test]
     fn several_memory_nodes_with_replicas() {
-        let StoreUrl::Nodes { nodes, replicas } =
+        let StoreUrl::Nodes { nodes, redundancy } =
             StoreUrl::parse("node://web:s3cret@a:1,b:2,c:3?replicas=2&poll_us=5").unwrap()
         else {
             panic!("not several nodes");
         };
-        assert_eq!(replicas, 2);
+        assert_eq!(redundancy, Redundancy::Replicas(2));
         for (n, addr) in nodes.iter().zip(["a:1", "b:2", "c:3"]) {
             let StoreUrl::Node {
                 addr: a,
@@ -470,7 +552,17 @@ mod tests {
         }
         assert!(matches!(
             StoreUrl::parse("node://a:1,b:2").unwrap(),
-            StoreUrl::Nodes { replicas: 1, .. }
+            StoreUrl::Nodes {
+                redundancy: Redundancy::Replicas(1),
+                ..
+            }
+        ));
+        assert!(matches!(
+            StoreUrl::parse("node://a:1,b:2,c:3,d:4,e:5,f:6?ec=4+2").unwrap(),
+            StoreUrl::Nodes {
+                redundancy: Redundancy::Erasure { data: 4, parity: 2 },
+                ..
+            }
         ));
         assert!(matches!(
             StoreUrl::parse("node://a:1?replicas=1").unwrap(),
@@ -482,7 +574,11 @@ mod tests {
             ("node://a:1,b:2?replicas=0", "replicas=0"),
             ("node://a:1,a:1", "listed twice"),
             ("node://a:1,b", "no port"),
-            ("node://a:1,b:2,c:3?ec=2+1", "use replicas=R"),
+            ("node://a:1,b:2,c:3?ec=3+1", "needs at least 4 memory nodes"),
+            ("node://a:1,b:2,c:3?ec=1+1", "write replicas=R"),
+            ("node://a:1,b:2,c:3?ec=2", "write ec=K+M"),
+            ("node://a:1,b:2,c:3?ec=2+0", "M >= 1"),
+            ("node://a:1,b:2,c:3?ec=2+1&replicas=2", "not both"),
         ] {
             let e = StoreUrl::parse(url).unwrap_err().to_string();
             assert!(e.contains(needle), "{url}: {e}");

@@ -60,9 +60,123 @@ fn losing_a_node_loses_nothing_and_losing_every_copy_is_an_error_naming_the_node
     }
     // One node left: a write cannot be kept twice.
     let e = store.write(7, &value(7, 3)).unwrap_err().to_string();
-    assert!(e.contains("fewer than 2") && e.contains(&lost_addr), "{e}");
+    assert!(
+        e.contains("more than replicas=2 survives") && e.contains(&lost_addr),
+        "{e}"
+    );
     assert!(!e.contains("s3cret"), "{e}");
     servers.remove(0).shutdown();
     let e = store.read(7).unwrap_err().to_string();
     assert!(e.contains("down"), "{e}");
+}
+
+fn write_all(store: &dyn tidepool_store::FarStore, keys: &[u64], version: u32) {
+    let items: Vec<(u64, Vec<u8>)> = keys
+        .iter()
+        .map(|&k| (k, conformance::pattern(k, version, 4096)))
+        .collect();
+    let refs: Vec<(u64, &[u8])> = items.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    store.write_many(&refs).unwrap();
+}
+
+fn check_all(store: &dyn tidepool_store::FarStore, keys: &[u64], version: u32) {
+    let read = store.read_many(keys).unwrap();
+    for (k, v) in keys.iter().zip(&read) {
+        assert_eq!(
+            v.as_deref(),
+            Some(conformance::pattern(*k, version, 4096).as_slice()),
+            "key {k} at version {version}"
+        );
+    }
+}
+
+fn stat(store: &dyn tidepool_store::FarStore, name: &str) -> u64 {
+    let s = store.stats().unwrap();
+    s.extra
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no {name} in {s:?}"))
+}
+
+#[test]
+fn six_nodes_erasure_coded_four_plus_two_pass_conformance() {
+    let (servers, addrs) = nodes(6);
+    let store = open(&format!("node://conformance@{addrs}?ec=4+2")).unwrap();
+    conformance::run_all(&store);
+    for s in servers {
+        s.shutdown();
+    }
+}
+
+/// 4+2 keeps 1.5 bytes far per byte, reads through the loss of any two nodes (decoding), and
+/// refuses, naming the nodes, once a third is gone.
+#[test]
+fn erasure_coding_survives_two_losses_and_names_the_nodes_after_a_third() {
+    let (mut servers, addrs) = nodes(6);
+    let store = open(&format!("node://t@{addrs}?ec=4+2")).unwrap();
+    let keys: Vec<u64> = (0..2000).collect();
+    write_all(store.as_ref(), &keys, 1);
+    let far = store.stats().unwrap().far_bytes.unwrap();
+    let ratio = far as f64 / (keys.len() * 4096) as f64;
+    assert!(
+        (1.5..=1.51).contains(&ratio),
+        "{far} bytes far: {ratio:.3} per byte"
+    );
+    check_all(store.as_ref(), &keys, 1);
+    let mut lost = vec![];
+    for _ in 0..2 {
+        let s = servers.remove(1);
+        lost.push(s.local_addr().to_string());
+        s.shutdown();
+        check_all(store.as_ref(), &keys, 1);
+    }
+    assert_eq!(stat(store.as_ref(), "nodes_down"), 2);
+    assert!(stat(store.as_ref(), "bytes_not_protected") > 0);
+    // Writes go on over the four left (and survive no further loss: two already happened).
+    write_all(store.as_ref(), &keys[..500], 2);
+    check_all(store.as_ref(), &keys[..500], 2);
+    check_all(store.as_ref(), &keys[500..], 1);
+    let s = servers.remove(0);
+    lost.push(s.local_addr().to_string());
+    s.shutdown();
+    let e = store.read_many(&keys).unwrap_err().to_string();
+    for a in &lost {
+        assert!(e.contains(a.as_str()), "{a} not named in: {e}");
+    }
+    assert!(e.contains("lost"), "{e}");
+    let e = store.write(1, b"x").unwrap_err().to_string();
+    assert!(e.contains("more than ec=4+2 survives"), "{e}");
+}
+
+/// With a node to spare, values that lost a piece are stored again on the others, so the store
+/// then survives as many further losses as before.
+#[test]
+fn values_that_lost_a_piece_are_protected_again_on_the_nodes_left() {
+    for (n, redundancy, more_losses) in [(7, "ec=4+2", 2), (4, "replicas=2", 1)] {
+        let (mut servers, addrs) = nodes(n);
+        let store = open(&format!("node://t@{addrs}?{redundancy}")).unwrap();
+        let keys: Vec<u64> = (0..3000).collect();
+        write_all(store.as_ref(), &keys, 1);
+        servers.remove(2).shutdown();
+        // The loss is noticed by the next call that needs the node.
+        check_all(store.as_ref(), &keys, 1);
+        assert!(
+            stat(store.as_ref(), "bytes_not_protected") > 0,
+            "{redundancy}"
+        );
+        // Everything the lost node held comes back to full strength.
+        let set = store.as_ref();
+        let mut rounds = 0;
+        while stat(set, "bytes_not_protected") > 0 {
+            set.read(0).unwrap(); // each call re-protects a few
+            rounds += 1;
+            assert!(rounds < 1000, "{redundancy}: re-protection stalls");
+        }
+        assert!(stat(set, "bytes_reprotected") > 0);
+        for _ in 0..more_losses {
+            servers.remove(0).shutdown();
+        }
+        check_all(set, &keys, 1);
+    }
 }

@@ -302,18 +302,28 @@ impl NodeConn {
 
     /// Sends a batch and returns its answers in request order.
     pub fn exchange(&mut self, batch: &Batch<'_>) -> Result<Vec<Response>, StoreError> {
+        self.send_batch(batch)?;
+        self.answers(&batch.ops)
+    }
+
+    /// The first half of [`NodeConn::exchange`]: sends the batch without waiting.
+    fn send_batch(&mut self, batch: &Batch<'_>) -> Result<(), StoreError> {
         let timeout = self.timeout;
         self.send(batch).map_err(|source| StoreError::Io {
             backend: BACKEND,
             op: "send",
             cause: past_deadline(source, timeout),
-        })?;
-        let mut answers: Vec<Option<Response>> = vec![None; batch.ops.len()];
-        for _ in 0..batch.ops.len() {
+        })
+    }
+
+    /// The second half: the answers to requests `ops` sent, in request order.
+    fn answers(&mut self, ops: &[Op]) -> Result<Vec<Response>, StoreError> {
+        let mut answers: Vec<Option<Response>> = vec![None; ops.len()];
+        for _ in 0..ops.len() {
             let (id, resp, op) = self.read_response()?;
             let i = id as usize;
             match answers.get_mut(i) {
-                Some(slot @ None) if batch.ops[i] as u8 | RESPONSE_BIT == op => *slot = Some(resp),
+                Some(slot @ None) if ops[i] as u8 | RESPONSE_BIT == op => *slot = Some(resp),
                 _ => {
                     return Err(StoreError::Protocol {
                         backend: BACKEND,
@@ -563,6 +573,23 @@ impl std::fmt::Debug for NodeClient {
     }
 }
 
+/// A batch sent by [`NodeClient::send`] whose answers have not been read yet.
+#[derive(Debug)]
+pub struct InFlight<'c> {
+    client: &'c NodeClient,
+    conn: NodeConn,
+    ops: Vec<Op>,
+}
+
+impl InFlight<'_> {
+    /// Waits for the answers, in request order, and gives the connection back.
+    pub fn finish(mut self) -> Result<Vec<Response>, StoreError> {
+        let r = self.conn.answers(&self.ops);
+        self.client.checkin(self.conn, &r);
+        r
+    }
+}
+
 impl NodeClient {
     /// Connects and authenticates once, so a wrong address or token fails here.
     pub fn connect(addr: &str, tenant: &str, token: &str) -> Result<NodeClient, StoreError> {
@@ -631,6 +658,13 @@ impl NodeClient {
         &self,
         f: impl FnOnce(&mut NodeConn) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
+        let mut conn = self.checkout()?;
+        let r = f(&mut conn);
+        self.checkin(conn, &r);
+        r
+    }
+
+    fn checkout(&self) -> Result<NodeConn, StoreError> {
         let pooled = self.pool.lock().pop();
         let mut conn = match pooled {
             Some(c) => c,
@@ -648,11 +682,28 @@ impl NodeClient {
             }
         };
         conn.poll_ns = self.options.poll.as_nanos().min(u64::MAX as u128) as u64;
-        let r = f(&mut conn);
+        Ok(conn)
+    }
+
+    /// Returns a connection to the pool unless its last use failed on the wire.
+    fn checkin<R>(&self, conn: NodeConn, r: &Result<R, StoreError>) {
         if !matches!(r, Err(StoreError::Io { .. } | StoreError::Protocol { .. })) {
             self.pool.lock().push(conn);
         }
-        r
+    }
+
+    /// Sends a batch on a connection of its own and returns at once; [`InFlight::finish`]
+    /// collects the answers. Batches sent this way to several nodes wait out their round
+    /// trips together.
+    pub fn send(&self, batch: &Batch<'_>) -> Result<InFlight<'_>, StoreError> {
+        let mut conn = self.checkout()?;
+        // A connection that failed to send is dropped with the error.
+        conn.send_batch(batch)?;
+        Ok(InFlight {
+            client: self,
+            conn,
+            ops: batch.ops.clone(),
+        })
     }
 
     pub fn call(&self, req: &Request) -> Result<Response, StoreError> {
@@ -936,9 +987,161 @@ impl NodeStore {
     }
 }
 
+impl NodeStore {
+    /// Sends a write and returns without waiting for the node; [`PendingWrite::finish`]
+    /// completes it. Writes to several nodes begun one after another wait out their round trips
+    /// together. A write too large for one request is done whole here.
+    pub fn write_begin<'a>(
+        &self,
+        items: &[(Key, &'a [u8])],
+    ) -> Result<PendingWrite<'_, 'a>, StoreError> {
+        let mut w = PendingWrite {
+            store: self,
+            in_place: vec![],
+            in_place_keys: vec![],
+            fresh_keys: vec![],
+            sent: None,
+        };
+        let items = last_per_key(items);
+        if write_chunks(&items, self.max_write_bytes()).len() > 1 {
+            self.write_many(&items)?;
+            return Ok(w);
+        }
+        let mut fresh_data: Vec<&[u8]> = vec![];
+        for (k, v) in items {
+            match self.lookup(k) {
+                Some(h) => {
+                    w.in_place.push((h, v));
+                    w.in_place_keys.push(k);
+                }
+                None => {
+                    w.fresh_keys.push(k);
+                    fresh_data.push(v);
+                }
+            }
+        }
+        let mut b = Batch::new();
+        if !w.in_place.is_empty() {
+            b.write_many(&w.in_place);
+        }
+        if !fresh_data.is_empty() {
+            b.put_many(&fresh_data);
+        }
+        if !b.is_empty() {
+            w.sent = Some(self.client.send(&b)?);
+        }
+        Ok(w)
+    }
+
+    /// Sends a read and returns without waiting, as [`NodeStore::write_begin`] does.
+    pub fn read_begin(&self, keys: &[Key]) -> Result<PendingRead<'_>, StoreError> {
+        if keys.len() > CHUNK_ITEMS {
+            return Ok(PendingRead::Done(self.read_many(keys)?));
+        }
+        let handles: Vec<Option<Handle>> = keys.iter().map(|k| self.lookup(*k)).collect();
+        let present: Vec<Handle> = handles.iter().flatten().copied().collect();
+        if present.is_empty() {
+            return Ok(PendingRead::Done(vec![None; keys.len()]));
+        }
+        let mut b = Batch::new();
+        b.push(&Request::GetMany { handles: present });
+        Ok(PendingRead::Sent {
+            store: self,
+            keys: keys.to_vec(),
+            handles,
+            sent: self.client.send(&b)?,
+        })
+    }
+}
+
+/// A write sent by [`NodeStore::write_begin`].
+#[derive(Debug)]
+pub struct PendingWrite<'s, 'a> {
+    store: &'s NodeStore,
+    in_place: Vec<(Handle, &'a [u8])>,
+    in_place_keys: Vec<Key>,
+    fresh_keys: Vec<Key>,
+    sent: Option<InFlight<'s>>,
+}
+
+impl PendingWrite<'_, '_> {
+    /// Waits for the node's answers and records the handles it issued.
+    pub fn finish(self) -> Result<(), StoreError> {
+        let Some(sent) = self.sent else {
+            return Ok(());
+        };
+        let store = self.store;
+        let mut answers = sent.finish()?.into_iter();
+        let mut regrow = vec![];
+        if !self.in_place.is_empty() {
+            match answers.next() {
+                Some(Response::DoneMany(v)) => {
+                    for ((key, (_, data)), r) in
+                        self.in_place_keys.iter().zip(&self.in_place).zip(v)
+                    {
+                        match r {
+                            Ok(()) => {}
+                            // The old block is too small for the new value, or a concurrent
+                            // remove freed it: put it anew (a replaced handle is freed when the
+                            // new one is remembered).
+                            Err(ErrorCode::TooLarge | ErrorCode::StaleHandle) => {
+                                regrow.push((*key, *data))
+                            }
+                            Err(code) => return Err(item_error("write", code)),
+                        }
+                    }
+                }
+                Some(other) => return Err(unexpected("write-many", &other)),
+                None => unreachable!("one answer per request"),
+            }
+        }
+        if !self.fresh_keys.is_empty() {
+            match answers.next() {
+                Some(Response::Handles(v)) => store.adopt(&self.fresh_keys, v, "put")?,
+                Some(other) => return Err(unexpected("put-many", &other)),
+                None => unreachable!("one answer per request"),
+            }
+        }
+        store.put_new(regrow)
+    }
+}
+
+/// A read sent by [`NodeStore::read_begin`].
+#[derive(Debug)]
+pub enum PendingRead<'s> {
+    Done(Vec<Option<Bytes>>),
+    Sent {
+        store: &'s NodeStore,
+        keys: Vec<Key>,
+        handles: Vec<Option<Handle>>,
+        sent: InFlight<'s>,
+    },
+}
+
+impl PendingRead<'_> {
+    /// Waits for the node's answer: each key's value, `None` for a key never written.
+    pub fn finish(self) -> Result<Vec<Option<Bytes>>, StoreError> {
+        match self {
+            PendingRead::Done(v) => Ok(v),
+            PendingRead::Sent {
+                store,
+                keys,
+                handles,
+                sent,
+            } => match sent.finish()?.pop() {
+                Some(Response::DataMany(results)) => {
+                    store.data_results("get", &keys, &handles, results)
+                }
+                Some(other) => Err(unexpected("get-many", &other)),
+                None => unreachable!("one answer per request"),
+            },
+        }
+    }
+}
+
 /// The last value for each key, in first-seen order: a batch naming a key twice means its last
 /// value.
-fn last_per_key<'a>(items: &[(Key, &'a [u8])]) -> Vec<(Key, &'a [u8])> {
+pub(crate) fn last_per_key<'a>(items: &[(Key, &'a [u8])]) -> Vec<(Key, &'a [u8])> {
     if items.len() < 2 {
         return items.to_vec();
     }
@@ -967,67 +1170,11 @@ impl FarStore for NodeStore {
     }
 
     fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
-        let items = last_per_key(items);
-        let chunks = write_chunks(&items, self.max_write_bytes());
+        let chunks = write_chunks(items, self.max_write_bytes());
         if chunks.len() > 1 {
             return chunks.into_iter().try_for_each(|c| self.write_many(c));
         }
-        let mut in_place: Vec<(Handle, &[u8])> = vec![];
-        let mut in_place_keys = vec![];
-        let mut fresh_keys = vec![];
-        let mut fresh_data: Vec<&[u8]> = vec![];
-        for (k, v) in items {
-            match self.lookup(k) {
-                Some(h) => {
-                    in_place.push((h, v));
-                    in_place_keys.push(k);
-                }
-                None => {
-                    fresh_keys.push(k);
-                    fresh_data.push(v);
-                }
-            }
-        }
-        let mut b = Batch::new();
-        if !in_place.is_empty() {
-            b.write_many(&in_place);
-        }
-        if !fresh_data.is_empty() {
-            b.put_many(&fresh_data);
-        }
-        if b.is_empty() {
-            return Ok(());
-        }
-        let mut answers = self.client.exchange(&b)?.into_iter();
-        let mut regrow = vec![];
-        if !in_place.is_empty() {
-            match answers.next() {
-                Some(Response::DoneMany(v)) => {
-                    for ((key, (_, data)), r) in in_place_keys.iter().zip(&in_place).zip(v) {
-                        match r {
-                            Ok(()) => {}
-                            // The old block is too small for the new value, or a concurrent
-                            // remove freed it: put it anew (a replaced handle is freed when the
-                            // new one is remembered).
-                            Err(ErrorCode::TooLarge | ErrorCode::StaleHandle) => {
-                                regrow.push((*key, *data))
-                            }
-                            Err(code) => return Err(item_error("write", code)),
-                        }
-                    }
-                }
-                Some(other) => return Err(unexpected("write-many", &other)),
-                None => unreachable!("one answer per request"),
-            }
-        }
-        if !fresh_keys.is_empty() {
-            match answers.next() {
-                Some(Response::Handles(v)) => self.adopt(&fresh_keys, v, "put")?,
-                Some(other) => return Err(unexpected("put-many", &other)),
-                None => unreachable!("one answer per request"),
-            }
-        }
-        self.put_new(regrow)
+        self.write_begin(items)?.finish()
     }
 
     fn read_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
@@ -1038,13 +1185,7 @@ impl FarStore for NodeStore {
             }
             return Ok(out);
         }
-        let handles: Vec<Option<Handle>> = keys.iter().map(|k| self.lookup(*k)).collect();
-        let present: Vec<Handle> = handles.iter().flatten().copied().collect();
-        if present.is_empty() {
-            return Ok(vec![None; keys.len()]);
-        }
-        let results = self.client.get_many(present)?;
-        self.data_results("get", keys, &handles, results)
+        self.read_begin(keys)?.finish()
     }
 
     fn take_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {

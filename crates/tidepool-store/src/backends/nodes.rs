@@ -1,24 +1,58 @@
-//! Several memory nodes as one store (`node://t@h1:p1,h2:p2,h3:p3?replicas=R`).
+//! Several memory nodes as one store (`node://t@h1:p1,h2:p2,...?replicas=R` or `?ec=K+M`).
 //!
-//! Each key lives on the first `R` nodes of its rendezvous order (highest random weight:
-//! every node scores the key, the highest scores win), so adding a node moves about 1/N of the
-//! keys and every client agrees on placement without talking to the others. A write goes to
-//! the key's `R` holders and is acknowledged only when all of them took it, so it survives
-//! `R - 1` losses. A read goes to the first live holder in that order that has the key (the
-//! client knows which: each node's store remembers the handles it issued).
+//! **Placement.** Each key's pieces go to the first live nodes of its rendezvous order (highest
+//! random weight: every node scores the key, the highest scores win), so adding a node moves
+//! about 1/N of the keys and every client agrees on placement without talking to the others.
+//! Where each piece of a key went is kept in the client's index, so later losses and
+//! re-placements never confuse a read.
 //!
-//! A node whose connection fails is down for the rest of this client's life: its keys are read
-//! from the other holders, and new writes go to the next live node in each key's order. A
-//! node that came back could hold older versions, so it is never read again. When every holder
-//! of a key is down, reading it is an error naming them (never a missing value, never zeros);
-//! when fewer than `R` nodes are up, writes fail the same way.
+//! **Redundancy.** With `replicas=R` a piece is a whole copy, and a read goes to the first live
+//! copy. With `ec=K+M` a value is cut into K data pieces, padded to an even length, and M parity
+//! pieces are computed from them by Reed-Solomon (reed-solomon-simd); a read asks for the K data
+//! pieces while their nodes are up, so it only concatenates, and otherwise for any K pieces,
+//! which it decodes. 4+2 keeps 1.5 bytes far per byte, where two copies keep 2.
+//!
+//! **Batches stay batches.** A call sends one request to every node it needs before it reads
+//! any answer, so the round trips to the nodes overlap: a batch costs about one round trip,
+//! not one per node.
+//!
+//! **Writes** are acknowledged once every piece is stored: on `K+M` (or `R`) live nodes, or,
+//! while no more nodes are down than the redundancy survives, on all that are up. Either way a
+//! value survives as many losses as the URL asks for, counted from the start. With more nodes
+//! down than that and too few up to hold every piece, writes fail.
+//!
+//! **Losses.** A node whose connection fails or does not answer within `timeout_ms` is down for
+//! the rest of this client's life (one that came back could hold older versions). Reads then
+//! use the other pieces; values that lost a piece are stored again on live nodes, a few with
+//! each later call ([`NodeSet::reprotect`]), until every value has all its pieces again or no
+//! more nodes are up to take them. When too few pieces of a value are left, reading it is an
+//! error naming the nodes down: never a missing value, never zeros, never an older version.
+//!
+//! A value's pieces are written and read whole: a write holds its keys' stripe locks against
+//! reads and other writes of them, so a read never mixes pieces of two versions.
 
-use crate::backends::node::NodeStore;
-use crate::{FarStore, Key, StoreError};
-use bytes::Bytes;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use crate::backends::node::{last_per_key, NodeStore};
+use crate::url::{Redundancy, MAX_PIECES};
+use crate::{FarStore, Key, StoreError, StoreStats};
+use bytes::{Bytes, BytesMut};
+use parking_lot::{Mutex, RwLock};
+use reed_solomon_simd::{ReedSolomonDecoder, ReedSolomonEncoder};
+use rustc_hash::FxHashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 const BACKEND: &str = "memory nodes";
+/// Shards of the key index.
+const SHARDS: usize = 64;
+/// Locks over keys (by hash), taken in order by each call.
+const STRIPES: usize = 1024;
+/// Most values one exchange with the nodes carries, and most bytes: within one request of
+/// every node.
+const CHUNK_ITEMS: usize = 512;
+const CHUNK_BYTES: usize = 4 << 20;
+/// Values stored again after each call while some lost a piece with a node.
+const REPROTECT_BATCH: usize = 64;
+/// "No node": a piece not stored.
+const NOWHERE: u8 = u8::MAX;
 
 #[derive(Debug)]
 struct Member {
@@ -28,12 +62,54 @@ struct Member {
     down: AtomicBool,
 }
 
-/// Memory nodes holding each key `replicas` times.
+/// Where one value's pieces are: `on[p]` is the member holding piece `p`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Placed {
+    len: u32,
+    on: [u8; MAX_PIECES],
+}
+
+impl Placed {
+    /// (piece, member) for each piece stored, in piece order.
+    fn pieces(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.on
+            .iter()
+            .enumerate()
+            .filter(|(_, &m)| m != NOWHERE)
+            .map(|(p, &m)| (p, m as usize))
+    }
+
+    fn holds_on(&self, member: usize) -> bool {
+        self.on.contains(&(member as u8))
+    }
+}
+
+/// Memory nodes keeping each key as a [`Redundancy`] says.
 #[derive(Debug)]
 pub struct NodeSet {
     members: Vec<Member>,
-    replicas: usize,
+    redundancy: Redundancy,
+    index: Box<[Mutex<FxHashMap<Key, Placed>>]>,
+    stripes: Box<[RwLock<()>]>,
+    /// Keys that lost a piece with a node, to be stored again.
+    unprotected: Mutex<Vec<Key>>,
+    has_unprotected: AtomicBool,
+    reprotected_bytes: AtomicU64,
+    encoders: Encoders,
     url: String,
+}
+
+/// Coders kept for reuse (making one allocates its work space).
+#[derive(Default)]
+struct Encoders(
+    Mutex<Vec<ReedSolomonEncoder>>,
+    Mutex<Vec<ReedSolomonDecoder>>,
+);
+
+impl std::fmt::Debug for Encoders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Encoders")
+    }
 }
 
 /// A 64-bit mix (splitmix64's finalizer): the rendezvous score of a key on a node.
@@ -60,22 +136,49 @@ fn node_lost(e: &StoreError) -> bool {
     )
 }
 
+/// Splits a batch into runs of at most [`CHUNK_ITEMS`] items and [`CHUNK_BYTES`] bytes.
+fn chunks<T>(items: &[T], bytes: impl Fn(&T) -> usize) -> Vec<&[T]> {
+    let mut out = Vec::new();
+    let (mut start, mut sum) = (0, 0);
+    for (i, it) in items.iter().enumerate() {
+        if i > start && (i - start == CHUNK_ITEMS || sum + bytes(it) > CHUNK_BYTES) {
+            out.push(&items[start..i]);
+            start = i;
+            sum = 0;
+        }
+        sum += bytes(it);
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
+
 impl NodeSet {
     /// A store over connected nodes, each named by its address (names decide placement: every
     /// client of the same data must list the same nodes).
     pub fn new(
         nodes: Vec<(String, NodeStore)>,
-        replicas: usize,
+        redundancy: Redundancy,
         url: String,
     ) -> Result<NodeSet, StoreError> {
-        if replicas == 0 || replicas > nodes.len() {
-            return Err(StoreError::BadUrl {
-                url,
-                reason: format!(
-                    "replicas={replicas} needs between 1 and {} (the nodes listed)",
-                    nodes.len()
-                ),
-            });
+        let n = nodes.len();
+        let refuse = |reason: String| StoreError::BadUrl {
+            url: crate::url::redact(&url),
+            reason,
+        };
+        if redundancy.needed() == 0 || redundancy.pieces() > n.min(MAX_PIECES) {
+            return Err(refuse(format!(
+                "{redundancy} needs between 1 and {} pieces on as many nodes, and {n} nodes are \
+                 listed",
+                MAX_PIECES
+            )));
+        }
+        if n >= NOWHERE as usize {
+            return Err(refuse(format!(
+                "{n} memory nodes listed; at most {} can form one store",
+                NOWHERE - 1
+            )));
         }
         Ok(NodeSet {
             members: nodes
@@ -87,28 +190,88 @@ impl NodeSet {
                     down: AtomicBool::new(false),
                 })
                 .collect(),
-            replicas,
+            redundancy,
+            index: (0..SHARDS)
+                .map(|_| Mutex::new(FxHashMap::default()))
+                .collect(),
+            stripes: (0..STRIPES).map(|_| RwLock::new(())).collect(),
+            unprotected: Mutex::new(Vec::new()),
+            has_unprotected: AtomicBool::new(false),
+            reprotected_bytes: AtomicU64::new(0),
+            encoders: Encoders::default(),
             url,
         })
     }
 
-    /// The members in the key's rendezvous order.
-    fn order(&self, key: Key) -> Vec<usize> {
-        let mut o: Vec<usize> = (0..self.members.len()).collect();
-        o.sort_by_key(|&i| std::cmp::Reverse(mix(key ^ self.members[i].seed)));
-        o
+    /// How values are kept.
+    pub fn redundancy(&self) -> Redundancy {
+        self.redundancy
+    }
+
+    /// Each node's name and whether it is up.
+    pub fn nodes(&self) -> Vec<(String, bool)> {
+        (0..self.members.len())
+            .map(|i| (self.members[i].name.clone(), self.up(i)))
+            .collect()
+    }
+
+    fn shard(&self, key: Key) -> &Mutex<FxHashMap<Key, Placed>> {
+        &self.index[(key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize % SHARDS]
+    }
+
+    fn placed(&self, key: Key) -> Option<Placed> {
+        self.shard(key).lock().get(&key).copied()
+    }
+
+    /// The stripes of `keys`, sorted and each once (the order locks are taken in).
+    fn stripes_of(&self, keys: impl Iterator<Item = Key>) -> Vec<usize> {
+        let mut s: Vec<usize> = keys.map(|k| (mix(k) % STRIPES as u64) as usize).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
     }
 
     fn up(&self, i: usize) -> bool {
         !self.members[i].down.load(Acquire)
     }
 
+    fn live(&self) -> usize {
+        (0..self.members.len()).filter(|&i| self.up(i)).count()
+    }
+
+    /// Marks member `i` down after `e` and queues the values that had a piece on it.
     fn mark_down(&self, i: usize, e: &StoreError) {
-        if !self.members[i].down.swap(true, AcqRel) {
-            eprintln!(
-                "tidepool: memory node {} is down ({e}); its data is read from the other copies",
-                self.members[i].name
+        if self.members[i].down.swap(true, AcqRel) {
+            return;
+        }
+        eprintln!(
+            "tidepool: memory node {} is down ({e}); reading from the other pieces and storing \
+             its share again on the nodes still up",
+            self.members[i].name
+        );
+        let mut lost = vec![];
+        for shard in self.index.iter() {
+            lost.extend(
+                shard
+                    .lock()
+                    .iter()
+                    .filter(|(_, p)| p.holds_on(i))
+                    .map(|(k, _)| *k),
             );
+        }
+        if !lost.is_empty() {
+            self.unprotected.lock().extend(lost);
+            self.has_unprotected.store(true, Release);
+        }
+    }
+
+    /// Marks the member down if `e` says it is gone; otherwise returns `e`.
+    fn failed(&self, i: usize, e: StoreError) -> Result<(), StoreError> {
+        if node_lost(&e) {
+            self.mark_down(i, &e);
+            Ok(())
+        } else {
+            Err(e)
         }
     }
 
@@ -125,46 +288,384 @@ impl NodeSet {
     fn lost(&self, what: String) -> StoreError {
         StoreError::Backend {
             backend: BACKEND,
-            message: format!("{what}; nodes down: {}", self.down_names()),
+            message: format!("{what}; memory nodes down: {}", self.down_names()),
             source: None,
         }
     }
 
-    /// The key's holders now: the first `replicas` live members of its order.
-    fn holders(&self, key: Key) -> Result<Vec<usize>, StoreError> {
-        let h: Vec<usize> = self
-            .order(key)
-            .into_iter()
-            .filter(|&i| self.up(i))
-            .take(self.replicas)
-            .collect();
-        if h.len() < self.replicas {
+    /// Where a value of `len` bytes written now goes: piece `p` on the `p`-th live member of
+    /// the key's rendezvous order.
+    fn placement(&self, key: Key, len: usize) -> Result<Placed, StoreError> {
+        let mut order: Vec<usize> = (0..self.members.len()).filter(|&i| self.up(i)).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(mix(key ^ self.members[i].seed)));
+        let (live, pieces) = (order.len(), self.redundancy.pieces());
+        let down = self.members.len() - live;
+        if live < pieces && down > self.redundancy.tolerates() {
             return Err(self.lost(format!(
-                "fewer than {} memory nodes are up, so a write cannot be kept {} times",
-                self.replicas, self.replicas
+                "{down} memory nodes are down, more than {} survives, and the {live} up cannot \
+                 hold the {pieces} pieces a new value needs",
+                self.redundancy
             )));
         }
-        Ok(h)
+        let mut on = [NOWHERE; MAX_PIECES];
+        for (p, &m) in order.iter().take(self.redundancy.pieces()).enumerate() {
+            on[p] = m as u8;
+        }
+        let len = u32::try_from(len).map_err(|_| StoreError::ValueTooLarge {
+            backend: BACKEND,
+            len,
+            max: u32::MAX as usize,
+        })?;
+        Ok(Placed { len, on })
     }
 
-    /// The member to read `key` from: the first live one in its order that has it. None if no
-    /// member ever stored it; an error if only members that are down did.
-    fn reader(&self, key: Key) -> Result<Option<usize>, StoreError> {
-        let mut held_by_lost = false;
-        for i in self.order(key) {
-            if self.members[i].store.holds(key) {
-                if self.up(i) {
-                    return Ok(Some(i));
-                }
-                held_by_lost = true;
+    /// The value cut into its data pieces and followed by its parity pieces, all of one even
+    /// length, in one buffer.
+    fn encode(&self, data: usize, parity: usize, v: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let s = piece_len(v.len(), data);
+        let mut buf = vec![0u8; (data + parity) * s];
+        buf[..v.len()].copy_from_slice(v);
+        let pooled = self.encoders.0.lock().pop();
+        let mut enc = match pooled {
+            Some(mut e) => {
+                e.reset(data, parity, s).map_err(coding_error)?;
+                e
+            }
+            None => ReedSolomonEncoder::new(data, parity, s).map_err(coding_error)?,
+        };
+        for piece in buf[..data * s].chunks(s) {
+            enc.add_original_shard(piece).map_err(coding_error)?;
+        }
+        {
+            let out = enc.encode().map_err(coding_error)?;
+            for (i, r) in out.recovery_iter().enumerate() {
+                buf[(data + i) * s..(data + i + 1) * s].copy_from_slice(r);
             }
         }
-        if held_by_lost {
-            return Err(self.lost(format!(
-                "every copy of key {key:#x} was on a node that is down"
-            )));
+        self.encoders.0.lock().push(enc);
+        Ok(buf)
+    }
+
+    /// The value back from `got` (piece, bytes): at least `needed` pieces of one placement.
+    fn assemble(
+        &self,
+        key: Key,
+        placed: &Placed,
+        got: &mut [(usize, Bytes)],
+    ) -> Result<Bytes, StoreError> {
+        let (data, parity) = match self.redundancy {
+            Redundancy::Replicas(_) => return Ok(got[0].1.clone()),
+            Redundancy::Erasure { data, parity } => (data, parity),
+        };
+        let len = placed.len as usize;
+        let s = piece_len(len, data);
+        if let Some((p, b)) = got.iter().find(|(_, b)| b.len() != s) {
+            return Err(StoreError::Protocol {
+                backend: BACKEND,
+                detail: format!(
+                    "piece {p} of key {key:#x} came back {} bytes long, expected {s}",
+                    b.len()
+                ),
+            });
         }
-        Ok(None)
+        got.sort_unstable_by_key(|(p, _)| *p);
+        let mut out = BytesMut::with_capacity(data * s);
+        if got.iter().take(data).map(|(p, _)| *p).eq(0..data) {
+            // Every data piece: no decoding.
+            for (_, b) in got.iter().take(data) {
+                out.extend_from_slice(b);
+            }
+        } else {
+            let pooled = self.encoders.1.lock().pop();
+            let mut dec = match pooled {
+                Some(mut d) => {
+                    d.reset(data, parity, s).map_err(coding_error)?;
+                    d
+                }
+                None => ReedSolomonDecoder::new(data, parity, s).map_err(coding_error)?,
+            };
+            for (p, b) in got.iter() {
+                if *p < data {
+                    dec.add_original_shard(*p, b).map_err(coding_error)?;
+                } else {
+                    dec.add_recovery_shard(*p - data, b).map_err(coding_error)?;
+                }
+            }
+            {
+                let restored = dec.decode().map_err(coding_error)?;
+                for p in 0..data {
+                    match got.iter().find(|(q, _)| *q == p) {
+                        Some((_, b)) => out.extend_from_slice(b),
+                        None => out.extend_from_slice(restored.restored_original(p).ok_or_else(
+                            || StoreError::Protocol {
+                                backend: BACKEND,
+                                detail: format!("piece {p} of key {key:#x} could not be rebuilt"),
+                            },
+                        )?),
+                    }
+                }
+            }
+            self.encoders.1.lock().push(dec);
+        }
+        out.truncate(len);
+        Ok(out.freeze())
+    }
+
+    /// Writes a batch of distinct keys (their stripes held by the caller).
+    fn write_locked(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
+        loop {
+            let placements = items
+                .iter()
+                .map(|&(k, v)| self.placement(k, v.len()))
+                .collect::<Result<Vec<Placed>, StoreError>>()?;
+            let coded: Vec<Vec<u8>> = match self.redundancy {
+                Redundancy::Replicas(_) => vec![],
+                Redundancy::Erasure { data, parity } => items
+                    .iter()
+                    .map(|&(_, v)| self.encode(data, parity, v))
+                    .collect::<Result<_, _>>()?,
+            };
+            let mut groups: Vec<Vec<(Key, &[u8])>> = vec![Vec::new(); self.members.len()];
+            for (j, (&(k, v), placed)) in items.iter().zip(&placements).enumerate() {
+                for (p, m) in placed.pieces() {
+                    let piece = match coded.get(j) {
+                        None => v,
+                        Some(buf) => {
+                            let s = buf.len() / self.redundancy.pieces();
+                            &buf[p * s..(p + 1) * s]
+                        }
+                    };
+                    groups[m].push((k, piece));
+                }
+            }
+            // Every node's request goes out before any answer is read.
+            let mut pending = Vec::new();
+            let mut lost_one = false;
+            for (i, g) in groups.iter().enumerate() {
+                if g.is_empty() {
+                    continue;
+                }
+                match self.members[i].store.write_begin(g) {
+                    Ok(w) => pending.push((i, w)),
+                    Err(e) => {
+                        self.failed(i, e)?;
+                        lost_one = true;
+                    }
+                }
+            }
+            for (i, w) in pending {
+                if let Err(e) = w.finish() {
+                    self.failed(i, e)?;
+                    lost_one = true;
+                }
+            }
+            if lost_one {
+                // Placed again over the nodes still up; a piece written twice is replaced.
+                continue;
+            }
+            let mut stale: Vec<Vec<Key>> = vec![Vec::new(); self.members.len()];
+            for (&(k, _), placed) in items.iter().zip(&placements) {
+                if let Some(old) = self.shard(k).lock().insert(k, *placed) {
+                    for (_, m) in old.pieces() {
+                        if !placed.holds_on(m) && self.up(m) {
+                            stale[m].push(k);
+                        }
+                    }
+                }
+            }
+            return self.remove_pieces(&stale);
+        }
+    }
+
+    /// Removes pieces: `keys[i]` from member `i`.
+    fn remove_pieces(&self, keys: &[Vec<Key>]) -> Result<(), StoreError> {
+        for (i, ks) in keys.iter().enumerate() {
+            if ks.is_empty() || !self.up(i) {
+                continue;
+            }
+            if let Err(e) = self.members[i].store.remove_many(ks) {
+                // Its pieces went with it.
+                self.failed(i, e)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a batch (the keys' stripes held by the caller).
+    fn read_locked(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
+        let placed: Vec<Option<Placed>> = keys.iter().map(|&k| self.placed(k)).collect();
+        let needed = self.redundancy.needed();
+        let mut got: Vec<Vec<(usize, Bytes)>> = vec![Vec::new(); keys.len()];
+        let mut todo: Vec<usize> = (0..keys.len()).filter(|&j| placed[j].is_some()).collect();
+        while !todo.is_empty() {
+            // (value, piece) to ask each member for: data pieces first, on nodes still up.
+            let mut groups: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.members.len()];
+            for &j in &todo {
+                let p = placed[j].as_ref().expect("only placed keys");
+                let mut want = needed - got[j].len();
+                for (piece, m) in p.pieces() {
+                    if want == 0 {
+                        break;
+                    }
+                    if self.up(m) && !got[j].iter().any(|(q, _)| *q == piece) {
+                        groups[m].push((j, piece));
+                        want -= 1;
+                    }
+                }
+                if want > 0 {
+                    return Err(self.lost(format!(
+                        "key {:#x} has {} of its pieces on nodes still up and needs {needed} \
+                         ({}); its data is lost",
+                        keys[j],
+                        needed - want,
+                        self.redundancy
+                    )));
+                }
+            }
+            todo.clear();
+            let mut pending = Vec::new();
+            for (i, g) in groups.iter().enumerate() {
+                if g.is_empty() {
+                    continue;
+                }
+                let ks: Vec<Key> = g.iter().map(|&(j, _)| keys[j]).collect();
+                match self.members[i].store.read_begin(&ks) {
+                    Ok(r) => pending.push((i, r)),
+                    Err(e) => {
+                        self.failed(i, e)?;
+                        todo.extend(g.iter().map(|&(j, _)| j));
+                    }
+                }
+            }
+            for (i, r) in pending {
+                match r.finish() {
+                    Ok(values) => {
+                        for (&(j, piece), v) in groups[i].iter().zip(values) {
+                            let v = v.ok_or_else(|| StoreError::Protocol {
+                                backend: BACKEND,
+                                detail: format!(
+                                    "memory node {} has no piece {piece} of key {:#x}",
+                                    self.members[i].name, keys[j]
+                                ),
+                            })?;
+                            got[j].push((piece, v));
+                        }
+                    }
+                    Err(e) => {
+                        self.failed(i, e)?;
+                        todo.extend(groups[i].iter().map(|&(j, _)| j));
+                    }
+                }
+            }
+            todo.sort_unstable();
+            todo.dedup();
+        }
+        keys.iter()
+            .zip(&placed)
+            .zip(got.iter_mut())
+            .map(|((&k, p), g)| match p {
+                None => Ok(None),
+                Some(p) => self.assemble(k, p, g).map(Some),
+            })
+            .collect()
+    }
+
+    /// Stores again, on nodes still up, up to `max` values that lost a piece with a node.
+    /// Returns the bytes re-protected. Values that cannot be read any more (too many pieces
+    /// lost) are left for their reader to fail on; values that cannot get more pieces (no
+    /// other node up) stay as they are.
+    pub fn reprotect(&self, max: usize) -> Result<u64, StoreError> {
+        let batch: Vec<Key> = {
+            let Some(mut q) = self.unprotected.try_lock() else {
+                return Ok(0);
+            };
+            let n = q.len().min(max);
+            let at = q.len() - n;
+            let b = q.split_off(at);
+            if q.is_empty() {
+                self.has_unprotected.store(false, Release);
+            }
+            b
+        };
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        let guards: Vec<_> = self
+            .stripes_of(batch.iter().copied())
+            .into_iter()
+            .map(|s| self.stripes[s].write())
+            .collect();
+        let live = self.live();
+        let target = self.redundancy.pieces().min(live);
+        let keys: Vec<Key> = batch
+            .into_iter()
+            .filter(|&k| {
+                self.placed(k).is_some_and(|p| {
+                    let up = p.pieces().filter(|&(_, m)| self.up(m)).count();
+                    up < target && up >= self.redundancy.needed()
+                })
+            })
+            .collect();
+        let mut bytes = 0;
+        for c in chunks(&keys, |_| 0) {
+            let values = match self.read_locked(c) {
+                Ok(v) => v,
+                // Another node went down meanwhile: these wait for the next round.
+                Err(e) => {
+                    self.unprotected.lock().extend_from_slice(c);
+                    self.has_unprotected.store(true, Release);
+                    return Err(e);
+                }
+            };
+            let items: Vec<(Key, &[u8])> = c
+                .iter()
+                .zip(&values)
+                .filter_map(|(&k, v)| Some((k, v.as_deref()?)))
+                .collect();
+            self.write_locked(&items)?;
+            bytes += items.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
+        }
+        drop(guards);
+        self.reprotected_bytes.fetch_add(bytes, Relaxed);
+        Ok(bytes)
+    }
+
+    /// A few values re-protected after a call, while some wait.
+    fn reprotect_some(&self) {
+        if self.has_unprotected.load(Acquire) {
+            if let Err(e) = self.reprotect(REPROTECT_BATCH) {
+                tracing::warn!("re-protecting values after a node loss: {e}");
+            }
+        }
+    }
+
+    /// Bytes of values with fewer pieces on live nodes than the URL asks for.
+    fn unprotected_bytes(&self) -> (u64, u64) {
+        let want = self.redundancy.pieces();
+        let (mut keys, mut bytes) = (0, 0);
+        for shard in self.index.iter() {
+            for p in shard.lock().values() {
+                if p.pieces().filter(|&(_, m)| self.up(m)).count() < want {
+                    keys += 1;
+                    bytes += p.len as u64;
+                }
+            }
+        }
+        (keys, bytes)
+    }
+}
+
+/// The length of each piece of a value of `len` bytes cut into `data` pieces (even, as the
+/// coder needs, and never zero).
+fn piece_len(len: usize, data: usize) -> usize {
+    (len.div_ceil(data).max(2) + 1) & !1
+}
+
+fn coding_error(e: reed_solomon_simd::Error) -> StoreError {
+    StoreError::Backend {
+        backend: BACKEND,
+        message: format!("erasure coding: {e}"),
+        source: None,
     }
 }
 
@@ -174,63 +675,32 @@ impl FarStore for NodeSet {
     }
 
     fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
-        loop {
-            let mut groups: Vec<Vec<(Key, &[u8])>> = vec![Vec::new(); self.members.len()];
-            for &(k, v) in items {
-                for i in self.holders(k)? {
-                    groups[i].push((k, v));
-                }
-            }
-            let mut again = false;
-            for (i, g) in groups.iter().enumerate() {
-                if g.is_empty() {
-                    continue;
-                }
-                if let Err(e) = self.members[i].store.write_many(g) {
-                    if !node_lost(&e) {
-                        return Err(e);
-                    }
-                    // Placed again: the next live node in each key's order takes its copy.
-                    self.mark_down(i, &e);
-                    again = true;
-                }
-            }
-            if !again {
-                return Ok(());
-            }
+        let items = last_per_key(items);
+        for c in chunks(&items, |(_, v)| {
+            v.len() * self.redundancy.pieces() / self.redundancy.needed()
+        }) {
+            let _guards: Vec<_> = self
+                .stripes_of(c.iter().map(|(k, _)| *k))
+                .into_iter()
+                .map(|s| self.stripes[s].write())
+                .collect();
+            self.write_locked(c)?;
         }
+        self.reprotect_some();
+        Ok(())
     }
 
     fn read_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
-        let mut out: Vec<Option<Bytes>> = vec![None; keys.len()];
-        let mut todo: Vec<usize> = (0..keys.len()).collect();
-        while !todo.is_empty() {
-            let mut groups: Vec<Vec<usize>> = vec![Vec::new(); self.members.len()];
-            for &j in &todo {
-                if let Some(i) = self.reader(keys[j])? {
-                    groups[i].push(j);
-                }
-            }
-            todo.clear();
-            for (i, g) in groups.iter().enumerate() {
-                if g.is_empty() {
-                    continue;
-                }
-                let ks: Vec<Key> = g.iter().map(|&j| keys[j]).collect();
-                match self.members[i].store.read_many(&ks) {
-                    Ok(values) => {
-                        for (&j, v) in g.iter().zip(values) {
-                            out[j] = v;
-                        }
-                    }
-                    Err(e) if node_lost(&e) => {
-                        self.mark_down(i, &e);
-                        todo.extend(g);
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+        let mut out = Vec::with_capacity(keys.len());
+        for c in chunks(keys, |_| 0) {
+            let _guards: Vec<_> = self
+                .stripes_of(c.iter().copied())
+                .into_iter()
+                .map(|s| self.stripes[s].read())
+                .collect();
+            out.extend(self.read_locked(c)?);
         }
+        self.reprotect_some();
         Ok(out)
     }
 
@@ -241,22 +711,50 @@ impl FarStore for NodeSet {
     }
 
     fn remove_many(&self, keys: &[Key]) -> Result<(), StoreError> {
+        let _guards: Vec<_> = self
+            .stripes_of(keys.iter().copied())
+            .into_iter()
+            .map(|s| self.stripes[s].write())
+            .collect();
+        let mut on: Vec<Vec<Key>> = vec![Vec::new(); self.members.len()];
+        for &k in keys {
+            if let Some(p) = self.shard(k).lock().remove(&k) {
+                for (_, m) in p.pieces() {
+                    on[m].push(k);
+                }
+            }
+        }
+        self.remove_pieces(&on)
+    }
+
+    fn stats(&self) -> Result<StoreStats, StoreError> {
+        let mut far = 0;
+        let mut extra = vec![];
         for (i, m) in self.members.iter().enumerate() {
             if !self.up(i) {
                 continue;
             }
-            let held: Vec<Key> = keys.iter().copied().filter(|&k| m.store.holds(k)).collect();
-            if held.is_empty() {
-                continue;
-            }
-            match m.store.remove_many(&held) {
-                Ok(()) => {}
-                // Its copies went with it.
-                Err(e) if node_lost(&e) => self.mark_down(i, &e),
-                Err(e) => return Err(e),
+            match m.store.stats() {
+                Ok(s) => far += s.far_bytes.unwrap_or(0),
+                Err(e) => self.failed(i, e)?,
             }
         }
-        Ok(())
+        let live = self.live() as u64;
+        let (keys, bytes) = self.unprotected_bytes();
+        let objects = self.index.iter().map(|s| s.lock().len() as u64).sum();
+        extra.push(("nodes_up".to_string(), live));
+        extra.push(("nodes_down".to_string(), self.members.len() as u64 - live));
+        extra.push(("values_not_protected".to_string(), keys));
+        extra.push(("bytes_not_protected".to_string(), bytes));
+        extra.push((
+            "bytes_reprotected".to_string(),
+            self.reprotected_bytes.load(Relaxed),
+        ));
+        Ok(StoreStats {
+            far_bytes: Some(far),
+            objects: Some(objects),
+            extra,
+        })
     }
 
     fn after_fork_in_child(&self) {
