@@ -1,3 +1,4 @@
+pub mod coding;
 pub mod local;
 pub mod memcached;
 pub mod node;

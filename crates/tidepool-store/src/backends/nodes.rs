@@ -31,12 +31,12 @@
 //! A value's pieces are written and read whole: a write holds its keys' stripe locks against
 //! reads and other writes of them, so a read never mixes pieces of two versions.
 
+use crate::backends::coding::Coder;
 use crate::backends::node::{last_per_key, NodeStore};
 use crate::url::{Redundancy, MAX_PIECES};
 use crate::{FarStore, Key, StoreError, StoreStats};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
-use reed_solomon_simd::{ReedSolomonDecoder, ReedSolomonEncoder};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
@@ -95,21 +95,9 @@ pub struct NodeSet {
     unprotected: Mutex<Vec<Key>>,
     has_unprotected: AtomicBool,
     reprotected_bytes: AtomicU64,
-    encoders: Encoders,
+    /// `Some` for `ec=K+M`.
+    coder: Option<Coder>,
     url: String,
-}
-
-/// Coders kept for reuse (making one allocates its work space).
-#[derive(Default)]
-struct Encoders(
-    Mutex<Vec<ReedSolomonEncoder>>,
-    Mutex<Vec<ReedSolomonDecoder>>,
-);
-
-impl std::fmt::Debug for Encoders {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Encoders")
-    }
 }
 
 /// A 64-bit mix (splitmix64's finalizer): the rendezvous score of a key on a node.
@@ -198,7 +186,10 @@ impl NodeSet {
             unprotected: Mutex::new(Vec::new()),
             has_unprotected: AtomicBool::new(false),
             reprotected_bytes: AtomicU64::new(0),
-            encoders: Encoders::default(),
+            coder: match redundancy {
+                Redundancy::Erasure { data, parity } => Some(Coder::new(data, parity)),
+                Redundancy::Replicas(_) => None,
+            },
             url,
         })
     }
@@ -319,98 +310,6 @@ impl NodeSet {
         Ok(Placed { len, on })
     }
 
-    /// The value cut into its data pieces and followed by its parity pieces, all of one even
-    /// length, in one buffer.
-    fn encode(&self, data: usize, parity: usize, v: &[u8]) -> Result<Vec<u8>, StoreError> {
-        let s = piece_len(v.len(), data);
-        let mut buf = vec![0u8; (data + parity) * s];
-        buf[..v.len()].copy_from_slice(v);
-        let pooled = self.encoders.0.lock().pop();
-        let mut enc = match pooled {
-            Some(mut e) => {
-                e.reset(data, parity, s).map_err(coding_error)?;
-                e
-            }
-            None => ReedSolomonEncoder::new(data, parity, s).map_err(coding_error)?,
-        };
-        for piece in buf[..data * s].chunks(s) {
-            enc.add_original_shard(piece).map_err(coding_error)?;
-        }
-        {
-            let out = enc.encode().map_err(coding_error)?;
-            for (i, r) in out.recovery_iter().enumerate() {
-                buf[(data + i) * s..(data + i + 1) * s].copy_from_slice(r);
-            }
-        }
-        self.encoders.0.lock().push(enc);
-        Ok(buf)
-    }
-
-    /// The value back from `got` (piece, bytes): at least `needed` pieces of one placement.
-    fn assemble(
-        &self,
-        key: Key,
-        placed: &Placed,
-        got: &mut [(usize, Bytes)],
-    ) -> Result<Bytes, StoreError> {
-        let (data, parity) = match self.redundancy {
-            Redundancy::Replicas(_) => return Ok(got[0].1.clone()),
-            Redundancy::Erasure { data, parity } => (data, parity),
-        };
-        let len = placed.len as usize;
-        let s = piece_len(len, data);
-        if let Some((p, b)) = got.iter().find(|(_, b)| b.len() != s) {
-            return Err(StoreError::Protocol {
-                backend: BACKEND,
-                detail: format!(
-                    "piece {p} of key {key:#x} came back {} bytes long, expected {s}",
-                    b.len()
-                ),
-            });
-        }
-        got.sort_unstable_by_key(|(p, _)| *p);
-        let mut out = BytesMut::with_capacity(data * s);
-        if got.iter().take(data).map(|(p, _)| *p).eq(0..data) {
-            // Every data piece: no decoding.
-            for (_, b) in got.iter().take(data) {
-                out.extend_from_slice(b);
-            }
-        } else {
-            let pooled = self.encoders.1.lock().pop();
-            let mut dec = match pooled {
-                Some(mut d) => {
-                    d.reset(data, parity, s).map_err(coding_error)?;
-                    d
-                }
-                None => ReedSolomonDecoder::new(data, parity, s).map_err(coding_error)?,
-            };
-            for (p, b) in got.iter() {
-                if *p < data {
-                    dec.add_original_shard(*p, b).map_err(coding_error)?;
-                } else {
-                    dec.add_recovery_shard(*p - data, b).map_err(coding_error)?;
-                }
-            }
-            {
-                let restored = dec.decode().map_err(coding_error)?;
-                for p in 0..data {
-                    match got.iter().find(|(q, _)| *q == p) {
-                        Some((_, b)) => out.extend_from_slice(b),
-                        None => out.extend_from_slice(restored.restored_original(p).ok_or_else(
-                            || StoreError::Protocol {
-                                backend: BACKEND,
-                                detail: format!("piece {p} of key {key:#x} could not be rebuilt"),
-                            },
-                        )?),
-                    }
-                }
-            }
-            self.encoders.1.lock().push(dec);
-        }
-        out.truncate(len);
-        Ok(out.freeze())
-    }
-
     /// Writes a batch of distinct keys (their stripes held by the caller).
     fn write_locked(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
         loop {
@@ -418,22 +317,16 @@ impl NodeSet {
                 .iter()
                 .map(|&(k, v)| self.placement(k, v.len()))
                 .collect::<Result<Vec<Placed>, StoreError>>()?;
-            let coded: Vec<Vec<u8>> = match self.redundancy {
-                Redundancy::Replicas(_) => vec![],
-                Redundancy::Erasure { data, parity } => items
-                    .iter()
-                    .map(|&(_, v)| self.encode(data, parity, v))
-                    .collect::<Result<_, _>>()?,
+            let coded = match &self.coder {
+                None => None,
+                Some(c) => Some(c.encode(&items.iter().map(|(_, v)| *v).collect::<Vec<_>>())?),
             };
             let mut groups: Vec<Vec<(Key, &[u8])>> = vec![Vec::new(); self.members.len()];
             for (j, (&(k, v), placed)) in items.iter().zip(&placements).enumerate() {
                 for (p, m) in placed.pieces() {
-                    let piece = match coded.get(j) {
+                    let piece = match &coded {
                         None => v,
-                        Some(buf) => {
-                            let s = buf.len() / self.redundancy.pieces();
-                            &buf[p * s..(p + 1) * s]
-                        }
+                        Some(c) => c.piece(j, p),
                     };
                     groups[m].push((k, piece));
                 }
@@ -560,14 +453,27 @@ impl NodeSet {
             todo.sort_unstable();
             todo.dedup();
         }
-        keys.iter()
-            .zip(&placed)
-            .zip(got.iter_mut())
-            .map(|((&k, p), g)| match p {
-                None => Ok(None),
-                Some(p) => self.assemble(k, p, g).map(Some),
-            })
-            .collect()
+        let Some(coder) = &self.coder else {
+            return Ok(got
+                .into_iter()
+                .map(|mut g| g.pop().map(|(_, v)| v))
+                .collect());
+        };
+        // Values whose pieces came back, decoded together.
+        let found: Vec<usize> = (0..keys.len()).filter(|&j| placed[j].is_some()).collect();
+        let lens: Vec<usize> = found
+            .iter()
+            .map(|&j| placed[j].map_or(0, |p| p.len as usize))
+            .collect();
+        let found_keys: Vec<Key> = found.iter().map(|&j| keys[j]).collect();
+        let mut pieces: Vec<Vec<(usize, Bytes)>> =
+            found.iter().map(|&j| std::mem::take(&mut got[j])).collect();
+        let values = coder.decode(&found_keys, &lens, &mut pieces)?;
+        let mut out = vec![None; keys.len()];
+        for (j, v) in found.into_iter().zip(values) {
+            out[j] = Some(v);
+        }
+        Ok(out)
     }
 
     /// Stores again, on nodes still up, up to `max` values that lost a piece with a node.
@@ -652,20 +558,6 @@ impl NodeSet {
             }
         }
         (keys, bytes)
-    }
-}
-
-/// The length of each piece of a value of `len` bytes cut into `data` pieces (even, as the
-/// coder needs, and never zero).
-fn piece_len(len: usize, data: usize) -> usize {
-    (len.div_ceil(data).max(2) + 1) & !1
-}
-
-fn coding_error(e: reed_solomon_simd::Error) -> StoreError {
-    StoreError::Backend {
-        backend: BACKEND,
-        message: format!("erasure coding: {e}"),
-        source: None,
     }
 }
 
