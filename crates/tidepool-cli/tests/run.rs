@@ -349,6 +349,129 @@ fn a_program_outlives_a_killed_memory_node_when_pages_are_kept_twice() {
     );
 }
 
+/// A seed for the random kills, printed so a failure can be replayed with TIDEPOOL_TEST_SEED.
+fn kill_seed() -> u64 {
+    let seed = std::env::var("TIDEPOOL_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    eprintln!("random kills: TIDEPOOL_TEST_SEED={seed}");
+    seed
+}
+
+fn six_nodes() -> (Vec<NodeProc>, String) {
+    let nodes: Vec<NodeProc> = (0..6)
+        .map(|_| NodeProc::start(&["--capacity", "256M"]))
+        .collect();
+    let addrs: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
+    let joined = addrs.join(",");
+    (nodes, joined)
+}
+
+/// Pages erasure-coded 4+2 over six memory nodes; one or two nodes SIGKILLed at random moments
+/// while the program runs, 20 kills in all: every byte comes back right every time.
+#[test]
+fn a_program_keeps_every_byte_through_twenty_random_node_kills() {
+    use rand::{Rng, SeedableRng};
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(kill_seed());
+    let mut kills = 0;
+    while kills < 20 {
+        let (mut nodes, addrs) = six_nodes();
+        let mut child =
+            start_waiting_worker("2M", &format!("node://ec@{addrs}?ec=4+2"), "12M", "4");
+        child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+        let mut victims: Vec<usize> = (0..6).collect();
+        for _ in 0..rng.gen_range(1..=2) {
+            std::thread::sleep(std::time::Duration::from_millis(rng.gen_range(0..400)));
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            let v = victims.swap_remove(rng.gen_range(0..victims.len()));
+            nodes[v].kill();
+            kills += 1;
+        }
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+        assert!(stdout.contains(", 0 wrong words"), "{stdout}\n{stderr}");
+    }
+}
+
+/// Far vectors erasure-coded 4+2: nodes SIGKILLed at random points of a random read-write
+/// workload (20 kills in all), and every element matches a local copy after each.
+#[test]
+fn far_vectors_keep_every_element_through_twenty_random_node_kills() {
+    use rand::{Rng, SeedableRng};
+    use tidepool_far::{Far, FarVec, Section, SectionConfig, Structure};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(kill_seed());
+    let mut kills = 0;
+    while kills < 20 {
+        let (mut nodes, addrs) = six_nodes();
+        let far = Far::new(tidepool_store::open(&format!("node://ec@{addrs}?ec=4+2")).unwrap());
+        // 1 MiB of elements through a 32 KiB cache: nearly every access goes far.
+        let section = Section::new(SectionConfig::new(
+            Structure::SetAssociative(2),
+            4096,
+            32 << 10,
+        ))
+        .unwrap();
+        let len = 128 << 10;
+        let v: FarVec<u64> = FarVec::new(&far, &section, len).unwrap();
+        let mut shadow = vec![0u64; len];
+        let mut victims: Vec<usize> = (0..6).collect();
+        let losses = rng.gen_range(1..=2);
+        let kill_at: Vec<usize> = (0..losses).map(|_| rng.gen_range(0..3_000)).collect();
+        for op in 0..3_000 {
+            if kill_at.contains(&op) && victims.len() > 4 {
+                let n = victims.swap_remove(rng.gen_range(0..victims.len()));
+                nodes[n].kill();
+                kills += 1;
+            }
+            let i = rng.gen_range(0..len);
+            if rng.gen_bool(0.5) {
+                let x = rng.gen::<u64>();
+                v.set(i, x).unwrap();
+                shadow[i] = x;
+            } else {
+                assert_eq!(
+                    v.get(i).unwrap(),
+                    shadow[i],
+                    "element {i} after {kills} kills"
+                );
+            }
+        }
+        for (i, want) in shadow.iter().enumerate() {
+            assert_eq!(v.get(i).unwrap(), *want, "element {i} after {kills} kills");
+        }
+    }
+}
+
+/// Three losses where 4+2 survives two: the program stops with exit 70 naming the nodes.
+#[test]
+fn losing_more_nodes_than_the_code_survives_stops_the_program_naming_them() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let (mut nodes, addrs) = six_nodes();
+    let child = start_waiting_worker("4M", &format!("node://ec@{addrs}?ec=4+2"), "32M", "1000");
+    let lost: Vec<String> = [0, 2, 4].iter().map(|&i| nodes[i].addr.clone()).collect();
+    for i in [0, 2, 4] {
+        nodes[i].kill();
+    }
+    let (stdout, stderr) = go_and_expect_a_stop(child);
+    for a in &lost {
+        assert!(stderr.contains(a.as_str()), "{a} not named: {stderr}");
+    }
+    assert!(
+        !stdout.contains("wrong words"),
+        "the program went on: {stdout}"
+    );
+}
+
 #[test]
 fn resize_while_running_evicts_at_once_and_keeps_every_byte() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
