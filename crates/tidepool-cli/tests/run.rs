@@ -237,6 +237,38 @@ fn verification_workload_under_redis_cluster() {
     verify_under(&cluster.url());
 }
 
+/// Three masters and three replicas (real redis-server processes): SIGKILL a master while the
+/// program pages to the cluster, and the program rides out the failover (its calls retry on a
+/// fresh slot map until the replica takes over) and finishes with every byte right. With
+/// `wait=1` every write was on the replica before it was acknowledged, so none is lost.
+#[test]
+fn a_program_rides_out_a_redis_cluster_failover() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let mut cluster =
+        tidepool_peers::RedisCluster::start_with_replicas(3, 1, 1000).expect("redis cluster");
+    let master = (0..6).find(|&i| cluster.is_master(i)).expect("a master");
+    let mut child = start_waiting_worker("2M", &format!("{}?wait=1", cluster.url()), "12M", "6");
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the program ended before the kill"
+    );
+    cluster.kill(master);
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains(", 0 wrong words"), "{stdout}\n{stderr}");
+    // Its replica is the master now.
+    assert!(
+        (0..6)
+            .filter(|&i| i != master && cluster.is_master(i))
+            .count()
+            == 3,
+        "no replica took over"
+    );
+}
+
 #[test]
 fn verification_workload_under_memcached() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);

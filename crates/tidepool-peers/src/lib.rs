@@ -488,9 +488,16 @@ impl RedisServer {
     pub fn pid(&self) -> u32 {
         self.process.child.id()
     }
+
+    /// Kills the server (SIGKILL, as a crash would) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.process.child.kill();
+        let _ = self.process.child.wait();
+    }
 }
 
-/// A Redis Cluster of masters only, on loopback. Every node is killed when dropped.
+/// A Redis Cluster on loopback: masters, and optionally replicas of each. Every node is killed
+/// when dropped.
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
 }
@@ -507,9 +514,22 @@ impl RedisCluster {
     /// Starts `masters` cluster-enabled Redis servers (Redis needs at least 3), joins them with
     /// `redis-cli --cluster create`, and waits until every node reports `cluster_state:ok`.
     pub fn start(masters: usize) -> Result<RedisCluster, PeerError> {
+        Self::start_with_replicas(masters, 0, 5000)
+    }
+
+    /// [`RedisCluster::start`] with `replicas` replicas of each master, which take over a
+    /// master that stops answering for `node_timeout_ms`. Returns once every replica is in
+    /// sync with its master. Replicas may take over however stale they are
+    /// (`cluster-replica-validity-factor 0`), as a test of failover needs.
+    pub fn start_with_replicas(
+        masters: usize,
+        replicas: usize,
+        node_timeout_ms: u64,
+    ) -> Result<RedisCluster, PeerError> {
         let cli = REDIS_CLI.locate()?;
-        let mut nodes = Vec::with_capacity(masters);
-        for _ in 0..masters {
+        let timeout = node_timeout_ms.to_string();
+        let mut nodes = Vec::with_capacity(masters * (1 + replicas));
+        for _ in 0..masters * (1 + replicas) {
             // The config file lives in the node's own directory (`--dir`), where a relative
             // name resolves.
             nodes.push(RedisServer::start_with(
@@ -519,7 +539,9 @@ impl RedisCluster {
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
-                    "5000",
+                    &timeout,
+                    "--cluster-replica-validity-factor",
+                    "0",
                 ],
                 free_cluster_port,
             )?);
@@ -529,7 +551,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(cluster.addrs())
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .map_err(|source| PeerError::Spawn {
@@ -549,7 +571,29 @@ impl RedisCluster {
         for node in &cluster.nodes {
             wait_for_cluster_ok(node.port)?;
         }
+        for i in 0..cluster.nodes.len() {
+            if !cluster.is_master(i) {
+                wait_for(
+                    cluster.nodes[i].port,
+                    "INFO replication\r\n",
+                    "master_link_status:up",
+                )?;
+            }
+        }
         Ok(cluster)
+    }
+
+    /// Whether node `i` is a master now (as it says itself).
+    pub fn is_master(&self, i: usize) -> bool {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.nodes[i].port));
+        bulk_command(addr, "INFO replication\r\n")
+            .map(|info| info.lines().any(|l| l.trim() == "role:master"))
+            .unwrap_or(false)
+    }
+
+    /// Kills node `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        self.nodes[i].kill();
     }
 
     /// Each node's `127.0.0.1:PORT`.
@@ -574,15 +618,22 @@ impl RedisCluster {
 
 /// Polls `CLUSTER INFO` on one node until it says `cluster_state:ok`.
 fn wait_for_cluster_ok(port: u16) -> Result<(), PeerError> {
+    wait_for(port, "CLUSTER INFO\r\n", "cluster_state:ok")
+}
+
+/// Polls a command whose answer is a bulk string of `field:value` lines on one node until one
+/// of the lines is `want`.
+fn wait_for(port: u16, command: &str, want: &str) -> Result<(), PeerError> {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let field = want.split(':').next().unwrap_or(want);
     let deadline = Instant::now() + CLUSTER_TIMEOUT;
     loop {
-        let last = match cluster_info(addr) {
-            Ok(info) if info.lines().any(|l| l.trim() == "cluster_state:ok") => return Ok(()),
+        let last = match bulk_command(addr, command) {
+            Ok(info) if info.lines().any(|l| l.trim() == want) => return Ok(()),
             Ok(info) => info
                 .lines()
-                .find(|l| l.starts_with("cluster_state:"))
-                .unwrap_or("no cluster_state line")
+                .find(|l| l.starts_with(field))
+                .unwrap_or("no such line")
                 .trim()
                 .to_string(),
             Err(e) => e.to_string(),
@@ -598,12 +649,12 @@ fn wait_for_cluster_ok(port: u16) -> Result<(), PeerError> {
     }
 }
 
-/// The body of a `CLUSTER INFO` reply (a RESP bulk string).
-fn cluster_info(addr: SocketAddr) -> io::Result<String> {
+/// The body of the bulk-string reply to `command` (inline form, ending in CRLF).
+fn bulk_command(addr: SocketAddr, command: &str) -> io::Result<String> {
     let timeout = Duration::from_millis(500);
     let mut stream = TcpStream::connect_timeout(&addr, timeout)?;
     stream.set_read_timeout(Some(timeout))?;
-    stream.write_all(b"CLUSTER INFO\r\n")?;
+    stream.write_all(command.as_bytes())?;
     let mut reader = BufReader::new(stream);
     let mut header = String::new();
     reader.read_line(&mut header)?;
@@ -771,7 +822,7 @@ mod tests {
         assert_eq!(addrs.len(), 3);
         assert_eq!(cluster.url_hosts(), addrs.join(","));
         for addr in &addrs {
-            let info = cluster_info(addr.parse().unwrap()).unwrap();
+            let info = bulk_command(addr.parse().unwrap(), "CLUSTER INFO\r\n").unwrap();
             assert!(info.contains("cluster_state:ok"), "{addr}: {info}");
             assert!(info.contains("cluster_known_nodes:3"), "{addr}: {info}");
         }

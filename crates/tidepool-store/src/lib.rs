@@ -12,7 +12,7 @@
 //! | `local:` / `local:?compress=lz4` | in-process map (the embedded default), optionally LZ4-compressed |
 //! | `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]]` | a `tidepool node` memory node |
 //! | `redis://[:password@]host:port[/DB][?prefix=P]` | one Redis server |
-//! | `redis+cluster://h1:p1,h2:p2,...[?prefix=P]` | a Redis Cluster |
+//! | `redis+cluster://h1:p1,h2:p2,...[?prefix=P][&wait=N][&failover_ms=MS]` | a Redis Cluster: writes wait for N replicas; calls retry through a failover for MS (default 15000) |
 //! | `rediss://...`, `rediss+cluster://...` `[?ca=FILE]` | the same over TLS |
 //!
 //! With TLS, `ca=FILE` names a PEM file of CA certificates to trust (a private CA); without it
@@ -37,7 +37,7 @@ pub use backends::local::LocalStore;
 pub use backends::memcached::MemcachedStore;
 pub use backends::node::{NodeClient, NodeOptions, NodeStore, DEFAULT_POLL as NODE_DEFAULT_POLL};
 pub use backends::nodes::NodeSet;
-pub use backends::redis::RedisStore;
+pub use backends::redis::{ClusterOptions, RedisStore};
 pub use error::StoreError;
 pub use tls::{ClientTls, TlsOptions};
 pub use url::{redact, Redundancy, StoreUrl, MAX_PIECES};
@@ -242,9 +242,27 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
         StoreUrl::Redis { addr, prefix, tls } => {
             Arc::new(RedisStore::connect_with(&addr, prefix, tls.as_ref())?)
         }
-        StoreUrl::RedisCluster { nodes, prefix, tls } => Arc::new(
-            RedisStore::connect_cluster_with(&nodes, prefix, tls.as_ref())?,
-        ),
+        StoreUrl::RedisCluster {
+            nodes,
+            prefix,
+            tls,
+            wait,
+            failover_ms,
+        } => {
+            let mut options = ClusterOptions {
+                wait,
+                ..ClusterOptions::default()
+            };
+            if let Some(ms) = failover_ms {
+                options.failover = std::time::Duration::from_millis(ms);
+            }
+            Arc::new(RedisStore::connect_cluster_with_options(
+                &nodes,
+                prefix,
+                tls.as_ref(),
+                options,
+            )?)
+        }
         StoreUrl::Memcached { addr, prefix } => Arc::new(MemcachedStore::connect(&addr, prefix)?),
     })
 }

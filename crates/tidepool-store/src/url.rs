@@ -102,11 +102,15 @@ pub enum StoreUrl {
         prefix: Option<String>,
         tls: Option<TlsOptions>,
     },
-    /// `redis+cluster://h1:p1,...` or, with `tls`, `rediss+cluster://`
+    /// `redis+cluster://h1:p1,...[?wait=N&failover_ms=MS]` or, with `tls`, `rediss+cluster://`
     RedisCluster {
         nodes: Vec<String>,
         prefix: Option<String>,
         tls: Option<TlsOptions>,
+        /// Replicas each write must reach (Redis `WAIT`) before it is acknowledged.
+        wait: Option<u32>,
+        /// How long a call keeps retrying while the cluster fails over (`None`: the default).
+        failover_ms: Option<u64>,
     },
     Memcached {
         addr: String,
@@ -334,10 +338,24 @@ impl StoreUrl {
                     take_param("ca"),
                     "write rediss+cluster://",
                 )?;
+                let mut count = |name: &str, max: u64, unit: &str| {
+                    take_param(name)
+                        .map(|v| {
+                            v.parse::<u64>()
+                                .ok()
+                                .filter(|n| (1..=max).contains(n))
+                                .ok_or_else(|| bad(format!("{name}={v}: write {unit}, 1 to {max}")))
+                        })
+                        .transpose()
+                };
+                let wait = count("wait", 64, "a number of replicas")?.map(|n| n as u32);
+                let failover_ms = count("failover_ms", 3_600_000, "milliseconds")?;
                 StoreUrl::RedisCluster {
                     nodes,
                     prefix: take_param("prefix"),
                     tls,
+                    wait,
+                    failover_ms,
                 }
             }
             "memcached" => {
@@ -433,7 +451,13 @@ impl std::fmt::Debug for StoreUrl {
                 .field("prefix", prefix)
                 .field("tls", tls)
                 .finish(),
-            StoreUrl::RedisCluster { nodes, prefix, tls } => f
+            StoreUrl::RedisCluster {
+                nodes,
+                prefix,
+                tls,
+                wait,
+                failover_ms,
+            } => f
                 .debug_struct("RedisCluster")
                 .field(
                     "nodes",
@@ -441,6 +465,8 @@ impl std::fmt::Debug for StoreUrl {
                 )
                 .field("prefix", prefix)
                 .field("tls", tls)
+                .field("wait", wait)
+                .field("failover_ms", failover_ms)
                 .finish(),
             StoreUrl::Memcached { addr, prefix } => f
                 .debug_struct("Memcached")
@@ -614,8 +640,24 @@ mod tests {
                 nodes: vec!["a:1".into(), "b:2".into(), "c:3".into()],
                 prefix: Some("x".into()),
                 tls: None,
+                wait: None,
+                failover_ms: None,
             }
         );
+        assert!(matches!(
+            StoreUrl::parse("redis+cluster://a:1,b:2,c:3?wait=1&failover_ms=20000").unwrap(),
+            StoreUrl::RedisCluster {
+                wait: Some(1),
+                failover_ms: Some(20000),
+                ..
+            }
+        ));
+        for url in [
+            "redis+cluster://a:1?wait=0",
+            "redis+cluster://a:1?failover_ms=x",
+        ] {
+            assert!(StoreUrl::parse(url).is_err(), "{url}");
+        }
         assert_eq!(
             StoreUrl::parse("memcached://localhost:11211").unwrap(),
             StoreUrl::Memcached {

@@ -35,6 +35,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Idle connections kept per store; more are opened on demand and closed when given back.
 const MAX_IDLE: usize = 16;
+/// How long a write with `wait=N` waits for its replicas.
+const WAIT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Redis refuses a bulk string longer than `proto-max-bulk-len`, 512 MiB unless configured.
 const MAX_VALUE: usize = 512 << 20;
 /// What to do when the client uses TLS and the server does not.
@@ -84,6 +86,7 @@ enum Target {
     },
     Cluster {
         client: ClusterClient,
+        options: ClusterOptions,
         /// `h1:p1,h2:p2,...`, as given.
         nodes: String,
         pool: Pool<ClusterConnection>,
@@ -187,6 +190,17 @@ impl RedisStore {
         prefix: Option<String>,
         tls: Option<&TlsOptions>,
     ) -> Result<RedisStore, StoreError> {
+        Self::connect_cluster_with_options(nodes, prefix, tls, ClusterOptions::default())
+    }
+
+    /// [`RedisStore::connect_cluster_with`], with replicas to wait for and a failover
+    /// deadline.
+    pub fn connect_cluster_with_options(
+        nodes: &[String],
+        prefix: Option<String>,
+        tls: Option<&TlsOptions>,
+        options: ClusterOptions,
+    ) -> Result<RedisStore, StoreError> {
         let joined = nodes.join(",");
         let connect_error =
             |e: RedisError| hang_up_hint(refused_or_unreachable(CLUSTER, &joined, e), tls);
@@ -212,6 +226,7 @@ impl RedisStore {
         Ok(RedisStore {
             target: Target::Cluster {
                 client,
+                options,
                 nodes: joined,
                 pool: Pool::new(first),
             },
@@ -255,7 +270,7 @@ impl RedisStore {
         &self,
         op: &'static str,
         single: impl FnOnce(&mut Connection) -> redis::RedisResult<T>,
-        cluster: impl FnOnce(&mut ClusterConnection) -> redis::RedisResult<T>,
+        cluster: impl Fn(&mut ClusterConnection) -> redis::RedisResult<T>,
     ) -> Result<T, StoreError> {
         let result = match &self.target {
             Target::Single { client, pool, .. } => {
@@ -269,16 +284,39 @@ impl RedisStore {
                 }
                 r
             }
-            Target::Cluster { client, pool, .. } => {
-                let mut conn = match pool.take_idle() {
-                    Some(c) => c,
-                    None => open_cluster(client).map_err(|e| self.reconnect_error(e))?,
-                };
-                let r = cluster(&mut conn);
-                if r.is_ok() {
-                    pool.give_back(conn);
+            Target::Cluster {
+                client,
+                pool,
+                options,
+                ..
+            } => {
+                // Through a failover (a master gone, its replica not yet promoted) every call
+                // fails; each try takes a fresh connection, which reads the slot map anew, until
+                // the deadline.
+                let deadline = std::time::Instant::now() + options.failover;
+                let mut pause = Duration::from_millis(20);
+                loop {
+                    let conn = match pool.take_idle() {
+                        Some(c) => Ok(c),
+                        None => open_cluster(client),
+                    };
+                    let r = conn.and_then(|mut conn| {
+                        let r = cluster(&mut conn);
+                        if r.is_ok() {
+                            pool.give_back(conn);
+                        }
+                        r
+                    });
+                    match r {
+                        Err(e) if failing_over(&e) && std::time::Instant::now() < deadline => {
+                            tracing::debug!("redis cluster {op}: {e}; retrying");
+                            pool.forget_idle();
+                            std::thread::sleep(pause);
+                            pause = (pause * 2).min(Duration::from_millis(500));
+                        }
+                        r => break r,
+                    }
                 }
-                r
             }
         };
         result.map_err(|e| self.run_error(op, e))
@@ -381,6 +419,46 @@ fn probe_any(nodes: &[String], opts: &TlsOptions) -> Result<(), StoreError> {
     Err(first_error.expect("a cluster URL names at least one node"))
 }
 
+/// How a Redis Cluster store rides out failures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterOptions {
+    /// Replicas every write must reach (Redis `WAIT`) before it is acknowledged, so that it
+    /// survives its master's failover; `None` acknowledges once the masters have it.
+    pub wait: Option<u32>,
+    /// How long a call keeps retrying while the cluster cannot serve it (a master lost and
+    /// not yet replaced) before it fails.
+    pub failover: Duration,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions {
+            wait: None,
+            failover: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Whether an error is what a cluster answers while it fails over (a node unreachable, slots
+/// without a master, redirections mid-change), worth a retry on a fresh slot map.
+fn failing_over(e: &RedisError) -> bool {
+    use redis::ErrorKind::*;
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            ClusterDown
+                | TryAgain
+                | MasterDown
+                | ReadOnly
+                | Moved
+                | Ask
+                | ClusterConnectionNotFound
+        )
+}
+
 fn open_single(client: &redis::Client) -> redis::RedisResult<Connection> {
     let conn = client.get_connection_with_timeout(CONNECT_TIMEOUT)?;
     conn.set_read_timeout(Some(IO_TIMEOUT))?;
@@ -444,7 +522,31 @@ impl FarStore for RedisStore {
                 for (key, (_, value)) in keys.iter().zip(items) {
                     pipe.cmd("SET").arg(key.as_slice()).arg(*value).ignore();
                 }
-                pipe.query::<()>(conn)
+                pipe.query::<()>(conn)?;
+                let Target::Cluster {
+                    options: ClusterOptions { wait: Some(n), .. },
+                    ..
+                } = &self.target
+                else {
+                    return Ok(());
+                };
+                // Sent to every master; the answer is the fewest replicas any of them reached.
+                let reached: i64 = redis::cmd("WAIT")
+                    .arg(*n)
+                    .arg(WAIT_TIMEOUT.as_millis() as u64)
+                    .query(conn)?;
+                if reached < *n as i64 {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::ResponseError,
+                        "a write did not reach its replicas",
+                        format!(
+                            "{reached} of the {n} replicas asked for (wait={n}) took it within \
+                             {} ms; are the replicas running and in sync?",
+                            WAIT_TIMEOUT.as_millis()
+                        ),
+                    )));
+                }
+                Ok(())
             },
         )
     }
@@ -477,6 +579,13 @@ impl FarStore for RedisStore {
     fn take_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
         if keys.is_empty() {
             return Ok(Vec::new());
+        }
+        if let Target::Cluster { .. } = self.target {
+            // Read, then delete: each can be retried through a failover, where a GETDEL whose
+            // answer was lost could not (the retry would find the values gone).
+            let values = self.read_many(keys)?;
+            self.remove_many(keys)?;
+            return Ok(values);
         }
         let rkeys: Vec<Vec<u8>> = keys.iter().map(|k| self.redis_key(*k)).collect();
         let values = self.call(
