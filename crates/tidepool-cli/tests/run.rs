@@ -362,6 +362,13 @@ fn a_program_outlives_a_killed_memory_node_when_pages_are_kept_twice() {
         stderr.contains(&format!("memory node {killed} is down")),
         "{stderr}"
     );
+    // The statistics (as `tidepool status` shows them) say which node is down.
+    assert!(
+        stderr.contains(&format!(
+            "store        2 of 3 memory nodes up (replicas=2); down: {killed}"
+        )),
+        "{stderr}"
+    );
 
     // A second loss leaves pages with no copy: the program stops, never reads zeros.
     let child = start_waiting_worker(

@@ -467,13 +467,15 @@ impl Pager {
         let i = self.inner();
         // Reading the timings takes their locks, which a fork must not find held.
         let _section = crate::fork::section();
-        snapshot(
+        let mut s = snapshot(
             &i.counters,
             &i.timings,
             i.resident.load(Relaxed) as u64,
             i.total_budget_pages() as u64,
             &i.tier,
-        )
+        );
+        s.store_health = i.store.health();
+        s
     }
 
     /// A description of the far store, for messages.

@@ -237,6 +237,9 @@ pub struct PagerStats {
     pub budget_pages: u64,
     /// Where far fetches' time went in the fault handler.
     pub miss: MissTimes,
+    /// What the far store says of its own health (memory nodes down, data not yet protected
+    /// again), if it has anything to say.
+    pub store_health: Option<String>,
 }
 
 impl PagerStats {
@@ -288,6 +291,7 @@ pub(crate) fn snapshot(
         discarded: c.discarded.load(Relaxed),
         resident_pages: resident,
         budget_pages: budget,
+        store_health: None,
     }
 }
 
@@ -370,6 +374,10 @@ impl fmt::Display for PagerStats {
             mib(self.bytes_written),
             mib(self.resident_pages * 4096),
             mib(self.budget_pages * 4096)
-        )
+        )?;
+        if let Some(h) = &self.store_health {
+            write!(f, "\nstore        {h}")?;
+        }
+        Ok(())
     }
 }

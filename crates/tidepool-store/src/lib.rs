@@ -169,6 +169,13 @@ pub trait FarStore: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// One line on the store's health for people, from what the client knows without asking
+    /// the servers (memory nodes down, data not yet protected again); `None` (the default)
+    /// when there is nothing to say.
+    fn health(&self) -> Option<String> {
+        None
+    }
+
     /// What the backend can tell about its use.
     fn stats(&self) -> Result<StoreStats, StoreError> {
         Ok(StoreStats::default())

@@ -619,6 +619,25 @@ impl FarStore for NodeSet {
         self.remove_pieces(&on)
     }
 
+    fn health(&self) -> Option<String> {
+        let live = self.live();
+        let (values, bytes) = self.unprotected_bytes();
+        let mut h = format!(
+            "{live} of {} memory nodes up ({})",
+            self.members.len(),
+            self.redundancy
+        );
+        if live < self.members.len() {
+            h += &format!("; down: {}", self.down_names());
+        }
+        h += &format!(
+            "; {:.1} MiB in {values} values not yet protected again, {:.1} MiB protected again",
+            bytes as f64 / (1 << 20) as f64,
+            self.reprotected_bytes.load(Relaxed) as f64 / (1 << 20) as f64
+        );
+        Some(h)
+    }
+
     fn stats(&self) -> Result<StoreStats, StoreError> {
         let mut far = 0;
         let mut extra = vec![];
