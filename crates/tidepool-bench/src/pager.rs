@@ -9,8 +9,9 @@
 //!
 //! Systems, at local-memory ratios 25, 50, 75 and 100% of the working set (each plus the same
 //! 16 MiB allowance for the rest of the process):
-//! `tidepool-local` and `tidepool-node` (the program under `tidepool run`, far store in process
-//! or on a `tidepool node` process), `linux-zram` (the program in a cgroup v1 memory group
+//! `tidepool-local`, `tidepool-node` and `tidepool-node-x6-ec4+2` (the program under
+//! `tidepool run`, far store in process, on a `tidepool node` process, or erasure-coded 4+2
+//! over six node processes), `linux-zram` (the program in a cgroup v1 memory group
 //! limited to the same local size, swapping to zram), and `native` (everything local, once).
 
 use crate::{median, BenchOpts, Ctx, Suite};
@@ -64,6 +65,9 @@ fn rounds(opts: &BenchOpts) -> usize {
     }
 }
 
+/// The program under `tidepool run` over six memory nodes, erasure-coded 4+2.
+const EC_SYSTEM: &str = "tidepool-node-x6-ec4+2";
+
 impl Suite for PagerSuite {
     fn name(&self) -> &'static str {
         "pager"
@@ -95,6 +99,27 @@ impl Suite for PagerSuite {
              its clients poll {} us for answers",
             tidepool_store::NODE_DEFAULT_POLL.as_micros()
         ));
+        // The erasure-coded store: six nodes started the same way, each page in four data
+        // pieces and two parity pieces, one per node.
+        let ec_nodes = (0..6)
+            .map(|_| {
+                crate::store::NodeProcess::start_with(
+                    &format!("{}", s.wss),
+                    &["--busy-poll-us", &NODE_BUSY_POLL_US.to_string()],
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        for n in &ec_nodes {
+            ctx.opts.placement.pin_server(n.pid())?;
+        }
+        let ec_url = format!(
+            "node://bench@{}?ec=4+2",
+            ec_nodes
+                .iter()
+                .map(|n| n.addr.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        );
         // The wire's floor in this run: one 4 KiB get at a time from the same node.
         ctx.step("the node's unpipelined 4 KiB get");
         let get = node_get_latency(&format!("node://bench-get@{}", node.addr))?;
@@ -126,7 +151,7 @@ impl Suite for PagerSuite {
             }
             None => None,
         };
-        let systems: Vec<&str> = ["tidepool-local", "tidepool-node", "linux-zram"]
+        let systems: Vec<&str> = ["tidepool-local", "tidepool-node", EC_SYSTEM, "linux-zram"]
             .into_iter()
             .filter(|&n| n != "linux-zram" || zram.is_some())
             .collect();
@@ -193,10 +218,10 @@ impl Suite for PagerSuite {
                                 .expect("listed only if started")
                                 .command(local)?,
                             _ => {
-                                let backend = if system == "tidepool-node" {
-                                    format!("node://bench@{}", node.addr)
-                                } else {
-                                    "local:".into()
+                                let backend = match system {
+                                    "tidepool-node" => format!("node://bench@{}", node.addr),
+                                    EC_SYSTEM => ec_url.clone(),
+                                    _ => "local:".into(),
                                 };
                                 let mut c = Command::new(&exe);
                                 c.args(["run", "--local", &local.to_string()])
