@@ -173,6 +173,7 @@ fn raw_client(addr: &str) -> (TcpStream, tidepool_proto::Handle) {
         tenant: "slow".into(),
         token: String::new(),
         session: 0,
+        store: String::new(),
     }
     .encode(0, &mut out);
     Request::Put {

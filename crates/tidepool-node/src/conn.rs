@@ -43,6 +43,15 @@ struct Auth {
     tenant: Arc<Tenant>,
     session: Arc<Session>,
     client_session: u64,
+    /// Whether the client gave store settings at hello (see [`Tenant::join_store`]).
+    in_store: bool,
+}
+
+/// Why a hello was refused.
+enum Refused {
+    Code(ErrorCode),
+    /// The tenant's store settings differ (the message names both).
+    Store(String),
 }
 
 pub(crate) struct Conn<'a> {
@@ -219,7 +228,18 @@ impl<'a> Conn<'a> {
                 tenant,
                 token,
                 session,
-            } => self.hello(&tenant, &token, session, &mut w),
+                store,
+            } => match self.hello(&tenant, &token, session, &store, &mut w) {
+                Err(Refused::Code(code)) => Err(code),
+                Err(Refused::Store(message)) => {
+                    let code = ErrorCode::StoreMismatch;
+                    self.metrics.failure(Failure::Code(code));
+                    w.abandon();
+                    Response::Error { code, message }.encode(op, id, out);
+                    return;
+                }
+                Ok(()) => Ok(()),
+            },
             _ if self.auth.is_none() => Err(ErrorCode::NotAuthenticated),
             Request::Put { data } => self.put(&data).map(|h| {
                 w.put_u8(0);
@@ -370,12 +390,27 @@ impl<'a> Conn<'a> {
         tenant: &str,
         token: &str,
         client_session: u64,
+        store: &str,
         w: &mut FrameWriter<'_>,
-    ) -> Result<(), ErrorCode> {
+    ) -> Result<(), Refused> {
         if self.auth.is_some() {
-            return Err(ErrorCode::AlreadyAuthenticated);
+            return Err(Refused::Code(ErrorCode::AlreadyAuthenticated));
         }
-        let t = self.sh.tenants.authenticate(tenant, token)?;
+        let t = self
+            .sh
+            .tenants
+            .authenticate(tenant, token)
+            .map_err(Refused::Code)?;
+        let in_store = !store.is_empty();
+        if in_store {
+            t.join_store(store).map_err(|in_use| {
+                Refused::Store(format!(
+                    "tenant '{tenant}' on this node is in use by a store kept as {in_use}, and \
+                     this client's is {store}; clients sharing a tenant must list the same memory \
+                     nodes with the same replicas= or ec=, or use a tenant of their own"
+                ))
+            })?;
+        }
         t.stats.connections.fetch_add(1, Ordering::Relaxed);
         let session = self.sh.sessions.join(Arc::clone(&t), client_session);
         let info = HelloInfo {
@@ -388,6 +423,7 @@ impl<'a> Conn<'a> {
             tenant: t,
             session,
             client_session,
+            in_store,
         });
         w.put_u8(0);
         w.put_u32(info.tenant_id);
@@ -760,6 +796,9 @@ impl<'a> Conn<'a> {
                 .stats
                 .connections
                 .fetch_sub(1, Ordering::Relaxed);
+            if auth.in_store {
+                auth.tenant.leave_store();
+            }
             if self.sh.sessions.leave(&auth.session, auth.client_session) {
                 let entries = std::mem::take(&mut auth.session.owned.lock().entries);
                 let mut released = 0u64;

@@ -73,7 +73,7 @@ pub(crate) enum Failure {
     TlsRequired,
 }
 
-const FAILURE_KINDS: usize = 16;
+const FAILURE_KINDS: usize = 17;
 
 impl Failure {
     fn index(self) -> usize {
@@ -101,6 +101,7 @@ impl Failure {
                 Internal => "internal",
                 AlreadyAuthenticated => "already_authenticated",
                 BadOffload => "bad_offload",
+                StoreMismatch => "store_mismatch",
             });
         }
         match index {

@@ -29,9 +29,32 @@ pub struct Tenant {
     pub name: String,
     pub quota: u64,
     pub stats: TenantStats,
+    /// The store settings the tenant's connections gave at hello (see `Request::Hello`), and
+    /// how many connections gave them; reset when the last of them closes.
+    store: parking_lot::Mutex<(String, usize)>,
 }
 
 impl Tenant {
+    /// Records a connection of a store with these settings; refuses, answering the settings
+    /// in use, when the tenant's open connections gave others.
+    pub fn join_store(&self, settings: &str) -> Result<(), String> {
+        let mut s = self.store.lock();
+        if s.1 > 0 && s.0 != settings {
+            return Err(s.0.clone());
+        }
+        if s.1 == 0 {
+            s.0 = settings.to_string();
+        }
+        s.1 += 1;
+        Ok(())
+    }
+
+    /// A connection that joined with [`Tenant::join_store`] closed.
+    pub fn leave_store(&self) {
+        let mut s = self.store.lock();
+        s.1 = s.1.saturating_sub(1);
+    }
+
     /// Charges `bytes` against the quota, or refuses without charging.
     pub fn charge(&self, bytes: u64) -> Result<(), ErrorCode> {
         let before = self
@@ -123,6 +146,7 @@ impl Tenants {
                     name: name.to_string(),
                     quota,
                     stats: TenantStats::default(),
+                    store: Default::default(),
                 })
             },
         )))

@@ -123,6 +123,12 @@ pub fn decode_request(
             tenant: r.str16("tenant name")?,
             token: r.str16("token")?,
             session: r.u64("session id")?,
+            // Absent from clients that predate it.
+            store: if r.0.is_empty() {
+                String::new()
+            } else {
+                r.str16("store settings")?
+            },
         },
         Op::Put => Request::Put { data: r.blob()? },
         Op::Get => Request::Get {
@@ -544,10 +550,12 @@ impl Request {
                 tenant,
                 token,
                 session,
+                store,
             } => {
                 w.put_str16(tenant);
                 w.put_str16(token);
                 w.put_u64(*session);
+                w.put_str16(store);
             }
             Request::Put { data } => w.put_blob(data),
             Request::Get { handle } | Request::Take { handle } | Request::Free { handle } => {
@@ -757,13 +765,14 @@ mod tests {
 
     fn request() -> impl Strategy<Value = Request> {
         prop_oneof![
-            ("[a-z]{0,20}", ".{0,20}", any::<u64>()).prop_map(|(tenant, token, session)| {
-                Request::Hello {
+            ("[a-z]{0,20}", ".{0,20}", any::<u64>(), ".{0,20}").prop_map(
+                |(tenant, token, session, store)| Request::Hello {
                     tenant,
                     token,
                     session,
+                    store,
                 }
-            }),
+            ),
             blob().prop_map(|data| Request::Put { data }),
             handle().prop_map(|handle| Request::Get { handle }),
             handle().prop_map(|handle| Request::Take { handle }),

@@ -124,6 +124,9 @@ pub enum ErrorCode {
     AlreadyAuthenticated = 12,
     /// An offloaded scan or gather that cannot run (the message says why).
     BadOffload = 13,
+    /// The tenant is in use on this node by a store over other nodes or with other redundancy
+    /// (the message names both).
+    StoreMismatch = 16,
 }
 
 impl ErrorCode {
@@ -143,6 +146,7 @@ impl ErrorCode {
             11 => Internal,
             12 => AlreadyAuthenticated,
             13 => BadOffload,
+            16 => StoreMismatch,
             _ => return None,
         })
     }
@@ -164,6 +168,7 @@ impl ErrorCode {
             Internal => "internal server error",
             AlreadyAuthenticated => "hello was already sent on this connection",
             BadOffload => "offloaded operation cannot run",
+            StoreMismatch => "the tenant is in use by a store with other settings",
         }
     }
 }
@@ -201,10 +206,15 @@ pub enum Request {
     /// Authenticates the connection. Connections that give the same non-zero `session` (a random
     /// number the client picks once) form one session: objects belong to the session and are
     /// released when its last connection closes. Zero means a session of this connection alone.
+    ///
+    /// `store` says what the client's store is when the node is one of several (`ec=4+2 over
+    /// h1,...`), empty otherwise: every connection of a tenant that gives one must give the same
+    /// (clients sharing a tenant must agree on its nodes and redundancy).
     Hello {
         tenant: String,
         token: String,
         session: u64,
+        store: String,
     },
     Put {
         data: Bytes,

@@ -234,15 +234,22 @@ pub(crate) fn copy_into_chunk(
 pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
     Ok(match StoreUrl::parse(url)? {
         StoreUrl::Local { compress } => Arc::new(LocalStore::new(compress)),
-        node @ StoreUrl::Node { .. } => Arc::new(open_node(node)?),
+        node @ StoreUrl::Node { .. } => Arc::new(open_node(node, "")?),
         StoreUrl::Nodes { nodes, redundancy } => {
-            let mut stores = Vec::with_capacity(nodes.len());
-            for node in nodes {
-                let addr = match &node {
+            let addrs: Vec<String> = nodes
+                .iter()
+                .map(|n| match n {
                     StoreUrl::Node { addr, .. } => addr.clone(),
                     other => unreachable!("a node set of {other:?}"),
-                };
-                stores.push((addr, open_node(node)?));
+                })
+                .collect();
+            // What every node is told this store is: clients sharing a tenant must agree.
+            let mut sorted = addrs.clone();
+            sorted.sort();
+            let settings = format!("{redundancy} over {}", sorted.join(","));
+            let mut stores = Vec::with_capacity(nodes.len());
+            for (node, addr) in nodes.into_iter().zip(addrs) {
+                stores.push((addr, open_node(node, &settings)?));
             }
             Arc::new(NodeSet::new(stores, redundancy, url.to_string())?)
         }
@@ -274,8 +281,9 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
     })
 }
 
-/// Connects to the memory node a [`StoreUrl::Node`] names.
-fn open_node(url: StoreUrl) -> Result<NodeStore, StoreError> {
+/// Connects to the memory node a [`StoreUrl::Node`] names, as one of the store `store` says
+/// (empty: the store is this node alone).
+fn open_node(url: StoreUrl, store: &str) -> Result<NodeStore, StoreError> {
     let StoreUrl::Node {
         addr,
         tenant,
@@ -290,7 +298,10 @@ fn open_node(url: StoreUrl) -> Result<NodeStore, StoreError> {
     let tls = tls
         .map(|t| ClientTls::from_options(&addr, &t))
         .transpose()?;
-    let mut options = NodeOptions::default();
+    let mut options = NodeOptions {
+        store: store.to_string(),
+        ..NodeOptions::default()
+    };
     if let Some(us) = poll_us {
         options.poll = std::time::Duration::from_micros(us);
     }

@@ -180,3 +180,43 @@ fn values_that_lost_a_piece_are_protected_again_on_the_nodes_left() {
         check_all(set, &keys, 1);
     }
 }
+
+/// Clients sharing a tenant must agree on its nodes and redundancy: a node refuses a client
+/// whose store differs from the one its open connections of that tenant belong to (another
+/// redundancy, or a node list from another store), naming both; once they close, it is free.
+#[test]
+fn a_tenant_in_use_by_a_store_with_other_settings_is_refused_naming_both() {
+    let (servers, _) = nodes(4);
+    let a: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
+    let three = a[..3].join(",");
+    let first = open(&format!("node://t@{three}?replicas=2")).unwrap();
+    let same = open(&format!("node://t@{three}?replicas=2")).unwrap();
+    let e = open(&format!("node://t@{three}?replicas=3"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("kept as replicas=2 over") && e.contains("this client's is replicas=3 over"),
+        "{e}"
+    );
+    assert!(e.contains("use a tenant of their own"), "{e}");
+    // Another store's node list (one node differs).
+    let other = format!("{},{},{}", a[0], a[1], a[3]);
+    let e = open(&format!("node://t@{other}?replicas=2"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains(&a[3]) && e.contains(&a[2]), "{e}");
+    // Another tenant, or one node alone, is not held to it.
+    open(&format!("node://u@{three}?replicas=3")).unwrap();
+    open(&format!("node://t@{}", a[0])).unwrap();
+    drop((first, same));
+    // The node learns of the closes as it serves them: ask until it has.
+    let mut tries = 0;
+    while let Err(e) = open(&format!("node://t@{three}?replicas=3")) {
+        tries += 1;
+        assert!(tries < 200, "still refused after the others closed: {e}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    for s in servers {
+        s.shutdown();
+    }
+}

@@ -217,8 +217,9 @@ impl NodeConn {
         token: &str,
         session: u64,
         tls: Option<&ClientTls>,
-        timeout: Duration,
+        options: &NodeOptions,
     ) -> Result<(NodeConn, HelloInfo), StoreError> {
+        let timeout = options.timeout;
         let connect_err = |source| StoreError::Connect {
             backend: BACKEND,
             addr: addr.to_string(),
@@ -264,6 +265,7 @@ impl NodeConn {
             tenant: tenant.to_string(),
             token: token.to_string(),
             session,
+            store: options.store.clone(),
         };
         match conn.call(&hello)? {
             Response::Hello(info) => Ok((conn, info)),
@@ -516,7 +518,7 @@ fn item_error(op: &'static str, code: ErrorCode) -> StoreError {
 }
 
 /// How a client talks to its node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeOptions {
     /// How long each request asks for its answer without sleeping before it sleeps (zero:
     /// sleep at once). Plain TCP only: a TLS connection sleeps at once.
@@ -524,6 +526,10 @@ pub struct NodeOptions {
     /// The longest wait to connect, for the node to take a request, or for its answer; past
     /// it the request fails (and `tidepool run` stops the program, exit 70).
     pub timeout: Duration,
+    /// What store the node is one of (`ec=4+2 over h1,...`), said at hello so that the node
+    /// refuses a client of the same tenant whose store has other settings; empty for a store
+    /// on this node alone.
+    pub store: String,
 }
 
 impl Default for NodeOptions {
@@ -531,6 +537,7 @@ impl Default for NodeOptions {
         NodeOptions {
             poll: DEFAULT_POLL,
             timeout: DEFAULT_TIMEOUT,
+            store: String::new(),
         }
     }
 }
@@ -615,8 +622,7 @@ impl NodeClient {
         options: NodeOptions,
     ) -> Result<NodeClient, StoreError> {
         let session = new_session_id();
-        let (conn, info) =
-            NodeConn::open(addr, tenant, token, session, tls.as_ref(), options.timeout)?;
+        let (conn, info) = NodeConn::open(addr, tenant, token, session, tls.as_ref(), &options)?;
         Ok(NodeClient {
             addr: addr.to_string(),
             tenant: tenant.to_string(),
@@ -676,7 +682,7 @@ impl NodeClient {
                     &self.token,
                     session,
                     self.tls.as_ref(),
-                    self.options.timeout,
+                    &self.options,
                 )?
                 .0
             }
