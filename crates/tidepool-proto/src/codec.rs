@@ -555,7 +555,11 @@ impl Request {
                 w.put_str16(tenant);
                 w.put_str16(token);
                 w.put_u64(*session);
-                w.put_str16(store);
+                // Only when there is one: nodes that predate the field refuse bytes after the
+                // session id, and a client of one node has nothing to say.
+                if !store.is_empty() {
+                    w.put_str16(store);
+                }
             }
             Request::Put { data } => w.put_blob(data),
             Request::Get { handle } | Request::Take { handle } | Request::Free { handle } => {
