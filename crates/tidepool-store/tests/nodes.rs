@@ -220,3 +220,45 @@ fn a_tenant_in_use_by_a_store_with_other_settings_is_refused_naming_both() {
         s.shutdown();
     }
 }
+
+/// A write that a node refuses part way (its quota is full) leaves each value it touched an
+/// error to read, never a mix of old and new pieces.
+#[test]
+fn a_write_refused_part_way_leaves_errors_never_mixed_values() {
+    let servers: Vec<Server> = (0..6)
+        .map(|_| {
+            let mut c = NodeConfig::new("127.0.0.1:0", 256 << 20);
+            c.tokens = Some(
+                tidepool_node::TokensFile::parse(
+                    "[[tenant]]\nname = \"t\"\ntoken = \"k\"\nquota = \"64K\"\n",
+                )
+                .unwrap(),
+            );
+            Server::start(c).expect("node starts")
+        })
+        .collect();
+    let addrs: Vec<String> = servers.iter().map(|s| s.local_addr().to_string()).collect();
+    let store = open(&format!("node://t:k@{}?ec=4+2", addrs.join(","))).unwrap();
+    let keys: Vec<u64> = (0..40).collect();
+    write_all(store.as_ref(), &keys, 1);
+    check_all(store.as_ref(), &keys, 1);
+    // 40 KiB of pieces on each node; 70 more values do not fit in 64 KiB.
+    let more: Vec<u64> = (0..110).collect();
+    let items: Vec<(u64, Vec<u8>)> = more
+        .iter()
+        .map(|&k| (k, conformance::pattern(k, 2, 4096)))
+        .collect();
+    let refs: Vec<(u64, &[u8])> = items.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+    let e = store.write_many(&refs).unwrap_err().to_string();
+    assert!(e.contains("quota"), "{e}");
+    for &k in &more {
+        match store.read(k) {
+            Ok(Some(v)) => assert_eq!(v, conformance::pattern(k, 2, 4096), "key {k}"),
+            Ok(None) => assert!(k >= 40, "key {k} vanished"),
+            Err(e) => assert!(e.to_string().contains("failed part way"), "{e}"),
+        }
+    }
+    for s in servers {
+        s.shutdown();
+    }
+}

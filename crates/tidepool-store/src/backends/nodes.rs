@@ -70,6 +70,16 @@ struct Placed {
 }
 
 impl Placed {
+    /// A value whose last write failed part way: no piece can be trusted.
+    const BROKEN: Placed = Placed {
+        len: 0,
+        on: [NOWHERE; MAX_PIECES],
+    };
+
+    fn is_broken(&self) -> bool {
+        self.on[0] == NOWHERE
+    }
+
     /// (piece, member) for each piece stored, in piece order.
     fn pieces(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
         self.on
@@ -331,27 +341,15 @@ impl NodeSet {
                     groups[m].push((k, piece));
                 }
             }
-            // Every node's request goes out before any answer is read.
-            let mut pending = Vec::new();
-            let mut lost_one = false;
-            for (i, g) in groups.iter().enumerate() {
-                if g.is_empty() {
-                    continue;
+            let lost_one = match self.send_pieces(&groups) {
+                Ok(lost_one) => lost_one,
+                Err(e) => {
+                    // A node refused (a full quota, say) after others may have taken their
+                    // pieces over the old ones: the old value cannot be trusted any more.
+                    self.break_values(items, &placements);
+                    return Err(e);
                 }
-                match self.members[i].store.write_begin(g) {
-                    Ok(w) => pending.push((i, w)),
-                    Err(e) => {
-                        self.failed(i, e)?;
-                        lost_one = true;
-                    }
-                }
-            }
-            for (i, w) in pending {
-                if let Err(e) = w.finish() {
-                    self.failed(i, e)?;
-                    lost_one = true;
-                }
-            }
+            };
             if lost_one {
                 // Placed again over the nodes still up; a piece written twice is replaced.
                 continue;
@@ -367,6 +365,51 @@ impl NodeSet {
                 }
             }
             return self.remove_pieces(&stale);
+        }
+    }
+
+    /// Sends every member its pieces, all requests before any answer is read. `Ok(true)`: a
+    /// node was lost on the way (the caller places the values again).
+    fn send_pieces(&self, groups: &[Vec<(Key, &[u8])>]) -> Result<bool, StoreError> {
+        let mut pending = Vec::new();
+        let mut lost_one = false;
+        for (i, g) in groups.iter().enumerate() {
+            if g.is_empty() {
+                continue;
+            }
+            match self.members[i].store.write_begin(g) {
+                Ok(w) => pending.push((i, w)),
+                Err(e) => {
+                    self.failed(i, e)?;
+                    lost_one = true;
+                }
+            }
+        }
+        for (i, w) in pending {
+            if let Err(e) = w.finish() {
+                self.failed(i, e)?;
+                lost_one = true;
+            }
+        }
+        Ok(lost_one)
+    }
+
+    /// After a write that failed part way: each value is marked lost (reading it is an error,
+    /// never a mix of old and new pieces) and its pieces are freed where possible.
+    fn break_values(&self, items: &[(Key, &[u8])], placements: &[Placed]) {
+        let mut pieces: Vec<Vec<Key>> = vec![Vec::new(); self.members.len()];
+        for (&(k, _), new) in items.iter().zip(placements) {
+            let old = self.shard(k).lock().insert(k, Placed::BROKEN);
+            for p in old.iter().chain(Some(new)) {
+                for (_, m) in p.pieces() {
+                    if !pieces[m].contains(&k) {
+                        pieces[m].push(k);
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.remove_pieces(&pieces) {
+            tracing::warn!("freeing the pieces of values whose write failed: {e}");
         }
     }
 
@@ -395,6 +438,17 @@ impl NodeSet {
             let mut groups: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.members.len()];
             for &j in &todo {
                 let p = placed[j].as_ref().expect("only placed keys");
+                if p.is_broken() {
+                    return Err(StoreError::Backend {
+                        backend: BACKEND,
+                        message: format!(
+                            "key {:#x}: its last write failed part way (see that error), so its \
+                             value is lost",
+                            keys[j]
+                        ),
+                        source: None,
+                    });
+                }
                 let mut want = needed - got[j].len();
                 for (piece, m) in p.pieces() {
                     if want == 0 {
