@@ -159,6 +159,17 @@ enum Cmd {
         #[arg(value_parser = parse_size_arg)]
         local: u64,
     },
+    /// Add a memory node to the far store of a program running under `tidepool run`.
+    ///
+    /// The store must be a set of memory nodes (node://h1:p1,h2:p2,...). New writes may place
+    /// pieces on the node, and values that lost a piece with a node that went down are stored
+    /// again with all their pieces, the new node taking its share.
+    AddNode {
+        /// The program's process id.
+        pid: u32,
+        /// The node's address, host:port (a `tidepool node` already running).
+        addr: String,
+    },
     /// Choose far-data-structure sections from a profile (Mira's profile-guided tuning).
     ///
     /// PROFILE is the JSON a profiling run wrote (Far::enable_profiling, then Far::profile()).
@@ -389,6 +400,7 @@ fn run(cli: Cli) -> Result<()> {
             program,
         } => run::run(local, &backend, stats, allow_unpaged, &program),
         Cmd::Resize { pid, local } => run::resize(pid, local),
+        Cmd::AddNode { pid, addr } => run::add_node(pid, &addr),
         Cmd::Coord(args) => coord::run(args),
         Cmd::Top { http, once } => coord::top(&http, once),
         Cmd::Weight {

@@ -175,6 +175,13 @@ pub fn resize(pid: u32, local: u64) -> Result<()> {
     Ok(())
 }
 
+/// Adds a memory node to the far store of the program `pid` runs under `tidepool run`.
+pub fn add_node(pid: u32, addr: &str) -> Result<()> {
+    tidepool_pager::control::request(pid, &format!("add-node {addr}"))?;
+    println!("process {pid}: memory node {addr} added to its far store");
+    Ok(())
+}
+
 /// Prints the pager statistics of the program `pid` runs under `tidepool run`.
 pub fn status(pid: u32) -> Result<()> {
     let reply = tidepool_pager::control::request(pid, "stats")?;

@@ -491,6 +491,47 @@ fn far_vectors_keep_every_element_through_twenty_random_node_kills() {
     }
 }
 
+/// `tidepool add-node` gives a running program's store a node in place of one it lost; the
+/// program finishes with every byte right and its statistics count the new node.
+#[test]
+fn a_node_added_to_a_running_program_takes_the_lost_ones_share() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let (mut nodes, addrs) = six_nodes();
+    let mut child = start_waiting_worker("2M", &format!("node://ec@{addrs}?ec=4+2"), "12M", "4");
+    let pid = child.id().to_string();
+    nodes[3].kill();
+    let extra = NodeProc::start(&["--capacity", "256M"]);
+    let tidepool = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tidepool"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = tidepool(&["add-node", &pid, &extra.addr]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("memory node {} added", extra.addr)),
+        "{stdout}"
+    );
+    let out = tidepool(&["add-node", &pid, &extra.addr]);
+    let (_, stderr) = text(&out);
+    assert!(
+        !out.status.success() && stderr.contains("already one of"),
+        "{stderr}"
+    );
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains(", 0 wrong words"), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("6 of 7 memory nodes up (ec=4+2)"),
+        "{stderr}"
+    );
+    drop(nodes);
+}
+
 /// Three losses where 4+2 survives two: the program stops with exit 70 naming the nodes.
 #[test]
 fn losing_more_nodes_than_the_code_survives_stops_the_program_naming_them() {

@@ -77,7 +77,13 @@ fn answer(pager: &Pager, conn: UnixStream) -> io::Result<()> {
             _ => "error budget must be a number of bytes, at least 1 MiB\n".to_string(),
         },
         (Some("stats"), None) => format!("ok {}\n", pager.stats()),
-        _ => "error unknown request; use 'budget BYTES' or 'stats'\n".to_string(),
+        (Some("add-node"), Some(addr)) => match pager.add_store_node(addr) {
+            Ok(()) => format!("ok added {addr}\n"),
+            // One line: the reply is read a line at a time.
+            Err(e) => format!("error {}\n", e.to_string().replace('\n', " ")),
+        },
+        _ => "error unknown request; use 'budget BYTES', 'stats' or 'add-node HOST:PORT'\n"
+            .to_string(),
     };
     (&conn).write_all(reply.as_bytes())
 }

@@ -478,6 +478,12 @@ impl Pager {
         s
     }
 
+    /// Adds a memory node to the far store while the program runs (a store over several
+    /// memory nodes only; others refuse).
+    pub fn add_store_node(&self, addr: &str) -> Result<(), tidepool_store::StoreError> {
+        self.inner().store.add_node(addr)
+    }
+
     /// A description of the far store, for messages.
     pub fn store_description(&self) -> String {
         self.inner().store.describe()

@@ -176,6 +176,20 @@ pub trait FarStore: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Adds a memory node (`host:port`) to a store over several
+    /// (`node://h1:p1,h2:p2,...`) while it is in use; other stores refuse.
+    fn add_node(&self, addr: &str) -> Result<(), StoreError> {
+        Err(StoreError::Backend {
+            backend: "far store",
+            message: format!(
+                "cannot add {addr}: {} is not a store over several memory nodes \
+                 (node://h1:p1,h2:p2,...)",
+                self.describe()
+            ),
+            source: None,
+        })
+    }
+
     /// What the backend can tell about its use.
     fn stats(&self) -> Result<StoreStats, StoreError> {
         Ok(StoreStats::default())
@@ -247,11 +261,25 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
             let mut sorted = addrs.clone();
             sorted.sort();
             let settings = format!("{redundancy} over {}", sorted.join(","));
+            // Nodes added later are opened like the first one listed (tenant, token, options).
+            let template = nodes[0].clone();
+            let connect: backends::nodes::Connect = Box::new(move |addr, settings| {
+                let mut node = template.clone();
+                if let StoreUrl::Node { addr: a, .. } = &mut node {
+                    *a = addr.to_string();
+                }
+                open_node(node, settings)
+            });
             let mut stores = Vec::with_capacity(nodes.len());
             for (node, addr) in nodes.into_iter().zip(addrs) {
                 stores.push((addr, open_node(node, &settings)?));
             }
-            Arc::new(NodeSet::new(stores, redundancy, url.to_string())?)
+            Arc::new(NodeSet::new(
+                stores,
+                redundancy,
+                url.to_string(),
+                Some(connect),
+            )?)
         }
         StoreUrl::Redis { addr, prefix, tls } => {
             Arc::new(RedisStore::connect_with(&addr, prefix, tls.as_ref())?)

@@ -487,7 +487,7 @@ fn one_host(addr: &str, scheme: &str, hint: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn check_addr(addr: &str) -> Result<(), String> {
+pub(crate) fn check_addr(addr: &str) -> Result<(), String> {
     let (host, port) = addr
         .rsplit_once(':')
         .ok_or_else(|| format!("'{addr}' has no port; write host:port"))?;

@@ -262,3 +262,40 @@ fn a_write_refused_part_way_leaves_errors_never_mixed_values() {
         s.shutdown();
     }
 }
+
+/// A node added to a set that lost one takes the lost node's share: values get all their
+/// pieces again, and the store then survives as many further losses as it was built for.
+#[test]
+fn a_node_added_while_in_use_restores_full_protection() {
+    let (mut servers, addrs) = nodes(6);
+    let store = open(&format!("node://t@{addrs}?ec=4+2")).unwrap();
+    let keys: Vec<u64> = (0..2000).collect();
+    write_all(store.as_ref(), &keys, 1);
+    servers.remove(0).shutdown();
+    check_all(store.as_ref(), &keys, 1);
+    // Six pieces, five nodes: nothing can be done until a node joins.
+    assert_eq!(stat(store.as_ref(), "bytes_not_protected"), 2000 * 4096);
+    let extra = Server::start(NodeConfig::new("127.0.0.1:0", 256 << 20)).unwrap();
+    let e = store
+        .add_node(&servers[0].local_addr().to_string())
+        .unwrap_err();
+    assert!(e.to_string().contains("already one of"), "{e}");
+    store.add_node(&extra.local_addr().to_string()).unwrap();
+    let mut rounds = 0;
+    while stat(store.as_ref(), "bytes_not_protected") > 0 {
+        store.read(0).unwrap();
+        rounds += 1;
+        assert!(rounds < 1000, "re-protection stalls");
+    }
+    servers.remove(0).shutdown();
+    servers.remove(0).shutdown();
+    check_all(store.as_ref(), &keys, 1);
+    // Other stores cannot take nodes.
+    let e = open("local:").unwrap().add_node("127.0.0.1:1").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("not a store over several memory nodes"),
+        "{e}"
+    );
+    extra.shutdown();
+}

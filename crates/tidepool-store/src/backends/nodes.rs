@@ -94,10 +94,73 @@ impl Placed {
     }
 }
 
-/// Memory nodes keeping each key as a [`Redundancy`] says.
+/// The most nodes one set can have (listed and added): a piece's node is a byte.
+const MAX_MEMBERS: usize = NOWHERE as usize - 1;
+
+/// The nodes, in the order they were listed or added. Appended to while in use: a member's
+/// index never changes and its slot is set before the count covers it.
 #[derive(Debug)]
+struct Members {
+    slots: Box<[std::sync::OnceLock<Member>]>,
+    len: std::sync::atomic::AtomicUsize,
+    /// Held while a node is added.
+    adding: Mutex<()>,
+}
+
+impl Members {
+    fn new(members: Vec<Member>) -> Members {
+        let len = members.len();
+        let slots: Box<[std::sync::OnceLock<Member>]> = (0..MAX_MEMBERS)
+            .map(|_| std::sync::OnceLock::new())
+            .collect();
+        for (slot, m) in slots.iter().zip(members) {
+            let _ = slot.set(m);
+        }
+        Members {
+            slots,
+            len: len.into(),
+            adding: Mutex::new(()),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len.load(Acquire)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Member> {
+        self.slots[..self.len()]
+            .iter()
+            .map(|s| s.get().expect("set before counted"))
+    }
+
+    /// Appends a member (the caller holds `adding`).
+    fn push(&self, m: Member) -> usize {
+        let i = self.len();
+        assert!(
+            i < MAX_MEMBERS && self.slots[i].set(m).is_ok(),
+            "a free slot"
+        );
+        self.len.store(i + 1, Release);
+        i
+    }
+}
+
+impl std::ops::Index<usize> for Members {
+    type Output = Member;
+
+    fn index(&self, i: usize) -> &Member {
+        self.slots[i].get().expect("a member's index")
+    }
+}
+
+/// Opens a memory node of the set: (address, the store settings it is told at hello).
+pub type Connect = Box<dyn Fn(&str, &str) -> Result<NodeStore, StoreError> + Send + Sync>;
+
+/// Memory nodes keeping each key as a [`Redundancy`] says.
 pub struct NodeSet {
-    members: Vec<Member>,
+    members: Members,
+    /// Opens a node added later ([`NodeSet::add_node`]) the way the listed ones were.
+    connect: Option<Connect>,
     redundancy: Redundancy,
     index: Box<[Mutex<FxHashMap<Key, Placed>>]>,
     stripes: Box<[RwLock<()>]>,
@@ -108,6 +171,16 @@ pub struct NodeSet {
     /// `Some` for `ec=K+M`.
     coder: Option<Coder>,
     url: String,
+}
+
+impl std::fmt::Debug for NodeSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeSet")
+            .field("members", &self.members)
+            .field("redundancy", &self.redundancy)
+            .field("url", &crate::url::redact(&self.url))
+            .finish_non_exhaustive()
+    }
 }
 
 /// A 64-bit mix (splitmix64's finalizer): the rendezvous score of a key on a node.
@@ -159,6 +232,7 @@ impl NodeSet {
         nodes: Vec<(String, NodeStore)>,
         redundancy: Redundancy,
         url: String,
+        connect: Option<Connect>,
     ) -> Result<NodeSet, StoreError> {
         let n = nodes.len();
         let refuse = |reason: String| StoreError::BadUrl {
@@ -172,22 +246,25 @@ impl NodeSet {
                 MAX_PIECES
             )));
         }
-        if n >= NOWHERE as usize {
+        if n > MAX_MEMBERS {
             return Err(refuse(format!(
                 "{n} memory nodes listed; at most {} can form one store",
-                NOWHERE - 1
+                MAX_MEMBERS
             )));
         }
         Ok(NodeSet {
-            members: nodes
-                .into_iter()
-                .map(|(name, store)| Member {
-                    seed: seed_of(&name),
-                    name,
-                    store,
-                    down: AtomicBool::new(false),
-                })
-                .collect(),
+            members: Members::new(
+                nodes
+                    .into_iter()
+                    .map(|(name, store)| Member {
+                        seed: seed_of(&name),
+                        name,
+                        store,
+                        down: AtomicBool::new(false),
+                    })
+                    .collect(),
+            ),
+            connect,
             redundancy,
             index: (0..SHARDS)
                 .map(|_| Mutex::new(FxHashMap::default()))
@@ -202,6 +279,69 @@ impl NodeSet {
             },
             url,
         })
+    }
+
+    /// Adds a memory node to the set while it is in use: new writes may place pieces on it,
+    /// and values short of pieces (their node lost) are stored again with all of them, the new
+    /// node taking its share. What is already stored stays where it is.
+    pub fn add_node(&self, addr: &str) -> Result<(), StoreError> {
+        let refuse = |reason: String| StoreError::BadUrl {
+            url: addr.to_string(),
+            reason,
+        };
+        crate::url::check_addr(addr).map_err(refuse)?;
+        let Some(connect) = &self.connect else {
+            return Err(refuse(
+                "this store was made without a way to add nodes".into(),
+            ));
+        };
+        let _adding = self.members.adding.lock();
+        if self.members.iter().any(|m| m.name == addr) {
+            return Err(refuse(format!(
+                "{addr} is already one of the store's nodes"
+            )));
+        }
+        if self.members.len() >= MAX_MEMBERS {
+            return Err(refuse(format!(
+                "the store has {MAX_MEMBERS} nodes, the most it can"
+            )));
+        }
+        let mut names: Vec<&str> = self.members.iter().map(|m| m.name.as_str()).collect();
+        names.push(addr);
+        names.sort_unstable();
+        let store = connect(
+            addr,
+            &format!("{} over {}", self.redundancy, names.join(",")),
+        )?;
+        self.members.push(Member {
+            seed: seed_of(addr),
+            name: addr.to_string(),
+            store,
+            down: AtomicBool::new(false),
+        });
+        let want = self.redundancy.pieces();
+        let mut short = vec![];
+        for shard in self.index.iter() {
+            short.extend(
+                shard
+                    .lock()
+                    .iter()
+                    .filter(|(_, p)| {
+                        !p.is_broken() && p.pieces().filter(|&(_, m)| self.up(m)).count() < want
+                    })
+                    .map(|(k, _)| *k),
+            );
+        }
+        eprintln!(
+            "tidepool: memory node {addr} joined the store; {} values short of pieces will be \
+             stored again with all of them",
+            short.len()
+        );
+        if !short.is_empty() {
+            self.unprotected.lock().extend(short);
+            self.has_unprotected.store(true, Release);
+        }
+        Ok(())
     }
 
     /// How values are kept.
@@ -662,15 +802,22 @@ impl FarStore for NodeSet {
             .into_iter()
             .map(|s| self.stripes[s].write())
             .collect();
+        let removed: Vec<(Key, Placed)> = keys
+            .iter()
+            .filter_map(|&k| Some((k, self.shard(k).lock().remove(&k)?)))
+            .collect();
+        // Sized after the index was read: a node added since is counted.
         let mut on: Vec<Vec<Key>> = vec![Vec::new(); self.members.len()];
-        for &k in keys {
-            if let Some(p) = self.shard(k).lock().remove(&k) {
-                for (_, m) in p.pieces() {
-                    on[m].push(k);
-                }
+        for (k, p) in removed {
+            for (_, m) in p.pieces() {
+                on[m].push(k);
             }
         }
         self.remove_pieces(&on)
+    }
+
+    fn add_node(&self, addr: &str) -> Result<(), StoreError> {
+        NodeSet::add_node(self, addr)
     }
 
     fn health(&self) -> Option<String> {
@@ -723,7 +870,7 @@ impl FarStore for NodeSet {
     }
 
     fn after_fork_in_child(&self) {
-        for m in &self.members {
+        for m in self.members.iter() {
             m.store.after_fork_in_child();
         }
     }
