@@ -255,10 +255,7 @@ fn a_program_rides_out_a_redis_cluster_failover() {
         "the program ended before the kill"
     );
     cluster.kill(master);
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
-    assert!(stdout.contains(", 0 wrong words"), "{stdout}\n{stderr}");
+    expect_every_byte(child);
     // Its replica is the master now.
     assert!(
         (0..6)
@@ -291,6 +288,16 @@ fn go_and_expect_a_stop(mut child: Child) -> (String, String) {
         Some(tidepool_pager::FATAL_EXIT_CODE),
         "{stdout}\n{stderr}"
     );
+    (stdout, stderr)
+}
+
+/// Waits for a verification worker and expects it to have finished with every byte right;
+/// returns its output.
+fn expect_every_byte(child: Child) -> (String, String) {
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains(", 0 wrong words"), "{stdout}\n{stderr}");
     (stdout, stderr)
 }
 
@@ -354,10 +361,7 @@ fn a_program_outlives_a_killed_memory_node_when_pages_are_kept_twice() {
     let killed = nodes[1].addr.clone();
     nodes[1].kill();
     child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
-    assert!(stdout.contains(", 0 wrong words"), "{stdout}\n{stderr}");
+    let (_, stderr) = expect_every_byte(child);
     assert!(
         stderr.contains(&format!("memory node {killed} is down")),
         "{stderr}"
@@ -435,10 +439,7 @@ fn a_program_keeps_every_byte_through_twenty_random_node_kills() {
             nodes[v].kill();
             kills += 1;
         }
-        let out = child.wait_with_output().unwrap();
-        let (stdout, stderr) = text(&out);
-        assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
-        assert!(stdout.contains(", 0 wrong words"), "{stdout}\n{stderr}");
+        expect_every_byte(child);
     }
 }
 
@@ -521,10 +522,7 @@ fn a_node_added_to_a_running_program_takes_the_lost_ones_share() {
         "{stderr}"
     );
     child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    let out = child.wait_with_output().unwrap();
-    let (stdout, stderr) = text(&out);
-    assert!(out.status.success(), "{}\n{stdout}\n{stderr}", out.status);
-    assert!(stdout.contains(", 0 wrong words"), "{stdout}\n{stderr}");
+    let (_, stderr) = expect_every_byte(child);
     assert!(
         stderr.contains("6 of 7 memory nodes up (ec=4+2)"),
         "{stderr}"
