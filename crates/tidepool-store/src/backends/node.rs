@@ -580,20 +580,36 @@ impl std::fmt::Debug for NodeClient {
     }
 }
 
-/// A batch sent by [`NodeClient::send`] whose answers have not been read yet.
+/// A batch sent by [`NodeClient::send`] whose answers have not been read yet. Dropped
+/// unfinished (a caller returning early on another node's error), it still reads its answers:
+/// closing the connection instead could end the client's session, and the node frees
+/// everything a session put when its last connection closes.
 #[derive(Debug)]
 pub struct InFlight<'c> {
     client: &'c NodeClient,
-    conn: NodeConn,
+    conn: Option<NodeConn>,
     ops: Vec<Op>,
 }
 
 impl InFlight<'_> {
     /// Waits for the answers, in request order, and gives the connection back.
     pub fn finish(mut self) -> Result<Vec<Response>, StoreError> {
-        let r = self.conn.answers(&self.ops);
-        self.client.checkin(self.conn, &r);
+        self.collect()
+    }
+
+    fn collect(&mut self) -> Result<Vec<Response>, StoreError> {
+        let mut conn = self.conn.take().expect("answers read once");
+        let r = conn.answers(&self.ops);
+        self.client.checkin(conn, &r);
         r
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.conn.is_some() {
+            let _ = self.collect();
+        }
     }
 }
 
@@ -707,7 +723,7 @@ impl NodeClient {
         conn.send_batch(batch)?;
         Ok(InFlight {
             client: self,
-            conn,
+            conn: Some(conn),
             ops: batch.ops.clone(),
         })
     }
