@@ -257,10 +257,10 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
                     other => unreachable!("a node set of {other:?}"),
                 })
                 .collect();
-            // What every node is told this store is: clients sharing a tenant must agree.
-            let mut sorted = addrs.clone();
-            sorted.sort();
-            let settings = format!("{redundancy} over {}", sorted.join(","));
+            let settings = backends::nodes::settings(
+                redundancy,
+                &addrs.iter().map(String::as_str).collect::<Vec<_>>(),
+            );
             // Nodes added later are opened like the first one listed (tenant, token, options).
             let template = nodes[0].clone();
             let connect: backends::nodes::Connect = Box::new(move |addr, settings| {

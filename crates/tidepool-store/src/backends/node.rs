@@ -847,26 +847,36 @@ const CHUNK_WRITES: usize = 8192;
 /// Most handles one free request carries (16 bytes each).
 const CHUNK_FREES: usize = 32768;
 
-/// Splits `items` into runs of at most [`CHUNK_WRITES`] items and `max_bytes` payload bytes
-/// (a single larger item goes alone).
-fn write_chunks<'a, 'b>(
-    items: &'b [(Key, &'a [u8])],
+/// Splits `items` into runs of at most `max_items` items and `max_bytes` bytes (as `bytes`
+/// counts them; a single larger item goes alone).
+pub(crate) fn runs<T>(
+    items: &[T],
+    max_items: usize,
     max_bytes: usize,
-) -> Vec<&'b [(Key, &'a [u8])]> {
+    bytes: impl Fn(&T) -> usize,
+) -> Vec<&[T]> {
     let mut out = Vec::new();
-    let (mut start, mut bytes) = (0, 0);
-    for (i, (_, v)) in items.iter().enumerate() {
-        if i > start && (i - start == CHUNK_WRITES || bytes + v.len() > max_bytes) {
+    let (mut start, mut sum) = (0, 0);
+    for (i, it) in items.iter().enumerate() {
+        if i > start && (i - start == max_items || sum + bytes(it) > max_bytes) {
             out.push(&items[start..i]);
             start = i;
-            bytes = 0;
+            sum = 0;
         }
-        bytes += v.len();
+        sum += bytes(it);
     }
     if start < items.len() {
         out.push(&items[start..]);
     }
     out
+}
+
+/// Splits a write into runs of at most [`CHUNK_WRITES`] items and `max_bytes` payload bytes.
+fn write_chunks<'a, 'b>(
+    items: &'b [(Key, &'a [u8])],
+    max_bytes: usize,
+) -> Vec<&'b [(Key, &'a [u8])]> {
+    runs(items, CHUNK_WRITES, max_bytes, |(_, v)| v.len())
 }
 
 /// A [`FarStore`] on a memory node: keys map to the handles the node issued.
@@ -908,11 +918,6 @@ impl NodeStore {
 
     fn lookup(&self, key: Key) -> Option<Handle> {
         self.shard(key).lock().get(&key).copied()
-    }
-
-    /// Whether this client stored a value under `key` on this node (and has not removed it).
-    pub fn holds(&self, key: Key) -> bool {
-        self.lookup(key).is_some()
     }
 
     /// A column named by keys, named by the handles the node knows (`None`: never written).

@@ -32,7 +32,7 @@
 //! reads and other writes of them, so a read never mixes pieces of two versions.
 
 use crate::backends::coding::Coder;
-use crate::backends::node::{last_per_key, NodeStore};
+use crate::backends::node::{last_per_key, runs, NodeStore};
 use crate::url::{Redundancy, MAX_PIECES};
 use crate::{FarStore, Key, StoreError, StoreStats};
 use bytes::Bytes;
@@ -207,22 +207,17 @@ fn node_lost(e: &StoreError) -> bool {
     )
 }
 
+/// What every node of a set is told the store is at hello (`ec=4+2 over h1,h2,...`, the nodes
+/// sorted): clients sharing a tenant must agree on it.
+pub(crate) fn settings(redundancy: Redundancy, nodes: &[&str]) -> String {
+    let mut sorted = nodes.to_vec();
+    sorted.sort_unstable();
+    format!("{redundancy} over {}", sorted.join(","))
+}
+
 /// Splits a batch into runs of at most [`CHUNK_ITEMS`] items and [`CHUNK_BYTES`] bytes.
 fn chunks<T>(items: &[T], bytes: impl Fn(&T) -> usize) -> Vec<&[T]> {
-    let mut out = Vec::new();
-    let (mut start, mut sum) = (0, 0);
-    for (i, it) in items.iter().enumerate() {
-        if i > start && (i - start == CHUNK_ITEMS || sum + bytes(it) > CHUNK_BYTES) {
-            out.push(&items[start..i]);
-            start = i;
-            sum = 0;
-        }
-        sum += bytes(it);
-    }
-    if start < items.len() {
-        out.push(&items[start..]);
-    }
-    out
+    runs(items, CHUNK_ITEMS, CHUNK_BYTES, bytes)
 }
 
 impl NodeSet {
@@ -308,11 +303,7 @@ impl NodeSet {
         }
         let mut names: Vec<&str> = self.members.iter().map(|m| m.name.as_str()).collect();
         names.push(addr);
-        names.sort_unstable();
-        let store = connect(
-            addr,
-            &format!("{} over {}", self.redundancy, names.join(",")),
-        )?;
+        let store = connect(addr, &settings(self.redundancy, &names))?;
         self.members.push(Member {
             seed: seed_of(addr),
             name: addr.to_string(),
@@ -342,18 +333,6 @@ impl NodeSet {
             self.has_unprotected.store(true, Release);
         }
         Ok(())
-    }
-
-    /// How values are kept.
-    pub fn redundancy(&self) -> Redundancy {
-        self.redundancy
-    }
-
-    /// Each node's name and whether it is up.
-    pub fn nodes(&self) -> Vec<(String, bool)> {
-        (0..self.members.len())
-            .map(|i| (self.members[i].name.clone(), self.up(i)))
-            .collect()
     }
 
     fn shard(&self, key: Key) -> &Mutex<FxHashMap<Key, Placed>> {
