@@ -1,9 +1,9 @@
 //! One client connection's protocol state: authentication, magazines of reserved blocks,
 //! pending frees, and the ops themselves. The I/O around it is in `io.rs`.
 
-use crate::metrics::{Failure, WorkerMetrics};
+use crate::counters::{Failure, WorkerMetrics};
 use crate::section::SectionRequest;
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::slots::{ReadGuard, Refusal, SlotMeta};
 use crate::spans::{class_of, class_sizes, footprint};
 use crate::tenants::{Owned, Session, Tenant};
@@ -11,11 +11,12 @@ use bytes::BytesMut;
 use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tidepool_proto::scan::{Column, Evaluator, Scan};
 use tidepool_proto::{
     decode_request, ErrorCode, EvictItem, FrameWriter, Handle, HelloInfo, Op, Request, Response,
     RESPONSE_BIT,
 };
+
+mod offload;
 
 /// Hand freed slots back once this many are pending for one section.
 const FREE_BATCH: usize = 64;
@@ -449,81 +450,6 @@ impl<'a> Conn<'a> {
             .ok_or(ErrorCode::InvalidHandle)?;
         let meta = section.slots.get(h.slot).ok_or(ErrorCode::InvalidHandle)?;
         Ok((h.section, meta))
-    }
-
-    /// A read guard on the object behind `h`, and its section's base in the arena.
-    fn read_line(&self, h: Handle) -> Result<(ReadGuard<'a>, u64), (ErrorCode, String)> {
-        let refused = |code: ErrorCode| (code, format!("a line of the scan: {}", code.describe()));
-        let (section, meta) = self.resolve(h).map_err(refused)?;
-        let guard = meta
-            .read(h.generation, h.tenant)
-            .map_err(|r| refused(refusal(r)))?;
-        Ok((guard, self.sh.sections[section as usize].base))
-    }
-
-    /// Runs an offloaded scan over the objects it names, a line of every column at a time.
-    fn scan(&self, scan: &Scan<Option<Handle>>) -> Result<Vec<u64>, (ErrorCode, String)> {
-        let bad = |e: tidepool_proto::scan::ScanError| (ErrorCode::BadOffload, e.to_string());
-        let mut ev = Evaluator::new(scan).map_err(bad)?;
-        let mut guards = Vec::with_capacity(scan.columns.len());
-        for line in 0..ev.lines() {
-            guards.clear();
-            for (c, col) in scan.columns.iter().enumerate() {
-                guards.push(match col.lines[line] {
-                    Some(h) if ev.reads(c) => Some(self.read_line(h)?),
-                    _ => None,
-                });
-            }
-            let slices: Vec<Option<&[u8]>> = guards
-                .iter()
-                .map(|g| g.as_ref().map(|(g, base)| self.sh.arena.slice(g, *base)))
-                .collect();
-            ev.feed(line, &slices).map_err(bad)?;
-        }
-        self.tenant().stats.gets.fetch_add(1, Ordering::Relaxed);
-        Ok(ev.finish())
-    }
-
-    /// The elements at `indices` of one far vector, concatenated.
-    fn gather(
-        &self,
-        column: &Column<Option<Handle>>,
-        indices: &[u64],
-    ) -> Result<BytesMut, (ErrorCode, String)> {
-        let size = column.ty.size();
-        let le = column.line_elems as u64;
-        if le == 0 {
-            return Err((
-                ErrorCode::BadOffload,
-                "a column with 0 elements per line".into(),
-            ));
-        }
-        let mut out = BytesMut::with_capacity(indices.len() * size);
-        for &i in indices {
-            let line = i / le;
-            let at = (i % le) as usize * size;
-            let Some(h) = column.lines.get(line as usize) else {
-                return Err((
-                    ErrorCode::BadOffload,
-                    format!("row {i} is past the column's {} lines", column.lines.len()),
-                ));
-            };
-            match h {
-                None => out.extend_from_slice(&[0u8; 8][..size]),
-                Some(h) => {
-                    let (g, base) = self.read_line(*h)?;
-                    let d = self.sh.arena.slice(&g, base);
-                    let Some(e) = d.get(at..at + size) else {
-                        return Err((
-                            ErrorCode::BadOffload,
-                            format!("row {i}: its line holds only {} bytes", d.len()),
-                        ));
-                    };
-                    out.extend_from_slice(e);
-                }
-            }
-        }
-        Ok(out)
     }
 
     fn put(&mut self, data: &[u8]) -> Result<Handle, ErrorCode> {

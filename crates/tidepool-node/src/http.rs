@@ -1,7 +1,7 @@
 //! `GET /metrics` for Prometheus, on a thread of its own (a one-thread tokio runtime), so that
 //! a scrape never runs on an I/O worker or an allocator thread.
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;

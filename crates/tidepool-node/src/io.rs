@@ -12,8 +12,8 @@
 //! (object bytes straight from the arena).
 
 use crate::conn::{Conn, Served, Splice};
-use crate::metrics::{Failure, WorkerMetrics};
-use crate::server::Shared;
+use crate::counters::{Failure, WorkerMetrics};
+use crate::shared::Shared;
 use bytes::{Buf, BytesMut};
 use crossbeam_channel::{Receiver, Sender};
 use mio::net::TcpStream;

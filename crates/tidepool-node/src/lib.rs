@@ -16,12 +16,14 @@
 mod arena;
 pub mod config;
 mod conn;
+mod counters;
 mod error;
 mod http;
 mod io;
 mod metrics;
 mod section;
 mod server;
+mod shared;
 mod slots;
 pub mod spans;
 mod tenants;
