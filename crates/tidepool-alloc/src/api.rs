@@ -1,8 +1,9 @@
 //! The C malloc family's semantics (glibc's where C leaves room), over the arena and large paths.
 //! `libtidepool_malloc.so` exports these under their C names; the Rust face uses them too.
 
+use crate::block::Block;
 use crate::classes::{aligned_class, class_of, CLASS_LUT, LUT_MAX, MAX_SMALL, PAGE};
-use crate::heap::{self, Block};
+use crate::heap;
 use crate::large;
 use crate::medium::{self, MEDIUM_MIN};
 use crate::os;
@@ -53,8 +54,10 @@ fn small_class(n: usize) -> Option<usize> {
 #[inline(never)]
 fn alloc_big(n: usize) -> Block {
     if n <= MAX_SMALL && !tls::unpaged() {
-        if let Some((ptr, fresh)) = medium::alloc(n) {
-            return Block { ptr, fresh };
+        if region::ensure_init(heap::on_region_ready) {
+            if let Some((ptr, fresh)) = medium::alloc(n) {
+                return Block { ptr, fresh };
+            }
         }
         // SAFETY: this thread's table and a valid class.
         return unsafe { heap::alloc(tls::table(), class_of(n)) };

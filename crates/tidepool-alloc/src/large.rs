@@ -6,8 +6,8 @@
 //! mmap, a munmap and a page fault per page each time: Memento's kernel-cost argument.
 //! Growing a large object moves its pages with mremap instead of copying them.
 
+use crate::block::Block;
 use crate::classes::PAGE;
-use crate::heap::Block;
 use crate::os;
 use crate::region;
 use crate::tls;

@@ -29,6 +29,7 @@
 //! A pager can supply the region's pages through [`PageSource`] before the first allocation.
 
 pub mod api;
+mod block;
 pub mod classes;
 mod heap;
 mod large;

@@ -212,11 +212,9 @@ unsafe fn take_fit(h: &mut Heap, need: usize) -> Option<(usize, usize)> {
 }
 
 /// Allocates `n` bytes (`MEDIUM_MIN < n <= MAX_SMALL`): the pointer and whether it reads zero.
-/// `None` when the span is exhausted (or not reserved).
+/// `None` when the span is exhausted. The caller has made sure the region exists
+/// ([`region::ensure_init`]).
 pub fn alloc(n: usize) -> Option<(*mut u8, bool)> {
-    if !region::ensure_init(crate::heap::on_region_ready) {
-        return None;
-    }
     let need = (n + TAG).next_multiple_of(16);
     let r = with_heap(|h, start, len| {
         if h.top == 0 {

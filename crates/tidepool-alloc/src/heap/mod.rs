@@ -35,6 +35,7 @@
 //! per-class try-lock, which makes the single popper immune to ABA. A busy lock is skipped, never
 //! waited on, so no malloc ever blocks on another thread.
 
+use crate::block::Block;
 use crate::classes::{
     bitmap_words, capacity, class_size, first_slot, reciprocal, slots, slots_in_header_page,
     ARENA_BYTES, CLASSES, HEADER_FIXED, PAGE,
@@ -135,21 +136,17 @@ static CLASS: [ClassState; CLASSES] = [const { ClassState::new() }; CLASSES];
 /// Bytes of empty arenas kept resident.
 static RESIDENT_EMPTY: AtomicUsize = AtomicUsize::new(0);
 static LAST_TRIM_MS: AtomicU64 = AtomicU64::new(0);
+mod remote;
+mod thread;
+mod trim;
+
+use remote::{adopt, collect, detach, free_remote};
+use thread::{flush_class, register_thread};
+pub use thread::{flush_counters, on_region_ready, release_thread};
+pub use trim::{class_counters, class_resident_bytes, resident_empty_bytes, trim};
+use trim::{maybe_trim, release_resident, retire_own_empties, trim_reusable};
+
 static THREAD_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
-
-/// An allocation and whether its bytes are known to be zero.
-#[derive(Debug, Clone, Copy)]
-pub struct Block {
-    pub ptr: *mut u8,
-    pub fresh: bool,
-}
-
-impl Block {
-    pub const NULL_BLOCK: Block = Block {
-        ptr: core::ptr::null_mut(),
-        fresh: false,
-    };
-}
 
 #[inline(always)]
 fn header(arena: usize) -> *mut ArenaHeader {
@@ -469,76 +466,6 @@ fn double_free() -> ! {
     os::fatal(b"free(): double free detected")
 }
 
-/// A free into an arena this thread does not own: push onto its remote list. One CAS pushes the
-/// object, counts it, and (for a detached arena reaching its threshold) marks the arena queued;
-/// the free that queued it then pushes it onto the class's reusable stack.
-#[inline(never)]
-unsafe fn free_remote(h: *mut ArenaHeader, p: usize) {
-    // SAFETY: `h` is an initialised arena header; `p` is a dead object of at least 16 bytes in
-    // it, so its first word can carry the list link.
-    unsafe {
-        let mut old = (*h).remote.load(Acquire);
-        loop {
-            *(p as *mut usize) = old & LIST;
-            let count = (old >> COUNT_SHIFT) + 1;
-            let mut flags = old & FLAGS;
-            // The Acquire load that saw DETACHED makes the detaching owner's threshold visible.
-            let queue = flags == DETACHED && count as u32 >= (*h).queue_threshold.load(Relaxed);
-            if queue {
-                flags |= QUEUED;
-            }
-            match (*h).remote.compare_exchange_weak(
-                old,
-                p | (count << COUNT_SHIFT) | flags,
-                AcqRel,
-                Acquire,
-            ) {
-                Ok(_) => {
-                    if queue {
-                        push(&CLASS[(*h).class as usize].reusable, h);
-                    }
-                    return;
-                }
-                Err(now) => old = now,
-            }
-        }
-    }
-}
-
-/// Folds the remote list into the bitmap; returns how many objects came back.
-/// The caller owns the arena (so its flags are clear).
-unsafe fn collect(arena: usize) -> u32 {
-    // SAFETY: the caller owns the arena; the Acquire swap pairs with the Release CAS of every
-    // `free_remote` that pushed onto the list.
-    unsafe {
-        let list = (*header(arena)).remote.swap(0, Acquire) & LIST;
-        fold(arena, list)
-    }
-}
-
-/// Clears the bits of every object on a taken remote list.
-unsafe fn fold(arena: usize, list: usize) -> u32 {
-    let h = header(arena);
-    // SAFETY: the caller owns the arena; list nodes are dead objects whose first word links
-    // to the next.
-    unsafe {
-        let mut node = list;
-        let mut n = 0u32;
-        while node != 0 {
-            let next = *(node as *const usize);
-            clear_bit(arena, node);
-            node = next;
-            n += 1;
-        }
-        if n > 0 {
-            CLASS[(*h).class as usize]
-                .frees
-                .fetch_add(n as u64, Relaxed);
-        }
-        n
-    }
-}
-
 /// Takes the lowest free slot at or after the hint; `None` when the arena is full.
 unsafe fn take_scanning(arena: usize) -> Option<Block> {
     let h = header(arena);
@@ -569,44 +496,6 @@ unsafe fn take_scanning(arena: usize) -> Option<Block> {
         // Park the hint on a full word so the fast path misses until a free lowers it.
         (*h).hint = words - 1;
         None
-    }
-}
-
-/// Gives up ownership of an arena (its owner is exiting). `threshold`: uncollected frees that
-/// make it worth queueing for reuse. Frees racing with the detach are collected; if they empty
-/// the arena, it goes to the empty stack instead.
-unsafe fn detach(arena: usize, threshold: u32) {
-    let h = header(arena);
-    // SAFETY: the caller owns the arena until the CAS below succeeds.
-    unsafe {
-        (*h).queue_threshold.store(threshold.max(1), Relaxed);
-        (*h).owner.store(0, Relaxed);
-        loop {
-            if (*h)
-                .remote
-                .compare_exchange(0, DETACHED, Release, Relaxed)
-                .is_ok()
-            {
-                return;
-            }
-            collect(arena);
-            if (*h).used == 0 {
-                retire_empty(arena);
-                return;
-            }
-        }
-    }
-}
-
-/// Takes ownership of an arena popped from the reusable stack.
-unsafe fn adopt(arena: usize, tbl: usize) {
-    let h = header(arena);
-    // SAFETY: popping gave us the arena exclusively; the swap takes the list and clears
-    // DETACHED|QUEUED at once, after which frees see an owned arena and only push.
-    unsafe {
-        (*h).owner.store(tbl, Relaxed);
-        let list = (*h).remote.swap(0, Acquire) & LIST;
-        fold(arena, list);
     }
 }
 
@@ -829,282 +718,4 @@ unsafe fn refill(tbl: *mut ThreadTable, c: usize) -> Block {
             None => os::fatal(b"internal error: a newly acquired arena is full"),
         }
     }
-}
-
-fn flush_class(tbl: *mut ThreadTable, c: usize) {
-    // SAFETY: the calling thread's own table.
-    unsafe {
-        let a = core::mem::take(&mut (*tbl).allocs[c]);
-        let f = core::mem::take(&mut (*tbl).frees[c]);
-        if a != 0 {
-            CLASS[c].allocs.fetch_add(a as u64, Relaxed);
-        }
-        if f != 0 {
-            CLASS[c].frees.fetch_add(f as u64, Relaxed);
-        }
-    }
-}
-
-/// Flushes all of the calling thread's counters into the global statistics.
-pub fn flush_counters(tbl: *mut ThreadTable) {
-    for c in 0..CLASSES {
-        flush_class(tbl, c);
-    }
-}
-
-pub(crate) fn on_region_ready() {
-    if let Some(key) = os::thread_key(thread_exit) {
-        THREAD_KEY.store(key as usize, Release);
-    }
-    // May allocate inside glibc; the allocator is ready by now.
-    os::at_fork(fork_prepare, fork_release, fork_release);
-}
-
-unsafe fn register_thread(tbl: *mut ThreadTable) {
-    let key = THREAD_KEY.load(Acquire);
-    // SAFETY: the calling thread's own table.
-    unsafe {
-        (*tbl).registered = 1;
-        let (base, len) = region::small_region();
-        (*tbl).region_base = base;
-        (*tbl).region_len = len;
-    }
-    if key != usize::MAX {
-        os::set_thread_value(key as libc::pthread_key_t, tbl.cast());
-    }
-}
-
-/// Thread-exit destructor: hand every current arena back (detached, or empty).
-unsafe extern "C" fn thread_exit(value: *mut c_void) {
-    let tbl = value as *mut ThreadTable;
-    // SAFETY: glibc passes back the exiting thread's own table, still mapped while key
-    // destructors run.
-    unsafe { release_thread(tbl) }
-}
-
-/// Gives up all of a thread's current arenas.
-///
-/// # Safety
-/// `tbl` is the calling thread's table.
-pub unsafe fn release_thread(tbl: *mut ThreadTable) {
-    // SAFETY: guaranteed by the caller.
-    unsafe {
-        for c in 0..CLASSES {
-            let arena = sentinel(tbl).wrapping_add((*tbl).cur[c]);
-            if arena != sentinel(tbl) {
-                (*tbl).cur[c] = 0;
-                (*header(arena)).state = UNLISTED;
-                give_up(arena);
-            }
-            for state in [FULL, PARTIAL] {
-                loop {
-                    let a = *list_head(tbl, c, state);
-                    if a == 0 {
-                        break;
-                    }
-                    list_remove(tbl, c, state, a);
-                    give_up(a);
-                }
-            }
-            (*tbl).full_cursor[c] = 0;
-        }
-        flush_counters(tbl);
-        (*tbl).registered = 0;
-    }
-}
-
-/// Hands an unlisted arena of ours to whoever needs it: empty ones to the empty stack, others
-/// detached (queued for reuse once enough of their objects are freed).
-unsafe fn give_up(arena: usize) {
-    // SAFETY: the calling thread owns the arena, which is on none of its lists.
-    unsafe {
-        collect(arena);
-        let h = header(arena);
-        if (*h).used == 0 {
-            retire_empty(arena);
-        } else {
-            let threshold = (capacity((*h).class as usize) as u32 / 8).min((*h).used);
-            detach(arena, threshold);
-        }
-    }
-}
-
-fn maybe_trim(tbl: *mut ThreadTable) {
-    let now = os::coarse_millis();
-    let last = LAST_TRIM_MS.load(Relaxed);
-    if now.saturating_sub(last) < region::TRIM_INTERVAL_MS.load(Relaxed) as u64
-        || LAST_TRIM_MS
-            .compare_exchange(last, now, Relaxed, Relaxed)
-            .is_err()
-    {
-        return;
-    }
-    // SAFETY: the calling thread's table.
-    unsafe { retire_own_empties(tbl, usize::MAX) };
-    trim(tbl as usize, false);
-}
-
-/// Moves up to `limit` of this thread's empty partial arenas to the empty stacks; returns how
-/// many it moved.
-///
-/// # Safety
-/// `tbl` is the calling thread's table.
-unsafe fn retire_own_empties(tbl: *mut ThreadTable, limit: usize) -> usize {
-    let mut moved = 0;
-    // SAFETY: the calling thread's table and arenas.
-    unsafe {
-        for c in 0..CLASSES {
-            let mut a = (*tbl).partial[c];
-            while a != 0 && moved < limit {
-                let next = (*header(a)).local_next;
-                if (*header(a)).used == 0 {
-                    list_remove(tbl, c, PARTIAL, a);
-                    retire_empty(a);
-                    moved += 1;
-                }
-                a = next;
-            }
-        }
-    }
-    moved
-}
-
-/// Adopts every queued arena, retires those that turned out empty and queues the rest again.
-/// With `release_all` (malloc_trim), also gives back the pages of every retained empty arena.
-pub fn trim(me: usize, release_all: bool) {
-    if release_all {
-        // SAFETY: `me` is the calling thread's table.
-        unsafe { retire_own_empties(me as *mut ThreadTable, usize::MAX) };
-    }
-    for class in CLASS.iter() {
-        trim_reusable(class, me);
-        if release_all {
-            release_resident(class, usize::MAX);
-        }
-    }
-    crate::medium::trim(if release_all {
-        0
-    } else {
-        RETAIN_BYTES.load(Relaxed)
-    });
-}
-
-/// Takes a whole stack (under its pop lock, so no single pop is in flight); 0 if the lock is
-/// busy or the stack empty.
-fn take_all(stack: &AtomicUsize, lock: &AtomicBool) -> usize {
-    if lock.swap(true, Acquire) {
-        return 0;
-    }
-    let chain = stack.swap(0, Acquire);
-    lock.store(false, Release);
-    chain
-}
-
-/// Gives back the pages of up to `limit` resident arenas on the class's empty stack; returns
-/// how many it released.
-fn release_resident(class: &ClassState, limit: usize) -> usize {
-    let mut chain = take_all(&class.empty, &class.empty_lock);
-    let mut released = 0;
-    while chain != 0 {
-        let arena = chain;
-        let h = header(arena);
-        // SAFETY: the swap gave us the chain; each arena is empty and ours until pushed.
-        unsafe {
-            chain = (*h).next.load(Relaxed);
-            if released < limit && (*h).resident == 1 {
-                release_pages(arena);
-                released += 1;
-            }
-            push(&class.empty, h);
-        }
-    }
-    released
-}
-
-fn trim_reusable(class: &ClassState, me: usize) {
-    let mut chain = take_all(&class.reusable, &class.reusable_lock);
-    while chain != 0 {
-        let arena = chain;
-        let h = header(arena);
-        // SAFETY: the swap gave us the whole chain; each arena in it is ours until pushed.
-        unsafe {
-            chain = (*h).next.load(Relaxed);
-            adopt(arena, me);
-            if (*h).used == 0 {
-                retire_empty(arena);
-                continue;
-            }
-            // Queue again: detached and queued at once, with an empty list.
-            (*h).owner.store(0, Relaxed);
-            loop {
-                if (*h)
-                    .remote
-                    .compare_exchange(0, DETACHED | QUEUED, Release, Relaxed)
-                    .is_ok()
-                {
-                    push(&class.reusable, h);
-                    break;
-                }
-                collect(arena);
-                if (*h).used == 0 {
-                    retire_empty(arena);
-                    break;
-                }
-            }
-        }
-    }
-}
-
-fn lock_all() {
-    for class in CLASS.iter() {
-        for lock in [&class.reusable_lock, &class.empty_lock] {
-            while lock.swap(true, Acquire) {
-                os::yield_now();
-            }
-        }
-    }
-}
-
-fn unlock_all() {
-    for class in CLASS.iter() {
-        class.reusable_lock.store(false, Release);
-        class.empty_lock.store(false, Release);
-    }
-}
-
-unsafe extern "C" fn fork_prepare() {
-    lock_all();
-    crate::large::lock_cache();
-    crate::medium::lock();
-}
-
-unsafe extern "C" fn fork_release() {
-    crate::medium::unlock();
-    crate::large::unlock_cache();
-    unlock_all();
-}
-
-/// Per-class counters for [`crate::stats`].
-pub fn class_counters(c: usize) -> (u64, u64, usize) {
-    let class = &CLASS[c];
-    let (_, span) = region::class_span(c);
-    (
-        class.allocs.load(Relaxed),
-        class.frees.load(Relaxed),
-        class.bump.load(Relaxed).min(span) / ARENA_BYTES,
-    )
-}
-
-/// Resident bytes of class `c`'s arenas (mincore over every arena the class has taken).
-pub fn class_resident_bytes(c: usize) -> usize {
-    let (start, span) = region::class_span(c);
-    let arenas = CLASS[c].bump.load(Relaxed).min(span) / ARENA_BYTES;
-    (0..arenas)
-        .map(|i| os::resident_pages(start + i * ARENA_BYTES, ARENA_BYTES / PAGE) * PAGE)
-        .sum()
-}
-
-/// Bytes of empty arenas currently kept resident.
-pub fn resident_empty_bytes() -> usize {
-    RESIDENT_EMPTY.load(Relaxed)
 }

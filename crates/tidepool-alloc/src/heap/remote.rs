@@ -1,0 +1,112 @@
+//! Frees from threads that do not own the arena (pushed on its remote list and folded into
+//! the bitmap by the owner), and handing arenas between owners (detach and adopt).
+
+use super::*;
+
+/// A free into an arena this thread does not own: push onto its remote list. One CAS pushes the
+/// object, counts it, and (for a detached arena reaching its threshold) marks the arena queued;
+/// the free that queued it then pushes it onto the class's reusable stack.
+#[inline(never)]
+pub(super) unsafe fn free_remote(h: *mut ArenaHeader, p: usize) {
+    // SAFETY: `h` is an initialised arena header; `p` is a dead object of at least 16 bytes in
+    // it, so its first word can carry the list link.
+    unsafe {
+        let mut old = (*h).remote.load(Acquire);
+        loop {
+            *(p as *mut usize) = old & LIST;
+            let count = (old >> COUNT_SHIFT) + 1;
+            let mut flags = old & FLAGS;
+            // The Acquire load that saw DETACHED makes the detaching owner's threshold visible.
+            let queue = flags == DETACHED && count as u32 >= (*h).queue_threshold.load(Relaxed);
+            if queue {
+                flags |= QUEUED;
+            }
+            match (*h).remote.compare_exchange_weak(
+                old,
+                p | (count << COUNT_SHIFT) | flags,
+                AcqRel,
+                Acquire,
+            ) {
+                Ok(_) => {
+                    if queue {
+                        push(&CLASS[(*h).class as usize].reusable, h);
+                    }
+                    return;
+                }
+                Err(now) => old = now,
+            }
+        }
+    }
+}
+
+/// Folds the remote list into the bitmap; returns how many objects came back.
+/// The caller owns the arena (so its flags are clear).
+pub(super) unsafe fn collect(arena: usize) -> u32 {
+    // SAFETY: the caller owns the arena; the Acquire swap pairs with the Release CAS of every
+    // `free_remote` that pushed onto the list.
+    unsafe {
+        let list = (*header(arena)).remote.swap(0, Acquire) & LIST;
+        fold(arena, list)
+    }
+}
+
+/// Clears the bits of every object on a taken remote list.
+pub(super) unsafe fn fold(arena: usize, list: usize) -> u32 {
+    let h = header(arena);
+    // SAFETY: the caller owns the arena; list nodes are dead objects whose first word links
+    // to the next.
+    unsafe {
+        let mut node = list;
+        let mut n = 0u32;
+        while node != 0 {
+            let next = *(node as *const usize);
+            clear_bit(arena, node);
+            node = next;
+            n += 1;
+        }
+        if n > 0 {
+            CLASS[(*h).class as usize]
+                .frees
+                .fetch_add(n as u64, Relaxed);
+        }
+        n
+    }
+}
+
+/// Gives up ownership of an arena (its owner is exiting). `threshold`: uncollected frees that
+/// make it worth queueing for reuse. Frees racing with the detach are collected; if they empty
+/// the arena, it goes to the empty stack instead.
+pub(super) unsafe fn detach(arena: usize, threshold: u32) {
+    let h = header(arena);
+    // SAFETY: the caller owns the arena until the CAS below succeeds.
+    unsafe {
+        (*h).queue_threshold.store(threshold.max(1), Relaxed);
+        (*h).owner.store(0, Relaxed);
+        loop {
+            if (*h)
+                .remote
+                .compare_exchange(0, DETACHED, Release, Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+            collect(arena);
+            if (*h).used == 0 {
+                retire_empty(arena);
+                return;
+            }
+        }
+    }
+}
+
+/// Takes ownership of an arena popped from the reusable stack.
+pub(super) unsafe fn adopt(arena: usize, tbl: usize) {
+    let h = header(arena);
+    // SAFETY: popping gave us the arena exclusively; the swap takes the list and clears
+    // DETACHED|QUEUED at once, after which frees see an owned arena and only push.
+    unsafe {
+        (*h).owner.store(tbl, Relaxed);
+        let list = (*h).remote.swap(0, Acquire) & LIST;
+        fold(arena, list);
+    }
+}
