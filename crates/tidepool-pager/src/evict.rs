@@ -3,11 +3,11 @@
 //! shadow, everything else is saved (clean pages dropped, dirty ones copied to write-back
 //! slots) and dropped with one vectored `MADV_DONTNEED`.
 
+use crate::buffer::{PageWrite, StoreJob};
 use crate::pager::*;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
 use crate::table::*;
-use crate::writeback::{PageWrite, StoreJob};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,12 +2,12 @@
 //! installs, first writes to write-protected pages, and the stride prefetcher's windows, mapped
 //! by the same handler right after it woke the faulting thread.
 
+use crate::buffer::StoreJob;
 use crate::pager::*;
 use crate::prefetch::Plan;
 use crate::stats::Counters;
 use crate::sys::{Fault, PAGE};
 use crate::table::*;
-use crate::writeback::StoreJob;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

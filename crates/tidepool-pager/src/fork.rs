@@ -27,7 +27,6 @@
 //! parent's pager serves their faults. A child made by a raw `clone` system call without
 //! `CLONE_VM` bypasses the handlers and is not supported.
 
-use crate::pager::Shared;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -112,14 +111,25 @@ fn open_gate() {
     GATE.reopened.notify_all();
 }
 
-/// Every running pager of this process, for the fork handlers. Changed only inside sections.
-static PAGERS: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+/// What a pager does around a fork; see the module documentation. Implemented by the pager
+/// (`restart.rs`), so that this module knows nothing of its insides.
+pub(crate) trait ForkHooks: Send + Sync {
+    /// In the forking thread, with the gate closed.
+    fn prepare(&self);
+    /// In the parent, before the gate opens again.
+    fn parent(&self);
+    /// In the child, with the gate still closed: become a pager of this process.
+    fn child(&self);
+}
 
-pub(crate) fn register(shared: &Arc<Shared>) {
+/// Every running pager of this process, for the fork handlers. Changed only inside sections.
+static PAGERS: Mutex<Vec<Weak<dyn ForkHooks>>> = Mutex::new(Vec::new());
+
+pub(crate) fn register(pager: Weak<dyn ForkHooks>) {
     let _s = section();
     let mut list = PAGERS.lock().unwrap_or_else(|e| e.into_inner());
     list.retain(|w| w.strong_count() > 0);
-    list.push(Arc::downgrade(shared));
+    list.push(pager);
 }
 
 /// Forgets pagers that are gone (called as one stops).
@@ -131,7 +141,7 @@ pub(crate) fn forget_stopped() {
         .retain(|w| w.strong_count() > 0);
 }
 
-fn pagers() -> Vec<Arc<Shared>> {
+fn pagers() -> Vec<Arc<dyn ForkHooks>> {
     PAGERS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -165,13 +175,13 @@ extern "C" fn prepare() {
     // Pagers start and stop inside sections: with the gate closed the list holds still.
     close_gate();
     for p in pagers() {
-        p.inner.tags.prepare_fork();
+        p.prepare();
     }
 }
 
 extern "C" fn parent() {
     for p in pagers() {
-        p.inner.tags.parent_after_fork();
+        p.parent();
     }
     open_gate();
 }
@@ -181,7 +191,7 @@ extern "C" fn child() {
     // The gate stays closed while the pagers restart (their new threads wait at it); the
     // restart itself enters no section.
     for p in pagers() {
-        p.restart_in_child();
+        p.child();
     }
     // No thread of the parent exists here; whatever they had entered is over.
     GATE.active.store(0, SeqCst);

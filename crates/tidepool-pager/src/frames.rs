@@ -2,11 +2,11 @@
 //! frames in a shadow mapping beside each region, moved in and out with UFFDIO_MOVE (a
 //! page-table change, no copy). Pages the kernel will not move take the copying path.
 
+use crate::buffer::StoreJob;
 use crate::pager::*;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
 use crate::table::*;
-use crate::writeback::StoreJob;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use tidepool_store::Key;

@@ -38,6 +38,8 @@ macro_rules! tr {
 }
 pub(crate) use tr;
 
+mod advice;
+mod buffer;
 pub mod control;
 mod error;
 mod evict;
@@ -48,6 +50,9 @@ mod marks;
 mod pager;
 pub mod prefetch;
 mod region;
+mod region_inner;
+mod restart;
+mod spill;
 mod stats;
 mod sys;
 mod table;

@@ -12,17 +12,11 @@
 //! - a range the program mapped a file or shared memory over is FOREIGN in the page table
 //!   until the program unmaps it, when it becomes fresh paged memory again.
 //!
-//! A range given back by the program (munmap, mremap's old range) is [`Inner::reset`]: zeros,
+//! A range given back by the program (munmap, mremap's old range) is `Inner::reset` (`advice.rs`): zeros,
 //! readable and writable, inherited as usual.
 
-use crate::pager::{Inner, RegionInner};
-use crate::sys::{self, PAGE};
-use crate::table::*;
 use rangemap::RangeMap;
-use std::io;
 use std::ops::Range;
-use std::sync::atomic::Ordering::*;
-use std::sync::Arc;
 
 /// How a range is inherited by a forked child.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +30,8 @@ pub(crate) enum Inherit {
 /// A region's marks, by page index. Ranges with neither mark are read-write and inherited.
 #[derive(Debug, Default)]
 pub(crate) struct Marks {
-    prot: RangeMap<usize, i32>,
-    inherit: RangeMap<usize, Inherit>,
+    pub(crate) prot: RangeMap<usize, i32>,
+    pub(crate) inherit: RangeMap<usize, Inherit>,
 }
 
 impl Marks {
@@ -84,164 +78,13 @@ impl ForkAdvice {
         })
     }
 
-    fn madvise(self) -> i32 {
+    pub(crate) fn madvise(self) -> i32 {
         match self {
             ForkAdvice::DontFork => libc::MADV_DONTFORK,
             ForkAdvice::DoFork => libc::MADV_DOFORK,
             ForkAdvice::WipeOnFork => libc::MADV_WIPEONFORK,
             ForkAdvice::KeepOnFork => libc::MADV_KEEPONFORK,
         }
-    }
-}
-
-impl Inner {
-    /// mprotect on pages `pages` of a region, remembered.
-    pub(crate) fn protect(
-        &self,
-        region: &RegionInner,
-        pages: Range<usize>,
-        prot: i32,
-    ) -> io::Result<()> {
-        let _section = crate::fork::section();
-        sys::protect(region.addr(pages.start), pages.len() * PAGE, prot)?;
-        let mut marks = region.marks.lock();
-        if prot == libc::PROT_READ | libc::PROT_WRITE {
-            marks.prot.remove(pages);
-        } else {
-            marks.prot.insert(pages, prot);
-        }
-        region.inaccessible.store(marks.any_inaccessible(), Release);
-        Ok(())
-    }
-
-    /// Fork advice on pages `pages` of a region, given to the kernel and remembered.
-    pub(crate) fn advise_fork(
-        &self,
-        region: &RegionInner,
-        pages: Range<usize>,
-        advice: ForkAdvice,
-    ) -> io::Result<()> {
-        let _section = crate::fork::section();
-        sys::advise(
-            region.addr(pages.start),
-            pages.len() * PAGE,
-            advice.madvise(),
-        )?;
-        let mut marks = region.marks.lock();
-        match advice {
-            ForkAdvice::DontFork => marks.inherit.insert(pages, Inherit::No),
-            ForkAdvice::WipeOnFork => marks.inherit.insert(pages, Inherit::Wiped),
-            ForkAdvice::DoFork | ForkAdvice::KeepOnFork => {
-                let undone = if advice == ForkAdvice::DoFork {
-                    Inherit::No
-                } else {
-                    Inherit::Wiped
-                };
-                let gone: Vec<Range<usize>> = marks
-                    .inherit
-                    .overlapping(&pages)
-                    .filter(|(_, &h)| h == undone)
-                    .map(|(r, _)| r.start.max(pages.start)..r.end.min(pages.end))
-                    .collect();
-                for r in gone {
-                    marks.inherit.remove(r);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Pages the program gave up: zeros, readable and writable, inherited as usual.
-    pub(crate) fn reset(&self, region: &Arc<RegionInner>, pages: Range<usize>) {
-        let _section = crate::fork::section();
-        self.discard_in_section(region, pages.start, pages.end);
-        let mut marks = region.marks.lock();
-        let protected: Vec<Range<usize>> = marks
-            .prot
-            .overlapping(&pages)
-            .map(|(r, _)| r.start.max(pages.start)..r.end.min(pages.end))
-            .collect();
-        for r in protected {
-            let _ = sys::protect(
-                region.addr(r.start),
-                r.len() * PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-            );
-            marks.prot.remove(r);
-        }
-        let advised: Vec<(Range<usize>, Inherit)> = marks
-            .inherit
-            .overlapping(&pages)
-            .map(|(r, &h)| (r.start.max(pages.start)..r.end.min(pages.end), h))
-            .collect();
-        for (r, how) in advised {
-            let undo = match how {
-                Inherit::No => libc::MADV_DOFORK,
-                Inherit::Wiped => libc::MADV_KEEPONFORK,
-            };
-            let _ = sys::advise(region.addr(r.start), r.len() * PAGE, undo);
-            marks.inherit.remove(r);
-        }
-        region.inaccessible.store(marks.any_inaccessible(), Release);
-    }
-
-    /// The program maps something else (a file, shared memory) over `pages`: they are no
-    /// longer the pager's until [`Inner::reclaim`].
-    pub(crate) fn cede(&self, region: &Arc<RegionInner>, pages: Range<usize>) {
-        self.reset(region, pages.clone());
-        let _section = crate::fork::section();
-        for p in pages {
-            region.table.lock_any(p);
-            region.table.unlock(p, FOREIGN);
-        }
-    }
-
-    /// The program unmapped what it had mapped over `pages`: fresh paged memory again.
-    pub(crate) fn reclaim(&self, region: &RegionInner, pages: Range<usize>) -> io::Result<()> {
-        let _section = crate::fork::section();
-        let (addr, len) = (region.addr(pages.start), pages.len() * PAGE);
-        sys::map_fixed(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
-        // No huge pages where only 4 KiB pages are installed (see `register_region`).
-        let _ = sys::advise(addr, len, libc::MADV_NOHUGEPAGE);
-        self.uffd.register(addr, len)?;
-        for p in pages {
-            region.table.state(p).store(UNTOUCHED, Release);
-        }
-        Ok(())
-    }
-
-    /// Whether a page may be read to be saved (a page the program made inaccessible may not).
-    #[inline]
-    pub(crate) fn readable(&self, region: &RegionInner, page: usize) -> bool {
-        !region.inaccessible.load(Acquire) || !region.marks.lock().inaccessible(page)
-    }
-
-    /// In a forked child, before its threads start (the gate is closed: no sections): the
-    /// parts the kernel left out become inaccessible reservations (as the kernel leaves a hole,
-    /// but the address range stays the region's), the wiped parts read as zeros.
-    pub(crate) fn apply_inheritance_in_child(&self, region: &Arc<RegionInner>) {
-        let (absent, wiped) = {
-            let marks = region.marks.lock();
-            (
-                marks.inherited(Inherit::No),
-                marks.inherited(Inherit::Wiped),
-            )
-        };
-        for r in &absent {
-            let (addr, len) = (region.addr(r.start), r.len() * PAGE);
-            if sys::map_fixed(addr, len, libc::PROT_NONE).is_ok() {
-                let _ = self.uffd.register(addr, len);
-            }
-        }
-        for r in absent.iter().chain(&wiped) {
-            self.discard_in_section(region, r.start, r.end);
-        }
-        let mut marks = region.marks.lock();
-        for r in absent {
-            marks.inherit.remove(r.clone());
-            marks.prot.insert(r, libc::PROT_NONE);
-        }
-        region.inaccessible.store(marks.any_inaccessible(), Release);
     }
 }
 

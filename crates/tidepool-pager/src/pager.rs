@@ -22,19 +22,20 @@
 //! mapping beside each region, and move between the two with UFFDIO_MOVE: a page-table change,
 //! no copy. Everything else (write protection, hashes, slots, the write-back thread) serves the
 //! copying path: other stores, and pages the kernel will not move.
+use crate::buffer::{Slots, StoreJob};
 use crate::prefetch::Detector;
+pub(crate) use crate::region_inner::RegionInner;
 use crate::stats::{snapshot, Counters, PagerStats};
 use crate::sys::{self, Mapping, Uffd, PAGE};
 use crate::table::*;
 use crate::tags::{self, Tags};
-use crate::writeback::{Slots, StoreJob};
 use crate::PagerError;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
-use tidepool_store::{FarStore, Key};
+use tidepool_store::FarStore;
 use tidepool_sys::RawThread;
 
 /// The exit status of a program whose far memory became unreachable.
@@ -106,56 +107,6 @@ impl Config {
     }
 }
 
-pub(crate) struct RegionInner {
-    pub(crate) id: u32,
-    pub(crate) base: usize,
-    pub(crate) len: usize,
-    pub(crate) table: PageTable,
-    pub(crate) detector: Mutex<Detector>,
-    /// Highest page index ever mapped + 1 (bounds the walk when the region is dropped).
-    pub(crate) touched_end: AtomicUsize,
-    pub(crate) dead: AtomicBool,
-    /// Where the region's far pages live as frames ([`Config::in_process_frames`]): page `i`
-    /// of the region at page `i` of the shadow. Registered too (UFFDIO_MOVE wants both ends
-    /// registered), and never touched where it holds no frame.
-    pub(crate) shadow: Option<Mapping>,
-    /// Protections and fork advice the program gave parts of the region (see `marks.rs`).
-    pub(crate) marks: Mutex<crate::marks::Marks>,
-    /// Some page of the region is inaccessible (PROT_NONE): eviction asks `marks` first.
-    pub(crate) inaccessible: AtomicBool,
-    /// The reservation, if the pager made it.
-    pub(crate) _mapping: Option<Mapping>,
-}
-
-impl std::fmt::Debug for RegionInner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Region")
-            .field("id", &self.id)
-            .field("base", &format_args!("{:#x}", self.base))
-            .field("len", &self.len)
-            .finish()
-    }
-}
-
-impl RegionInner {
-    /// The key of the page's far copy (see `tags.rs`).
-    #[inline]
-    pub(crate) fn key(&self, page: usize) -> Key {
-        tags::key(self.table.tag(page).load(Relaxed), self.id, page)
-    }
-    #[inline]
-    pub(crate) fn addr(&self, page: usize) -> usize {
-        self.base + page * PAGE
-    }
-    #[inline]
-    pub(crate) fn shadow_addr(&self, page: usize) -> usize {
-        self.shadow.as_ref().expect("a framed region").addr() + page * PAGE
-    }
-    pub(crate) fn note_touched(&self, page: usize) {
-        self.touched_end.fetch_max(page + 1, Relaxed);
-    }
-}
-
 pub(crate) struct Inner {
     pub(crate) uffd: Uffd,
     pub(crate) store: Arc<dyn FarStore>,
@@ -205,13 +156,13 @@ impl std::fmt::Debug for Inner {
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) inner: Arc<Inner>,
-    threads: Mutex<Vec<RawThread>>,
+    pub(crate) threads: Mutex<Vec<RawThread>>,
     /// How many of `threads` are fault handlers.
-    handlers: usize,
+    pub(crate) handlers: usize,
     /// The CPUs fault handlers are pinned to.
-    cpus: Vec<usize>,
-    thread_start: Option<fn()>,
-    around_child_restart: Option<fn(bool)>,
+    pub(crate) cpus: Vec<usize>,
+    pub(crate) thread_start: Option<fn()>,
+    pub(crate) around_child_restart: Option<fn(bool)>,
 }
 
 impl Drop for Shared {
@@ -234,91 +185,9 @@ impl Drop for Shared {
     }
 }
 
-impl Shared {
-    /// In a forked child (see `fork.rs`): the pager's userfaultfd object, registrations,
-    /// write protections, threads and store connections, made again for this process. Runs
-    /// with the fork gate closed and enters no section.
-    pub(crate) fn restart_in_child(&self) {
-        let i = &self.inner;
-        let fail = |what: &str, e: std::io::Error| -> ! {
-            i.fatal(
-                &format!("restarting the pager in a forked child: {what}"),
-                &e,
-            )
-        };
-        // The parent's object must not be read here (its faults would be stolen), nor kept
-        // open (it would keep the parent's registrations alive).
-        if let Err(e) = i.uffd.reopen() {
-            fail("opening a userfaultfd object", e);
-        }
-        if let Err(e) = i.uffd.register(i.doorbell.addr(), PAGE) {
-            fail("registering the doorbell", e);
-        }
-        i.tags.child_after_fork();
-        let regions = i.regions.read().clone();
-        for r in &regions {
-            if let Some(shadow) = &r.shadow {
-                if let Err(e) = i.uffd.register_present(shadow.addr(), r.len) {
-                    fail("registering a region's frames", e);
-                }
-            }
-            if let Err(e) = i.uffd.register_present(r.base, r.len) {
-                fail("registering a region", e);
-            }
-            i.apply_inheritance_in_child(r);
-        }
-        // The kernel dropped the write protections with the parent's registration: the pages
-        // the table knows as mapped (all on the clock) take it again, in runs. Not every
-        // present page: those the owner touched before a region was adopted are not the
-        // pager's. Pages on their way to the store keep their keys: parent and child both
-        // write the same bytes there, and the child never removes what it did not tag.
-        let mut mapped: Vec<(u32, usize)> = i
-            .clock
-            .lock()
-            .iter()
-            .filter(|(r, p)| kind(r.table.state(*p).load(Relaxed)) == RESIDENT)
-            .map(|(r, p)| (r.id, *p))
-            .collect();
-        mapped.sort_unstable();
-        mapped.dedup();
-        let mut k = 0;
-        while k < mapped.len() {
-            let (id, first) = mapped[k];
-            let mut n = 1;
-            while mapped.get(k + n) == Some(&(id, first + n)) {
-                n += 1;
-            }
-            if let Some(r) = regions.iter().find(|r| r.id == id) {
-                let _ = i.uffd.write_protect(r.addr(first), n * PAGE, true);
-            }
-            k += n;
-        }
-        i.counters.reset();
-        i.timings.reset();
-        i.store.after_fork_in_child();
-        let mut threads = self.threads.lock();
-        // Those were the parent's threads: nothing to join or detach here.
-        for t in threads.drain(..) {
-            std::mem::forget(t);
-        }
-        // No handler runs yet: what this thread allocates meanwhile must not be paged.
-        if let Some(hook) = self.around_child_restart {
-            hook(true);
-        }
-        let spawned = spawn_threads(i, &self.cpus, self.thread_start);
-        if let Some(hook) = self.around_child_restart {
-            hook(false);
-        }
-        match spawned {
-            Ok((t, _)) => *threads = t,
-            Err(e) => i.fatal("restarting the pager in a forked child", &e),
-        }
-    }
-}
-
 /// Starts the fault handlers (one per CPU, at most 8), the evictor and the write-back thread;
 /// returns them and how many are handlers.
-fn spawn_threads(
+pub(crate) fn spawn_threads(
     inner: &Arc<Inner>,
     cpus: &[usize],
     thread_start: Option<fn()>,
@@ -432,7 +301,9 @@ impl Pager {
             thread_start: config.thread_start,
             around_child_restart: config.around_child_restart,
         });
-        crate::fork::register(&shared);
+        let hooks: std::sync::Weak<dyn crate::fork::ForkHooks> =
+            Arc::downgrade(&shared) as std::sync::Weak<Shared>;
+        crate::fork::register(hooks);
         Ok(Pager { shared })
     }
 

@@ -1,11 +1,11 @@
 //! [`Region`]: memory whose pages the pager keeps, for any Rust program.
 
+use crate::buffer::StoreJob;
 use crate::pager::{Inner, Pager, RegionInner};
 use crate::stats::Counters;
 use crate::sys;
 use crate::sys::PAGE;
 use crate::table::*;
-use crate::writeback::StoreJob;
 use crate::ForkAdvice;
 use crate::PagerError;
 use std::sync::atomic::Ordering::*;

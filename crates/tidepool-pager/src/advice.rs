@@ -1,0 +1,162 @@
+//! mprotect and madvise on paged memory, made on the program's behalf and remembered in the
+//! region's marks (see `marks.rs` for what they change), and ranges given back or mapped over.
+
+use crate::marks::*;
+use crate::pager::{Inner, RegionInner};
+use crate::sys::{self, PAGE};
+use crate::table::*;
+use std::io;
+use std::ops::Range;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+
+impl Inner {
+    /// mprotect on pages `pages` of a region, remembered.
+    pub(crate) fn protect(
+        &self,
+        region: &RegionInner,
+        pages: Range<usize>,
+        prot: i32,
+    ) -> io::Result<()> {
+        let _section = crate::fork::section();
+        sys::protect(region.addr(pages.start), pages.len() * PAGE, prot)?;
+        let mut marks = region.marks.lock();
+        if prot == libc::PROT_READ | libc::PROT_WRITE {
+            marks.prot.remove(pages);
+        } else {
+            marks.prot.insert(pages, prot);
+        }
+        region.inaccessible.store(marks.any_inaccessible(), Release);
+        Ok(())
+    }
+
+    /// Fork advice on pages `pages` of a region, given to the kernel and remembered.
+    pub(crate) fn advise_fork(
+        &self,
+        region: &RegionInner,
+        pages: Range<usize>,
+        advice: ForkAdvice,
+    ) -> io::Result<()> {
+        let _section = crate::fork::section();
+        sys::advise(
+            region.addr(pages.start),
+            pages.len() * PAGE,
+            advice.madvise(),
+        )?;
+        let mut marks = region.marks.lock();
+        match advice {
+            ForkAdvice::DontFork => marks.inherit.insert(pages, Inherit::No),
+            ForkAdvice::WipeOnFork => marks.inherit.insert(pages, Inherit::Wiped),
+            ForkAdvice::DoFork | ForkAdvice::KeepOnFork => {
+                let undone = if advice == ForkAdvice::DoFork {
+                    Inherit::No
+                } else {
+                    Inherit::Wiped
+                };
+                let gone: Vec<Range<usize>> = marks
+                    .inherit
+                    .overlapping(&pages)
+                    .filter(|(_, &h)| h == undone)
+                    .map(|(r, _)| r.start.max(pages.start)..r.end.min(pages.end))
+                    .collect();
+                for r in gone {
+                    marks.inherit.remove(r);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pages the program gave up: zeros, readable and writable, inherited as usual.
+    pub(crate) fn reset(&self, region: &Arc<RegionInner>, pages: Range<usize>) {
+        let _section = crate::fork::section();
+        self.discard_in_section(region, pages.start, pages.end);
+        let mut marks = region.marks.lock();
+        let protected: Vec<Range<usize>> = marks
+            .prot
+            .overlapping(&pages)
+            .map(|(r, _)| r.start.max(pages.start)..r.end.min(pages.end))
+            .collect();
+        for r in protected {
+            let _ = sys::protect(
+                region.addr(r.start),
+                r.len() * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+            );
+            marks.prot.remove(r);
+        }
+        let advised: Vec<(Range<usize>, Inherit)> = marks
+            .inherit
+            .overlapping(&pages)
+            .map(|(r, &h)| (r.start.max(pages.start)..r.end.min(pages.end), h))
+            .collect();
+        for (r, how) in advised {
+            let undo = match how {
+                Inherit::No => libc::MADV_DOFORK,
+                Inherit::Wiped => libc::MADV_KEEPONFORK,
+            };
+            let _ = sys::advise(region.addr(r.start), r.len() * PAGE, undo);
+            marks.inherit.remove(r);
+        }
+        region.inaccessible.store(marks.any_inaccessible(), Release);
+    }
+
+    /// The program maps something else (a file, shared memory) over `pages`: they are no
+    /// longer the pager's until [`Inner::reclaim`].
+    pub(crate) fn cede(&self, region: &Arc<RegionInner>, pages: Range<usize>) {
+        self.reset(region, pages.clone());
+        let _section = crate::fork::section();
+        for p in pages {
+            region.table.lock_any(p);
+            region.table.unlock(p, FOREIGN);
+        }
+    }
+
+    /// The program unmapped what it had mapped over `pages`: fresh paged memory again.
+    pub(crate) fn reclaim(&self, region: &RegionInner, pages: Range<usize>) -> io::Result<()> {
+        let _section = crate::fork::section();
+        let (addr, len) = (region.addr(pages.start), pages.len() * PAGE);
+        sys::map_fixed(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
+        // No huge pages where only 4 KiB pages are installed (see `register_region`).
+        let _ = sys::advise(addr, len, libc::MADV_NOHUGEPAGE);
+        self.uffd.register(addr, len)?;
+        for p in pages {
+            region.table.state(p).store(UNTOUCHED, Release);
+        }
+        Ok(())
+    }
+
+    /// Whether a page may be read to be saved (a page the program made inaccessible may not).
+    #[inline]
+    pub(crate) fn readable(&self, region: &RegionInner, page: usize) -> bool {
+        !region.inaccessible.load(Acquire) || !region.marks.lock().inaccessible(page)
+    }
+
+    /// In a forked child, before its threads start (the gate is closed: no sections): the
+    /// parts the kernel left out become inaccessible reservations (as the kernel leaves a hole,
+    /// but the address range stays the region's), the wiped parts read as zeros.
+    pub(crate) fn apply_inheritance_in_child(&self, region: &Arc<RegionInner>) {
+        let (absent, wiped) = {
+            let marks = region.marks.lock();
+            (
+                marks.inherited(Inherit::No),
+                marks.inherited(Inherit::Wiped),
+            )
+        };
+        for r in &absent {
+            let (addr, len) = (region.addr(r.start), r.len() * PAGE);
+            if sys::map_fixed(addr, len, libc::PROT_NONE).is_ok() {
+                let _ = self.uffd.register(addr, len);
+            }
+        }
+        for r in absent.iter().chain(&wiped) {
+            self.discard_in_section(region, r.start, r.end);
+        }
+        let mut marks = region.marks.lock();
+        for r in absent {
+            marks.inherit.remove(r.clone());
+            marks.prot.insert(r, libc::PROT_NONE);
+        }
+        region.inaccessible.store(marks.any_inaccessible(), Release);
+    }
+}

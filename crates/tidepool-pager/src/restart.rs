@@ -1,0 +1,104 @@
+//! A pager's part in a fork (see `fork.rs`): the tag handover around it and, in the child, a
+//! pager of the child's own over the same memory.
+
+use crate::fork::ForkHooks;
+use crate::pager::*;
+use crate::sys::PAGE;
+use crate::table::*;
+use std::sync::atomic::Ordering::*;
+
+impl ForkHooks for Shared {
+    fn prepare(&self) {
+        self.inner.tags.prepare_fork();
+    }
+
+    fn parent(&self) {
+        self.inner.tags.parent_after_fork();
+    }
+
+    fn child(&self) {
+        self.restart_in_child();
+    }
+}
+
+impl Shared {
+    /// In a forked child (see `fork.rs`): the pager's userfaultfd object, registrations,
+    /// write protections, threads and store connections, made again for this process. Runs
+    /// with the fork gate closed and enters no section.
+    pub(crate) fn restart_in_child(&self) {
+        let i = &self.inner;
+        let fail = |what: &str, e: std::io::Error| -> ! {
+            i.fatal(
+                &format!("restarting the pager in a forked child: {what}"),
+                &e,
+            )
+        };
+        // The parent's object must not be read here (its faults would be stolen), nor kept
+        // open (it would keep the parent's registrations alive).
+        if let Err(e) = i.uffd.reopen() {
+            fail("opening a userfaultfd object", e);
+        }
+        if let Err(e) = i.uffd.register(i.doorbell.addr(), PAGE) {
+            fail("registering the doorbell", e);
+        }
+        i.tags.child_after_fork();
+        let regions = i.regions.read().clone();
+        for r in &regions {
+            if let Some(shadow) = &r.shadow {
+                if let Err(e) = i.uffd.register_present(shadow.addr(), r.len) {
+                    fail("registering a region's frames", e);
+                }
+            }
+            if let Err(e) = i.uffd.register_present(r.base, r.len) {
+                fail("registering a region", e);
+            }
+            i.apply_inheritance_in_child(r);
+        }
+        // The kernel dropped the write protections with the parent's registration: the pages
+        // the table knows as mapped (all on the clock) take it again, in runs. Not every
+        // present page: those the owner touched before a region was adopted are not the
+        // pager's. Pages on their way to the store keep their keys: parent and child both
+        // write the same bytes there, and the child never removes what it did not tag.
+        let mut mapped: Vec<(u32, usize)> = i
+            .clock
+            .lock()
+            .iter()
+            .filter(|(r, p)| kind(r.table.state(*p).load(Relaxed)) == RESIDENT)
+            .map(|(r, p)| (r.id, *p))
+            .collect();
+        mapped.sort_unstable();
+        mapped.dedup();
+        let mut k = 0;
+        while k < mapped.len() {
+            let (id, first) = mapped[k];
+            let mut n = 1;
+            while mapped.get(k + n) == Some(&(id, first + n)) {
+                n += 1;
+            }
+            if let Some(r) = regions.iter().find(|r| r.id == id) {
+                let _ = i.uffd.write_protect(r.addr(first), n * PAGE, true);
+            }
+            k += n;
+        }
+        i.counters.reset();
+        i.timings.reset();
+        i.store.after_fork_in_child();
+        let mut threads = self.threads.lock();
+        // Those were the parent's threads: nothing to join or detach here.
+        for t in threads.drain(..) {
+            std::mem::forget(t);
+        }
+        // No handler runs yet: what this thread allocates meanwhile must not be paged.
+        if let Some(hook) = self.around_child_restart {
+            hook(true);
+        }
+        let spawned = spawn_threads(i, &self.cpus, self.thread_start);
+        if let Some(hook) = self.around_child_restart {
+            hook(false);
+        }
+        match spawned {
+            Ok((t, _)) => *threads = t,
+            Err(e) => i.fatal("restarting the pager in a forked child", &e),
+        }
+    }
+}
