@@ -7,7 +7,7 @@
 //! every response carries a Content-Security-Policy that allows no script but the page's own
 //! files: a name that slipped into HTML still could not run.
 
-use crate::Shared;
+use crate::registry::Shared;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
