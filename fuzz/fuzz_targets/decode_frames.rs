@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         let op = buf.get(3).copied().unwrap_or(0) & !RESPONSE_BIT;
         match decode_response(&mut buf, MAX_BODY) {
             Ok(Some((id, resp))) => {
-                let op = Op::from_u8(op).expect("decoded responses have known ops");
+                let op = Op::try_from(op).expect("decoded responses have known ops");
                 let mut again = BytesMut::new();
                 resp.encode(op, id, &mut again);
                 let (id2, resp2) = decode_response(&mut again, MAX_BODY)

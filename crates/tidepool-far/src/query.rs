@@ -32,7 +32,8 @@ use crate::{Far, FarError};
 use std::marker::PhantomData;
 use std::time::Instant;
 pub use tidepool_proto::scan::Cmp;
-use tidepool_proto::scan::{Agg, AggKind, Column, ElemType, Evaluator, Filter, Group, Scan};
+use tidepool_proto::scan::{Agg, AggKind, Column, ElemType, Filter, Group, Scan};
+use tidepool_query::Evaluator;
 use tidepool_store::Key;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 

@@ -159,7 +159,7 @@ impl<'a> Conn<'a> {
                     // Answer with the reason, using the frame's own op and id when the header
                     // was readable, so the client can report it.
                     let (op, id) = match tidepool_proto::peek_header(rbuf, u32::MAX) {
-                        Ok(Some(h)) if Op::from_u8(h.op).is_some() => (h.op, h.id),
+                        Ok(Some(h)) if Op::try_from(h.op).is_ok() => (h.op, h.id),
                         _ => (Op::Hello as u8, 0),
                     };
                     // A TLS ClientHello at a node without TLS: say so in the answer (the

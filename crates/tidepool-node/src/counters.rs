@@ -72,7 +72,7 @@ impl Failure {
 
     pub(crate) fn name(index: usize) -> Option<&'static str> {
         use ErrorCode::*;
-        if let Some(code) = ErrorCode::from_u8(index as u8) {
+        if let Ok(code) = ErrorCode::try_from(index as u8) {
             return Some(match code {
                 Malformed => "malformed",
                 UnsupportedVersion => "unsupported_version",
@@ -223,7 +223,7 @@ mod tests {
     #[test]
     fn every_failure_kind_and_op_has_a_name() {
         for code in 1..=13u8 {
-            let code = ErrorCode::from_u8(code).unwrap();
+            let code = ErrorCode::try_from(code).unwrap();
             assert!(Failure::name(Failure::Code(code).index()).is_some());
         }
         assert_eq!(Failure::name(Failure::Tls.index()), Some("tls"));

@@ -460,7 +460,7 @@ fn refuse_plain_client(stream: &mut TcpStream, metrics: &WorkerMetrics) {
     let mut head = [0u8; tidepool_proto::HEADER_LEN];
     let n = stream.peek(&mut head).unwrap_or(0);
     let (op, id) = match tidepool_proto::peek_header(&head[..n], u32::MAX) {
-        Ok(Some(h)) if Op::from_u8(h.op).is_some() => (h.op, h.id),
+        Ok(Some(h)) if Op::try_from(h.op).is_ok() => (h.op, h.id),
         _ => (Op::Hello as u8, 0),
     };
     let mut buf = BytesMut::new();

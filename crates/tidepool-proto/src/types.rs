@@ -2,10 +2,11 @@
 
 use crate::scan::{Column, Scan};
 use bytes::Bytes;
+use num_enum::{IntoPrimitive, TryFromPrimitive};
 use std::fmt;
 
 /// Operation codes. A response carries its request's op with [`crate::RESPONSE_BIT`] set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoPrimitive, TryFromPrimitive)]
 #[repr(u8)]
 pub enum Op {
     Hello = 0x01,
@@ -23,29 +24,6 @@ pub enum Op {
     Stats = 0x30,
     Scan = 0x40,
     Gather = 0x41,
-}
-
-impl Op {
-    pub fn from_u8(v: u8) -> Option<Op> {
-        Some(match v {
-            0x01 => Op::Hello,
-            0x02 => Op::Put,
-            0x03 => Op::Get,
-            0x04 => Op::Take,
-            0x05 => Op::Write,
-            0x06 => Op::Free,
-            0x12 => Op::PutMany,
-            0x13 => Op::GetMany,
-            0x14 => Op::TakeMany,
-            0x15 => Op::WriteMany,
-            0x16 => Op::FreeMany,
-            0x20 => Op::EvictFetch,
-            0x30 => Op::Stats,
-            0x40 => Op::Scan,
-            0x41 => Op::Gather,
-            _ => return None,
-        })
-    }
 }
 
 /// An opaque reference to one object on a memory node, issued by the node on put.
@@ -100,7 +78,7 @@ impl fmt::Debug for Handle {
 }
 
 /// Why a request (or one item of a batch) failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoPrimitive, TryFromPrimitive)]
 #[repr(u8)]
 pub enum ErrorCode {
     /// The frame could not be decoded; the server closes the connection after saying so.
@@ -130,27 +108,6 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub fn from_u8(v: u8) -> Option<ErrorCode> {
-        use ErrorCode::*;
-        Some(match v {
-            1 => Malformed,
-            2 => UnsupportedVersion,
-            3 => NotAuthenticated,
-            4 => AuthFailed,
-            5 => InvalidHandle,
-            6 => StaleHandle,
-            7 => QuotaExceeded,
-            8 => CapacityExhausted,
-            9 => TooLarge,
-            10 => Busy,
-            11 => Internal,
-            12 => AlreadyAuthenticated,
-            13 => BadOffload,
-            16 => StoreMismatch,
-            _ => return None,
-        })
-    }
-
     /// A sentence a user can act on.
     pub fn describe(self) -> &'static str {
         use ErrorCode::*;

@@ -5,8 +5,9 @@ use super::{refusal, Conn};
 use crate::slots::ReadGuard;
 use bytes::BytesMut;
 use std::sync::atomic::Ordering;
-use tidepool_proto::scan::{Column, Evaluator, Scan};
+use tidepool_proto::scan::{Column, Scan};
 use tidepool_proto::{ErrorCode, Handle};
+use tidepool_query::Evaluator;
 
 impl<'a> Conn<'a> {
     /// A read guard on the object behind `h`, and its section's base in the arena.
@@ -24,7 +25,7 @@ impl<'a> Conn<'a> {
         &self,
         scan: &Scan<Option<Handle>>,
     ) -> Result<Vec<u64>, (ErrorCode, String)> {
-        let bad = |e: tidepool_proto::scan::ScanError| (ErrorCode::BadOffload, e.to_string());
+        let bad = |e: tidepool_query::ScanError| (ErrorCode::BadOffload, e.to_string());
         let mut ev = Evaluator::new(scan).map_err(bad)?;
         let mut guards = Vec::with_capacity(scan.columns.len());
         for line in 0..ev.lines() {
