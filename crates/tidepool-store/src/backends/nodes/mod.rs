@@ -40,6 +40,13 @@ use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
+mod loss;
+mod members;
+#[cfg(test)]
+mod tests;
+
+use members::*;
+
 const BACKEND: &str = "memory nodes";
 /// Shards of the key index.
 const SHARDS: usize = 64;
@@ -53,105 +60,6 @@ const CHUNK_BYTES: usize = 4 << 20;
 const REPROTECT_BATCH: usize = 64;
 /// "No node": a piece not stored.
 const NOWHERE: u8 = u8::MAX;
-
-#[derive(Debug)]
-struct Member {
-    name: String,
-    seed: u64,
-    store: NodeStore,
-    down: AtomicBool,
-}
-
-/// Where one value's pieces are: `on[p]` is the member holding piece `p`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Placed {
-    len: u32,
-    on: [u8; MAX_PIECES],
-}
-
-impl Placed {
-    /// A value whose last write failed part way: no piece can be trusted.
-    const BROKEN: Placed = Placed {
-        len: 0,
-        on: [NOWHERE; MAX_PIECES],
-    };
-
-    fn is_broken(&self) -> bool {
-        self.on[0] == NOWHERE
-    }
-
-    /// (piece, member) for each piece stored, in piece order.
-    fn pieces(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
-        self.on
-            .iter()
-            .enumerate()
-            .filter(|(_, &m)| m != NOWHERE)
-            .map(|(p, &m)| (p, m as usize))
-    }
-
-    fn holds_on(&self, member: usize) -> bool {
-        self.on.contains(&(member as u8))
-    }
-}
-
-/// The most nodes one set can have (listed and added): a piece's node is a byte.
-const MAX_MEMBERS: usize = NOWHERE as usize - 1;
-
-/// The nodes, in the order they were listed or added. Appended to while in use: a member's
-/// index never changes and its slot is set before the count covers it.
-#[derive(Debug)]
-struct Members {
-    slots: Box<[std::sync::OnceLock<Member>]>,
-    len: std::sync::atomic::AtomicUsize,
-    /// Held while a node is added.
-    adding: Mutex<()>,
-}
-
-impl Members {
-    fn new(members: Vec<Member>) -> Members {
-        let len = members.len();
-        let slots: Box<[std::sync::OnceLock<Member>]> = (0..MAX_MEMBERS)
-            .map(|_| std::sync::OnceLock::new())
-            .collect();
-        for (slot, m) in slots.iter().zip(members) {
-            let _ = slot.set(m);
-        }
-        Members {
-            slots,
-            len: len.into(),
-            adding: Mutex::new(()),
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.len.load(Acquire)
-    }
-
-    fn iter(&self) -> impl Iterator<Item = &Member> {
-        self.slots[..self.len()]
-            .iter()
-            .map(|s| s.get().expect("set before counted"))
-    }
-
-    /// Appends a member (the caller holds `adding`).
-    fn push(&self, m: Member) -> usize {
-        let i = self.len();
-        assert!(
-            i < MAX_MEMBERS && self.slots[i].set(m).is_ok(),
-            "a free slot"
-        );
-        self.len.store(i + 1, Release);
-        i
-    }
-}
-
-impl std::ops::Index<usize> for Members {
-    type Output = Member;
-
-    fn index(&self, i: usize) -> &Member {
-        self.slots[i].get().expect("a member's index")
-    }
-}
 
 /// Opens a memory node of the set: (address, the store settings it is told at hello).
 pub type Connect = Box<dyn Fn(&str, &str) -> Result<NodeStore, StoreError> + Send + Sync>;
@@ -357,60 +265,6 @@ impl NodeSet {
 
     fn live(&self) -> usize {
         (0..self.members.len()).filter(|&i| self.up(i)).count()
-    }
-
-    /// Marks member `i` down after `e` and queues the values that had a piece on it.
-    fn mark_down(&self, i: usize, e: &StoreError) {
-        if self.members[i].down.swap(true, AcqRel) {
-            return;
-        }
-        eprintln!(
-            "tidepool: memory node {} is down ({e}); reading from the other pieces and storing \
-             its share again on the nodes still up",
-            self.members[i].name
-        );
-        let mut lost = vec![];
-        for shard in self.index.iter() {
-            lost.extend(
-                shard
-                    .lock()
-                    .iter()
-                    .filter(|(_, p)| p.holds_on(i))
-                    .map(|(k, _)| *k),
-            );
-        }
-        if !lost.is_empty() {
-            self.unprotected.lock().extend(lost);
-            self.has_unprotected.store(true, Release);
-        }
-    }
-
-    /// Marks the member down if `e` says it is gone; otherwise returns `e`.
-    fn failed(&self, i: usize, e: StoreError) -> Result<(), StoreError> {
-        if node_lost(&e) {
-            self.mark_down(i, &e);
-            Ok(())
-        } else {
-            Err(e)
-        }
-    }
-
-    fn down_names(&self) -> String {
-        let names: Vec<&str> = self
-            .members
-            .iter()
-            .filter(|m| m.down.load(Acquire))
-            .map(|m| m.name.as_str())
-            .collect();
-        names.join(", ")
-    }
-
-    fn lost(&self, what: String) -> StoreError {
-        StoreError::Backend {
-            backend: BACKEND,
-            message: format!("{what}; memory nodes down: {}", self.down_names()),
-            source: None,
-        }
     }
 
     /// Where a value of `len` bytes written now goes: piece `p` on the `p`-th live member of
@@ -648,90 +502,6 @@ impl NodeSet {
         }
         Ok(out)
     }
-
-    /// Stores again, on nodes still up, up to `max` values that lost a piece with a node.
-    /// Returns the bytes re-protected. Values that cannot be read any more (too many pieces
-    /// lost) are left for their reader to fail on; values that cannot get more pieces (no
-    /// other node up) stay as they are.
-    pub fn reprotect(&self, max: usize) -> Result<u64, StoreError> {
-        let batch: Vec<Key> = {
-            let Some(mut q) = self.unprotected.try_lock() else {
-                return Ok(0);
-            };
-            let n = q.len().min(max);
-            let at = q.len() - n;
-            let b = q.split_off(at);
-            if q.is_empty() {
-                self.has_unprotected.store(false, Release);
-            }
-            b
-        };
-        if batch.is_empty() {
-            return Ok(0);
-        }
-        let guards: Vec<_> = self
-            .stripes_of(batch.iter().copied())
-            .into_iter()
-            .map(|s| self.stripes[s].write())
-            .collect();
-        let live = self.live();
-        let target = self.redundancy.pieces().min(live);
-        let keys: Vec<Key> = batch
-            .into_iter()
-            .filter(|&k| {
-                self.placed(k).is_some_and(|p| {
-                    let up = p.pieces().filter(|&(_, m)| self.up(m)).count();
-                    up < target && up >= self.redundancy.needed()
-                })
-            })
-            .collect();
-        let mut bytes = 0;
-        for c in chunks(&keys, |_| 0) {
-            let values = match self.read_locked(c) {
-                Ok(v) => v,
-                // Another node went down meanwhile: these wait for the next round.
-                Err(e) => {
-                    self.unprotected.lock().extend_from_slice(c);
-                    self.has_unprotected.store(true, Release);
-                    return Err(e);
-                }
-            };
-            let items: Vec<(Key, &[u8])> = c
-                .iter()
-                .zip(&values)
-                .filter_map(|(&k, v)| Some((k, v.as_deref()?)))
-                .collect();
-            self.write_locked(&items)?;
-            bytes += items.iter().map(|(_, v)| v.len() as u64).sum::<u64>();
-        }
-        drop(guards);
-        self.reprotected_bytes.fetch_add(bytes, Relaxed);
-        Ok(bytes)
-    }
-
-    /// A few values re-protected after a call, while some wait.
-    fn reprotect_some(&self) {
-        if self.has_unprotected.load(Acquire) {
-            if let Err(e) = self.reprotect(REPROTECT_BATCH) {
-                tracing::warn!("re-protecting values after a node loss: {e}");
-            }
-        }
-    }
-
-    /// Bytes of values with fewer pieces on live nodes than the URL asks for.
-    fn unprotected_bytes(&self) -> (u64, u64) {
-        let want = self.redundancy.pieces();
-        let (mut keys, mut bytes) = (0, 0);
-        for shard in self.index.iter() {
-            for p in shard.lock().values() {
-                if p.pieces().filter(|&(_, m)| self.up(m)).count() < want {
-                    keys += 1;
-                    bytes += p.len as u64;
-                }
-            }
-        }
-        (keys, bytes)
-    }
 }
 
 impl FarStore for NodeSet {
@@ -852,43 +622,5 @@ impl FarStore for NodeSet {
         for m in self.members.iter() {
             m.store.after_fork_in_child();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Rendezvous placement: a key's holders are spread evenly, and adding a node moves about
-    /// 1/N of the keys (only onto the new node).
-    #[test]
-    fn adding_a_node_moves_about_a_share_of_the_keys() {
-        let names: Vec<String> = (0..5).map(|i| format!("10.0.0.{i}:7070")).collect();
-        let first = |names: &[String], key: Key| {
-            names
-                .iter()
-                .max_by_key(|n| mix(key ^ seed_of(n)))
-                .unwrap()
-                .clone()
-        };
-        let keys = 100_000u64;
-        let mut per_node = std::collections::HashMap::new();
-        for k in 0..keys {
-            *per_node.entry(first(&names[..4], k)).or_insert(0u64) += 1;
-        }
-        for (n, c) in &per_node {
-            assert!((20_000..30_000).contains(c), "{n}: {c} of {keys}");
-        }
-        let mut moved = 0;
-        for k in 0..keys {
-            let before = first(&names[..4], k);
-            let after = first(&names, k);
-            if before != after {
-                assert_eq!(after, names[4], "a key moved between old nodes");
-                moved += 1;
-            }
-        }
-        // 1/5 of the keys, give or take.
-        assert!((17_000..23_000).contains(&moved), "{moved}");
     }
 }
