@@ -382,12 +382,7 @@ fn keep_link(held: Held, config: CoordConfig, link: Arc<CoordLink>) {
     }
 }
 
-fn session(
-    held: &Held,
-    config: &CoordConfig,
-    link: &CoordLink,
-    outage_said: &mut bool,
-) -> Ended {
+fn session(held: &Held, config: &CoordConfig, link: &CoordLink, outage_said: &mut bool) -> Ended {
     let lost = Ended::Lost;
     let ch = match Channel::connect(&config.socket) {
         Ok(ch) => ch,

@@ -35,4 +35,3 @@ impl Doorbell {
         *rung = false;
     }
 }
-

@@ -79,7 +79,12 @@ mod mapped {
         /// `[offset, offset + len)` lies inside the memory; `src` is valid for reads of `len`
         /// bytes and not inside it.
         #[inline]
-        pub(crate) unsafe fn write(&self, offset: usize, src: *const u8, len: usize) -> Result<(), Lost> {
+        pub(crate) unsafe fn write(
+            &self,
+            offset: usize,
+            src: *const u8,
+            len: usize,
+        ) -> Result<(), Lost> {
             // SAFETY: the destination is inside our mapping, which lives as long as `self`
             // (the caller's contract), and `src` is the caller's; revoked pages are reported.
             unsafe { resilient::copy((self.map.base() + offset) as *mut u8, src, len) }
@@ -92,14 +97,22 @@ mod mapped {
         /// `[offset, offset + len)` lies inside the memory; `dst` is valid for writes of `len`
         /// bytes and not inside it.
         #[inline]
-        pub(crate) unsafe fn read(&self, dst: *mut u8, offset: usize, len: usize) -> Result<(), Lost> {
+        pub(crate) unsafe fn read(
+            &self,
+            dst: *mut u8,
+            offset: usize,
+            len: usize,
+        ) -> Result<(), Lost> {
             // SAFETY: as in `write`, the other way.
             unsafe { resilient::copy(dst, (self.map.base() + offset) as *const u8, len) }
         }
 
         /// Copies `len` bytes from `from` to `to`, both inside the memory and not overlapping.
         pub(crate) fn copy_within(&self, to: usize, from: usize, len: usize) -> Result<(), Lost> {
-            assert!(to.max(from) + len <= self.bytes(), "a copy inside the arena");
+            assert!(
+                to.max(from) + len <= self.bytes(),
+                "a copy inside the arena"
+            );
             let base = self.map.base();
             // SAFETY: both ranges lie inside our mapping (checked above); revoked pages are
             // reported.
@@ -135,8 +148,9 @@ mod plain {
 
     impl ArenaMemory {
         pub(crate) fn create(len: usize, _align: usize) -> Result<ArenaMemory, CreateError> {
-            let memfd = rustix::fs::memfd_create("tidepool-soft-loom", rustix::fs::MemfdFlags::CLOEXEC)
-                .map_err(|e| CreateError::Map(e.into()))?;
+            let memfd =
+                rustix::fs::memfd_create("tidepool-soft-loom", rustix::fs::MemfdFlags::CLOEXEC)
+                    .map_err(|e| CreateError::Map(e.into()))?;
             Ok(ArenaMemory {
                 words: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
                 holes: (0..len / PAGE).map(|_| AtomicBool::new(true)).collect(),
@@ -181,7 +195,12 @@ mod plain {
         /// # Safety
         ///
         /// As the mapped memory's: `src` is valid for reads of `len` bytes.
-        pub(crate) unsafe fn write(&self, offset: usize, src: *const u8, len: usize) -> Result<(), Lost> {
+        pub(crate) unsafe fn write(
+            &self,
+            offset: usize,
+            src: *const u8,
+            len: usize,
+        ) -> Result<(), Lost> {
             // SAFETY: the caller's contract.
             let src = unsafe { std::slice::from_raw_parts(src, len) };
             self.put(offset, src)
@@ -190,7 +209,12 @@ mod plain {
         /// # Safety
         ///
         /// As the mapped memory's: `dst` is valid for writes of `len` bytes.
-        pub(crate) unsafe fn read(&self, dst: *mut u8, offset: usize, len: usize) -> Result<(), Lost> {
+        pub(crate) unsafe fn read(
+            &self,
+            dst: *mut u8,
+            offset: usize,
+            len: usize,
+        ) -> Result<(), Lost> {
             // SAFETY: the caller's contract.
             let dst = unsafe { std::slice::from_raw_parts_mut(dst, len) };
             self.get(offset, dst)

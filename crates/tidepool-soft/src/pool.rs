@@ -13,7 +13,7 @@ use crate::arena::objects::{live_word, Exact, Sink};
 use crate::arena::SoftArena;
 use crate::counters::{PoolCounters, PoolStats};
 use crate::slots::{self, BUSY, LIVE, LOST};
-use crate::sync::{fence, AtomicU64};
+use crate::sync::{fence, spin_loop, AtomicU64};
 use crate::SoftError;
 use std::convert::Infallible;
 use std::mem::MaybeUninit;
@@ -150,7 +150,7 @@ impl Objects {
             {
                 return w;
             }
-            std::hint::spin_loop();
+            spin_loop();
         }
     }
 

@@ -121,6 +121,16 @@ impl SoftRuntime {
     }
 }
 
+/// A runtime stands for its arena: `&runtime` serves where `&Arc<SoftArena>` is wanted
+/// (making pools and structures), and the arena's methods are the runtime's.
+impl std::ops::Deref for SoftRuntime {
+    type Target = Arc<SoftArena>;
+
+    fn deref(&self) -> &Arc<SoftArena> {
+        &self.arena
+    }
+}
+
 impl Drop for SoftRuntime {
     fn drop(&mut self) {
         self.stop.store(true, Release);
@@ -180,15 +190,20 @@ mod tests {
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(arena.budget(), 3 * SEGMENT);
         // Dropped, the runtime takes its budget thread with it.
-        runtime.start_auto_budget(AutoBudget {
-            reserve: 1 << 50,
-            interval: Duration::from_millis(1),
-            ..Default::default()
-        })
-        .unwrap();
+        runtime
+            .start_auto_budget(AutoBudget {
+                reserve: 1 << 50,
+                interval: Duration::from_millis(1),
+                ..Default::default()
+            })
+            .unwrap();
         drop(runtime);
         arena.set_budget(4 * SEGMENT);
         std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(arena.budget(), 4 * SEGMENT, "a dropped runtime's budget moved it");
+        assert_eq!(
+            arena.budget(),
+            4 * SEGMENT,
+            "a dropped runtime's budget moved it"
+        );
     }
 }

@@ -17,6 +17,11 @@ pub(crate) use std::sync::atomic::{
 pub(crate) use loom::sync::atomic::{
     fence, AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
 };
+#[cfg(not(loom))]
+pub(crate) use std::{hint::spin_loop, thread::yield_now};
+
+#[cfg(loom)]
+pub(crate) use loom::{hint::spin_loop, thread::yield_now};
 #[cfg(loom)]
 pub(crate) use loom_locks::{Mutex, RwLock};
 

@@ -98,13 +98,15 @@ impl SigbusMap {
         if unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK) } != 0 {
             return Err(unmap(last_err()));
         }
-        let uffd = userfaultfd(uapi::UFFD_FEATURE_SIGBUS as u64, FaultsFrom::UserOnly)
-        .map_err(|e| {
-            unmap(io::Error::new(
-                e.kind(),
-                format!("soft memory needs userfaultfd to make revoked pages raise SIGBUS: {e}"),
-            ))
-        })?;
+        let uffd =
+            userfaultfd(uapi::UFFD_FEATURE_SIGBUS as u64, FaultsFrom::UserOnly).map_err(|e| {
+                unmap(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "soft memory needs userfaultfd to make revoked pages raise SIGBUS: {e}"
+                    ),
+                ))
+            })?;
         register(
             uffd.as_fd(),
             base,

@@ -70,13 +70,7 @@ pub fn userfaultfd(features: u64, from: FaultsFrom) -> io::Result<OwnedFd> {
     api.api = uapi::UFFD_API as u64;
     api.features = features;
     // SAFETY: UFFDIO_API reads and writes one uffdio_api, which `api` is.
-    let rc = unsafe {
-        libc::ioctl(
-            fd.as_raw_fd(),
-            ioc::UFFDIO_API as _,
-            &mut api,
-        )
-    };
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), ioc::UFFDIO_API as _, &mut api) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -150,7 +144,6 @@ pub struct Fault {
     /// A write to a write-protected page (not a missing page).
     pub wp: bool,
 }
-
 
 /// Repeats an ioctl while it fails with EAGAIN (the mapping changed under it).
 fn retry_eagain(mut call: impl FnMut() -> libc::c_int) -> io::Result<()> {
@@ -451,4 +444,3 @@ impl Uffd {
         Ok(())
     }
 }
-

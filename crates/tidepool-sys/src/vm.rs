@@ -291,7 +291,6 @@ pub fn shared_counter_page() -> io::Result<&'static std::sync::atomic::AtomicU32
     Ok(unsafe { &*(p as *const std::sync::atomic::AtomicU32) })
 }
 
-
 /// Reserves `[addr, addr + len)` inaccessible, if nothing is mapped anywhere in it
 /// (`MAP_FIXED_NOREPLACE` fails rather than replace a mapping); whether it did. Only mmap, so
 /// async-signal-safe: callable in a forked child before it may allocate.
@@ -303,7 +302,10 @@ pub fn reserve_inaccessible_at(addr: usize, len: usize) -> bool {
             addr as *mut libc::c_void,
             len,
             libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED_NOREPLACE,
+            libc::MAP_PRIVATE
+                | libc::MAP_ANONYMOUS
+                | libc::MAP_NORESERVE
+                | libc::MAP_FIXED_NOREPLACE,
             -1,
             0,
         )

@@ -16,7 +16,9 @@ use crate::demand::{Demand, DemandStats, MARK_SHIFT};
 use crate::doorbell::Doorbell;
 use crate::memory::{ArenaMemory, CreateError};
 use crate::slots::{self, SlotTable};
-use crate::sync::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, RwLock};
+use crate::sync::{
+    AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Mutex, RwLock,
+};
 use crate::SoftError;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering::*;

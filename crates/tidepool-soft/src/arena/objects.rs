@@ -80,14 +80,22 @@ impl SoftArena {
 
     /// The header at `offset`, if readable, naming `slot`, and describing an object inside
     /// the arena.
-    pub(crate) fn header(&self, offset: usize, slot: u32, generation: u16) -> Result<[u64; 2], Lost> {
+    pub(crate) fn header(
+        &self,
+        offset: usize,
+        slot: u32,
+        generation: u16,
+    ) -> Result<[u64; 2], Lost> {
         let mut header = [0u64; 2];
         if offset + HEADER > self.memory.bytes() {
             return Err(Lost);
         }
         // SAFETY: the header lies inside the arena (checked just above), whose mapping lives
         // as long as `self`; revoked pages are reported; `header` is ours.
-        unsafe { self.memory.read(header.as_mut_ptr().cast(), offset, HEADER)? };
+        unsafe {
+            self.memory
+                .read(header.as_mut_ptr().cast(), offset, HEADER)?
+        };
         if header[0] != tag(slot, generation)
             || offset + HEADER + header[1] as u32 as usize > self.memory.bytes()
         {
@@ -104,7 +112,11 @@ impl SoftArena {
         }
         let mut h = [0u64; 2];
         // SAFETY: inside the arena (checked above); revoked pages are reported.
-        unsafe { self.memory.read(h.as_mut_ptr().cast(), offset, HEADER).ok()? };
+        unsafe {
+            self.memory
+                .read(h.as_mut_ptr().cast(), offset, HEADER)
+                .ok()?
+        };
         (h[0] >> 48 == MAGIC).then_some(h[1] as u32 as usize)
     }
 

@@ -76,5 +76,4 @@ impl SoftArena {
             self.release(&mut s, seg);
         }
     }
-
 }

@@ -2,9 +2,10 @@
 //! segments, and retiring the ones found revoked.
 
 use super::{
-    Head, Placement, Segments, SoftArena, ACTIVE, CLOSED, CONTINUATION, FREE, INC_MASK,
-    MY_HEAD, REVOKED, SEGMENT, UNPOPULATED,
+    Head, Placement, Segments, SoftArena, ACTIVE, CLOSED, CONTINUATION, FREE, INC_MASK, MY_HEAD,
+    REVOKED, SEGMENT, UNPOPULATED,
 };
+use crate::sync::yield_now;
 use crate::SoftError;
 use std::sync::atomic::Ordering::*;
 
@@ -32,7 +33,7 @@ impl SoftArena {
                     if waits < 100_000 && self.copies_in_flight(&s) =>
                 {
                     drop(s);
-                    std::thread::yield_now();
+                    yield_now();
                     waits += 1;
                     s = self.segments.lock();
                 }
@@ -283,7 +284,9 @@ impl SoftArena {
         let n = self.meta[seg as usize].run.load(Relaxed).max(1);
         // Errors cannot happen for a valid range of our own memfd; if one did, the memory
         // would stay populated, which costs memory but never correctness.
-        let _ = self.memory.punch(seg as usize * SEGMENT, n as usize * SEGMENT);
+        let _ = self
+            .memory
+            .punch(seg as usize * SEGMENT, n as usize * SEGMENT);
         for i in seg..seg + n {
             let m = &self.meta[i as usize];
             m.kind.store(UNPOPULATED, Relaxed);
