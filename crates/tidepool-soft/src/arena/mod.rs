@@ -267,7 +267,7 @@ impl SoftArena {
     /// oldest, whose objects are lost; then, if that is not enough, the segments threads are
     /// allocating from, which they replace on their next allocation). A budget of 0 takes
     /// every object back. An `auto` budget moves on from the new value: stop it first
-    /// ([`SoftArena::stop_auto_budget`]) to keep a fixed one.
+    /// ([`crate::SoftRuntime::stop_auto_budget`]) to keep a fixed one.
     pub fn set_budget(&self, bytes: usize) {
         // Allocation always has a segment to go to, but a cut to nothing keeps none.
         let target = bytes.div_ceil(SEGMENT);
