@@ -3,8 +3,9 @@
 //! revoked by punching holes. Soft memory's arenas are made of these.
 
 use linux_raw_sys::general as uapi;
+use rustix::fs::FallocateFlags;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use crate::uffd::{register, userfaultfd, FaultsFrom};
 
@@ -27,17 +28,8 @@ impl SigbusMap {
     /// Creates the memfd, maps it and registers the mapping for missing-page faults in SIGBUS
     /// mode. `len` and `align` are multiples of the page size; `align` a power of two.
     pub fn create(len: usize, align: usize) -> io::Result<SigbusMap> {
-        // SAFETY: a NUL-terminated name and valid flags.
-        let fd = unsafe { libc::memfd_create(c"tidepool-soft".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(last_err());
-        }
-        // SAFETY: the kernel returned a new descriptor that nothing else owns.
-        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain system call on our descriptor.
-        if unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(last_err());
-        }
+        let memfd = rustix::fs::memfd_create("tidepool-soft", rustix::fs::MemfdFlags::CLOEXEC)?;
+        rustix::fs::ftruncate(&memfd, len as u64)?;
         // Reserve len + align of address space, then map the file at the aligned address
         // inside it (huge pages need 2 MiB-aligned virtual addresses) and give back the rest.
         // SAFETY: a fresh anonymous reservation; no existing mapping is touched.
@@ -139,7 +131,7 @@ impl SigbusMap {
 
     /// Backs `[offset, offset + len)` of the file with memory.
     pub fn populate(&self, offset: usize, len: usize) -> io::Result<()> {
-        fallocate(self.memfd.as_fd(), 0, offset, len)
+        fallocate(self.memfd.as_fd(), FallocateFlags::empty(), offset, len)
     }
 
     /// Gives `[offset, offset + len)` of the file back to the system; its pages raise SIGBUS
@@ -156,23 +148,16 @@ impl Drop for SigbusMap {
     }
 }
 
-fn fallocate(fd: BorrowedFd<'_>, mode: libc::c_int, offset: usize, len: usize) -> io::Result<()> {
+fn fallocate(
+    fd: BorrowedFd<'_>,
+    mode: FallocateFlags,
+    offset: usize,
+    len: usize,
+) -> io::Result<()> {
     loop {
-        // SAFETY: plain system call on a descriptor we borrow.
-        let rc = unsafe {
-            libc::fallocate(
-                fd.as_raw_fd(),
-                mode,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = last_err();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e);
+        match rustix::fs::fallocate(fd, mode, offset as u64, len as u64) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return Ok(r?),
         }
     }
 }
@@ -182,7 +167,7 @@ fn fallocate(fd: BorrowedFd<'_>, mode: libc::c_int, offset: usize, len: usize) -
 pub fn punch_hole(fd: BorrowedFd<'_>, offset: usize, len: usize) -> io::Result<()> {
     fallocate(
         fd,
-        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
         offset,
         len,
     )
