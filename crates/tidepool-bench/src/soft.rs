@@ -769,6 +769,8 @@ fn cache(ctx: &mut Ctx) -> Result<()> {
                 let map: tidepool_soft::SoftMap<u64, Vec<u8>, anyhow::Error> =
                     tidepool_soft::SoftMap::fallible(&arena, move |k| fetch(*k));
                 Box::new(move |k| {
+                    // The runtime (evacuator, budget) runs as long as the cache is used.
+                    let _runtime = &arena;
                     if let Some(v) = map.get(&k) {
                         return Ok((v, true));
                     }
