@@ -35,9 +35,16 @@ fn arena() -> Arc<SoftArena> {
     .unwrap()
 }
 
-/// A pool whose lost objects come back as 1, and a box holding 1 in a closed segment (with a
-/// neighbour that fills it, and one more object that closes it).
-fn closed_box() -> (Arc<SoftArena>, Pool, Arc<SoftBox<u64>>, Vec<SoftBox<u64>>) {
+/// An arena, a pool whose lost objects come back as 1, and a box holding 1 in a closed
+/// segment (with a neighbour that fills it, and one more object that closes it).
+struct ClosedBox {
+    arena: Arc<SoftArena>,
+    pool: Pool,
+    b: Arc<SoftBox<u64>>,
+    _others: Vec<SoftBox<u64>>,
+}
+
+fn closed_box() -> ClosedBox {
     let arena = arena();
     let pool = SoftPool::new(&arena, |_: ()| 1u64);
     let b = Arc::new(pool.new_box_with(1).unwrap());
@@ -45,7 +52,12 @@ fn closed_box() -> (Arc<SoftArena>, Pool, Arc<SoftBox<u64>>, Vec<SoftBox<u64>>) 
         pool.new_box_with(10).unwrap(),
         pool.new_box_with(11).unwrap(),
     ];
-    (arena, pool, b, others)
+    ClosedBox {
+        arena,
+        pool,
+        b,
+        _others: others,
+    }
 }
 
 #[test]
@@ -88,7 +100,12 @@ fn two_compare_exchanges_one_wins() {
 #[test]
 fn an_evacuation_racing_a_write_never_brings_the_old_value_back() {
     model(2, || {
-        let (arena, _pool, b, _others) = closed_box();
+        let ClosedBox {
+            arena,
+            pool: _pool,
+            b,
+            _others: _kept,
+        } = closed_box();
         let evacuator = {
             let arena = arena.clone();
             thread::spawn(move || {
@@ -104,7 +121,12 @@ fn an_evacuation_racing_a_write_never_brings_the_old_value_back() {
 #[test]
 fn a_read_racing_an_evacuation_and_the_reuse_of_its_segment_sees_the_value() {
     model(2, || {
-        let (arena, pool, b, _others) = closed_box();
+        let ClosedBox {
+            arena,
+            pool,
+            b,
+            _others: _kept,
+        } = closed_box();
         let mover = {
             let arena = arena.clone();
             thread::spawn(move || {
@@ -130,7 +152,12 @@ fn a_read_racing_an_evacuation_and_the_reuse_of_its_segment_sees_the_value() {
 #[test]
 fn a_read_racing_a_revocation_sees_the_value_or_a_miss() {
     model(3, || {
-        let (arena, _pool, b, _others) = closed_box();
+        let ClosedBox {
+            arena,
+            pool: _pool,
+            b,
+            _others: _kept,
+        } = closed_box();
         let revoker = {
             let arena = arena.clone();
             thread::spawn(move || assert_eq!(arena.punch_oldest(), SEGMENT))
