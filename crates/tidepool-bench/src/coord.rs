@@ -1070,7 +1070,7 @@ pub fn worker(args: &[String]) -> Result<()> {
     } else {
         None
     };
-    let arena = tidepool_soft::SoftArena::new(tidepool_soft::ArenaConfig {
+    let arena = tidepool_soft::SoftRuntime::from_env(tidepool_soft::ArenaConfig {
         budget: if budget == 0 {
             8 << 20
         } else {

@@ -27,7 +27,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::hint::black_box;
 use std::time::Instant;
-use tidepool_soft::{ArenaConfig, ShmemHugePages, SoftArena, SoftPool, SEGMENT};
+use tidepool_soft::{ArenaConfig, ShmemHugePages, SoftPool, SoftRuntime, SEGMENT};
 
 #[derive(Debug)]
 pub struct SoftSuite;
@@ -63,8 +63,8 @@ impl Suite for SoftSuite {
     }
 }
 
-fn arena(budget: usize) -> Result<std::sync::Arc<SoftArena>> {
-    SoftArena::new(ArenaConfig {
+fn arena(budget: usize) -> Result<SoftRuntime> {
+    SoftRuntime::from_env(ArenaConfig {
         budget,
         max_bytes: (4 * budget).max(1 << 30),
     })
@@ -769,6 +769,8 @@ fn cache(ctx: &mut Ctx) -> Result<()> {
                 let map: tidepool_soft::SoftMap<u64, Vec<u8>, anyhow::Error> =
                     tidepool_soft::SoftMap::fallible(&arena, move |k| fetch(*k));
                 Box::new(move |k| {
+                    // The runtime (evacuator, budget) runs as long as the cache is used.
+                    let _runtime = &arena;
                     if let Some(v) = map.get(&k) {
                         return Ok((v, true));
                     }

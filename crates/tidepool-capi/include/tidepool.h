@@ -73,6 +73,7 @@ typedef enum {
 
 /**
  * Soft memory: objects here may vanish at any moment and are rebuilt on their next read.
+ * Its pools, maps and arrays share the runtime, which runs while any of them lives.
  */
 typedef struct tp_arena tp_arena;
 
@@ -202,10 +203,10 @@ typedef struct {
 } tp_pager_stats;
 
 /**
- * Rebuilds a pool's object: writes `size` bytes to `out` from the reader's `args`; returns 0,
- * or an error code (the read then fails with `TP_ERECONSTRUCT` and nothing is cached).
+ * Rebuilds an array's element `index` into `out` (with `tp_buf_append`); returns 0 or an
+ * error code.
  */
-typedef int (*tp_reconstruct_fn)(void *user, const void *args, void *out, size_t size);
+typedef int (*tp_index_fn)(void *user, size_t index, tp_buf *out);
 
 /**
  * Hits, misses and reconstructions of a pool, map or array.
@@ -228,10 +229,10 @@ typedef struct {
 typedef int (*tp_key_fn)(void *user, const uint8_t *key, size_t key_len, tp_buf *out);
 
 /**
- * Rebuilds an array's element `index` into `out` (with `tp_buf_append`); returns 0 or an
- * error code.
+ * Rebuilds a pool's object: writes `size` bytes to `out` from the reader's `args`; returns 0,
+ * or an error code (the read then fails with `TP_ERECONSTRUCT` and nothing is cached).
  */
-typedef int (*tp_index_fn)(void *user, size_t index, tp_buf *out);
+typedef int (*tp_reconstruct_fn)(void *user, const void *args, void *out, size_t size);
 
 #ifdef __cplusplus
 extern "C" {
@@ -497,152 +498,6 @@ tp_status tp_arena_set_budget(const tp_arena *arena, size_t bytes);
 tp_status tp_buf_append(tp_buf *buf, const void *data, size_t len);
 
 /**
- * A pool of `size`-byte objects in `arena`, rebuilt by `reconstruct(user, args, out, size)`
- * from the arguments each read passes. Null on failure.
- *
- * # Safety
- * `arena` is from `tp_arena_new`, not yet freed; `reconstruct` and `user` can be called from
- * any thread for as long as the pool or any of its boxes lives.
- */
-tp_soft_pool *tp_soft_pool_new(const tp_arena *arena,
-                               size_t size,
-                               tp_reconstruct_fn reconstruct,
-                               void *user);
-
-/**
- * Frees a pool handle (its boxes keep the pool alive until they are freed).
- *
- * # Safety
- * `pool` is null or from `tp_soft_pool_new`, not yet freed.
- */
-void tp_soft_pool_free(tp_soft_pool *pool);
-
-/**
- * The pool's hits, misses and reconstructions so far.
- *
- * # Safety
- * `pool` is from `tp_soft_pool_new`, not yet freed; `out` is writable.
- */
-tp_status tp_soft_pool_stats(const tp_soft_pool *pool, tp_stats *out);
-
-/**
- * A new, empty object of `pool`: its first read reconstructs it. Null on failure.
- *
- * # Safety
- * `pool` is from `tp_soft_pool_new`, not yet freed.
- */
-tp_soft_box *tp_soft_box_new(const tp_soft_pool *pool);
-
-/**
- * Frees an object.
- *
- * # Safety
- * `b` is null or from `tp_soft_box_new`, not yet freed.
- */
-void tp_soft_box_free(tp_soft_box *b);
-
-/**
- * Reads the object into `out` (the pool's object size), rebuilding it from `args` with the
- * pool's callback if it vanished (Midas's `read(args)`).
- *
- * # Safety
- * `b` is from `tp_soft_box_new`, not yet freed; `out` has the pool's object size of writable
- * bytes; `args` is whatever the pool's callback expects.
- */
-tp_status tp_soft_box_read(const tp_soft_box *b, const void *args, void *out);
-
-/**
- * Sets the object's value (`value`: the pool's object size of bytes).
- *
- * # Safety
- * `b` is from `tp_soft_box_new`, not yet freed; `value` has the pool's object size of
- * readable bytes.
- */
-tp_status tp_soft_box_write(const tp_soft_box *b, const void *value);
-
-/**
- * Sets the object to `desired` if it holds `expected` (both the pool's object size), as one
- * atomic step: `TP_OK` if it did, `TP_MISMATCH` if the object holds something else, and
- * `TP_NOT_FOUND` if it vanished (read it, which rebuilds it, and try again).
- *
- * # Safety
- * `b` is from `tp_soft_box_new`, not yet freed; `expected` and `desired` have the pool's
- * object size of readable bytes.
- */
-tp_status tp_soft_box_cmpxchg(const tp_soft_box *b, const void *expected, const void *desired);
-
-/**
- * A map in `arena`; with `reconstruct` (may be null), a value that vanished, or was never
- * there, is rebuilt by `reconstruct(user, key, key_len, out)` when read. Null on failure.
- *
- * # Safety
- * `arena` is from `tp_arena_new`, not yet freed; `reconstruct` and `user` can be called from
- * any thread while the map lives.
- */
-tp_soft_map *tp_soft_map_new(const tp_arena *arena, tp_key_fn reconstruct, void *user);
-
-/**
- * Frees a map and its values.
- *
- * # Safety
- * `map` is null or from `tp_soft_map_new`, not yet freed.
- */
-void tp_soft_map_free(tp_soft_map *map);
-
-/**
- * The value of `key`: copied into `out` (`cap` bytes) with its length in `*len`.
- * `TP_NOT_FOUND` if it is not there and cannot be rebuilt; `TP_ETOOSMALL` if it does not fit
- * (`*len` says how much room it needs).
- *
- * # Safety
- * `map` is from `tp_soft_map_new`, not yet freed; `key` has `key_len` readable bytes; `out`
- * has `cap` writable bytes; `len` is null or writable.
- */
-tp_status tp_soft_map_get(const tp_soft_map *map,
-                          const void *key,
-                          size_t key_len,
-                          void *out,
-                          size_t cap,
-                          size_t *len);
-
-/**
- * Sets the value of `key`.
- *
- * # Safety
- * `map` is from `tp_soft_map_new`, not yet freed; `key` and `value` have `key_len` and
- * `value_len` readable bytes.
- */
-tp_status tp_soft_map_insert(const tp_soft_map *map,
-                             const void *key,
-                             size_t key_len,
-                             const void *value,
-                             size_t value_len);
-
-/**
- * Removes `key`: `TP_OK`, or `TP_NOT_FOUND` if it was not there.
- *
- * # Safety
- * `map` is from `tp_soft_map_new`, not yet freed; `key` has `key_len` readable bytes.
- */
-tp_status tp_soft_map_remove(const tp_soft_map *map, const void *key, size_t key_len);
-
-/**
- * Keys in the map (their values may have vanished).
- *
- * # Safety
- * `map` is from `tp_soft_map_new`, not yet freed.
- */
-size_t tp_soft_map_len(const tp_soft_map *map);
-
-/**
- * The map's hits, misses and reconstructions so far.
- *
- * # Safety
- * `map` is from `tp_soft_map_new`, not yet freed; `out` is writable.
- */
-tp_status tp_soft_map_stats(const tp_soft_map *map, tp_stats *out);
-
-/**
  * An array of `len` elements in `arena`, element `i` rebuilt by
  * `reconstruct(user, i, out)` when it is read and gone. Null on failure.
  *
@@ -718,6 +573,152 @@ size_t tp_soft_array_len(const tp_soft_array *array);
  * `array` is from `tp_soft_array_new`, not yet freed; `out` is writable.
  */
 tp_status tp_soft_array_stats(const tp_soft_array *array, tp_stats *out);
+
+/**
+ * A map in `arena`; with `reconstruct` (may be null), a value that vanished, or was never
+ * there, is rebuilt by `reconstruct(user, key, key_len, out)` when read. Null on failure.
+ *
+ * # Safety
+ * `arena` is from `tp_arena_new`, not yet freed; `reconstruct` and `user` can be called from
+ * any thread while the map lives.
+ */
+tp_soft_map *tp_soft_map_new(const tp_arena *arena, tp_key_fn reconstruct, void *user);
+
+/**
+ * Frees a map and its values.
+ *
+ * # Safety
+ * `map` is null or from `tp_soft_map_new`, not yet freed.
+ */
+void tp_soft_map_free(tp_soft_map *map);
+
+/**
+ * The value of `key`: copied into `out` (`cap` bytes) with its length in `*len`.
+ * `TP_NOT_FOUND` if it is not there and cannot be rebuilt; `TP_ETOOSMALL` if it does not fit
+ * (`*len` says how much room it needs).
+ *
+ * # Safety
+ * `map` is from `tp_soft_map_new`, not yet freed; `key` has `key_len` readable bytes; `out`
+ * has `cap` writable bytes; `len` is null or writable.
+ */
+tp_status tp_soft_map_get(const tp_soft_map *map,
+                          const void *key,
+                          size_t key_len,
+                          void *out,
+                          size_t cap,
+                          size_t *len);
+
+/**
+ * Sets the value of `key`.
+ *
+ * # Safety
+ * `map` is from `tp_soft_map_new`, not yet freed; `key` and `value` have `key_len` and
+ * `value_len` readable bytes.
+ */
+tp_status tp_soft_map_insert(const tp_soft_map *map,
+                             const void *key,
+                             size_t key_len,
+                             const void *value,
+                             size_t value_len);
+
+/**
+ * Removes `key`: `TP_OK`, or `TP_NOT_FOUND` if it was not there.
+ *
+ * # Safety
+ * `map` is from `tp_soft_map_new`, not yet freed; `key` has `key_len` readable bytes.
+ */
+tp_status tp_soft_map_remove(const tp_soft_map *map, const void *key, size_t key_len);
+
+/**
+ * Keys in the map (their values may have vanished).
+ *
+ * # Safety
+ * `map` is from `tp_soft_map_new`, not yet freed.
+ */
+size_t tp_soft_map_len(const tp_soft_map *map);
+
+/**
+ * The map's hits, misses and reconstructions so far.
+ *
+ * # Safety
+ * `map` is from `tp_soft_map_new`, not yet freed; `out` is writable.
+ */
+tp_status tp_soft_map_stats(const tp_soft_map *map, tp_stats *out);
+
+/**
+ * A pool of `size`-byte objects in `arena`, rebuilt by `reconstruct(user, args, out, size)`
+ * from the arguments each read passes. Null on failure.
+ *
+ * # Safety
+ * `arena` is from `tp_arena_new`, not yet freed; `reconstruct` and `user` can be called from
+ * any thread for as long as the pool or any of its boxes lives.
+ */
+tp_soft_pool *tp_soft_pool_new(const tp_arena *arena,
+                               size_t size,
+                               tp_reconstruct_fn reconstruct,
+                               void *user);
+
+/**
+ * Frees a pool handle (its boxes keep the pool alive until they are freed).
+ *
+ * # Safety
+ * `pool` is null or from `tp_soft_pool_new`, not yet freed.
+ */
+void tp_soft_pool_free(tp_soft_pool *pool);
+
+/**
+ * The pool's hits, misses and reconstructions so far.
+ *
+ * # Safety
+ * `pool` is from `tp_soft_pool_new`, not yet freed; `out` is writable.
+ */
+tp_status tp_soft_pool_stats(const tp_soft_pool *pool, tp_stats *out);
+
+/**
+ * A new, empty object of `pool`: its first read reconstructs it. Null on failure.
+ *
+ * # Safety
+ * `pool` is from `tp_soft_pool_new`, not yet freed.
+ */
+tp_soft_box *tp_soft_box_new(const tp_soft_pool *pool);
+
+/**
+ * Frees an object.
+ *
+ * # Safety
+ * `b` is null or from `tp_soft_box_new`, not yet freed.
+ */
+void tp_soft_box_free(tp_soft_box *b);
+
+/**
+ * Reads the object into `out` (the pool's object size), rebuilding it from `args` with the
+ * pool's callback if it vanished (Midas's `read(args)`).
+ *
+ * # Safety
+ * `b` is from `tp_soft_box_new`, not yet freed; `out` has the pool's object size of writable
+ * bytes; `args` is whatever the pool's callback expects.
+ */
+tp_status tp_soft_box_read(const tp_soft_box *b, const void *args, void *out);
+
+/**
+ * Sets the object's value (`value`: the pool's object size of bytes).
+ *
+ * # Safety
+ * `b` is from `tp_soft_box_new`, not yet freed; `value` has the pool's object size of
+ * readable bytes.
+ */
+tp_status tp_soft_box_write(const tp_soft_box *b, const void *value);
+
+/**
+ * Sets the object to `desired` if it holds `expected` (both the pool's object size), as one
+ * atomic step: `TP_OK` if it did, `TP_MISMATCH` if the object holds something else, and
+ * `TP_NOT_FOUND` if it vanished (read it, which rebuilds it, and try again).
+ *
+ * # Safety
+ * `b` is from `tp_soft_box_new`, not yet freed; `expected` and `desired` have the pool's
+ * object size of readable bytes.
+ */
+tp_status tp_soft_box_cmpxchg(const tp_soft_box *b, const void *expected, const void *desired);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -36,7 +36,7 @@ pub fn run(backend: Option<&str>, size: u64) -> Result<()> {
 /// Soft memory: values twice the budget in a SoftMap, a third of its segments punched behind
 /// its back, every value read and checked.
 fn soft(pages: u64) -> Result<()> {
-    use tidepool_soft::{ArenaConfig, SoftArena, SoftMap, SEGMENT};
+    use tidepool_soft::{ArenaConfig, SoftMap, SoftRuntime, SEGMENT};
     let values = pages / 2;
     let budget = (values as usize * PAGE / 2).max(8 * SEGMENT);
     println!(
@@ -44,7 +44,7 @@ fn soft(pages: u64) -> Result<()> {
         format_size(values * PAGE as u64),
         format_size(budget as u64)
     );
-    let arena = SoftArena::new(ArenaConfig {
+    let arena = SoftRuntime::from_env(ArenaConfig {
         budget,
         max_bytes: 4 * budget,
     })?;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tidepool_coord::{Config, Coordinator, Policy};
 use tidepool_proto::coord::{FromCoord, Report, SegmentRun, ToCoord, MAX_MESSAGE};
 use tidepool_soft::coord::{Channel, CoordConfig};
-use tidepool_soft::{ArenaConfig, SoftArena, SoftVec, SEGMENT};
+use tidepool_soft::{ArenaConfig, SoftArena, SoftRuntime, SoftVec, SEGMENT};
 
 const MIB: u64 = 1 << 20;
 
@@ -119,11 +119,13 @@ fn a_stubborn_runtime_has_its_coldest_segments_punched() {
 fn a_soft_arena_follows_its_budget_down_by_itself_and_frees_it_when_it_leaves() {
     // A long grace: a debug build under load must not lose the race to direct reclamation.
     let coord = coordinator("coop", 64 * MIB, Duration::from_secs(5));
-    let arena = SoftArena::new(ArenaConfig {
-        budget: 8 * MIB as usize,
-        max_bytes: 1 << 30,
-    })
-    .unwrap();
+    let arena = SoftRuntime::new(
+        SoftArena::new(ArenaConfig {
+            budget: 8 * MIB as usize,
+            max_bytes: 1 << 30,
+        })
+        .unwrap(),
+    );
     arena.start_evacuator(0.05, 0.1).unwrap();
     let link = arena
         .join_coordinator(CoordConfig {

@@ -1,9 +1,10 @@
 //! Tidepool for Python: the native half of the `tidepool` package (`tidepool._tidepool`). The
 //! Python half (`python/tidepool/__init__.py`) builds `SoftDict` and `soft_cache` on top.
 //!
-//! - One soft-memory arena per process ([`tidepool_soft::SoftArena`]), made on first use, its
-//!   evacuator running and its budget `auto` (it grows into idle memory and is cut at once
-//!   under pressure) unless [`configure`] fixes it.
+//! - One soft-memory runtime per process ([`tidepool_soft::SoftRuntime`]), made on first use
+//!   (joined to the coordinator the environment names, if any), its evacuator running and its
+//!   budget `auto` (it grows into idle memory and is cut at once under pressure) unless
+//!   [`configure`] fixes it.
 //! - [`map::SoftBytesMap`]: a `SoftMap` of bytes to bytes, rebuilt by a Python callable.
 //! - [`far::FarArray`]: an array in far memory (a userfaultfd pager's region), exported
 //!   through the buffer protocol so that numpy views it without a copy.
@@ -22,7 +23,7 @@ use pyo3::types::PyDict;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use tidepool_soft::budget::MemoryView;
-use tidepool_soft::{ArenaConfig, AutoBudget, SoftArena, SoftError};
+use tidepool_soft::{ArenaConfig, AutoBudget, SoftArena, SoftError, SoftRuntime};
 
 pyo3::create_exception!(
     tidepool,
@@ -58,14 +59,14 @@ enum Budget {
 
 #[derive(Debug)]
 struct Soft {
-    arena: Option<Arc<SoftArena>>,
+    runtime: Option<SoftRuntime>,
     budget: Budget,
     /// The reserve of the `auto` budget in force (for stats).
     reserve: usize,
 }
 
 static SOFT: Mutex<Soft> = Mutex::new(Soft {
-    arena: None,
+    runtime: None,
     budget: Budget::Auto {
         reserve: None,
         max: MAX_BYTES,
@@ -96,16 +97,19 @@ pub(crate) fn soft_error(e: SoftError) -> PyErr {
     SoftMemoryError::new_err(describe(&e))
 }
 
-/// Applies a budget mode to a live arena.
-fn apply(soft: &mut Soft, arena: &Arc<SoftArena>) -> PyResult<()> {
+/// Applies the budget mode to the live runtime.
+fn apply(soft: &mut Soft) -> PyResult<()> {
+    let Some(runtime) = &soft.runtime else {
+        return Ok(());
+    };
     match soft.budget {
         Budget::Fixed(bytes) => {
-            arena.stop_auto_budget();
-            arena.set_budget(bytes);
+            runtime.stop_auto_budget();
+            runtime.arena().set_budget(bytes);
         }
         Budget::Auto { reserve, max } => {
             let reserve = reserve.unwrap_or_else(default_reserve);
-            arena
+            runtime
                 .start_auto_budget(AutoBudget {
                     reserve,
                     max,
@@ -125,14 +129,14 @@ fn apply(soft: &mut Soft, arena: &Arc<SoftArena>) -> PyResult<()> {
 /// The process's soft-memory arena, made on first use.
 pub(crate) fn arena() -> PyResult<Arc<SoftArena>> {
     let mut soft = SOFT.lock();
-    if let Some(a) = &soft.arena {
-        return Ok(a.clone());
+    if let Some(r) = &soft.runtime {
+        return Ok(r.arena().clone());
     }
     let budget = match soft.budget {
         Budget::Fixed(bytes) => bytes,
         Budget::Auto { .. } => INITIAL_AUTO_BUDGET,
     };
-    let arena = SoftArena::new(ArenaConfig {
+    let runtime = SoftRuntime::from_env(ArenaConfig {
         budget,
         max_bytes: MAX_BYTES,
     })
@@ -143,11 +147,15 @@ pub(crate) fn arena() -> PyResult<Arc<SoftArena>> {
             describe(&e)
         ))
     })?;
-    arena.start_evacuator(0.02, 0.05).map_err(|e| {
+    runtime.start_evacuator(0.02, 0.05).map_err(|e| {
         SoftMemoryError::new_err(format!("cannot start soft memory's evacuator thread: {e}"))
     })?;
-    apply(&mut soft, &arena)?;
-    soft.arena = Some(arena.clone());
+    let arena = runtime.arena().clone();
+    soft.runtime = Some(runtime);
+    if let Err(e) = apply(&mut soft) {
+        soft.runtime = None;
+        return Err(e);
+    }
     Ok(arena)
 }
 
@@ -192,10 +200,7 @@ fn configure(reserve: Option<i64>, max: Option<i64>, budget: Option<i64>) -> PyR
     };
     let mut soft = SOFT.lock();
     soft.budget = mode;
-    if let Some(arena) = soft.arena.clone() {
-        apply(&mut soft, &arena)?;
-    }
-    Ok(())
+    apply(&mut soft)
 }
 
 /// Called in a child after fork (os.register_at_fork): the parent's arena is not mapped here,
@@ -206,7 +211,9 @@ fn _after_fork_in_child() {
     // Nothing holds this lock across a fork: every taker holds the GIL, as does the forking
     // thread. `try_lock` all the same: if it were held, the old arena stays.
     if let Some(mut soft) = SOFT.try_lock() {
-        soft.arena = None;
+        // Forgotten, not dropped: its threads are the parent's (none runs here), and a lock
+        // of theirs may have been held at the fork.
+        std::mem::forget(soft.runtime.take());
     }
 }
 

@@ -1,7 +1,7 @@
 //! Cooperative reclamation with a pool of compaction threads: `cooperative THREADS LIVE`.
 use rand::{Rng, SeedableRng};
 use std::time::Instant;
-use tidepool_soft::{ArenaConfig, SoftArena, SoftPool, SEGMENT};
+use tidepool_soft::{ArenaConfig, SoftArena, SoftPool, SoftRuntime, SEGMENT};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -14,7 +14,8 @@ fn main() {
     })
     .unwrap();
     // Watermarks no allocation reaches: the pool only serves the evacuate call below.
-    arena.start_evacuators(0.0, 0.0, threads).unwrap();
+    let runtime = SoftRuntime::new(arena.clone());
+    runtime.start_evacuators(0.0, 0.0, threads).unwrap();
     let pool = SoftPool::new(&arena, |_: ()| [0u8; 48]);
     let mut boxes: Vec<_> = (0..segments * SEGMENT / 64)
         .map(|i| pool.new_box_with([i as u8; 48]).unwrap())

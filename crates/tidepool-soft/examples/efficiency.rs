@@ -5,7 +5,7 @@
 use rand::SeedableRng;
 use rand_distr::Distribution;
 use std::sync::atomic::Ordering::Relaxed;
-use tidepool_soft::{ArenaConfig, SoftArena, SoftMap, SEGMENT};
+use tidepool_soft::{ArenaConfig, SoftArena, SoftMap, SoftRuntime, SEGMENT};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -24,7 +24,8 @@ fn main() {
         max_bytes: 8 << 30,
     })
     .unwrap();
-    arena
+    let runtime = SoftRuntime::new(arena.clone());
+    runtime
         .start_evacuator(env("LO", 0.02), env("HI", 0.05))
         .unwrap();
     let map: SoftMap<u64, [u8; 4096]> = SoftMap::with_reconstructor(&arena, |k| [*k as u8; 4096]);

@@ -239,42 +239,6 @@ impl AutoStepper {
     }
 }
 
-impl SoftArena {
-    /// Makes the budget `auto`: a thread follows the headroom (see the module docs) until
-    /// the arena is dropped, the budget is made fixed again ([`SoftArena::stop_auto_budget`])
-    /// or another `auto` budget replaces this one.
-    pub fn start_auto_budget(self: &Arc<Self>, auto: AutoBudget) -> std::io::Result<()> {
-        let weak = Arc::downgrade(self);
-        let mut stepper = AutoStepper::new(auto);
-        let epoch = {
-            let mut e = self.auto_epoch.lock();
-            *e += 1;
-            *e
-        };
-        std::thread::Builder::new()
-            .name("tp-soft-budget".into())
-            .spawn(move || loop {
-                let Some(arena) = weak.upgrade() else { return };
-                {
-                    let current = arena.auto_epoch.lock();
-                    if *current != epoch {
-                        return;
-                    }
-                    stepper.step(&arena);
-                }
-                drop(arena);
-                std::thread::sleep(stepper.interval());
-            })?;
-        Ok(())
-    }
-
-    /// Stops the `auto` budget, if one runs: when this returns, no step of it is under way
-    /// and none will be taken, so the budget stays where it is until set again.
-    pub fn stop_auto_budget(&self) {
-        *self.auto_epoch.lock() += 1;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,50 +274,6 @@ mod tests {
             1000 * s
         );
         assert_eq!(next_budget(&a, 2 * s, 2 * s, 0, 0.0, true), s);
-    }
-
-    #[test]
-    fn a_stopped_auto_budget_leaves_the_budget_alone() {
-        use crate::ArenaConfig;
-        let arena = SoftArena::new(ArenaConfig {
-            budget: 8 * SEGMENT,
-            max_bytes: 64 * SEGMENT,
-        })
-        .unwrap();
-        // A reserve larger than any machine's headroom: the auto budget cuts at once.
-        let auto = AutoBudget {
-            reserve: 1 << 50,
-            interval: Duration::from_millis(1),
-            ..Default::default()
-        };
-        let cut_to_one_segment = || {
-            let t = std::time::Instant::now();
-            while arena.budget() != SEGMENT {
-                assert!(
-                    t.elapsed() < Duration::from_secs(10),
-                    "the auto budget never cut"
-                );
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        };
-        arena.start_auto_budget(auto.clone()).unwrap();
-        cut_to_one_segment();
-        arena.stop_auto_budget();
-        arena.set_budget(5 * SEGMENT);
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(
-            arena.budget(),
-            5 * SEGMENT,
-            "a stopped auto budget moved it"
-        );
-        // A new auto budget replaces a running one (and only one thread steps).
-        arena.start_auto_budget(auto.clone()).unwrap();
-        arena.start_auto_budget(auto).unwrap();
-        cut_to_one_segment();
-        arena.stop_auto_budget();
-        arena.set_budget(3 * SEGMENT);
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(arena.budget(), 3 * SEGMENT);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Joining `tidepool coord` (Midas §4.3): the coordinator decides the arena's budget.
 //!
 //! When a coordinator is configured (`TIDEPOOL_COORD=/path/to/socket`, or
-//! [`SoftArena::join_coordinator`]), a thread per arena connects over a Unix `SOCK_SEQPACKET`
+//! [`crate::SoftRuntime::join_coordinator`]), a thread per arena connects over a Unix `SOCK_SEQPACKET`
 //! socket, hands over the arena's memfd (`SCM_RIGHTS`), and reports every heartbeat: budget,
 //! usage, hits and misses, reconstruction time, ghost hits ([`crate::demand`]) and the closed
 //! segments coldest first. It follows the budgets it is sent — shrinking *cooperatively*: the
@@ -13,7 +13,7 @@
 //! If the coordinator is not there or goes away, the arena follows memory pressure on its
 //! own (the `auto` budget) and tries again every second.
 
-use crate::arena::{Placement, SoftArena, CLOSED, CONTINUATION, FREE, REVOKED, SEGMENT};
+use crate::arena::{SoftArena, SEGMENT};
 use crate::budget::{AutoBudget, AutoStepper};
 use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
-use tidepool_proto::coord::{FromCoord, Report, SegmentRun, ToCoord, MAX_COLD, MAX_MESSAGE};
+use tidepool_proto::coord::{FromCoord, Report, ToCoord, MAX_COLD, MAX_MESSAGE};
 
 /// The environment variable naming the coordinator's socket.
 pub const ENV_SOCKET: &str = "TIDEPOOL_COORD";
@@ -304,114 +304,61 @@ enum Ended {
     Lost(io::Error),
 }
 
-impl SoftArena {
-    /// Hands the arena's budget to the coordinator at `config.socket` (see the module docs);
-    /// a thread keeps the link until the arena is dropped.
-    pub fn join_coordinator(self: &Arc<Self>, config: CoordConfig) -> io::Result<Arc<CoordLink>> {
-        let link = Arc::new(CoordLink::default());
-        self.demand.track_segments.store(true, Relaxed);
-        let weak = Arc::downgrade(self);
-        let l = link.clone();
-        std::thread::Builder::new()
-            .name("tp-soft-coord".into())
-            .spawn(move || keep_link(weak, config, l))?;
-        Ok(link)
-    }
+/// Hands `arena`'s budget to the coordinator at `config.socket` (see the module docs); a
+/// thread keeps the link until the arena is dropped or `stop` is set.
+pub(crate) fn join(
+    arena: &Arc<SoftArena>,
+    config: CoordConfig,
+    stop: Arc<AtomicBool>,
+) -> io::Result<Arc<CoordLink>> {
+    let link = Arc::new(CoordLink::default());
+    arena.track_dropped_segments();
+    let weak = Arc::downgrade(arena);
+    let l = link.clone();
+    std::thread::Builder::new()
+        .name("tp-soft-coord".into())
+        .spawn(move || keep_link(Held { weak, stop }, config, l))?;
+    Ok(link)
+}
 
-    /// Keeps to a budget the coordinator set: shrinking evacuates first (the coldest objects
-    /// go, the rest are compacted), then gives back segments.
-    pub fn follow_budget(&self, bytes: usize) {
-        let target = bytes.div_ceil(SEGMENT).max(1);
-        self.set_budget_segments(target);
-        let populated = self.segments.lock().populated;
-        if populated > target {
-            self.reclaim((populated - target) * SEGMENT);
+/// What the coordinator is told every heartbeat about `arena`.
+pub fn report(arena: &SoftArena) -> Report {
+    let d = arena.demand();
+    Report {
+        budget: arena.budget() as u64,
+        usage: arena.usage() as u64,
+        hits: d.hits,
+        misses: d.misses,
+        reconstructions: d.reconstructions,
+        reconstruct_nanos: d.reconstruct_nanos,
+        ghost_hits: d.ghost_hits,
+        ghost_nanos: d.ghost_nanos,
+        bytes_dropped: d.bytes_dropped,
+        cold: arena.cold_runs(MAX_COLD),
+    }
+}
+
+/// The arena a link serves, while it lives and the runtime wants the link.
+struct Held {
+    weak: Weak<SoftArena>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Held {
+    fn get(&self) -> Option<Arc<SoftArena>> {
+        if self.stop.load(Acquire) {
+            return None;
         }
-        self.set_budget(bytes);
-    }
-
-    /// Closed segments (runs) coldest first, as the last evacuation ordered them: what direct
-    /// reclamation should take first.
-    pub fn cold_runs(&self, max: usize) -> Vec<SegmentRun> {
-        let s = self.segments.lock();
-        s.closed
-            .iter()
-            .filter(|&&c| self.meta[c as usize].kind.load(Relaxed) == CLOSED)
-            .take(max)
-            .map(|&c| SegmentRun {
-                first: c,
-                len: self.meta[c as usize].run.load(Relaxed).max(1),
-            })
-            .collect()
-    }
-
-    /// The coordinator punched these segments: retire them (their objects read as lost
-    /// anyway; this keeps the count of memory held exact and stops allocation there).
-    pub fn punched(&self, runs: &[SegmentRun]) {
-        let count = self.meta.len() as u32;
-        for r in runs {
-            let end = r.first.saturating_add(r.len.max(1)).min(count);
-            for seg in r.first.min(count)..end {
-                // A large object's continuation: its run starts further back.
-                let mut first = seg;
-                while first > 0 && self.meta[first as usize].kind.load(Relaxed) == CONTINUATION {
-                    first -= 1;
-                }
-                let kind = self.meta[first as usize].kind.load(Relaxed);
-                if matches!(kind, FREE | crate::arena::ACTIVE | CLOSED) {
-                    let offset = first as usize * SEGMENT;
-                    self.revoked(Placement {
-                        offset,
-                        incarnation: self.incarnation(offset),
-                    });
-                }
-            }
-        }
-        self.release_revoked();
-    }
-
-    /// Gives back revoked segments no writer is still copying into.
-    fn release_revoked(&self) {
-        let mut s = self.segments.lock();
-        let quiet: Vec<u32> = s
-            .closed
-            .iter()
-            .copied()
-            .filter(|&c| {
-                let m = &self.meta[c as usize];
-                m.kind.load(Relaxed) == REVOKED && m.writers.load(Acquire) == 0
-            })
-            .collect();
-        s.closed.retain(|c| !quiet.contains(c));
-        for seg in quiet {
-            self.release(&mut s, seg);
-        }
-    }
-
-    /// What the coordinator is told every heartbeat.
-    pub fn report(&self) -> Report {
-        let d = self.demand();
-        Report {
-            budget: self.budget() as u64,
-            usage: self.usage() as u64,
-            hits: d.hits,
-            misses: d.misses,
-            reconstructions: d.reconstructions,
-            reconstruct_nanos: d.reconstruct_nanos,
-            ghost_hits: d.ghost_hits,
-            ghost_nanos: d.ghost_nanos,
-            bytes_dropped: d.bytes_dropped,
-            cold: self.cold_runs(MAX_COLD),
-        }
+        self.weak.upgrade()
     }
 }
 
 /// The link thread: sessions with the coordinator, and the arena on its own in between.
-fn keep_link(weak: Weak<SoftArena>, config: CoordConfig, link: Arc<CoordLink>) {
+fn keep_link(held: Held, config: CoordConfig, link: Arc<CoordLink>) {
     let mut outage_said = false;
     let mut alone = AutoStepper::new(AutoBudget::default());
     loop {
-        match session(&weak, &config, &link, &mut outage_said) {
+        match session(&held, &config, &link, &mut outage_said) {
             Ended::ArenaGone => return,
             Ended::Lost(e) => {
                 link.connected.store(false, Release);
@@ -427,7 +374,7 @@ fn keep_link(weak: Weak<SoftArena>, config: CoordConfig, link: Arc<CoordLink>) {
         }
         let until = Instant::now() + Duration::from_secs(1);
         while Instant::now() < until {
-            let Some(arena) = weak.upgrade() else { return };
+            let Some(arena) = held.get() else { return };
             alone.step(&arena);
             drop(arena);
             std::thread::sleep(alone.interval());
@@ -435,19 +382,14 @@ fn keep_link(weak: Weak<SoftArena>, config: CoordConfig, link: Arc<CoordLink>) {
     }
 }
 
-fn session(
-    weak: &Weak<SoftArena>,
-    config: &CoordConfig,
-    link: &CoordLink,
-    outage_said: &mut bool,
-) -> Ended {
+fn session(held: &Held, config: &CoordConfig, link: &CoordLink, outage_said: &mut bool) -> Ended {
     let lost = Ended::Lost;
     let ch = match Channel::connect(&config.socket) {
         Ok(ch) => ch,
         Err(e) => return lost(e),
     };
     let hello = {
-        let Some(arena) = weak.upgrade() else {
+        let Some(arena) = held.get() else {
             return Ended::ArenaGone;
         };
         let msg = ToCoord::Hello {
@@ -472,7 +414,7 @@ fn session(
                 heartbeat_ms,
             }) => {
                 link.app.store(app, Relaxed);
-                let Some(arena) = weak.upgrade() else {
+                let Some(arena) = held.get() else {
                     return Ended::ArenaGone;
                 };
                 arena.follow_budget(budget as usize);
@@ -499,11 +441,11 @@ fn session(
     }
     loop {
         {
-            let Some(arena) = weak.upgrade() else {
+            let Some(arena) = held.get() else {
                 let _ = ch.send(&ToCoord::Bye.encode());
                 return Ended::ArenaGone;
             };
-            if let Err(e) = ch.send(&ToCoord::Report(Box::new(arena.report())).encode()) {
+            if let Err(e) = ch.send(&ToCoord::Report(Box::new(report(&arena))).encode()) {
                 return lost(e);
             }
             link.reports.fetch_add(1, Relaxed);
@@ -519,7 +461,7 @@ fn session(
                 Ok(None) => break,
                 Err(e) => return lost(e),
             };
-            let Some(arena) = weak.upgrade() else {
+            let Some(arena) = held.get() else {
                 let _ = ch.send(&ToCoord::Bye.encode());
                 return Ended::ArenaGone;
             };
@@ -539,15 +481,6 @@ fn session(
                 }
                 Err(e) => return lost(io::Error::new(io::ErrorKind::InvalidData, e)),
             }
-        }
-    }
-}
-
-/// Joins the coordinator named in the environment, if any (see [`CoordConfig::from_env`]).
-pub(crate) fn join_from_env(arena: &Arc<SoftArena>) {
-    if let Some(config) = CoordConfig::from_env() {
-        if let Err(e) = arena.join_coordinator(config) {
-            tracing::warn!("soft memory: cannot start the coordinator link: {e}");
         }
     }
 }
@@ -573,7 +506,7 @@ mod tests {
         let before = arena.usage();
         let victims = &cold[..3];
         for r in victims {
-            crate::sys::punch_hole(
+            tidepool_sys::memfd::punch_hole(
                 arena.memfd(),
                 r.first as usize * SEGMENT,
                 r.len as usize * SEGMENT,
@@ -608,7 +541,7 @@ mod tests {
             v.get(i);
             v.get(i);
         }
-        let r = arena.report();
+        let r = report(&arena);
         assert_eq!(r.budget, 16 << 20);
         assert_eq!(r.usage, arena.usage() as u64);
         assert_eq!((r.hits, r.misses, r.reconstructions), (100, 100, 100));

@@ -1,11 +1,14 @@
 //! Soft memory, after Midas (NSDI'24): caches and memoized results kept in memory that can be
 //! taken back at any moment, and rebuilt on their next access.
 //!
-//! - [`SoftArena`]: one memfd, mapped and registered with userfaultfd in SIGBUS mode, cut into
-//!   2 MiB segments populated with fallocate. Taking memory back is punching a hole: by the
-//!   runtime, or by a coordinator holding the memfd without asking. A revoked page raises
-//!   SIGBUS, which the resilient copy ([`resilient`]) turns into "lost": never a crash, never
-//!   zeros read as data.
+//! - [`SoftArena`]: the core. One memfd, mapped and registered with userfaultfd in SIGBUS mode,
+//!   cut into 2 MiB segments populated with fallocate. Taking memory back is punching a hole:
+//!   by the runtime, or by a coordinator holding the memfd without asking. A revoked page
+//!   raises SIGBUS, which the resilient copy ([`resilient`]) turns into "lost": never a crash,
+//!   never zeros read as data. The arena starts no thread and reads no environment.
+//! - [`SoftRuntime`]: what runs beside an arena, owned by the application: the evacuator, an
+//!   `auto` budget, the link to a coordinator ([`SoftRuntime::from_env`] joins the one the
+//!   environment names).
 //! - Objects are appended to segments (log-structured) and found through a slot table in
 //!   normal memory ([`slots`]); handles hold a slot index and generation, never an address.
 //!   Reads copy optimistically and check the slot and the segment afterwards.
@@ -14,13 +17,13 @@
 //!   and their values ([`SoftValue`]) in soft memory.
 //!
 //! ```
-//! use tidepool_soft::{ArenaConfig, AutoBudget, SoftArena, SoftMap};
+//! use tidepool_soft::{ArenaConfig, AutoBudget, SoftMap, SoftRuntime};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let arena = SoftArena::new(ArenaConfig::default())?;
-//! arena.start_evacuator(0.02, 0.05)?;
-//! arena.start_auto_budget(AutoBudget::default())?;
-//! let squares: SoftMap<u64, u64> = SoftMap::with_reconstructor(&arena, |n| n * n);
+//! let runtime = SoftRuntime::from_env(ArenaConfig::default())?;
+//! runtime.start_evacuator(0.02, 0.05)?;
+//! runtime.start_auto_budget(AutoBudget::default())?;
+//! let squares: SoftMap<u64, u64> = SoftMap::with_reconstructor(runtime.arena(), |n| n * n);
 //! assert_eq!(squares.get_or_reconstruct(12), Some(144)); // built, then cached
 //! assert_eq!(squares.get(&12), Some(144)); // a hit (while memory lasts)
 //! # Ok(())
@@ -30,22 +33,33 @@
 pub mod arena;
 pub mod budget;
 pub mod coord;
+pub mod counters;
 pub mod demand;
-pub mod evacuator;
+pub mod doorbell;
+mod evacuator;
+mod memory;
 pub mod pool;
 pub mod resilient;
+pub mod runtime;
 pub mod slots;
 pub mod structures;
-pub mod sys;
+mod sync;
 pub mod value;
 
+/// The system calls soft memory shares with the pager, for code that named them here.
+pub mod sys {
+    pub use tidepool_sys::memfd::{punch_hole, ShmemHugePages};
+}
+
+pub use arena::compact::EvacuationReport;
 pub use arena::{ArenaConfig, SoftArena, SEGMENT};
 pub use budget::AutoBudget;
+pub use counters::PoolStats;
 pub use demand::DemandStats;
-pub use evacuator::EvacuationReport;
-pub use pool::{PoolStats, SoftBox, SoftPool};
+pub use pool::{SoftBox, SoftPool};
+pub use runtime::SoftRuntime;
 pub use structures::{SoftMap, SoftQueue, SoftVec};
-pub use sys::ShmemHugePages;
+pub use tidepool_sys::memfd::ShmemHugePages;
 pub use value::SoftValue;
 
 /// What can go wrong in soft memory.

@@ -152,22 +152,9 @@ extern "C" fn on_fork_child() {
     for (s, e) in ARENAS.iter() {
         let (start, end) = (s.load(Acquire), e.load(Acquire));
         if start != 0 && end > start {
-            // SAFETY: maps only over the arena's own range, which fork left unmapped here
-            // (MAP_FIXED_NOREPLACE fails rather than replace anything); mmap is
-            // async-signal-safe, as code run after fork must be.
-            unsafe {
-                libc::mmap(
-                    start as *mut libc::c_void,
-                    end - start,
-                    libc::PROT_NONE,
-                    libc::MAP_PRIVATE
-                        | libc::MAP_ANONYMOUS
-                        | libc::MAP_NORESERVE
-                        | libc::MAP_FIXED_NOREPLACE,
-                    -1,
-                    0,
-                )
-            };
+            // Fork left the range unmapped here; reserving it is async-signal-safe, as code
+            // run after fork must be.
+            tidepool_sys::vm::reserve_inaccessible_at(start, end - start);
         }
     }
 }

@@ -18,8 +18,8 @@
 //! BUSY, in their hint of the slot (see [`crate::pool`]). The generation changes when a slot is freed, so a handle to a freed slot never reads
 //! its successor's object.
 
-use parking_lot::Mutex;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, AtomicU8, Mutex};
+use std::sync::atomic::Ordering::*;
 
 pub const EMPTY: u64 = 0;
 pub const LIVE: u64 = 1;
@@ -33,9 +33,16 @@ const INC_MASK: u64 = 0xFFF << INC_SHIFT;
 const LOC_SHIFT: u32 = 32;
 
 /// Slots per chunk; chunks are allocated as the table grows and never move.
+#[cfg(not(loom))]
 const CHUNK: usize = 1 << 16;
 /// Chunks at most: 2^32 slots.
+#[cfg(not(loom))]
 const CHUNKS: usize = 1 << 16;
+// Under loom, a few slots (each is a loom atomic, and every test makes its table afresh).
+#[cfg(loom)]
+const CHUNK: usize = 4;
+#[cfg(loom)]
+const CHUNKS: usize = 4;
 
 pub fn state(word: u64) -> u64 {
     word & STATE_MASK

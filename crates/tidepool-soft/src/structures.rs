@@ -3,7 +3,8 @@
 //! the structure's reconstructor (by index, or by key), or skipped (queues).
 
 use crate::arena::SoftArena;
-use crate::pool::{Handle, Objects, PoolCounters, PoolStats};
+use crate::counters::{PoolCounters, PoolStats};
+use crate::pool::{Handle, Objects};
 use crate::value::SoftValue;
 use crate::SoftError;
 use parking_lot::{Mutex, RwLock};

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tidepool_soft::{ArenaConfig, AutoBudget, SoftArena, SoftMap};
+use tidepool_soft::{ArenaConfig, AutoBudget, SoftArena, SoftMap, SoftRuntime};
 use tidepool_sys::probe::Need;
 
 const LIMIT: usize = 1 << 30;
@@ -43,8 +43,9 @@ fn program(cgroup: &str) {
         max_bytes: 4 << 30,
     })
     .unwrap();
-    arena.start_evacuator(0.1, 0.2).unwrap();
-    arena
+    let runtime = SoftRuntime::new(arena.clone());
+    runtime.start_evacuator(0.1, 0.2).unwrap();
+    runtime
         .start_auto_budget(AutoBudget {
             reserve: 96 << 20,
             ..Default::default()

@@ -4,7 +4,7 @@
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::Arc;
-use tidepool_soft::{ArenaConfig, SoftArena, SoftPool, SEGMENT};
+use tidepool_soft::{ArenaConfig, SoftArena, SoftPool, SoftRuntime, SEGMENT};
 
 type Value = [u64; 6];
 
@@ -279,7 +279,8 @@ fn verify_until_stopped(pool: &VersionedPool, stop: &AtomicBool, t: u64, n: u64,
 fn the_evacuator_runs_under_punches_and_writes() {
     let arena = arena(24 * SEGMENT);
     // A pool of two: compaction split between threads.
-    arena.start_evacuators(0.3, 0.5, 2).unwrap();
+    let runtime = SoftRuntime::new(arena.clone());
+    runtime.start_evacuators(0.3, 0.5, 2).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let pool = SoftPool::new(&arena, |(i, v): (u64, u64)| value(i, v));
     let mut threads = Vec::new();
@@ -366,7 +367,8 @@ fn threads_sharing_heads_under_revocation_and_direct_eviction() {
     // no segment is reused while a copy into it is in flight, so no value is ever wrong.
     // 8 heads and 2 evacuation heads hold 10 segments; 4 more for closed ones.
     let arena = arena(14 * SEGMENT);
-    arena.start_evacuators(0.2, 0.3, 2).unwrap();
+    let runtime = SoftRuntime::new(arena.clone());
+    runtime.start_evacuators(0.2, 0.3, 2).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let pool = SoftPool::new(&arena, |(i, v): (u64, u64)| value(i, v));
     let mut threads = Vec::new();

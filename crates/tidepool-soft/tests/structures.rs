@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Arc;
-use tidepool_soft::{ArenaConfig, SoftArena, SoftMap, SoftQueue, SoftVec, SEGMENT};
+use tidepool_soft::{ArenaConfig, SoftArena, SoftMap, SoftQueue, SoftRuntime, SoftVec, SEGMENT};
 
 fn arena(budget: usize) -> Arc<SoftArena> {
     SoftArena::new(ArenaConfig {
@@ -53,7 +53,8 @@ fn map_gets_inserts_removes_and_reconstructs() {
 #[test]
 fn map_under_a_small_budget_with_threads() {
     let arena = arena(6 * SEGMENT);
-    arena.start_evacuator(0.3, 0.5).unwrap();
+    let runtime = SoftRuntime::new(arena.clone());
+    runtime.start_evacuator(0.3, 0.5).unwrap();
     let map: Arc<SoftMap<u64, String>> =
         Arc::new(SoftMap::with_reconstructor(&arena, |k| payload(*k)));
     let threads: Vec<_> = (0..3u64)
@@ -174,7 +175,8 @@ fn the_index_of_a_map_over_endless_keys_stays_bounded() {
     // Values far beyond the budget: the index keeps about what soft memory holds, not every
     // key ever inserted.
     let arena = arena(4 * SEGMENT);
-    arena.start_evacuator(0.1, 0.2).unwrap();
+    let runtime = SoftRuntime::new(arena.clone());
+    runtime.start_evacuator(0.1, 0.2).unwrap();
     let map: SoftMap<u64, Vec<u8>> = SoftMap::with_reconstructor(&arena, |k| vec![*k as u8; 1000]);
     for k in 0..300_000u64 {
         map.insert(k, &vec![k as u8; 1000]).unwrap();

@@ -3,116 +3,38 @@
 //! [`set_affinity`], [`pin_process`]: CPU placement, which on small VMs decides latency more
 //! than code does (a wake-up across vCPUs costs tens of microseconds).
 //!
-//! [`map_noreserve`]: address-space reservations (memory-node arena, pager tables).
+//! [`vm`]: address space: reservations ([`map_noreserve`], [`vm::Mapping`]), fixed mappings,
+//! protections, discards and what the page tables hold (memory-node arena, pager).
 //!
-//! [`userfaultfd`]: a userfaultfd object with its features negotiated (the pager's regions, the
-//! soft-memory arena).
+//! [`uffd`]: userfaultfd: the object with its features negotiated ([`userfaultfd`]) and its
+//! ioctls ([`uffd::Uffd`], the pager's page server).
+//!
+//! [`memfd`]: a memfd mapped shared whose holes raise SIGBUS ([`memfd::SigbusMap`], soft
+//! memory's arenas), populated and punched with fallocate.
+//!
+//! Every userfaultfd, memfd and mmap wrapper of the workspace is here: the pager and soft
+//! memory share them.
 //!
 //! [`recv_into`]: socket reads straight into the unused capacity of a receive buffer, so
 //! received bytes are neither zero-filled first nor copied afterwards (decoded payloads are
 //! slices of this buffer). The standard library offers no stable way to read into
 //! uninitialised memory.
 
+pub mod memfd;
 pub mod probe;
+pub mod uffd;
+pub mod vm;
+
+pub use uffd::{userfaultfd, FaultsFrom};
+pub use vm::map_noreserve;
+
+/// Bytes in a page (x86-64 and arm64 with 4 KiB pages; the pager checks the kernel's at
+/// startup).
+pub const PAGE: usize = 4096;
 
 use bytes::BytesMut;
-use linux_raw_sys::general as uapi;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-
-/// `USERFAULTFD_IOC_NEW`: `_IO(0xAA, 0x00)` on /dev/userfaultfd.
-const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
-
-/// Who may raise faults on a userfaultfd object's ranges.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultsFrom {
-    /// User code and the kernel alike (a `read(2)` into a registered buffer waits for the
-    /// handler instead of failing with EFAULT). Needs /dev/userfaultfd access or the system
-    /// call's privileges; tried in that order.
-    UserAndKernel,
-    /// User code only (`UFFD_USER_MODE_ONLY`): allowed to any user, enough where registered
-    /// memory is touched only by the process's own instructions.
-    UserOnly,
-}
-
-/// Opens a close-on-exec userfaultfd object and negotiates `features` (UFFDIO_API).
-pub fn userfaultfd(features: u64, from: FaultsFrom) -> io::Result<OwnedFd> {
-    let syscall = |flags: libc::c_int| {
-        // SAFETY: the userfaultfd system call takes only flags.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags as libc::c_long) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel returned a new descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
-    };
-    let fd = match from {
-        FaultsFrom::UserAndKernel => open_uffd_device().or_else(|dev_err| {
-            syscall(libc::O_CLOEXEC).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "neither /dev/userfaultfd ({dev_err}) nor the userfaultfd system call \
-                         ({e}) is usable; run as root, or give this user read-write access to \
-                         /dev/userfaultfd"
-                    ),
-                )
-            })
-        })?,
-        FaultsFrom::UserOnly => syscall(libc::O_CLOEXEC | uapi::UFFD_USER_MODE_ONLY as libc::c_int)
-            .or_else(|e| {
-                open_uffd_device().map_err(|dev_err| {
-                    io::Error::new(
-                        e.kind(),
-                        format!(
-                            "the userfaultfd system call ({e}) and /dev/userfaultfd ({dev_err}) \
-                             both refused; check the vm.unprivileged_userfaultfd sysctl, or run \
-                             as root"
-                        ),
-                    )
-                })
-            })?,
-    };
-    // SAFETY: uffdio_api is plain data; all-zero is a valid starting value.
-    let mut api: uapi::uffdio_api = unsafe { std::mem::zeroed() };
-    api.api = uapi::UFFD_API as u64;
-    api.features = features;
-    // SAFETY: UFFDIO_API reads and writes one uffdio_api, which `api` is.
-    let rc = unsafe {
-        libc::ioctl(
-            fd.as_raw_fd(),
-            linux_raw_sys::ioctl::UFFDIO_API as _,
-            &mut api,
-        )
-    };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(fd)
-}
-
-fn open_uffd_device() -> io::Result<OwnedFd> {
-    // SAFETY: a NUL-terminated path.
-    let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    if dev < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `dev` is a descriptor we just opened.
-    let dev = unsafe { OwnedFd::from_raw_fd(dev) };
-    // SAFETY: USERFAULTFD_IOC_NEW takes the new object's flags by value.
-    let fd = unsafe {
-        libc::ioctl(
-            dev.as_raw_fd(),
-            USERFAULTFD_IOC_NEW as _,
-            libc::O_CLOEXEC as libc::c_long,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
+use std::os::fd::AsRawFd;
 
 /// Receives at most the buffer's spare capacity; returns the bytes received (0: peer closed).
 pub fn recv_into(stream: &impl AsRawFd, buf: &mut BytesMut) -> io::Result<usize> {
@@ -156,27 +78,6 @@ fn recv_into_with(
         unsafe { buf.set_len(buf.len() + n) };
         return Ok(n);
     }
-}
-
-/// Reserves `len` bytes of fresh anonymous memory, readable and writable, populated only as
-/// it is touched and not charged against overcommit (`MAP_NORESERVE`). Returns its address.
-pub fn map_noreserve(len: usize) -> io::Result<usize> {
-    // SAFETY: a fresh anonymous mapping at an address the kernel picks; no existing memory is
-    // affected. The result is checked before use.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(p as usize)
 }
 
 /// Restricts thread `tid` (0: the calling thread) to `cpus`.

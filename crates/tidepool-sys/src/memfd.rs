@@ -1,12 +1,13 @@
-//! The arena's system calls: a memfd mapped shared, registered with userfaultfd so that a page
-//! with no backing raises SIGBUS instead of filling with zeros; segments populated with
-//! fallocate and revoked by punching holes.
-//!
-//! Everything unsafe in the crate lives here and in [`crate::resilient`].
+//! A memfd mapped shared and registered with userfaultfd in SIGBUS mode, so that a page with no
+//! backing raises SIGBUS instead of filling with zeros; ranges populated with fallocate and
+//! revoked by punching holes. Soft memory's arenas are made of these.
 
 use linux_raw_sys::general as uapi;
+use rustix::fs::FallocateFlags;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use crate::uffd::{register, userfaultfd, FaultsFrom};
 
 fn last_err() -> io::Error {
     io::Error::last_os_error()
@@ -15,7 +16,7 @@ fn last_err() -> io::Error {
 /// A memfd of `len` bytes mapped shared at an address aligned to `align`, every page of which
 /// raises SIGBUS until populated.
 #[derive(Debug)]
-pub struct ArenaMap {
+pub struct SigbusMap {
     memfd: OwnedFd,
     /// Kept open: closing it would unregister the range, and holes would read as zeros.
     _uffd: OwnedFd,
@@ -23,21 +24,12 @@ pub struct ArenaMap {
     len: usize,
 }
 
-impl ArenaMap {
+impl SigbusMap {
     /// Creates the memfd, maps it and registers the mapping for missing-page faults in SIGBUS
     /// mode. `len` and `align` are multiples of the page size; `align` a power of two.
-    pub fn create(len: usize, align: usize) -> io::Result<ArenaMap> {
-        // SAFETY: a NUL-terminated name and valid flags.
-        let fd = unsafe { libc::memfd_create(c"tidepool-soft".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(last_err());
-        }
-        // SAFETY: the kernel returned a new descriptor that nothing else owns.
-        let memfd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: plain system call on our descriptor.
-        if unsafe { libc::ftruncate(memfd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(last_err());
-        }
+    pub fn create(len: usize, align: usize) -> io::Result<SigbusMap> {
+        let memfd = rustix::fs::memfd_create("tidepool-soft", rustix::fs::MemfdFlags::CLOEXEC)?;
+        rustix::fs::ftruncate(&memfd, len as u64)?;
         // Reserve len + align of address space, then map the file at the aligned address
         // inside it (huge pages need 2 MiB-aligned virtual addresses) and give back the rest.
         // SAFETY: a fresh anonymous reservation; no existing mapping is touched.
@@ -98,33 +90,23 @@ impl ArenaMap {
         if unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_DONTFORK) } != 0 {
             return Err(unmap(last_err()));
         }
-        let uffd = tidepool_sys::userfaultfd(
-            uapi::UFFD_FEATURE_SIGBUS as u64,
-            tidepool_sys::FaultsFrom::UserOnly,
+        let uffd =
+            userfaultfd(uapi::UFFD_FEATURE_SIGBUS as u64, FaultsFrom::UserOnly).map_err(|e| {
+                unmap(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "soft memory needs userfaultfd to make revoked pages raise SIGBUS: {e}"
+                    ),
+                ))
+            })?;
+        register(
+            uffd.as_fd(),
+            base,
+            len,
+            uapi::UFFDIO_REGISTER_MODE_MISSING as u64,
         )
-        .map_err(|e| {
-            unmap(io::Error::new(
-                e.kind(),
-                format!("soft memory needs userfaultfd to make revoked pages raise SIGBUS: {e}"),
-            ))
-        })?;
-        // SAFETY: plain data; all-zero is a valid starting value.
-        let mut reg: uapi::uffdio_register = unsafe { std::mem::zeroed() };
-        reg.range.start = base as u64;
-        reg.range.len = len as u64;
-        reg.mode = uapi::UFFDIO_REGISTER_MODE_MISSING as u64;
-        // SAFETY: UFFDIO_REGISTER reads and writes one uffdio_register.
-        let rc = unsafe {
-            libc::ioctl(
-                uffd.as_raw_fd(),
-                linux_raw_sys::ioctl::UFFDIO_REGISTER as _,
-                &mut reg,
-            )
-        };
-        if rc != 0 {
-            return Err(unmap(last_err()));
-        }
-        Ok(ArenaMap {
+        .map_err(unmap)?;
+        Ok(SigbusMap {
             memfd,
             _uffd: uffd,
             base,
@@ -149,7 +131,7 @@ impl ArenaMap {
 
     /// Backs `[offset, offset + len)` of the file with memory.
     pub fn populate(&self, offset: usize, len: usize) -> io::Result<()> {
-        fallocate(self.memfd.as_fd(), 0, offset, len)
+        fallocate(self.memfd.as_fd(), FallocateFlags::empty(), offset, len)
     }
 
     /// Gives `[offset, offset + len)` of the file back to the system; its pages raise SIGBUS
@@ -159,39 +141,33 @@ impl ArenaMap {
     }
 }
 
-impl Drop for ArenaMap {
+impl Drop for SigbusMap {
     fn drop(&mut self) {
-        // SAFETY: our mapping; the arena that owns us is gone, so nothing reads it any more.
+        // SAFETY: our mapping; its owner is gone, so nothing reads it any more.
         unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
     }
 }
 
-fn fallocate(fd: BorrowedFd<'_>, mode: libc::c_int, offset: usize, len: usize) -> io::Result<()> {
+fn fallocate(
+    fd: BorrowedFd<'_>,
+    mode: FallocateFlags,
+    offset: usize,
+    len: usize,
+) -> io::Result<()> {
     loop {
-        // SAFETY: plain system call on a descriptor we borrow.
-        let rc = unsafe {
-            libc::fallocate(
-                fd.as_raw_fd(),
-                mode,
-                offset as libc::off_t,
-                len as libc::off_t,
-            )
-        };
-        if rc == 0 {
-            return Ok(());
-        }
-        let e = last_err();
-        if e.raw_os_error() != Some(libc::EINTR) {
-            return Err(e);
+        match rustix::fs::fallocate(fd, mode, offset as u64, len as u64) {
+            Err(rustix::io::Errno::INTR) => continue,
+            r => return Ok(r?),
         }
     }
 }
 
-/// Punches a hole in a soft arena's memfd (the runtime's own reclaim, or a coordinator's).
+/// Punches a hole in a memfd: its pages are given back, and read as holes (raising SIGBUS
+/// where a [`SigbusMap`] maps them) until populated again.
 pub fn punch_hole(fd: BorrowedFd<'_>, offset: usize, len: usize) -> io::Result<()> {
     fallocate(
         fd,
-        libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
         offset,
         len,
     )
