@@ -15,6 +15,31 @@ struct AppSpec {
     rebuild_us: f64,
 }
 
+/// How the coordinator shares idle memory (`tidepool coord --policy`, `tidepool_coord`'s
+/// policies); each is a system of the report, as is `ideal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    /// Midas's: memory goes where it saves the most reconstruction time per byte.
+    Midas,
+    /// Cliffhanger's: memory goes where it brings the most hits per byte.
+    Hitrate,
+    /// An even split, whatever the applications need.
+    Static,
+}
+
+impl Policy {
+    const ALL: [Policy; 3] = [Policy::Midas, Policy::Hitrate, Policy::Static];
+
+    /// The name `tidepool coord --policy` takes and the report's rows carry.
+    fn name(self) -> &'static str {
+        match self {
+            Policy::Midas => "midas",
+            Policy::Hitrate => "hitrate",
+            Policy::Static => "static",
+        }
+    }
+}
+
 /// Midas §7.1's four, in small: (name, Zipf skew, reconstruction cost).
 const APPS: [AppSpec; 4] = [
     AppSpec {
@@ -177,7 +202,8 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
         &params,
     );
     ctx.advance();
-    for policy in ["midas", "hitrate", "static"] {
+    for policy in Policy::ALL {
+        let policy = policy.name();
         ctx.step(format!("{policy}: four applications, {} MiB", idle >> 20));
         let traces = run_apps(&sc, Some((policy, idle)), None, sc.run_s)?;
         // Every application's quarter-second lines (ops, hits, misses, budget, usage).

@@ -4,7 +4,7 @@
 //! Several short rounds beat one long one on a shared machine: alternating systems spreads
 //! drift over all of them, and the median drops the round a neighbour disturbed.
 
-use super::{median, Ctx};
+use super::ctx::Ctx;
 use crate::report::Row;
 use anyhow::Result;
 use hdrhistogram::Histogram;
@@ -161,6 +161,16 @@ impl Sample {
             r.workload = Some(workload.into());
         }
         self
+    }
+}
+
+/// The median of `v` (0 if empty); sorts `v`.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
     }
 }
 
@@ -439,7 +449,7 @@ fn combine(system: &'static str, w: &impl Workload, samples: &[Sample]) -> Vec<R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::harness::{BenchOpts, Placement};
+    use crate::harness::placement::{BenchOpts, Placement};
     use crate::report::Report;
 
     #[derive(Debug, Clone, Copy, PartialEq)]

@@ -7,10 +7,12 @@
 //! machine hits all of them alike), pins servers where the placement puts them, keeps the
 //! progress bar moving and turns the rounds' samples into report rows.
 
+mod ctx;
 mod matrix;
 mod placement;
 
-pub use matrix::{matrix_steps, Matrix, Pass, Sample, Samples, System, Turns, Workload};
+pub use ctx::{Ctx, Suite};
+pub use matrix::{matrix_steps, median, Matrix, Pass, Sample, Samples, System, Turns, Workload};
 pub use placement::{BenchOpts, Placement};
 
 use crate::report::Report;
@@ -18,53 +20,6 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::Path;
 use std::time::Duration;
-
-/// What a suite gets while it runs.
-#[derive(Debug)]
-pub struct Ctx {
-    pub opts: BenchOpts,
-    pub report: Report,
-    pub progress: ProgressBar,
-}
-
-impl Ctx {
-    /// Records that a peer or measurement could not run, and why; the rest still reports.
-    pub fn note(&mut self, msg: impl Into<String>) {
-        let msg = msg.into();
-        // Straight to stderr: the progress bar hides its own output when not on a terminal.
-        self.progress.suspend(|| eprintln!("note: {msg}"));
-        self.report.notes.push(msg);
-    }
-
-    /// Says what the suite is doing now, beside the progress bar.
-    pub fn step(&self, what: impl Into<String>) {
-        self.progress.set_message(what.into());
-    }
-
-    /// One of the suite's [`Suite::steps`] is done.
-    pub fn advance(&self) {
-        self.progress.inc(1);
-    }
-}
-
-/// One benchmark suite.
-pub trait Suite {
-    fn name(&self) -> &'static str;
-    fn about(&self) -> &'static str;
-    /// How many progress steps `run` will take.
-    fn steps(&self, opts: &BenchOpts) -> u64;
-    fn run(&self, ctx: &mut Ctx) -> Result<()>;
-}
-
-/// The median of `v` (0 if empty); sorts `v`.
-pub fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        0.0
-    } else {
-        v[v.len() / 2]
-    }
-}
 
 /// Runs `suite` end to end and writes its JSON and PNG. Returns the report.
 pub fn run(suite: &dyn Suite, opts: BenchOpts) -> Result<Report> {
