@@ -38,7 +38,13 @@ impl System for Cache {
 /// Zipf(0.99) reads of `n` values through the cache.
 #[derive(Debug, Clone, Copy)]
 struct Reads {
+    /// Keys at the source.
+    n: u64,
     value_len: usize,
+    /// The cache's budget.
+    cache_bytes: usize,
+    /// Seconds measured.
+    secs: f64,
 }
 
 impl Workload for Reads {
@@ -108,83 +114,99 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
         systems.push(Cache::Memcached);
     }
     systems.extend([Cache::Soft, Cache::SoftAuto]);
-    let workloads = [Reads { value_len }];
-    let samples = Matrix::new(&systems, &workloads, 1).run(ctx, |_, _, _, &system| {
-        let mut req = Requests::new(n, 9);
-        let mut get: Box<CacheGet> = match system {
-            Cache::RedisOnly => {
-                let fetch = fetch.clone();
-                Box::new(move |k| Ok((fetch(k)?, false)))
-            }
-            Cache::LruMap => {
-                let fetch = fetch.clone();
-                let cap =
-                    std::num::NonZeroUsize::new(cache_bytes / (value_len + 64)).expect("room");
-                let mut lru = lru::LruCache::<u64, Vec<u8>>::new(cap);
-                Box::new(move |k| {
-                    if let Some(v) = lru.get(&k) {
-                        return Ok((v.clone(), true));
-                    }
-                    let v = fetch(k)?;
-                    lru.put(k, v.clone());
-                    Ok((v, false))
-                })
-            }
-            Cache::Memcached => {
-                let fetch = fetch.clone();
-                let mc = tidepool_store::open(
-                    &memcached.as_ref().expect("listed only if started").url(),
-                )?;
-                Box::new(move |k| {
-                    if let Some(v) = mc.read_many(&[k])?.pop().flatten() {
-                        return Ok((v.to_vec(), true));
-                    }
-                    let v = fetch(k)?;
-                    mc.write_many(&[(k, &v)])?;
-                    Ok((v, false))
-                })
-            }
-            Cache::Soft | Cache::SoftAuto => {
-                let arena = arena(cache_bytes)?;
-                arena.start_evacuator(0.02, 0.05)?;
-                if system == Cache::SoftAuto {
-                    arena.start_auto_budget(tidepool_soft::AutoBudget::default())?;
-                }
-                let fetch = fetch.clone();
-                let map: tidepool_soft::SoftMap<u64, Vec<u8>, anyhow::Error> =
-                    tidepool_soft::SoftMap::fallible(&arena, move |k| fetch(*k));
-                Box::new(move |k| {
-                    if let Some(v) = map.get(&k) {
-                        return Ok((v, true));
-                    }
-                    let v = map.try_get_or_reconstruct(k)?.context("no reconstructor")?;
-                    Ok((v, false))
-                })
-            }
-        };
-        // Warm up over as many requests as there are keys, then measure.
-        for _ in 0..n {
-            get(req.next())?;
-        }
-        let (mut ops, mut hits) = (0u64, 0u64);
-        let t = Instant::now();
-        while t.elapsed().as_secs_f64() < secs {
-            for _ in 0..256 {
-                let k = req.next();
-                let (v, hit) = get(k)?;
-                anyhow::ensure!(
-                    v.len() == value_len && v[0] == k as u8,
-                    "{}: wrong value for {k}",
-                    system.name()
-                );
-                hits += hit as u64;
-            }
-            ops += 256;
-        }
-        Ok(Sample::new()
-            .median("ops_per_s", "ops/s", ops as f64 / t.elapsed().as_secs_f64())
-            .median("hit_rate", "fraction", hits as f64 / ops as f64))
+    let workloads = [Reads {
+        n,
+        value_len,
+        cache_bytes,
+        secs,
+    }];
+    let samples = Matrix::new(&systems, &workloads, 1).run(ctx, |_, _, w, &system| {
+        let get = open(system, w, fetch.clone(), memcached.as_ref())?;
+        serve(system, w, get)
     })?;
     samples.report(ctx);
     Ok(())
+}
+
+/// Opens `system`'s cache of `w.cache_bytes` in front of `fetch`.
+fn open<F>(
+    system: Cache,
+    w: &Reads,
+    fetch: F,
+    memcached: Option<&tidepool_peers::Memcached>,
+) -> Result<Box<CacheGet>>
+where
+    F: Fn(u64) -> Result<Vec<u8>> + Clone + Send + Sync + 'static,
+{
+    let (cache_bytes, value_len) = (w.cache_bytes, w.value_len);
+    Ok(match system {
+        Cache::RedisOnly => Box::new(move |k| Ok((fetch(k)?, false))),
+        Cache::LruMap => {
+            let cap = std::num::NonZeroUsize::new(cache_bytes / (value_len + 64)).expect("room");
+            let mut lru = lru::LruCache::<u64, Vec<u8>>::new(cap);
+            Box::new(move |k| {
+                if let Some(v) = lru.get(&k) {
+                    return Ok((v.clone(), true));
+                }
+                let v = fetch(k)?;
+                lru.put(k, v.clone());
+                Ok((v, false))
+            })
+        }
+        Cache::Memcached => {
+            let mc = tidepool_store::open(&memcached.expect("listed only if started").url())?;
+            Box::new(move |k| {
+                if let Some(v) = mc.read_many(&[k])?.pop().flatten() {
+                    return Ok((v.to_vec(), true));
+                }
+                let v = fetch(k)?;
+                mc.write_many(&[(k, &v)])?;
+                Ok((v, false))
+            })
+        }
+        Cache::Soft | Cache::SoftAuto => {
+            let arena = arena(cache_bytes)?;
+            arena.start_evacuator(0.02, 0.05)?;
+            if system == Cache::SoftAuto {
+                arena.start_auto_budget(tidepool_soft::AutoBudget::default())?;
+            }
+            let map: tidepool_soft::SoftMap<u64, Vec<u8>, anyhow::Error> =
+                tidepool_soft::SoftMap::fallible(&arena, move |k| fetch(*k));
+            Box::new(move |k| {
+                if let Some(v) = map.get(&k) {
+                    return Ok((v, true));
+                }
+                let v = map.try_get_or_reconstruct(k)?.context("no reconstructor")?;
+                Ok((v, false))
+            })
+        }
+    })
+}
+
+/// Warms `get` up over as many requests as there are keys, then reads for `w.secs`:
+/// throughput and hit rate.
+fn serve(system: Cache, w: &Reads, mut get: Box<CacheGet>) -> Result<Sample> {
+    let (n, secs, value_len) = (w.n, w.secs, w.value_len);
+    let mut req = Requests::new(n, 9);
+    for _ in 0..n {
+        get(req.next())?;
+    }
+    let (mut ops, mut hits) = (0u64, 0u64);
+    let t = Instant::now();
+    while t.elapsed().as_secs_f64() < secs {
+        for _ in 0..256 {
+            let k = req.next();
+            let (v, hit) = get(k)?;
+            anyhow::ensure!(
+                v.len() == value_len && v[0] == k as u8,
+                "{}: wrong value for {k}",
+                system.name()
+            );
+            hits += hit as u64;
+        }
+        ops += 256;
+    }
+    Ok(Sample::new()
+        .median("ops_per_s", "ops/s", ops as f64 / t.elapsed().as_secs_f64())
+        .median("hit_rate", "fraction", hits as f64 / ops as f64))
 }
