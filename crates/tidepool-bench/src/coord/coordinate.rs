@@ -2,7 +2,7 @@
 //! the ideal (every application with room for all its state). See the suite's docs.
 
 use super::app::{Guard, Spinner, PIN_ENV, SPIN_ENV};
-use crate::harness::{median, BenchOpts, Ctx};
+use crate::harness::{median, BenchOpts, Ctx, Matrix, Sample, System, Workload};
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -28,8 +28,6 @@ enum Policy {
 }
 
 impl Policy {
-    const ALL: [Policy; 3] = [Policy::Midas, Policy::Hitrate, Policy::Static];
-
     /// The name `tidepool coord --policy` takes and the report's rows carry.
     fn name(self) -> &'static str {
         match self {
@@ -37,6 +35,50 @@ impl Policy {
             Policy::Hitrate => "hitrate",
             Policy::Static => "static",
         }
+    }
+}
+
+/// A run of the four applications: the ideal (room for everything, no coordinator), or
+/// sharing idle memory under a policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Run {
+    Ideal,
+    Coordinated(Policy),
+}
+
+impl System for Run {
+    fn name(&self) -> &'static str {
+        match self {
+            Run::Ideal => "ideal",
+            Run::Coordinated(p) => p.name(),
+        }
+    }
+}
+
+/// The four applications of `objects` objects each, sharing `idle` bytes.
+#[derive(Debug, Clone, Copy)]
+struct Coordinate {
+    objects: u64,
+    idle: u64,
+}
+
+impl Workload for Coordinate {
+    fn name(&self) -> &str {
+        "coordinate"
+    }
+
+    fn on(&self, system: &str) -> String {
+        match system {
+            "ideal" => "ideal: every application with room for all its state".into(),
+            policy => format!("{policy}: four applications, {} MiB", self.idle >> 20),
+        }
+    }
+
+    fn params(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("objects", self.objects as f64),
+            ("idle_mib", (self.idle >> 20) as f64),
+        ]
     }
 }
 
@@ -158,10 +200,6 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
     sc.spin = Spinner::calibrate().iters_per_us;
     let state = sc.objects * OBJECT;
     let idle = ((state * APPS.len() as u64) as f64 * IDLE_SHARE) as u64 >> 21 << 21;
-    let params = [
-        ("objects", sc.objects as f64),
-        ("idle_mib", (idle >> 20) as f64),
-    ];
     ctx.report.notes.push(format!(
         "coord (a) coordinate: {} applications of {} 4 KiB objects each ({} MiB of state each), sharing {} MiB \
          of idle memory ({:.0}% of all state); work {WORK_US} us a request; skews and rebuild costs: {}. \
@@ -176,35 +214,34 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    // The ideal: room for everything, no coordinator.
-    ctx.step("ideal: every application with room for all its state");
-    // Long enough that the dearest application's warm-up (about 30 s at full scale) is over
-    // before the measured tail.
-    let ideal_run = sc.run_s.min(75.0);
-    let ideal = run_apps(&sc, None, Some(state * 5 / 4 + (16 << 20)), ideal_run)?;
-    let ideal_tput: Vec<f64> = ideal.iter().map(|t| t.throughput(sc.tail_s)).collect();
-    for (a, &x) in APPS.iter().zip(&ideal_tput) {
-        ctx.report.push(
-            "ideal",
-            "coordinate",
-            &format!("{} ops/s", a.name),
-            x,
-            "ops/s",
-            &params,
-        );
-    }
-    ctx.report.push(
-        "ideal",
-        "coordinate",
-        "normalized throughput",
-        1.0,
-        "x",
-        &params,
-    );
-    ctx.advance();
-    for policy in Policy::ALL {
-        let policy = policy.name();
-        ctx.step(format!("{policy}: four applications, {} MiB", idle >> 20));
+    let systems = [
+        Run::Ideal,
+        Run::Coordinated(Policy::Midas),
+        Run::Coordinated(Policy::Hitrate),
+        Run::Coordinated(Policy::Static),
+    ];
+    let workloads = [Coordinate {
+        objects: sc.objects,
+        idle,
+    }];
+    // Each application's throughput in the ideal run, which the policies' are normalised to.
+    let mut ideal_tput: Vec<f64> = Vec::new();
+    let samples = Matrix::new(&systems, &workloads, 1).run(ctx, |ctx, _, _, &system| {
+        let policy = match system {
+            Run::Coordinated(p) => p.name(),
+            Run::Ideal => {
+                // Long enough that the dearest application's warm-up (about 30 s at full
+                // scale) is over before the measured tail.
+                let ideal_run = sc.run_s.min(75.0);
+                let ideal = run_apps(&sc, None, Some(state * 5 / 4 + (16 << 20)), ideal_run)?;
+                ideal_tput = ideal.iter().map(|t| t.throughput(sc.tail_s)).collect();
+                let mut sample = Sample::new();
+                for (a, &x) in APPS.iter().zip(&ideal_tput) {
+                    sample = sample.median(format!("{} ops/s", a.name), "ops/s", x);
+                }
+                return Ok(sample.median("normalized throughput", "x", 1.0));
+            }
+        };
         let traces = run_apps(&sc, Some((policy, idle)), None, sc.run_s)?;
         // Every application's quarter-second lines (ops, hits, misses, budget, usage).
         let timeline: serde_json::Map<String, serde_json::Value> = APPS
@@ -216,6 +253,7 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
             ctx.opts.out.join(format!("coord-coordinate-{policy}.json")),
             serde_json::to_vec(&timeline)?,
         )?;
+        let mut sample = Sample::new();
         let mut norm = Vec::new();
         for (i, a) in APPS.iter().enumerate() {
             let x = traces[i].throughput(sc.tail_s);
@@ -225,51 +263,21 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
                 0.0
             };
             norm.push(n);
-            ctx.report.push(
-                policy,
-                "coordinate",
-                &format!("{} ops/s", a.name),
-                x,
-                "ops/s",
-                &params,
-            );
-            ctx.report.push(
-                policy,
-                "coordinate",
-                &format!("{} normalized", a.name),
-                n,
-                "x",
-                &params,
-            );
-            ctx.report.push(
-                policy,
-                "coordinate",
-                &format!("{} budget MiB", a.name),
-                traces[i].settled_budget(sc.tail_s) / (1 << 20) as f64,
-                "MiB",
-                &params,
-            );
+            let budget = traces[i].settled_budget(sc.tail_s) / (1 << 20) as f64;
+            sample = sample
+                .median(format!("{} ops/s", a.name), "ops/s", x)
+                .median(format!("{} normalized", a.name), "x", n)
+                .median(format!("{} budget MiB", a.name), "MiB", budget);
         }
         let overall = norm.iter().sum::<f64>() / norm.len() as f64;
-        ctx.report.push(
-            policy,
-            "coordinate",
-            "normalized throughput",
-            overall,
-            "x",
-            &params,
-        );
         let band = (idle as f64 * 0.05).max((4 << 20) as f64);
-        ctx.report.push(
-            policy,
-            "coordinate",
+        Ok(sample.median("normalized throughput", "x", overall).median(
             "converged after",
-            converged_at(&traces, sc.tail_s, band),
             "s",
-            &params,
-        );
-        ctx.advance();
-    }
+            converged_at(&traces, sc.tail_s, band),
+        ))
+    })?;
+    samples.report(ctx);
     Ok(())
 }
 

@@ -18,7 +18,7 @@ mod cgroup;
 mod coordinate;
 mod pressure;
 
-use crate::harness::{BenchOpts, Ctx, Suite};
+use crate::harness::{matrix_steps, BenchOpts, Ctx, Suite};
 use anyhow::{Context, Result};
 pub use app::{antagonist_worker, worker};
 use cgroup::{pressure_scale, Cgroup};
@@ -34,7 +34,8 @@ impl Suite for CoordSuite {
         "the soft-memory coordinator: four applications sharing idle memory, midas vs hitrate vs static, against the ideal"
     }
     fn steps(&self, _opts: &BenchOpts) -> u64 {
-        6
+        // (a) as one matrix (one workload, one round), then (b) and (c).
+        matrix_steps(1, 1) + 2
     }
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
         // The applications on every CPU, as processes of a server would be (the harness pins
