@@ -13,7 +13,7 @@ fn library() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
         let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("preload-build");
-        tidepool_bench::alloc::build_library_into(&target, Path::new(env!("CARGO_MANIFEST_DIR")))
+        tidepool_peers::libs::build_malloc_into(&target, Path::new(env!("CARGO_MANIFEST_DIR")))
             .expect("libtidepool_malloc.so")
     })
     .clone()

@@ -14,20 +14,74 @@
 //! Each system gets a fresh client and freshly written columns, runs the query [`RUNS`] times
 //! and reports the median, in rows per second. Every answer is checked against the native one.
 
-use crate::store::NodeProcess;
-use crate::{median, Ctx};
+use crate::data::splitmix64;
+use crate::harness::{median, Ctx, Matrix, Pass, Sample, System, Turns, Workload};
+use crate::node::NodeProcess;
 use anyhow::{bail, Result};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Instant;
 use tidepool_far::{Cmp, Far, FarVec, Offload, Query, Ran, Section, SectionConfig, Structure};
 
-pub(crate) const RATIOS: [f64; 3] = [0.1, 0.5, 1.0];
-const SYSTEMS: [&str; 4] = [
-    "tidepool-far-offload",
-    "tidepool-far-fetch",
-    "tidepool-far-auto",
-    "native",
-];
+pub(super) const RATIOS: [f64; 3] = [0.1, 0.5, 1.0];
+
+/// Where the query runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Where {
+    /// Far columns, the query on the node.
+    Offload,
+    /// Far columns, the lines fetched and the query run here.
+    Fetch,
+    /// Far columns, the cost model choosing.
+    Auto,
+    /// Plain vectors, all local (at 100% only).
+    Native,
+}
+
+impl System for Where {
+    fn name(&self) -> &'static str {
+        match self {
+            Where::Offload => "tidepool-far-offload",
+            Where::Fetch => "tidepool-far-fetch",
+            Where::Auto => "tidepool-far-auto",
+            Where::Native => "native",
+        }
+    }
+}
+
+const SYSTEMS: [Where; 4] = [Where::Offload, Where::Fetch, Where::Auto, Where::Native];
+
+/// The query at one local-memory ratio of the columns' footprint.
+#[derive(Debug, Clone, Copy)]
+struct QueryAt {
+    ratio: f64,
+    rows: usize,
+    footprint: u64,
+}
+
+impl QueryAt {
+    fn pct(&self) -> u64 {
+        (self.ratio * 100.0).round() as u64
+    }
+}
+
+impl Workload for QueryAt {
+    fn name(&self) -> &str {
+        "query"
+    }
+
+    fn on(&self, system: &str) -> String {
+        format!("query on {system} at {}% local", self.pct())
+    }
+
+    fn params(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("local_ratio", self.pct() as f64 / 100.0),
+            ("rows", self.rows as f64),
+            ("footprint_mib", (self.footprint >> 20) as f64),
+        ]
+    }
+}
 /// Queries per system and round; the first one may be the cost model's exploration.
 const RUNS: usize = 4;
 const GROUPS: u32 = 64;
@@ -35,7 +89,7 @@ const MIN_QTY: u32 = 20;
 
 /// Row `i`: (region, qty, price), from SplitMix64 of `i`.
 fn row(i: u64) -> (u32, u32, f64) {
-    let z = crate::far::splitmix64(i.wrapping_add(7));
+    let z = splitmix64(i.wrapping_add(7));
     (
         (z % GROUPS as u64) as u32,
         ((z >> 8) % 100) as u32,
@@ -146,7 +200,7 @@ fn far(url: &str, rows: usize, local: u64, how: Offload, want: &Groups) -> Resul
 }
 
 /// Part (b): see the module docs. `rows` rows, `rounds` rounds, one step per round and ratio.
-pub(crate) fn run(ctx: &mut Ctx, rows: usize, rounds: usize) -> Result<()> {
+pub(super) fn run(ctx: &mut Ctx, rows: usize, rounds: usize) -> Result<()> {
     let footprint = rows as u64 * 16;
     // Room for the columns, and for a fresh set per system while the old one is freed.
     let node = NodeProcess::start(&(footprint * 4).to_string())?;
@@ -156,70 +210,51 @@ pub(crate) fn run(ctx: &mut Ctx, rows: usize, rounds: usize) -> Result<()> {
         .for_workload(false)
         .pin_server(node.pid())?;
     let url = format!("node://far-query@{}", node.addr);
-    let mut samples: std::collections::BTreeMap<(&str, u64), Vec<f64>> = Default::default();
-    let mut placed: std::collections::BTreeMap<u64, Vec<Ran>> = Default::default();
-    let mut waits: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
+    let mut placed: BTreeMap<u64, Vec<Ran>> = Default::default();
+    let mut waits: BTreeMap<u64, Vec<f64>> = Default::default();
     let (native_rate, want) = native(rows);
-    for round in 0..rounds {
-        for &ratio in &RATIOS {
-            ctx.step(format!(
-                "query at {:.0}% local, round {}",
-                ratio * 100.0,
-                round + 1
-            ));
-            let pct = (ratio * 100.0).round() as u64;
-            let local = (footprint as f64 * ratio) as u64;
-            for k in 0..SYSTEMS.len() {
-                let system = SYSTEMS[(k + round) % SYSTEMS.len()];
-                let how = match system {
-                    "tidepool-far-offload" => Offload::Always,
-                    "tidepool-far-fetch" => Offload::Never,
-                    "tidepool-far-auto" => Offload::Auto,
-                    _ => {
-                        if ratio == 1.0 {
-                            let v = if round == 0 {
-                                native_rate
-                            } else {
-                                native(rows).0
-                            };
-                            samples.entry((system, pct)).or_default().push(v);
-                        }
-                        continue;
-                    }
-                };
-                match far(&url, rows, local, how, &want) {
-                    Ok((v, ran, wait)) => {
-                        samples.entry((system, pct)).or_default().push(v);
-                        if how == Offload::Never {
-                            waits.entry(pct).or_default().push(wait);
-                        }
-                        if how == Offload::Auto {
-                            placed.entry(pct).or_default().push(ran);
-                        }
-                    }
-                    Err(e) => ctx.note(format!(
-                        "query on {system} at {pct}% local, round {}: {e:#}",
-                        round + 1
-                    )),
+    let workloads = RATIOS.map(|ratio| QueryAt {
+        ratio,
+        rows,
+        footprint,
+    });
+    let samples = Matrix::new(&SYSTEMS, &workloads, rounds)
+        .turns(Turns::Rotate)
+        .only(|w, &s| s != Where::Native || w.ratio == 1.0)
+        .note_failures()
+        .run(ctx, |_, pass, w, &s| {
+            let how = match s {
+                Where::Offload => Offload::Always,
+                Where::Fetch => Offload::Never,
+                Where::Auto => Offload::Auto,
+                Where::Native => {
+                    // The first round's native run is the one that gave the answers.
+                    let v = if pass == Pass::Round(0) {
+                        native_rate
+                    } else {
+                        native(rows).0
+                    };
+                    return Ok(Sample::new().median("rows_per_s", "rows/s", v));
                 }
+            };
+            let local = (footprint as f64 * w.ratio) as u64;
+            let (v, ran, wait) = far(&url, rows, local, how, &want)?;
+            if how == Offload::Never {
+                waits.entry(w.pct()).or_default().push(wait);
             }
-            ctx.advance();
-        }
-    }
-    for ((system, pct), mut v) in samples {
-        ctx.report.push(
-            system,
-            "query",
-            "rows_per_s",
-            median(&mut v),
-            "rows/s",
-            &[
-                ("local_ratio", pct as f64 / 100.0),
-                ("rows", rows as f64),
-                ("footprint_mib", (footprint >> 20) as f64),
-            ],
-        );
-    }
+            if how == Offload::Auto {
+                placed.entry(w.pct()).or_default().push(ran);
+            }
+            Ok(Sample::new().median("rows_per_s", "rows/s", v))
+        })?;
+    samples.report_by(ctx, |r| {
+        (
+            r.system.clone(),
+            r.params
+                .get("local_ratio")
+                .map(|x| (x * 100.0).round() as u64),
+        )
+    });
     for (pct, mut w) in waits {
         let w = median(&mut w);
         ctx.note(format!(

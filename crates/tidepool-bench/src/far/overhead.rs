@@ -10,7 +10,8 @@
 //! guard per access at random) and `tidepool-far-elem` (`iter` to scan, `get`/`update` at
 //! random).
 
-use crate::{median, Ctx};
+use crate::data::splitmix64;
+use crate::harness::{Ctx, Matrix, Pass, Sample, System, Turns, Workload};
 use anyhow::{Context, Result};
 use std::hint::black_box;
 use std::sync::Arc;
@@ -19,16 +20,51 @@ use tidepool_far::{Far, FarVec, Section, SectionConfig, Structure};
 
 const ELEMS: usize = 8 << 20;
 const RANDOM_OPS: usize = 4 << 20;
-const SYSTEMS: [&str; 4] = [
-    "native",
-    "tidepool-far-slice",
-    "tidepool-far-lines",
-    "tidepool-far-elem",
-];
+const WORKLOADS: [&str; 3] = ["scan", "random-read", "random-rmw"];
+
+/// How the vector is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// A `Vec`.
+    Native,
+    /// `local`/`local_mut`: the whole vector as one slice.
+    Slice,
+    /// Line guards.
+    Lines,
+    /// Element by element.
+    Elem,
+}
+
+impl System for Access {
+    fn name(&self) -> &'static str {
+        match self {
+            Access::Native => "native",
+            Access::Slice => "tidepool-far-slice",
+            Access::Lines => "tidepool-far-lines",
+            Access::Elem => "tidepool-far-elem",
+        }
+    }
+}
+
+const SYSTEMS: [Access; 4] = [Access::Native, Access::Slice, Access::Lines, Access::Elem];
+
+/// The three workloads, timed together on one vector (one sample reads all three).
+#[derive(Debug)]
+struct Overhead;
+
+impl Workload for Overhead {
+    fn name(&self) -> &str {
+        "overhead against a Vec"
+    }
+
+    fn params(&self) -> Vec<(&'static str, f64)> {
+        vec![("local_ratio", 1.0), ("elems", ELEMS as f64)]
+    }
+}
 
 /// Random indices below `n` (SplitMix64 of `i`).
 fn index(i: u64, n: usize) -> usize {
-    (crate::far::splitmix64(i.wrapping_add(11)) % n as u64) as usize
+    (splitmix64(i.wrapping_add(11)) % n as u64) as usize
 }
 
 /// Nanoseconds per element of `f` (which returns how many elements it did).
@@ -39,12 +75,12 @@ fn time(f: impl FnOnce() -> Result<usize>) -> Result<f64> {
 }
 
 /// One round: ns/element of every workload on `system`; checksums must agree across systems.
-fn round(system: &str, idx: &[usize]) -> Result<[(f64, u64); 3]> {
+fn round(system: Access, idx: &[usize]) -> Result<[(f64, u64); 3]> {
     let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
     let section = Section::new(SectionConfig::new(Structure::Direct, 4096, ELEMS * 8))?;
     let v: FarVec<u64> = FarVec::new(&far, &section, ELEMS)?;
     let mut plain: Vec<u64> = Vec::new();
-    if system == "native" {
+    if system == Access::Native {
         plain = (0..ELEMS as u64).collect();
     } else {
         v.fill_with(|i| i as u64)?;
@@ -54,9 +90,9 @@ fn round(system: &str, idx: &[usize]) -> Result<[(f64, u64); 3]> {
     let mut sum = 0u64;
     out[0].0 = time(|| {
         sum = match system {
-            "native" => black_box(&plain).iter().sum(),
-            "tidepool-far-slice" => v.local().context("not one slice")?.iter().sum(),
-            "tidepool-far-lines" => {
+            Access::Native => black_box(&plain).iter().sum(),
+            Access::Slice => v.local().context("not one slice")?.iter().sum(),
+            Access::Lines => {
                 let mut s = 0u64;
                 for l in v.line_iter() {
                     s += l?.iter().sum::<u64>();
@@ -71,12 +107,12 @@ fn round(system: &str, idx: &[usize]) -> Result<[(f64, u64); 3]> {
     out[1].0 = time(|| {
         sum = 0;
         match system {
-            "native" => idx.iter().for_each(|&i| sum += plain[i]),
-            "tidepool-far-slice" => {
+            Access::Native => idx.iter().for_each(|&i| sum += plain[i]),
+            Access::Slice => {
                 let s = v.local().context("not one slice")?;
                 idx.iter().for_each(|&i| sum += s[i]);
             }
-            "tidepool-far-lines" => {
+            Access::Lines => {
                 for &i in idx {
                     let l = v.line(i)?;
                     sum += l[i - l.first];
@@ -93,12 +129,12 @@ fn round(system: &str, idx: &[usize]) -> Result<[(f64, u64); 3]> {
     out[1].1 = sum;
     out[2].0 = time(|| {
         match system {
-            "native" => idx.iter().for_each(|&i| plain[i] += 1),
-            "tidepool-far-slice" => {
+            Access::Native => idx.iter().for_each(|&i| plain[i] += 1),
+            Access::Slice => {
                 let mut s = v.local_mut().context("not one slice")?;
                 idx.iter().for_each(|&i| s[i] += 1);
             }
-            "tidepool-far-lines" => {
+            Access::Lines => {
                 for &i in idx {
                     let mut l = v.line_mut(i)?;
                     let first = l.first;
@@ -113,7 +149,7 @@ fn round(system: &str, idx: &[usize]) -> Result<[(f64, u64); 3]> {
         }
         Ok(idx.len())
     })?;
-    out[2].1 = if system == "native" {
+    out[2].1 = if system == Access::Native {
         plain.iter().sum()
     } else {
         v.local().context("not one slice")?.iter().sum()
@@ -122,35 +158,31 @@ fn round(system: &str, idx: &[usize]) -> Result<[(f64, u64); 3]> {
 }
 
 /// Part (c): see the module docs.
-pub(crate) fn run(ctx: &mut Ctx, rounds: usize) -> Result<()> {
+pub(super) fn run(ctx: &mut Ctx, rounds: usize) -> Result<()> {
     let idx: Vec<usize> = (0..RANDOM_OPS as u64).map(|i| index(i, ELEMS)).collect();
-    let workloads = ["scan", "random-read", "random-rmw"];
-    let mut samples: std::collections::BTreeMap<(&str, &str), Vec<f64>> = Default::default();
-    for r in 0..rounds {
-        ctx.step(format!("overhead against a Vec, round {}", r + 1));
-        let mut sums = None;
-        for k in 0..SYSTEMS.len() {
-            let system = SYSTEMS[(k + r) % SYSTEMS.len()];
+    // The round and the sums its first system computed: every system must agree.
+    let mut sums: Option<(Pass, Vec<u64>)> = None;
+    let samples = Matrix::new(&SYSTEMS, &[Overhead], rounds)
+        .turns(Turns::Rotate)
+        .run(ctx, |_, pass, _, &system| {
             let got = round(system, &idx)?;
             let these: Vec<u64> = got.iter().map(|g| g.1).collect();
-            if *sums.get_or_insert_with(|| these.clone()) != these {
-                anyhow::bail!("{system} computed different sums: {these:?} against {sums:?}");
+            match &sums {
+                Some((p, s)) if *p == pass && *s != these => anyhow::bail!(
+                    "{} computed different sums: {these:?} against {s:?}",
+                    system.name()
+                ),
+                Some((p, _)) if *p == pass => {}
+                _ => sums = Some((pass, these)),
             }
-            for (w, (ns, _)) in workloads.iter().zip(got) {
-                samples.entry((system, w)).or_default().push(ns);
+            let mut sample = Sample::new();
+            for (w, (ns, _)) in WORKLOADS.iter().zip(got) {
+                sample = sample
+                    .median("ns_per_elem", "ns", ns)
+                    .in_workload(format!("overhead-{w}"));
             }
-        }
-        ctx.advance();
-    }
-    for ((system, workload), mut v) in samples {
-        ctx.report.push(
-            system,
-            &format!("overhead-{workload}"),
-            "ns_per_elem",
-            median(&mut v),
-            "ns",
-            &[("local_ratio", 1.0), ("elems", ELEMS as f64)],
-        );
-    }
+            Ok(sample)
+        })?;
+    samples.report_by(ctx, |r| (r.system.clone(), r.workload.clone()));
     Ok(())
 }

@@ -1,0 +1,180 @@
+//! Running a program under each system: natively, under `tidepool run` (in-process store or a
+//! memory node) or in a memory cgroup swapping to zram; to its end, timed, its peak RSS
+//! followed.
+
+use crate::zram::Zram;
+use anyhow::{anyhow, Context, Result};
+use std::ffi::OsString;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where a program runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum System {
+    TidepoolLocal,
+    TidepoolNode,
+    LinuxZram,
+    Native,
+}
+
+impl System {
+    pub fn name(self) -> &'static str {
+        match self {
+            System::TidepoolLocal => "tidepool-local",
+            System::TidepoolNode => "tidepool-node",
+            System::LinuxZram => "linux-zram",
+            System::Native => "native",
+        }
+    }
+
+    /// The systems with less local memory than the program uses.
+    pub const CONSTRAINED: [System; 3] = [
+        System::TidepoolLocal,
+        System::TidepoolNode,
+        System::LinuxZram,
+    ];
+}
+
+/// Starts programs under each system.
+#[derive(Debug)]
+pub struct Launcher {
+    /// The `tidepool` executable.
+    pub tidepool: PathBuf,
+    /// libtidepool_preload.so.
+    pub preload: PathBuf,
+    /// The memory node's URL, for `tidepool-node`.
+    pub node: Option<String>,
+    /// Swap to zram and a memory cgroup, for `linux-zram`.
+    pub(super) zram: Option<Zram>,
+    /// CPUs the load generators (redis-benchmark) run on.
+    pub load_cpus: Option<Vec<usize>>,
+}
+
+impl Launcher {
+    pub fn new(tidepool: PathBuf, preload: PathBuf, node: Option<String>) -> Launcher {
+        Launcher {
+            tidepool,
+            preload,
+            node,
+            zram: None,
+            load_cpus: None,
+        }
+    }
+
+    /// The command that runs `argv` under `system` with `local` bytes of local memory.
+    pub fn command(&self, system: System, local: u64, argv: &[OsString]) -> Result<Command> {
+        let (prog, args) = argv.split_first().context("no program")?;
+        Ok(match system {
+            System::Native => {
+                let mut c = Command::new(prog);
+                c.args(args);
+                c
+            }
+            System::TidepoolLocal | System::TidepoolNode => {
+                let backend = if system == System::TidepoolNode {
+                    self.node
+                        .clone()
+                        .context("tidepool-node needs a memory node")?
+                } else {
+                    "local:".into()
+                };
+                let mut c = Command::new(&self.tidepool);
+                c.args([
+                    "run",
+                    "--local",
+                    &local.to_string(),
+                    "--backend",
+                    &backend,
+                    "--",
+                ])
+                .arg(prog)
+                .args(args)
+                .env("TIDEPOOL_PRELOAD", &self.preload);
+                c
+            }
+            System::LinuxZram => {
+                let mut c = self
+                    .zram
+                    .as_ref()
+                    .context("linux-zram is not set up")?
+                    .command(local)?;
+                c.arg(prog).args(args);
+                c
+            }
+        })
+    }
+}
+
+/// How a program ended.
+#[derive(Debug)]
+pub struct Ended {
+    pub status: ExitStatus,
+    pub seconds: f64,
+    pub stdout: String,
+    pub stderr: String,
+    /// Peak resident set size, bytes (VmHWM, polled while it ran).
+    pub peak_rss: u64,
+}
+
+impl Ended {
+    /// Killed by SIGKILL: the kernel's OOM killer (nothing here sends it).
+    pub fn oom_killed(&self) -> bool {
+        self.status.signal() == Some(9 /* SIGKILL */)
+    }
+}
+
+/// VmHWM of a process, bytes.
+pub(super) fn peak_rss_of(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib << 10)
+}
+
+/// Runs `cmd` to its end, timing it and following its peak RSS.
+pub fn run_to_end(mut cmd: Command) -> Result<Ended> {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    let pid = child.id();
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let (mut o, mut e) = (String::new(), String::new());
+        let t = std::thread::spawn(move || {
+            let _ = err.read_to_string(&mut e);
+            e
+        });
+        let _ = out.read_to_string(&mut o);
+        (o, t.join().unwrap_or_default())
+    });
+    let mut peak = 0;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        peak = peak.max(peak_rss_of(pid).unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let seconds = start.elapsed().as_secs_f64();
+    let (stdout, stderr) = reader.join().map_err(|_| anyhow!("output reader"))?;
+    Ok(Ended {
+        status,
+        seconds,
+        stdout,
+        stderr,
+        peak_rss: peak,
+    })
+}

@@ -1,0 +1,281 @@
+//! The `apps` suite: unmodified programs no one here wrote, with less local memory than they
+//! use, under `tidepool run` and under Linux swap to zram.
+//!
+//! Workloads (each checks its answer; a wrong one fails the suite):
+//! - `redis-get`, `redis-set`: redis-server holding N values of 4 KiB (random bytes: zram would
+//!   flatter itself on patterns), driven by redis-benchmark on random keys, pipeline 16
+//!   (`ops_per_s`); then `redis-bgsave`: BGSAVE while redis-benchmark keeps setting keys
+//!   (`seconds`). The keys are read back from the server and from the RDB file (loaded into a
+//!   second, native redis-server): every key there, every value sampled either the one written
+//!   or redis-benchmark's.
+//! - `pandas-groupby`: a DataFrame of random rows, grouped with sum and mean (`seconds`); the
+//!   result's sha256 must be native's.
+//! - `sort`: GNU sort of a generated text file larger than local memory (`seconds`); the
+//!   output's sha256 must be native's.
+//! - `python-dict`: CPython building and summing a dict of strings (`seconds`); the sum must be
+//!   native's.
+//!
+//! Systems ([`System`]): `tidepool-local`, `tidepool-node` (`tidepool run` over the in-process
+//! store or a `tidepool node` on the other CPU), `linux-zram` (a cgroup v1 memory group limited
+//! to the same local size, swapping to zram) and `native`. Local memory is `local_ratio` (0.25
+//! and 0.5) of each program's peak RSS, measured natively first. A peer the kernel OOM-killed
+//! gets a row with metric `oom_killed` = 1.
+
+mod launch;
+mod programs;
+mod redis;
+mod resp;
+
+use crate::harness::{BenchOpts, Ctx, Suite};
+use crate::node::NodeProcess;
+use crate::zram::Zram;
+use anyhow::{bail, Result};
+pub use launch::{run_to_end, Ended, Launcher, System};
+pub use programs::{pandas, python, python_dict, sort, sort_input, Outcome, Sizes, PANDAS_SCRIPT};
+pub use redis::{redis, redis_value, verify_rdb, RedisResult, RedisRun};
+
+#[derive(Debug)]
+pub struct AppsSuite;
+
+const RATIOS: [f64; 2] = [0.25, 0.5];
+const WORKLOADS: [&str; 4] = ["redis", "pandas-groupby", "sort", "python-dict"];
+
+impl Suite for AppsSuite {
+    fn name(&self) -> &'static str {
+        "apps"
+    }
+
+    fn about(&self) -> &'static str {
+        "unmodified programs with a quarter and a half of the memory they use: redis-server \
+         (GET, SET, BGSAVE), pandas, GNU sort, CPython; tidepool run (local and node stores) vs \
+         Linux swap to zram vs native"
+    }
+
+    fn steps(&self, _opts: &BenchOpts) -> u64 {
+        (WORKLOADS.len() * (1 + RATIOS.len() * System::CONSTRAINED.len())) as u64
+    }
+
+    fn run(&self, ctx: &mut Ctx) -> Result<()> {
+        let s = Sizes::of(&ctx.opts);
+        let exe = std::env::current_exe()?;
+        let preload = crate::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")?;
+        // As in the pager suite, a node with a CPU of its own polls for requests before it
+        // sleeps (a cross-CPU wake-up per miss costs this VM more than serving the page). The
+        // Redis workloads' load generator shares that CPU, and a polling node halves its
+        // throughput there: Redis pages to a node that sleeps.
+        let poll = crate::node::NODE_BUSY_POLL_US.to_string();
+        let polling = NodeProcess::start_with("4G", &["--busy-poll-us", &poll])?;
+        ctx.opts.placement.pin_server(polling.pid())?;
+        let sleeping = NodeProcess::start("4G")?;
+        ctx.opts.placement.pin_server(sleeping.pid())?;
+        ctx.note(format!(
+            "tidepool-node: the node polls {poll} us for requests before it sleeps, except \
+             under Redis, whose load generator shares the node's CPU"
+        ));
+        let node_url = |n: &NodeProcess| format!("node://apps@{}", n.addr);
+        let mut l = Launcher::new(exe, preload, Some(node_url(&polling)));
+        l.load_cpus = ctx.opts.placement.server_cpus();
+        let mut systems: Vec<System> = System::CONSTRAINED.to_vec();
+        match Zram::start(8 << 30) {
+            Ok(z) => l.zram = Some(z),
+            Err(e) => {
+                ctx.note(format!("linux-zram skipped: {e:#}"));
+                systems.retain(|&sy| sy != System::LinuxZram);
+            }
+        }
+        let dir = ctx.opts.out.join("apps-work");
+        std::fs::create_dir_all(&dir)?;
+        let (python, has_pandas) = python()?;
+        let sort_file = sort_input(&dir, s.sort_lines)?;
+        for workload in WORKLOADS {
+            if workload == "pandas-groupby" && !has_pandas {
+                ctx.note(format!(
+                    "pandas-groupby skipped: {} has no pandas (scripts/setup installs it)",
+                    python.display()
+                ));
+                for _ in 0..self.steps(&ctx.opts) / WORKLOADS.len() as u64 {
+                    ctx.advance();
+                }
+                continue;
+            }
+            ctx.step(format!("{workload}: native"));
+            l.node = Some(node_url(if workload == "redis" {
+                &sleeping
+            } else {
+                &polling
+            }));
+            let mut port = 17_000u16;
+            let run = |l: &Launcher, system: System, local: u64, port: u16| -> Result<Measured> {
+                Ok(match workload {
+                    "redis" => Measured::Redis(redis(l, system, local, &s, port, &dir)?),
+                    "pandas-groupby" => {
+                        Measured::Program(pandas(l, system, local, &python, s.pandas_rows, &dir)?)
+                    }
+                    "sort" => Measured::Program(sort(l, system, local, &sort_file, &dir)?),
+                    _ => Measured::Program(python_dict(
+                        l,
+                        system,
+                        local,
+                        &python,
+                        s.dict_strings,
+                        &dir,
+                    )?),
+                })
+            };
+            let native = run(&l, System::Native, 0, port)?;
+            port += 1;
+            let peak = native.peak_rss();
+            let want = native.answer();
+            native.report(ctx, System::Native, workload, 1.0, peak, None)?;
+            ctx.advance();
+            for &ratio in &RATIOS {
+                let local = ((peak as f64 * ratio) as u64).max(16 << 20);
+                for &system in &systems {
+                    ctx.step(format!(
+                        "{workload}: {} at {:.0}% local",
+                        system.name(),
+                        ratio * 100.0
+                    ));
+                    let m = run(&l, system, local, port)?;
+                    port += 1;
+                    m.report(ctx, system, workload, ratio, peak, want.as_deref())?;
+                    ctx.advance();
+                }
+            }
+        }
+        verdict(ctx);
+        Ok(())
+    }
+}
+
+enum Measured {
+    Redis(RedisResult),
+    Program((Outcome, u64)),
+}
+
+impl Measured {
+    fn peak_rss(&self) -> u64 {
+        match self {
+            Measured::Redis(r) => r.peak_rss,
+            Measured::Program((_, p)) => *p,
+        }
+    }
+
+    fn answer(&self) -> Option<String> {
+        match self {
+            Measured::Program((Outcome::Done { answer, .. }, _)) => Some(answer.clone()),
+            _ => None,
+        }
+    }
+
+    /// Rows for the report; a wrong answer is an error.
+    fn report(
+        &self,
+        ctx: &mut Ctx,
+        system: System,
+        workload: &str,
+        ratio: f64,
+        peak: u64,
+        want: Option<&str>,
+    ) -> Result<()> {
+        let params = [
+            ("local_ratio", ratio),
+            ("peak_rss_mib", (peak >> 20) as f64),
+        ];
+        let name = system.name();
+        match self {
+            Measured::Redis(r) => {
+                if r.oom_killed {
+                    for w in ["redis-get", "redis-set", "redis-bgsave"] {
+                        ctx.report.push(name, w, "oom_killed", 1.0, "", &params);
+                    }
+                    return Ok(());
+                }
+                if let Some(v) = r.get_ops {
+                    ctx.report
+                        .push(name, "redis-get", "ops_per_s", v, "ops/s", &params);
+                }
+                if let Some(v) = r.set_ops {
+                    ctx.report
+                        .push(name, "redis-set", "ops_per_s", v, "ops/s", &params);
+                }
+                if let Some(v) = r.bgsave_seconds {
+                    ctx.report
+                        .push(name, "redis-bgsave", "seconds", v, "s", &params);
+                }
+            }
+            Measured::Program((Outcome::OomKilled, _)) => {
+                ctx.report
+                    .push(name, workload, "oom_killed", 1.0, "", &params);
+            }
+            Measured::Program((Outcome::Done { seconds, answer }, _)) => {
+                if let Some(want) = want {
+                    if answer != want {
+                        bail!("{workload} under {name} at {:.0}% local answered '{answer}', natively '{want}'", ratio * 100.0);
+                    }
+                }
+                ctx.report
+                    .push(name, workload, "seconds", *seconds, "s", &params);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// tidepool-local and tidepool-node against linux-zram on each workload and ratio, as notes
+/// (issue 28 asks tidepool-node for >= 0.8x at 50% local).
+fn verdict(ctx: &mut Ctx) {
+    let mut notes = Vec::new();
+    for w in [
+        "redis-get",
+        "redis-set",
+        "redis-bgsave",
+        "pandas-groupby",
+        "sort",
+        "python-dict",
+    ] {
+        for ratio in RATIOS {
+            let (metric, higher_better) = if w == "redis-get" || w == "redis-set" {
+                ("ops_per_s", true)
+            } else {
+                ("seconds", false)
+            };
+            let at = |sys: &str, m: &str| {
+                ctx.report
+                    .results
+                    .iter()
+                    .find(|r| {
+                        r.system == sys
+                            && r.workload == w
+                            && r.metric == m
+                            && r.params.get("local_ratio") == Some(&ratio)
+                    })
+                    .map(|r| r.value)
+            };
+            let zram = at("linux-zram", metric);
+            for system in ["tidepool-local", "tidepool-node"] {
+                let Some(t) = at(system, metric) else {
+                    continue;
+                };
+                let text = match zram {
+                    Some(z) => {
+                        let x = if higher_better { t / z } else { z / t };
+                        format!(
+                            "{w} at {:.0}% local: {system} {x:.2}x linux-zram",
+                            ratio * 100.0
+                        )
+                    }
+                    None if at("linux-zram", "oom_killed").is_some() => format!(
+                        "{w} at {:.0}% local: linux-zram was OOM-killed, {system} finished",
+                        ratio * 100.0
+                    ),
+                    None => continue,
+                };
+                notes.push(text);
+            }
+        }
+    }
+    for n in notes {
+        ctx.note(n);
+    }
+}

@@ -1,0 +1,207 @@
+//! The coord suite's processes: the synthetic application (`tidepool bench-worker coord-app`),
+//! the antagonist that takes memory (`tidepool bench-worker antagonist`), and the guard that
+//! kills either when a run ends.
+
+use anyhow::{bail, Context, Result};
+use rand::SeedableRng;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// The CPU a bench application pins itself to.
+pub(super) const PIN_ENV: &str = "TIDEPOOL_BENCH_CPU";
+/// Spin iterations per microsecond, calibrated once by the harness.
+pub(super) const SPIN_ENV: &str = "TIDEPOOL_BENCH_SPIN";
+
+/// Kills a child process when dropped (a failed run leaves nothing behind).
+pub(super) struct Guard(pub(super) Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tidepool bench-worker antagonist BYTES MIB_PER_S DELAY_S HOLD_S`: waits, takes BYTES of
+/// memory (at MIB_PER_S, or as fast as it can with 0), holds it, and exits.
+pub fn antagonist_worker(args: &[String]) -> Result<()> {
+    let [bytes, rate, delay, hold] = args else {
+        bail!("usage: bench-worker antagonist BYTES MIB_PER_S DELAY_S HOLD_S");
+    };
+    let bytes: u64 = bytes.parse().context("BYTES")?;
+    let rate: f64 = rate.parse().context("MIB_PER_S")?;
+    std::thread::sleep(Duration::from_secs_f64(delay.parse().context("DELAY_S")?));
+    let t = Instant::now();
+    let chunk = 16u64 << 20;
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut taken = 0u64;
+    while taken < bytes {
+        // Zeroed pages from mmap: memory arrives as each page is touched.
+        let mut c = vec![0u8; chunk.min(bytes - taken) as usize];
+        for p in c.chunks_mut(4096) {
+            p[0] = 1;
+        }
+        taken += c.len() as u64;
+        held.push(c);
+        if rate > 0.0 {
+            let due = Duration::from_secs_f64((taken >> 20) as f64 / rate);
+            if let Some(wait) = due.checked_sub(t.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+    }
+    eprintln!(
+        "antagonist: {} MiB in {:.0} ms",
+        taken >> 20,
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    std::thread::sleep(Duration::from_secs_f64(hold.parse().context("HOLD_S")?));
+    std::hint::black_box(&held);
+    Ok(())
+}
+
+/// Spins for CPU time, not wall-clock time: iterations calibrated against this thread's CPU
+/// clock.
+pub(super) struct Spinner {
+    pub(super) iters_per_us: f64,
+}
+
+impl Spinner {
+    pub(super) fn calibrate() -> Spinner {
+        let cpu = || {
+            let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+            t.tv_sec as f64 * 1e6 + t.tv_nsec as f64 / 1e3
+        };
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let n = 2_000_000u64;
+            let t0 = cpu();
+            spin_iters(n);
+            let us = cpu() - t0;
+            best = best.min(us / n as f64);
+        }
+        Spinner {
+            iters_per_us: 1.0 / best,
+        }
+    }
+
+    fn spin(&self, us: f64) {
+        spin_iters((us * self.iters_per_us) as u64);
+    }
+}
+
+pub(super) fn spin_iters(n: u64) {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+    }
+    std::hint::black_box(x);
+}
+
+/// `tidepool bench-worker coord-app NAME OBJECTS SKEW REBUILD_US WORK_US SECONDS BUDGET SEED`:
+/// one synthetic application. With TIDEPOOL_COORD set the coordinator sets the budget (with
+/// TIDEPOOL_BENCH_JOIN_LATE too, only after a warm-up on BUDGET; 0 is 8 MiB). Prints a JSON line every quarter second: seconds, operations, hits,
+/// misses, budget, bytes held.
+pub fn worker(args: &[String]) -> Result<()> {
+    let [_name, objects, skew, rebuild_us, work_us, seconds, budget, seed] = args else {
+        bail!("usage: bench-worker coord-app NAME OBJECTS SKEW REBUILD_US WORK_US SECONDS BUDGET SEED");
+    };
+    let objects: u64 = objects.parse().context("OBJECTS")?;
+    let skew: f64 = skew.parse().context("SKEW")?;
+    let rebuild_us: f64 = rebuild_us.parse().context("REBUILD_US")?;
+    let work_us: f64 = work_us.parse().context("WORK_US")?;
+    let seconds: f64 = seconds.parse().context("SECONDS")?;
+    let budget: u64 = budget.parse().context("BUDGET")?;
+    let seed: u64 = seed.parse().context("SEED")?;
+    if let Some(cpu) = std::env::var(PIN_ENV).ok().and_then(|c| c.parse().ok()) {
+        // Before any thread starts: the evacuator and the coordinator link inherit it.
+        tidepool_sys::set_affinity(0, &[cpu]).context("cannot pin the application")?;
+    }
+    // The clock starts before the warm-up: applications started together end together, and
+    // measurements of their tails overlap.
+    let start = Instant::now();
+    let spinner = std::sync::Arc::new(
+        match std::env::var(SPIN_ENV).ok().and_then(|s| s.parse().ok()) {
+            Some(iters_per_us) if iters_per_us > 0.0 => Spinner { iters_per_us },
+            _ => Spinner::calibrate(),
+        },
+    );
+    // With TIDEPOOL_BENCH_JOIN_LATE, the application warms up on BUDGET alone and joins the
+    // coordinator afterwards (as in Midas §7.1, where every application starts with the same
+    // soft memory): a warm-up scan has no ghost hits, and would look worth nothing to the
+    // coordinator. Otherwise the arena joins as any program does, when it is made.
+    let coordinator = if std::env::var_os("TIDEPOOL_BENCH_JOIN_LATE").is_some() {
+        let c = tidepool_soft::coord::CoordConfig::from_env();
+        std::env::remove_var(tidepool_soft::coord::ENV_SOCKET);
+        c
+    } else {
+        None
+    };
+    let arena = tidepool_soft::SoftRuntime::from_env(tidepool_soft::ArenaConfig {
+        budget: if budget == 0 {
+            8 << 20
+        } else {
+            budget as usize
+        },
+        max_bytes: 4 << 30,
+    })?;
+    // Free-segment watermarks of 1 and 2% (at least one and two segments): small budgets
+    // keep more of themselves for objects.
+    arena.start_evacuator(0.01, 0.02)?;
+    let s = spinner.clone();
+    let values: tidepool_soft::SoftVec<[u8; 4096]> =
+        tidepool_soft::SoftVec::new(&arena, objects as usize, move |i| {
+            s.spin(rebuild_us);
+            let mut v = [0u8; 4096];
+            v[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            v
+        });
+    // Warm-up: every object built once, as a service's cache is warm before it is measured
+    // (with a budget too small for all, the last ones built stay).
+    for i in 0..objects as usize {
+        std::hint::black_box(values.get(i));
+    }
+    if let Some(c) = coordinator {
+        arena.join_coordinator(c)?;
+    }
+    let zipf = rand_distr::Zipf::new(objects, skew).context("Zipf parameters")?;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut next_print = Duration::ZERO;
+    let mut ops = 0u64;
+    let mut sum = 0u64;
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    loop {
+        let el = start.elapsed();
+        if el >= next_print {
+            let st = values.stats();
+            writeln!(
+                out,
+                "{{\"t\":{:.3},\"ops\":{ops},\"hits\":{},\"misses\":{},\"budget\":{},\"usage\":{}}}",
+                el.as_secs_f64(),
+                st.hits,
+                st.misses,
+                arena.budget(),
+                arena.usage()
+            )?;
+            out.flush()?;
+            next_print += Duration::from_millis(250);
+            if el.as_secs_f64() >= seconds {
+                break;
+            }
+        }
+        for _ in 0..16 {
+            use rand_distr::Distribution;
+            let rank = zipf.sample(&mut rng) as u64 - 1;
+            let key = rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % objects;
+            let v = values.get(key as usize);
+            sum = sum.wrapping_add(v[0] as u64);
+            spinner.spin(work_us);
+            ops += 1;
+        }
+    }
+    std::hint::black_box(sum);
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! The pager suite's verdict: the issues' acceptance ratios, from this run, as notes.
+
+use crate::harness::Ctx;
+
+/// The issue's acceptance ratios, from this run, as notes.
+pub(super) fn verdict(ctx: &mut Ctx) {
+    let r = &ctx.report;
+    let at = |system: &str, workload: &str, ratio: f64| r.at_ratio(system, workload, ratio);
+    // (workload, local ratio, peer, target ratio tidepool-local / peer)
+    let targets = [
+        ("seq-scan", 0.5, "linux-zram", 10.0),
+        ("zipf-0.99", 0.5, "linux-zram", 1.2),
+        ("uniform-rmw", 0.5, "linux-zram", 1.0),
+        ("seq-scan", 1.0, "native", 0.95),
+        ("uniform-rmw", 1.0, "native", 0.95),
+        ("zipf-0.99", 1.0, "native", 0.95),
+    ];
+    let mut notes = Vec::new();
+    for (workload, ratio, peer, want) in targets {
+        if let (Some(t), Some(p)) = (
+            at("tidepool-local", workload, ratio),
+            at(peer, workload, ratio),
+        ) {
+            notes.push(format!(
+                "{workload} at {:.0}% local: tidepool-local / {peer} = {:.2}x (target >= {want}x)",
+                ratio * 100.0,
+                t / p
+            ));
+        }
+    }
+    // Issue 28: a node-backed miss near the wire's floor, and the node against zram.
+    let metric = |system: &str, workload: &str, metric: &str, ratio: Option<f64>| {
+        r.results
+            .iter()
+            .find(|row| {
+                row.system == system
+                    && row.workload == workload
+                    && row.metric == metric
+                    && row.params.get("local_ratio").copied() == ratio
+            })
+            .map(|row| row.value)
+    };
+    let get = metric("tidepool-node", "get-4k-unpipelined", "p50_us", None);
+    for workload in ["uniform-rmw", "zipf-0.99"] {
+        if let (Some(miss), Some(get)) = (
+            metric("tidepool-node", workload, "miss_us_p50", Some(0.5)),
+            get,
+        ) {
+            notes.push(format!(
+                "{workload} at 50% local: tidepool-node miss p50 {miss:.1} us = {:.2}x the node's \
+                 4 KiB get p50 {get:.1} us (target <= 1.3x)",
+                miss / get
+            ));
+        }
+    }
+    for (workload, want) in [
+        ("uniform-rmw", 0.8),
+        ("uniform-rmw-4t", 0.8),
+        ("zipf-0.99", 0.8),
+        ("python-dict", 1.0),
+    ] {
+        if let (Some(t), Some(p)) = (
+            at("tidepool-node", workload, 0.5),
+            at("linux-zram", workload, 0.5),
+        ) {
+            // Seconds for the Python program: less is better.
+            let ratio = if workload == "python-dict" {
+                p / t
+            } else {
+                t / p
+            };
+            notes.push(format!(
+                "{workload} at 50% local: tidepool-node / linux-zram = {ratio:.2}x (target >= {want}x)"
+            ));
+        }
+    }
+    for n in notes {
+        ctx.note(n);
+    }
+}

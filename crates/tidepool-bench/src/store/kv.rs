@@ -1,0 +1,225 @@
+//! The key-value workloads: one client at a time for latency, `THREADS` clients with batches in
+//! flight for throughput, every system on the same keys and values.
+
+use super::data::{batches, check, keys, noise, value, THREADS, VALUE_BYTES};
+use super::systems::StoreSystem;
+use crate::harness::{BenchOpts, Ctx, Matrix, Pass, Sample, System, Workload};
+use anyhow::{anyhow, Context, Result};
+use hdrhistogram::Histogram;
+use rand::{Rng, SeedableRng};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tidepool_store::{FarStore, Key};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Kind {
+    Get,
+    Put,
+}
+
+/// One key-value workload: reads or writes of `batch` keys per call from `threads` clients.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Kv {
+    name: &'static str,
+    kind: Kind,
+    threads: usize,
+    batch: usize,
+}
+
+impl Workload for Kv {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn on(&self, system: &str) -> String {
+        format!("{} batch {} on {system}", self.name, self.batch)
+    }
+
+    fn params(&self) -> Vec<(&'static str, f64)> {
+        vec![
+            ("threads", self.threads as f64),
+            ("batch", self.batch as f64),
+            ("value_bytes", VALUE_BYTES as f64),
+        ]
+    }
+
+    fn latency(&self) -> bool {
+        self.name.ends_with("unpipelined")
+    }
+}
+
+/// The workloads, unpipelined first, then the batched ones at each batch size.
+pub(super) fn workloads(opts: &BenchOpts) -> Vec<Kv> {
+    let kv = |name, kind, threads, batch| Kv {
+        name,
+        kind,
+        threads,
+        batch,
+    };
+    let mut w = vec![
+        kv("get-unpipelined", Kind::Get, 1, 1),
+        kv("put-unpipelined", Kind::Put, 1, 1),
+    ];
+    for b in batches(opts) {
+        w.push(kv("get-batched", Kind::Get, THREADS, b));
+        w.push(kv("put-batched", Kind::Put, THREADS, b));
+    }
+    w
+}
+
+/// Loads every system, then measures each on every workload: throughput (the median of the
+/// rounds), the servers' CPU per operation (batched) and latency (unpipelined, pooled).
+pub(super) fn run(ctx: &mut Ctx, systems: &[StoreSystem]) -> Result<()> {
+    let n = keys(&ctx.opts);
+    let noise = noise();
+    for s in systems {
+        ctx.step(format!("loading {n} values into {}", s.name()));
+        preload(s.store.as_ref(), n, &noise).with_context(|| format!("loading {}", s.name()))?;
+        // What the store keeps far for each byte of the values (redundancy and allocation
+        // overhead), where the backend can tell.
+        if let Some(far) = s.store.stats().ok().and_then(|st| st.far_bytes) {
+            ctx.report.push(
+                s.name(),
+                "load",
+                "far_bytes_per_live_byte",
+                far as f64 / (n as f64 * VALUE_BYTES as f64),
+                "ratio",
+                &[("value_bytes", VALUE_BYTES as f64)],
+            );
+        }
+    }
+    let workloads = workloads(&ctx.opts);
+    let samples = Matrix::new(systems, &workloads, ctx.opts.rounds())
+        .warm_up()
+        .run(ctx, |ctx, pass, w, s| {
+            let d = match pass {
+                Pass::WarmUp => ctx.opts.measure_for() / 2,
+                Pass::Round(_) => ctx.opts.measure_for(),
+            };
+            let cpu0 = s.cpu_seconds();
+            let (hist, ops, secs) = drive(&s.store, w, n, d, &noise, s.name())?;
+            let rate = ops as f64 / secs;
+            if let Pass::Round(r) = pass {
+                if std::env::var_os("TIDEPOOL_BENCH_TRACE").is_some() {
+                    eprintln!(
+                        "trace: round {} {} batch {} {}: {rate:.0} ops/s",
+                        r + 1,
+                        w.name,
+                        w.batch,
+                        s.name()
+                    );
+                }
+            }
+            let sample = Sample::new().median("ops_per_s", "ops/s", rate);
+            Ok(if w.latency() {
+                sample.latency(hist)
+            } else {
+                // What the server itself spends per operation, whoever limited the throughput.
+                match (cpu0, s.cpu_seconds()) {
+                    (Some(a), Some(b)) => {
+                        sample.per_op("server_cpu_us_per_op", "us", (b - a) * 1e6, ops)
+                    }
+                    _ => sample,
+                }
+            })
+        })?;
+    samples.report(ctx);
+    Ok(())
+}
+
+/// Writes version 0 of keys `0..n`, 64 a call.
+pub(super) fn preload(store: &dyn FarStore, n: u64, noise: &[u8]) -> Result<()> {
+    let values: Vec<Vec<u8>> = (0..n).map(|k| value(k, 0, noise)).collect();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        let items: Vec<(Key, &[u8])> = chunk
+            .iter()
+            .map(|&k| (k, values[k as usize].as_slice()))
+            .collect();
+        store.write_many(&items)?;
+    }
+    Ok(())
+}
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(100, 10_000_000_000, 3).expect("valid bounds")
+}
+
+/// Runs `w.threads` clients for `d`, each with `w.batch` requests per call. Returns the pooled
+/// per-call latency (ns), keys done, and seconds taken.
+fn drive(
+    store: &Arc<dyn FarStore>,
+    w: &Kv,
+    n: u64,
+    d: Duration,
+    noise: &[u8],
+    who: &str,
+) -> Result<(Histogram<u64>, u64, f64)> {
+    let (kind, threads, batch) = (w.kind, w.threads, w.batch);
+    let start = Instant::now();
+    let results: Vec<Result<(Histogram<u64>, u64)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let store = Arc::clone(store);
+                s.spawn(move || -> Result<(Histogram<u64>, u64)> {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64 + 7);
+                    let mut hist = new_hist();
+                    let mut done = 0u64;
+                    let mut keys = vec![0u64; batch];
+                    // Values for puts are built before timing starts; each is re-tagged with
+                    // its key (8 bytes) before it is sent.
+                    let mut bufs: Vec<Vec<u8>> = if kind == Kind::Put {
+                        (0..batch).map(|_| value(0, 0, noise)).collect()
+                    } else {
+                        vec![]
+                    };
+                    let deadline = start + d;
+                    while Instant::now() < deadline {
+                        for k in keys.iter_mut() {
+                            *k = rng.gen_range(0..n);
+                        }
+                        let t0 = Instant::now();
+                        match kind {
+                            Kind::Get => {
+                                let got = store.read_many(&keys)?;
+                                hist.record(t0.elapsed().as_nanos() as u64).ok();
+                                for (k, g) in keys.iter().zip(&got) {
+                                    check(*k, None, g.as_ref(), who)?;
+                                }
+                            }
+                            Kind::Put => {
+                                for (b, k) in bufs.iter_mut().zip(&keys) {
+                                    b[..8].copy_from_slice(&k.to_le_bytes());
+                                }
+                                let items: Vec<(Key, &[u8])> = keys
+                                    .iter()
+                                    .copied()
+                                    .zip(bufs.iter().map(Vec::as_slice))
+                                    .collect();
+                                store.write_many(&items)?;
+                                hist.record(t0.elapsed().as_nanos() as u64).ok();
+                            }
+                        }
+                        done += batch as u64;
+                    }
+                    Ok((hist, done))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("client thread panicked")))
+            })
+            .collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let mut hist = new_hist();
+    let mut ops = 0;
+    for r in results {
+        let (h, n) = r?;
+        hist.add(&h).expect("same bounds");
+        ops += n;
+    }
+    Ok((hist, ops, secs))
+}

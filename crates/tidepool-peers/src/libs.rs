@@ -1,0 +1,113 @@
+//! Shared libraries: the peers' (an installed jemalloc, wherever the distribution keeps it) and
+//! the workspace's own (`libtidepool_malloc.so`, `libtidepool_preload.so`), which cargo builds
+//! only on request (`cargo build -p PACKAGE`).
+
+use crate::PeerError;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Where distributions put shared libraries: Debian and Ubuntu, Fedora and RHEL, then the rest.
+const LIBRARY_DIRS: [&str; 4] = [
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/lib",
+    "/usr/local/lib",
+];
+
+/// An installed shared library by file name (`libjemalloc.so.2`), wherever this distribution
+/// keeps it.
+pub fn shared_library(file: &str) -> Option<PathBuf> {
+    LIBRARY_DIRS
+        .iter()
+        .map(|d| Path::new(d).join(file))
+        .find(|p| p.exists())
+}
+
+/// `file` next to this executable. Under `cargo run` (CARGO set) `package` is built or brought
+/// up to date first, so nothing ever runs a stale library.
+pub fn next_to_exe(package: &str, file: &str) -> Result<PathBuf, PeerError> {
+    let no_dir = |source| PeerError::NoExeDir {
+        file: file.to_string(),
+        source,
+    };
+    let exe = std::env::current_exe().map_err(|e| no_dir(Some(e)))?;
+    let dir = exe.parent().ok_or_else(|| no_dir(None))?;
+    let lib = dir.join(file);
+    if let Ok(cargo) = std::env::var("CARGO") {
+        let profile = if dir.ends_with("release") {
+            "--release"
+        } else {
+            "--profile=dev"
+        };
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", profile, "-p", package])
+            .status()
+            .map_err(|source| PeerError::Cargo {
+                file: file.to_string(),
+                source,
+            })?;
+        if !status.success() {
+            return Err(PeerError::BuildFailed {
+                file: file.to_string(),
+                stderr: String::new(),
+            });
+        }
+    }
+    if lib.exists() {
+        return Ok(lib);
+    }
+    Err(PeerError::LibraryNotFound {
+        path: lib,
+        package: package.to_string(),
+    })
+}
+
+/// Builds `package` in release mode into `target_dir` (a directory of its own: a nested cargo
+/// in the outer target directory would wait on the outer cargo's lock) and returns the path of
+/// its `file`. For tests, which cargo builds without the cdylibs.
+pub fn build_into(
+    target_dir: &Path,
+    workspace_dir: &Path,
+    package: &str,
+    file: &str,
+) -> Result<PathBuf, PeerError> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args([
+            "build",
+            "--release",
+            "--quiet",
+            "-p",
+            package,
+            "--target-dir",
+        ])
+        .arg(target_dir)
+        .current_dir(workspace_dir)
+        .output()
+        .map_err(|source| PeerError::Cargo {
+            file: file.to_string(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(PeerError::BuildFailed {
+            file: file.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    let lib = target_dir.join("release").join(file);
+    if !lib.exists() {
+        return Err(PeerError::BuiltNothing { path: lib });
+    }
+    Ok(lib)
+}
+
+/// Builds `libtidepool_malloc.so` in release mode into `target_dir`, for tests (see
+/// [`build_into`]).
+pub fn build_malloc_into(target_dir: &Path, workspace_dir: &Path) -> Result<PathBuf, PeerError> {
+    build_into(
+        target_dir,
+        workspace_dir,
+        "tidepool-malloc",
+        "libtidepool_malloc.so",
+    )
+}
