@@ -90,17 +90,7 @@ fn running_as_root() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::process::ask_line;
-    use std::net::TcpStream;
-    use std::time::Duration;
-
-    fn ask(addr: &str, request: &[u8]) -> String {
-        ask_line(addr.parse().unwrap(), request).unwrap()
-    }
-
-    fn port_is_closed(addr: &str) -> bool {
-        TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(200)).is_err()
-    }
+    use crate::process::testing::{ask, port_is_closed};
 
     #[test]
     fn memcached_answers_and_goes_away_on_drop() {

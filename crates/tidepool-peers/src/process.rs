@@ -287,6 +287,21 @@ fn wait_until_answering(
     }
 }
 
+/// What the peers' tests share: one line of a server's answer, and whether its port is closed.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::net::TcpStream;
+    use std::time::Duration;
+
+    pub(crate) fn ask(addr: &str, request: &[u8]) -> String {
+        super::ask_line(addr.parse().unwrap(), request).unwrap()
+    }
+
+    pub(crate) fn port_is_closed(addr: &str) -> bool {
+        TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(200)).is_err()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -314,15 +314,7 @@ fn bulk_command(addr: SocketAddr, command: &str) -> io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::process::ask_line;
-
-    fn ask(addr: &str, request: &[u8]) -> String {
-        ask_line(addr.parse().unwrap(), request).unwrap()
-    }
-
-    fn port_is_closed(addr: &str) -> bool {
-        TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_millis(200)).is_err()
-    }
+    use crate::process::testing::{ask, port_is_closed};
 
     #[test]
     fn redis_answers_and_goes_away_on_drop() {
