@@ -22,6 +22,7 @@
 
 pub mod memfd;
 pub mod probe;
+pub mod seqpacket;
 pub mod uffd;
 pub mod vm;
 
