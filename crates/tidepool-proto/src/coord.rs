@@ -23,7 +23,8 @@
 use thiserror::Error;
 
 pub const MAGIC: [u8; 2] = *b"TC";
-pub const VERSION: u8 = 1;
+/// 2: `Hello` says what kind of program joins (soft memory or paged) and its minimum.
+pub const VERSION: u8 = 2;
 pub const HEADER_LEN: usize = 8;
 /// The largest message either side sends or accepts.
 pub const MAX_MESSAGE: usize = 64 << 10;
@@ -78,18 +79,55 @@ pub struct Report {
     pub cold: Vec<SegmentRun>,
 }
 
+/// What kind of memory a registration's budget is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AppKind {
+    /// A soft-memory arena (tidepool-soft): it passes its memfd, misses cost reconstruction.
+    #[default]
+    Soft,
+    /// A program under `tidepool run`: its budget is the pager's local memory, misses are
+    /// page faults served from far memory, and its report reads as follows: `usage` resident
+    /// bytes, `misses` far fetches, `reconstruct_nanos` the time those fetches took, ghost
+    /// hits the fetches of pages evicted within a bucket's bytes, `bytes_dropped` bytes
+    /// evicted; it passes no memfd and lists no cold segments.
+    Paged,
+}
+
+impl AppKind {
+    fn byte(self) -> u8 {
+        match self {
+            AppKind::Soft => 0,
+            AppKind::Paged => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for AppKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AppKind::Soft => "soft",
+            AppKind::Paged => "paged",
+        })
+    }
+}
+
 /// Runtime to coordinator.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToCoord {
-    /// The first message; carries the arena's memfd as `SCM_RIGHTS`.
+    /// The first message; a soft arena's carries its memfd as `SCM_RIGHTS`.
     Hello {
+        kind: AppKind,
         pid: u32,
         /// The operator's weight for this application (1.0 by default).
         weight: f64,
         /// Bytes of a segment.
         segment: u32,
-        /// Address space of the arena (its budget can never exceed it).
+        /// The most its budget may be: the arena's address space, or a paged program's
+        /// `--max`.
         capacity: u64,
+        /// The least its budget should be while the machine has room (0: the coordinator's
+        /// floor).
+        min: u64,
         /// The budget it starts with.
         budget: u64,
         name: String,
@@ -159,6 +197,8 @@ pub enum DecodeError {
     BadUtf8(&'static str),
     #[error("weight {0} is not a positive finite number")]
     BadWeight(f64),
+    #[error("unknown kind of application {0} (0: soft memory, 1: paged program)")]
+    UnknownAppKind(u8),
 }
 
 const HELLO: u8 = 0x01;
@@ -330,17 +370,21 @@ impl ToCoord {
         let mut w = Writer::new(self.kind());
         match self {
             ToCoord::Hello {
+                kind,
                 pid,
                 weight,
                 segment,
                 capacity,
+                min,
                 budget,
                 name,
             } => {
+                w.0.push(kind.byte());
                 w.u32(*pid)
                     .f64(*weight)
                     .u32(*segment)
                     .u64(*capacity)
+                    .u64(*min)
                     .u64(*budget)
                     .str(name, MAX_NAME);
             }
@@ -368,10 +412,16 @@ impl ToCoord {
         let (kind, mut r) = open(msg)?;
         let m = match kind {
             HELLO => ToCoord::Hello {
+                kind: match r.take(1, "kind")?[0] {
+                    0 => AppKind::Soft,
+                    1 => AppKind::Paged,
+                    k => return Err(DecodeError::UnknownAppKind(k)),
+                },
                 pid: r.u32("pid")?,
                 weight: r.weight()?,
                 segment: r.u32("segment size")?,
                 capacity: r.u64("capacity")?,
+                min: r.u64("minimum")?,
                 budget: r.u64("budget")?,
                 name: r.str(MAX_NAME, "name")?,
             },
@@ -483,23 +533,27 @@ mod tests {
     fn to_coord() -> impl Strategy<Value = ToCoord> {
         prop_oneof![
             (
+                any::<bool>(),
                 any::<u32>(),
                 0.001f64..1e6,
                 any::<u32>(),
-                any::<u64>(),
-                any::<u64>(),
+                any::<[u64; 3]>(),
                 "[a-z0-9 é]{0,40}"
             )
-                .prop_map(|(pid, weight, segment, capacity, budget, name)| {
-                    ToCoord::Hello {
-                        pid,
-                        weight,
-                        segment,
-                        capacity,
-                        budget,
-                        name,
+                .prop_map(
+                    |(paged, pid, weight, segment, [capacity, min, budget], name)| {
+                        ToCoord::Hello {
+                            kind: if paged { AppKind::Paged } else { AppKind::Soft },
+                            pid,
+                            weight,
+                            segment,
+                            capacity,
+                            min,
+                            budget,
+                            name,
+                        }
                     }
-                }),
+                ),
             (
                 proptest::array::uniform8(any::<u64>()),
                 proptest::array::uniform16(any::<u64>()),
