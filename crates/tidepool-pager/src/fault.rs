@@ -11,6 +11,7 @@ use crate::table::*;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tidepool_proto::coord::ghost_bucket;
 use tidepool_store::Key;
 
 /// A fault handler's own buffer for pages read from the store on their way into the region:
@@ -359,11 +360,16 @@ impl Inner {
         new: u64,
     ) {
         let referenced = self.recently_evicted(region, page);
-        if kind(word) == FAR
-            && !(self.probation && word & FRAMED != 0)
-            && self.evicted_within(region, page, 8)
-        {
-            Counters::add(&self.counters.early_refetches, 1);
+        if kind(word) == FAR && !(self.probation && word & FRAMED != 0) {
+            if self.evicted_within(region, page, 8) {
+                Counters::add(&self.counters.early_refetches, 1);
+            }
+            // A ghost hit: how many bytes were evicted after this page.
+            let at = region.table.evicted_at(page).load(Relaxed);
+            if at != 0 {
+                let after = self.evict_seq.load(Relaxed).wrapping_sub(at) as u64 * PAGE as u64;
+                Counters::add(&self.counters.ghost_fetches[ghost_bucket(after)], 1);
+            }
         }
         // A page fetched again soon after its eviction heats up, one fetched late cools
         // down; the hotter, the more passes of the clock hand it survives.

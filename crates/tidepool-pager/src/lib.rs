@@ -41,6 +41,7 @@ pub(crate) use tr;
 mod advice;
 mod buffer;
 pub mod control;
+pub mod coord;
 mod error;
 mod evict;
 mod fault;

@@ -5,6 +5,7 @@ use parking_lot::Mutex;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+use tidepool_proto::coord::GHOST_BUCKETS;
 
 /// Where a far fetch's time goes on the handler's side, one histogram per stage (nanoseconds),
 /// under one lock: a fetch records all its stages at once. Recorded only by fault handlers,
@@ -129,6 +130,10 @@ pub(crate) struct Counters {
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub discarded: AtomicU64,
+    /// Far fetches of pages evicted before, by how many bytes were evicted after them
+    /// (`tidepool_proto::coord::ghost_bucket`): with that much more local memory they would
+    /// have stayed. The program's miss curve, read by the coordinator.
+    pub ghost_fetches: [AtomicU64; GHOST_BUCKETS],
 }
 
 impl Counters {
@@ -159,6 +164,7 @@ impl Counters {
             bytes_read,
             bytes_written,
             discarded,
+            ghost_fetches,
         } = self;
         for c in [
             missing_faults,
@@ -181,7 +187,10 @@ impl Counters {
             bytes_read,
             bytes_written,
             discarded,
-        ] {
+        ]
+        .into_iter()
+        .chain(ghost_fetches)
+        {
             c.store(0, Relaxed);
         }
     }
@@ -232,6 +241,9 @@ pub struct PagerStats {
     pub bytes_written: u64,
     /// Pages given back by the program (freed memory, munmap, MADV_DONTNEED).
     pub discarded: u64,
+    /// Far fetches of pages evicted before, by ghost bucket: bucket `k` counts pages that
+    /// fewer than 2^k MiB of evictions had passed (see `tidepool_proto::coord`).
+    pub ghost_fetches: [u64; GHOST_BUCKETS],
     /// Pages mapped now, and the budget in pages.
     pub resident_pages: u64,
     pub budget_pages: u64,
@@ -289,6 +301,7 @@ pub(crate) fn snapshot(
         bytes_read: c.bytes_read.load(Relaxed),
         bytes_written: c.bytes_written.load(Relaxed),
         discarded: c.discarded.load(Relaxed),
+        ghost_fetches: std::array::from_fn(|k| c.ghost_fetches[k].load(Relaxed)),
         resident_pages: resident,
         budget_pages: budget,
         store_health: None,

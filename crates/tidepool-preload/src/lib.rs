@@ -12,6 +12,8 @@
 //! | `TIDEPOOL_RUN_LOCAL` | local budget in bytes (`256M` forms accepted); paging is off without it |
 //! | `TIDEPOOL_RUN_BACKEND` | far store URL (default `local:`, the in-process store) |
 //! | `TIDEPOOL_RUN_STATS` | `1`: print the pager's statistics to standard error at exit |
+//! | `TIDEPOOL_RUN_COORD` | a coordinator's socket: join it, and let it size the budget (see `tidepool_pager::coord`) |
+//! | `TIDEPOOL_RUN_WEIGHT`, `TIDEPOOL_RUN_MIN`, `TIDEPOOL_RUN_MAX`, `TIDEPOOL_RUN_NAME` | the registration's weight, bounds on the budget (sizes like `64M`) and name |
 //!
 //! The variables stay in the environment, so a wrapper script (a pyenv shim, say) passes them
 //! on to the program it runs, and programs the program starts get pagers of their own.
@@ -316,6 +318,7 @@ extern "C" fn start() {
     };
     if RUNTIME.set(rt).is_ok() {
         serve_control();
+        join_coordinator();
         // SAFETY: registering functions with no preconditions (after the pager's and the
         // allocator's, so these run last in a child and first before a fork).
         unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
@@ -329,6 +332,44 @@ fn serve_control() {
         if let Err(e) = tidepool_pager::control::serve(&rt.pager, std::process::id()) {
             eprintln!("tidepool run: live resizing is unavailable: {e}");
         }
+    }
+}
+
+/// Registers this process with the coordinator `TIDEPOOL_RUN_COORD` names, if one does.
+fn join_coordinator() {
+    let (Some(rt), Ok(socket)) = (RUNTIME.get(), env_var("TIDEPOOL_RUN_COORD")) else {
+        return;
+    };
+    if socket.is_empty() {
+        return;
+    }
+    let size = |name: &str, default: u64| match env_var(name) {
+        Ok(v) => tidepool_alloc::parse_size(v.as_bytes())
+            .map(|b| b as u64)
+            .unwrap_or_else(|| fail(&format!("{name}={v} is not a size (use e.g. 64M or 2G)"))),
+        Err(_) => default,
+    };
+    let weight = match env_var("TIDEPOOL_RUN_WEIGHT") {
+        Ok(v) => v
+            .parse::<f64>()
+            .ok()
+            .filter(|w| w.is_finite() && *w > 0.0)
+            .unwrap_or_else(|| fail(&format!("TIDEPOOL_RUN_WEIGHT={v} is not a positive number"))),
+        Err(_) => 1.0,
+    };
+    let name = env_var("TIDEPOOL_RUN_NAME").unwrap_or_else(|_| {
+        let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
+        comm.trim().to_string()
+    });
+    let reg = tidepool_pager::coord::Registration {
+        socket: socket.into(),
+        name,
+        weight,
+        min: size("TIDEPOOL_RUN_MIN", 0),
+        max: size("TIDEPOOL_RUN_MAX", u64::MAX),
+    };
+    if let Err(e) = tidepool_pager::coord::join(&rt.pager, reg) {
+        eprintln!("tidepool run: cannot join the coordinator: {e}");
     }
 }
 
@@ -351,8 +392,10 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     HELD.with(|h| h.borrow_mut().take());
-    // The control socket is named by process id; the parent's thread serving it is not here.
+    // The control socket is named by process id; the parent's thread serving it is not here,
+    // nor is its coordinator link: the child registers as a program of its own.
     serve_control();
+    join_coordinator();
 }
 
 /// The pager of this process, once started.
