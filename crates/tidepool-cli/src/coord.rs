@@ -183,37 +183,78 @@ pub fn render(s: &Snapshot) -> String {
         mib(s.punched_bytes)
     );
     o.push_str(&format!(
-        "{:>4} {:<20} {:>8} {:>6} {:>6} {:>10} {:>10} {:>8} {:>10} {:>9} {:>12}\n",
+        "{:>4} {:<20} {:<5} {:>8} {:>6} {:>10} {:>10} {:>6} {:>10} {:>8} {:>9} {:>12}\n",
         "id",
         "application",
+        "kind",
         "pid",
-        "uid",
         "weight",
         "budget MiB",
         "held MiB",
         "hit",
-        "reads/s",
-        "rebuild",
+        "misses/s",
+        "miss us",
+        "missing",
         "utility/MiB"
     ));
     for a in &s.apps {
+        // A paged program's hits are not seen (they are plain memory accesses).
+        let hit = if a.kind == "paged" {
+            "-".to_string()
+        } else {
+            format!("{:.3}", a.hit_rate)
+        };
         o.push_str(&format!(
-            "{:>4} {:<20} {:>8} {:>6} {:>6.2} {:>10} {:>10} {:>8.3} {:>10.0} {:>8.1}% {:>12.4}\n",
+            "{:>4} {:<20} {:<5} {:>8} {:>6.2} {:>10} {:>10} {:>6} {:>10.0} {:>8.1} {:>8.1}% {:>12.4}\n",
             a.id,
             as_text(&a.name).chars().take(20).collect::<String>(),
+            a.kind,
             a.pid,
-            a.uid,
             a.weight,
             mib(a.budget),
             mib(a.held),
-            a.hit_rate,
-            a.reads_per_s,
+            hit,
+            a.reads_per_s * (1.0 - a.hit_rate),
+            a.miss_us,
             100.0 * a.rebuild_share,
             a.utility_per_mib
         ));
     }
+    // The curves: what more memory would save each, as a share of its time.
+    const AT: [u64; 6] = [4, 16, 64, 256, 1024, 4096];
+    if !s.apps.is_empty() {
+        o.push_str("\nmiss curves: share of time more memory would save\n");
+        o.push_str(&format!("{:>4} {:<20}", "id", "application"));
+        for x in AT {
+            o.push_str(&format!(
+                " {:>8}",
+                format!("+{}", tidepool_node::format_size(x << 20))
+            ));
+        }
+        o.push('\n');
+        for a in &s.apps {
+            o.push_str(&format!(
+                "{:>4} {:<20}",
+                a.id,
+                as_text(&a.name).chars().take(20).collect::<String>()
+            ));
+            for x in AT {
+                let saved = a
+                    .curve
+                    .iter()
+                    .take_while(|p| p.extra_mib <= x)
+                    .last()
+                    .map_or(0.0, |p| p.saved_ms_per_s / 10.0);
+                o.push_str(&format!(" {:>7.1}%", saved));
+            }
+            o.push('\n');
+        }
+    }
     if s.apps.is_empty() {
-        o.push_str("(no applications: start soft-memory programs with TIDEPOOL_COORD set)\n");
+        o.push_str(
+            "(no applications: start soft-memory programs with TIDEPOOL_COORD set, or programs \
+             under `tidepool run`)\n",
+        );
     }
     o
 }

@@ -2,16 +2,14 @@
 //! the reports go to the planner, whose budgets are sent; under severe pressure, holes are
 //! punched in the coldest segments.
 
-use crate::policy::{Candidate, Policy};
-use crate::registry::{App, Shared, State, DEMAND_EPOCHS};
+use crate::policy::Candidate;
+use crate::registry::{App, Shared, State};
 use crate::snapshot::Sample;
 use std::os::fd::AsFd;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidepool_proto::coord::{
-    ghost_bucket_limit, FromCoord, SegmentRun, GHOST_BUCKETS, MAX_PUNCHED,
-};
+use tidepool_proto::coord::{FromCoord, SegmentRun, MAX_PUNCHED};
 use tidepool_soft::budget::{mem_available, memory_stall_us, MemoryView};
 
 /// Memory, pressure, budgets and reclamation, every tick.
@@ -85,61 +83,20 @@ pub(crate) fn control_loop(shared: Arc<Shared>) {
 /// Utilities from the last epoch's reports, then a plan.
 pub(crate) fn epoch(s: &mut State, _dt: Duration, started: Instant) {
     s.epochs += 1;
-    let policy = s.planner.policy;
+    let (policy, epochs, pool) = (s.planner.policy, s.epochs, s.pool);
     for a in s.apps.iter_mut() {
         let probe = s.planner.step(a.id).max(2 * s.planner.segment);
-        // The smallest ghost bucket that covers the probe.
-        let k = (0..GHOST_BUCKETS)
-            .find(|&k| ghost_bucket_limit(k) >= probe)
-            .unwrap_or(GHOST_BUCKETS - 1);
-        let (r, b) = (&a.report, &a.base);
-        let secs = a.last_report.duration_since(a.base_at).as_secs_f64();
-        if secs <= 0.0 {
-            continue;
-        }
-        let d = |x: u64, y: u64| x.saturating_sub(y) as f64;
-        let hits = d(r.hits, b.hits);
-        let misses = d(r.misses, b.misses);
-        a.hit_rate = if hits + misses > 0.0 {
-            hits / (hits + misses)
-        } else {
-            a.hit_rate
-        };
-        a.reads_per_s = (hits + misses) / secs;
-        a.rebuild_share = d(r.reconstruct_nanos, b.reconstruct_nanos) / secs / 1e9;
-        let gain: f64 = (0..=k)
-            .map(|i| match policy {
-                Policy::Hitrate => d(r.ghost_hits[i], b.ghost_hits[i]),
-                _ => d(r.ghost_nanos[i], b.ghost_nanos[i]),
-            })
-            .sum();
-        let u = gain / ghost_bucket_limit(k) as f64 / secs;
-        a.utility = 0.5 * a.utility + 0.5 * u;
-        // Dropping objects to make room is wanting more. (Not also "holds its whole budget":
-        // an arena keeps a few segments of its budget unpopulated as it evacuates, so that
-        // test starved every application of grants.)
-        if r.bytes_dropped > b.bytes_dropped {
-            a.dropped_epoch = Some(s.epochs);
-        }
-        a.demand = a
-            .dropped_epoch
-            .is_some_and(|e| e > a.grown_epoch && s.epochs - e < DEMAND_EPOCHS);
-        tracing::debug!(
-            app = a.id,
-            name = %a.name,
-            budget = a.budget >> 20,
-            held = a.held >> 20,
-            dropped = d(r.bytes_dropped, b.bytes_dropped) as u64 >> 20,
-            utility = a.utility,
-            demand = a.demand,
-            secs,
-            "epoch"
-        );
-        a.base = r.clone();
-        a.base_at = a.last_report;
+        a.read_epoch(epochs, probe, pool, policy);
     }
-    let candidates: Vec<Candidate> = s.apps.iter().map(|a| a.candidate(s.epochs)).collect();
+    let candidates: Vec<Candidate> = s
+        .apps
+        .iter()
+        .map(|a| a.candidate(s.epochs, s.planner.floor, s.planner.policy))
+        .collect();
     let budgets = s.planner.plan(&candidates, s.pool);
+    for a in s.apps.iter_mut() {
+        a.note_held();
+    }
     apply(s, &budgets);
     s.history.push_back(Sample {
         seconds: started.elapsed().as_secs_f64(),
@@ -160,7 +117,11 @@ pub(crate) fn epoch(s: &mut State, _dt: Duration, started: Instant) {
 /// Between epochs: budgets over the pool are cut at once (unused budget, then those that
 /// would lose least, first).
 pub(crate) fn cut(s: &mut State) {
-    let candidates: Vec<Candidate> = s.apps.iter().map(|a| a.candidate(s.epochs)).collect();
+    let candidates: Vec<Candidate> = s
+        .apps
+        .iter()
+        .map(|a| a.candidate(s.epochs, s.planner.floor, s.planner.policy))
+        .collect();
     let mut b: Vec<u64> = s.apps.iter().map(|a| a.budget).collect();
     let over = b.iter().sum::<u64>().saturating_sub(s.pool);
     s.planner.shrink(&candidates, &mut b, over);
@@ -201,6 +162,11 @@ pub(crate) fn reclaim_directly(
             }
             continue;
         }
+        // A paged program gives memory back itself (its pager evicts down to the budget at
+        // once); only soft arenas have a memfd to punch.
+        if a.memfd.is_none() {
+            continue;
+        }
         // The grace period runs from the cut, or from when the excess was first seen.
         let late = a.shrink_deadline.get_or_insert_with(Instant::now).elapsed() > grace;
         if !(severe || late) {
@@ -229,7 +195,9 @@ pub(crate) fn punch(a: &mut App, bytes: u64) -> Vec<SegmentRun> {
     let seg = a.segment;
     let mut runs = Vec::new();
     let mut freed = 0;
-    let fd = a.memfd.as_fd();
+    let Some(fd) = a.memfd.as_ref().map(|f| f.as_fd()) else {
+        return runs;
+    };
     for r in &a.report.cold {
         if freed >= bytes {
             break;
@@ -248,7 +216,7 @@ pub(crate) fn punch(a: &mut App, bytes: u64) -> Vec<SegmentRun> {
     // The cold list ran out: whatever is populated (free segments, allocation heads).
     let mut at = 0u64;
     while freed < bytes {
-        let Ok(data) = rustix::fs::seek(&a.memfd, rustix::fs::SeekFrom::Data(at)) else {
+        let Ok(data) = rustix::fs::seek(fd, rustix::fs::SeekFrom::Data(at)) else {
             break; // ENXIO: nothing populated past `at`
         };
         let first = data / seg;

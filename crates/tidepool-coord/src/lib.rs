@@ -22,13 +22,14 @@ mod control;
 pub mod http;
 mod metrics;
 pub mod policy;
+mod reading;
 mod registry;
 mod snapshot;
 mod transport;
 
 pub use access::default_token_file;
 pub use policy::{Candidate, Planner, Policy};
-pub use snapshot::{AppSnapshot, Sample, Snapshot};
+pub use snapshot::{AppSnapshot, CurvePoint, Sample, Snapshot};
 
 use control::control_loop;
 use registry::{Shared, State};

@@ -17,6 +17,17 @@ use std::sync::atomic::AtomicU64;
 struct AppLabels {
     app: String,
     id: u32,
+    /// soft or paged.
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CurveLabels {
+    app: String,
+    id: u32,
+    kind: String,
+    /// Memory beyond its budget.
+    extra_bytes: u64,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -116,12 +127,25 @@ pub(crate) fn render(s: &Snapshot, latencies: &Latencies) -> String {
         "One control tick: memory measured, budgets planned and applied",
         latencies.tick.clone(),
     );
-    let app_gauges: [AppMetric; 3] = [
+    let app_gauges: [AppMetric; 6] = [
         ("app_budget_bytes", "Budget", |a| a.budget as f64),
-        ("app_held_bytes", "Soft memory held (measured)", |a| {
-            a.held as f64
+        ("app_min_bytes", "Least budget it registered for", |a| {
+            a.min as f64
         }),
+        ("app_max_bytes", "Most budget it registered for", |a| {
+            a.max as f64
+        }),
+        (
+            "app_held_bytes",
+            "Memory held: a soft arena's (measured), a paged program's resident pages",
+            |a| a.held as f64,
+        ),
         ("app_weight", "Operator's weight", |a| a.weight),
+        (
+            "app_miss_seconds",
+            "Mean time of one miss over the last epoch (a rebuild, or a far page fault)",
+            |a| a.miss_us / 1e6,
+        ),
     ];
     for (name, help, f) in app_gauges {
         let fam = Family::<AppLabels, F64Gauge>::default();
@@ -157,8 +181,28 @@ pub(crate) fn render(s: &Snapshot, latencies: &Latencies) -> String {
     }
     c.register(
         "app_reconstruction_seconds",
-        "Time spent rebuilding objects",
+        "Time spent on misses: rebuilding objects (soft), waiting for far pages (paged)",
         rebuilt,
+    );
+    let curve = Family::<CurveLabels, F64Gauge>::default();
+    for a in &s.apps {
+        let l = labels(a);
+        for p in &a.curve {
+            curve
+                .get_or_create(&CurveLabels {
+                    app: l.app.clone(),
+                    id: l.id,
+                    kind: l.kind.clone(),
+                    extra_bytes: p.extra_mib << 20,
+                })
+                .set(p.saved_ms_per_s / 1e3);
+        }
+    }
+    c.register(
+        "app_curve_saved_time",
+        "Its miss curve: the share of time extra_bytes more memory would save (miss seconds \
+         a second, from ghost hits over the last epochs)",
+        curve,
     );
     let mut out = String::new();
     // Writing to a String cannot fail.
@@ -171,7 +215,11 @@ fn labels(a: &crate::AppSnapshot) -> AppLabels {
     let mut app = String::with_capacity(a.name.len());
     // Writing to a String cannot fail.
     let _ = tidepool_proto::exposition::escape_label_value(&a.name, &mut app);
-    AppLabels { app, id: a.id }
+    AppLabels {
+        app,
+        id: a.id,
+        kind: a.kind.clone(),
+    }
 }
 
 #[cfg(test)]
@@ -195,11 +243,14 @@ mod tests {
             punched_bytes: 8192,
             apps: vec![AppSnapshot {
                 id: 3,
+                kind: "paged".into(),
                 name: name.into(),
                 pid: 10,
                 uid: 0,
                 weight: 2.0,
                 budget: 1 << 20,
+                min: 0,
+                max: 1 << 30,
                 held: 1 << 19,
                 hits: 90,
                 misses: 10,
@@ -208,6 +259,12 @@ mod tests {
                 hit_rate: 0.9,
                 reads_per_s: 100.0,
                 rebuild_share: 0.1,
+                miss_us: 50.0,
+                curve: vec![crate::CurvePoint {
+                    extra_mib: 4,
+                    misses_per_s: 3.0,
+                    saved_ms_per_s: 250.0,
+                }],
                 utility_per_mib: 1.0,
                 punched_bytes: 4096,
                 seconds: 1.0,
@@ -221,9 +278,11 @@ mod tests {
         l.reclaim.observe(0.003);
         let out = render(&snapshot("web"), &l);
         for line in [
-            "tidepool_coord_app_hits_total{app=\"web\",id=\"3\"} 90",
-            "tidepool_coord_app_misses_total{app=\"web\",id=\"3\"} 10",
-            "tidepool_coord_app_reconstruction_seconds_total{app=\"web\",id=\"3\"} 0.25",
+            "tidepool_coord_app_hits_total{app=\"web\",id=\"3\",kind=\"paged\"} 90",
+            "tidepool_coord_app_misses_total{app=\"web\",id=\"3\",kind=\"paged\"} 10",
+            "tidepool_coord_app_reconstruction_seconds_total{app=\"web\",id=\"3\",kind=\"paged\"} 0.25",
+            "tidepool_coord_app_curve_saved_time{app=\"web\",id=\"3\",kind=\"paged\",extra_bytes=\"4194304\"} 0.25",
+            "tidepool_coord_app_miss_seconds{app=\"web\",id=\"3\",kind=\"paged\"} 0.00005",
             "tidepool_coord_punched_bytes_total 8192",
             "tidepool_coord_reclaim_duration_seconds_count 1",
             "tidepool_coord_reclaim_duration_seconds_bucket{le=\"0.004\"} 1",

@@ -66,8 +66,11 @@ pub struct Candidate {
     pub id: u32,
     pub weight: f64,
     pub budget: u64,
-    /// Its arena's address space: a budget past it is useless.
+    /// The most it may have (an arena's address space, a paged program's maximum).
     pub capacity: u64,
+    /// The least it should have while the pool allows (its minimum, else the coordinator's
+    /// floor).
+    pub min: u64,
     /// Marginal utility: what one more byte would save per second (reconstruction
     /// nanoseconds for `midas`, hits for `hitrate`), smoothed.
     pub utility: f64,
@@ -76,6 +79,11 @@ pub struct Candidate {
     /// Budget it has had for a while without using (not counting an evacuating arena's
     /// free segments): giving it up costs nothing.
     pub unused: u64,
+    /// A floor on what a byte it holds is worth (same unit as `utility`), from its hits and
+    /// what a miss costs it: what giving memory up costs an application that has never been
+    /// smaller, and so has no utilities remembered below its budget. 0 if its hits are not
+    /// seen (a paged program's are plain memory accesses).
+    pub held_worth: f64,
 }
 
 impl Candidate {
@@ -174,7 +182,7 @@ impl Planner {
             }
         }
         let used = bytes.saturating_sub(a.unused) as f64 / bytes.max(1) as f64;
-        a.weight * a.utility.max(sum / weights.max(1.0)) * used
+        a.weight * a.utility.max(sum / weights.max(1.0)).max(a.held_worth) * used
     }
 
     /// Bytes the next move to application `id` shifts (0 until the first plan).
@@ -205,8 +213,20 @@ impl Planner {
             self.shrink(apps, &mut b, sum - total);
             return b;
         }
-        // Grants: idle memory to the applications that want more, most valuable first.
         let mut spare = total - sum;
+        // Minimums first, most valuable first, as far as idle memory allows.
+        let mut order: Vec<usize> = (0..apps.len()).collect();
+        order.sort_by(|&x, &y| apps[y].value().total_cmp(&apps[x].value()));
+        for &i in &order {
+            let g = apps[i]
+                .min
+                .min(apps[i].capacity)
+                .saturating_sub(b[i])
+                .min(spare);
+            b[i] += g;
+            spare -= g;
+        }
+        // Grants: idle memory to the applications that want more, most valuable first.
         let mut wanting: Vec<usize> = (0..apps.len()).filter(|&i| apps[i].demand).collect();
         wanting.sort_by(|&x, &y| apps[y].value().total_cmp(&apps[x].value()));
         let grant = self.round(total / 8).max(self.segment);
@@ -224,7 +244,7 @@ impl Planner {
         let step = self.step(apps[to].id);
         let loss: Vec<f64> = apps.iter().map(|a| self.loss(a, step)).collect();
         let from = (0..apps.len())
-            .filter(|&i| i != to && b[i] > self.floor)
+            .filter(|&i| i != to && b[i] > apps[i].min)
             .min_by(|&x, &y| loss[x].total_cmp(&loss[y]));
         let Some(from) = from else {
             tracing::debug!(to = apps[to].id, "no move: nobody to take from");
@@ -270,14 +290,14 @@ impl Planner {
         }
         r.received = true;
         let room = apps[to].capacity.saturating_sub(b[to]);
-        let moved = moved.min(b[from] - self.floor).min(room);
+        let moved = moved.min(b[from] - apps[from].min).min(room);
         b[from] -= moved;
         b[to] += moved;
         tracing::debug!(from = pair.0, to = pair.1, moved, vt, vf, "move");
         b
     }
 
-    /// Takes `over` bytes back: from the one that loses least first, down to the floor;
+    /// Takes `over` bytes back: from the one that loses least first, down to its minimum;
     /// then evenly from everyone.
     pub fn shrink(&self, apps: &[Candidate], b: &mut [u64], mut over: u64) {
         let mut order: Vec<usize> = (0..apps.len()).collect();
@@ -289,7 +309,7 @@ impl Planner {
             order.sort_by(|&x, &y| loss[x].total_cmp(&loss[y]));
         }
         for &i in &order {
-            let take = over.min(b[i].saturating_sub(self.floor));
+            let take = over.min(b[i].saturating_sub(apps[i].min));
             let take = take.div_ceil(self.segment) * self.segment;
             let take = take.min(b[i]);
             b[i] -= take;
@@ -298,7 +318,7 @@ impl Planner {
                 return;
             }
         }
-        // Everyone is at the floor: under it, evenly.
+        // Everyone is at the minimum: under it, evenly.
         while over > 0 {
             let mut took = false;
             for x in b.iter_mut().filter(|x| **x >= self.segment) {
@@ -339,9 +359,11 @@ mod tests {
             weight: 1.0,
             budget,
             capacity: 1 << 40,
+            min: 4 * S,
             utility,
             demand,
             unused: 0,
+            held_worth: 0.0,
         }
     }
 

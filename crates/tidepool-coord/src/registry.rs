@@ -4,7 +4,7 @@
 use crate::access;
 use crate::metrics;
 use crate::policy::{Candidate, Planner, Policy};
-use crate::snapshot::{AppSnapshot, Sample, Snapshot};
+use crate::snapshot::{AppSnapshot, CurvePoint, Sample, Snapshot};
 use crate::Config;
 use parking_lot::Mutex;
 use std::collections::{HashSet, VecDeque};
@@ -13,20 +13,25 @@ use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidepool_proto::coord::{FromCoord, Report};
+use tidepool_proto::coord::{ghost_bucket_limit, AppKind, FromCoord, Report, GHOST_BUCKETS};
 use tidepool_soft::budget::memory_stall_us;
 use tidepool_soft::coord::Channel;
 
 pub(crate) struct App {
     pub(crate) id: u32,
+    /// Soft memory or a paged program (`tidepool run`).
+    pub(crate) kind: AppKind,
     pub(crate) name: String,
     /// As the kernel saw it connect (SO_PEERCRED), not as it said.
     pub(crate) pid: u32,
     pub(crate) uid: u32,
     pub(crate) weight: f64,
     pub(crate) segment: u64,
+    /// Its budget's bounds: at most `capacity`; at least `min` while the pool allows.
     pub(crate) capacity: u64,
-    pub(crate) memfd: OwnedFd,
+    pub(crate) min: u64,
+    /// A soft arena's memory (measured and punched here); none for a paged program.
+    pub(crate) memfd: Option<OwnedFd>,
     pub(crate) chan: Arc<Channel>,
     pub(crate) budget: u64,
     pub(crate) held: u64,
@@ -44,50 +49,137 @@ pub(crate) struct App {
     pub(crate) hit_rate: f64,
     pub(crate) reads_per_s: f64,
     pub(crate) rebuild_share: f64,
+    /// Mean time of a miss over the last epoch (a reconstruction, or a page fault served
+    /// from far memory), nanoseconds.
+    pub(crate) miss_nanos: f64,
+    /// Per ghost bucket, smoothed: misses per second, and miss time per second (ns), that
+    /// 2^k MiB more would have saved.
+    pub(crate) curve_hits: [f64; GHOST_BUCKETS],
+    pub(crate) curve_nanos: [f64; GHOST_BUCKETS],
+    /// What it held at the end of each of the last epochs, oldest first.
+    pub(crate) held_seen: VecDeque<u64>,
+    /// Whether a report has come (the first is the base of the deltas).
+    pub(crate) reported: bool,
+    /// What it reported that made no sense, once said (so the log says it once).
+    pub(crate) clamped_said: bool,
     pub(crate) punched_since_report: HashSet<u32>,
     pub(crate) shrink_deadline: Option<Instant>,
     pub(crate) punched_bytes: u64,
 }
 
 impl App {
+    /// What it holds: a soft arena's memfd blocks; a paged program's resident bytes as it
+    /// reports them, but never more than its process's resident set (the kernel's word).
     pub(crate) fn measure(&mut self) {
-        if let Ok(st) = rustix::fs::fstat(&self.memfd) {
-            self.held = st.st_blocks as u64 * 512;
+        match &self.memfd {
+            Some(fd) => {
+                if let Ok(st) = rustix::fs::fstat(fd) {
+                    self.held = st.st_blocks as u64 * 512;
+                }
+            }
+            None => {
+                self.held = match resident_bytes(self.pid) {
+                    Some(rss) => self.report.usage.min(rss),
+                    None => 0, // gone
+                };
+            }
+        }
+    }
+
+    /// Whether what it holds grew by more than two segments over the last epochs.
+    pub(crate) fn filling(&self) -> bool {
+        match (self.held_seen.front(), self.held_seen.back()) {
+            (Some(&old), Some(&new)) => new > old + 2 * self.segment,
+            _ => false,
+        }
+    }
+
+    /// Notes what it holds at the end of an epoch (the last [`DEMAND_EPOCHS`] are kept).
+    pub(crate) fn note_held(&mut self) {
+        if self.held_seen.len() == DEMAND_EPOCHS as usize {
+            self.held_seen.pop_front();
+        }
+        self.held_seen.push_back(self.held);
+    }
+
+    /// What a byte it holds saves per second at least (the planner's unit: nanoseconds for
+    /// `midas`, hits for `hitrate`): its hits a second, times what a miss costs, over what it holds, times
+    /// [`HELD_WORTH_SHARE`] (the bytes given up are its coldest, which take fewer than their
+    /// share of the hits). 0 for a paged program (its hits are not seen).
+    fn held_worth(&self, policy: Policy) -> f64 {
+        if self.kind == AppKind::Paged || self.held == 0 {
+            return 0.0;
+        }
+        let hits = self.reads_per_s * self.hit_rate;
+        let each = match policy {
+            Policy::Hitrate => 1.0,
+            _ => self.miss_nanos,
+        };
+        hits * each / self.held as f64 * HELD_WORTH_SHARE
+    }
+
+    /// Its floor in the planner: its own minimum, else the coordinator's.
+    fn floor(&self, default: u64) -> u64 {
+        if self.min > 0 {
+            self.min
+        } else {
+            default
         }
     }
 
     /// What the planner sees of it (`epochs`: the coordinator's count).
-    pub(crate) fn candidate(&self, epochs: u64) -> Candidate {
-        // Budget given in the last seconds is being rebuilt into, not unused.
-        let settled = !self.demand && epochs > self.grown_epoch + 2 * DEMAND_EPOCHS;
+    pub(crate) fn candidate(&self, epochs: u64, floor: u64, policy: Policy) -> Candidate {
+        // Budget given in the last seconds is being rebuilt into, not unused; so is budget
+        // it is still filling (a paged program refills a page a fault: at a few thousand
+        // faults a second, a grant of 100 MiB takes ten seconds to fill, and was taken back
+        // as unused after four).
+        let settled =
+            !self.demand && epochs > self.grown_epoch + 2 * DEMAND_EPOCHS && !self.filling();
         Candidate {
             unused: if settled {
                 self.budget.saturating_sub(self.held + 2 * self.segment)
             } else {
                 0
             },
+            held_worth: self.held_worth(policy),
             id: self.id,
             weight: self.weight,
             budget: self.budget,
             capacity: self.capacity,
+            min: self.floor(floor),
             utility: self.utility,
             demand: self.demand,
         }
     }
 
+    /// Sends without waiting: the control loop must never block on one application. One
+    /// that has left its socket full (hundreds of messages unread) is cut off; its thread
+    /// then sees the connection end and removes it. Any other failure means it is gone, which
+    /// its thread notices too.
     pub(crate) fn send(&self, m: &FromCoord) {
-        // A failed send means the runtime is gone; its own thread notices and removes it.
-        let _ = self.chan.send(&m.encode());
+        if let Err(e) = self.chan.send_now(&m.encode()) {
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                tracing::warn!(
+                    app = self.id,
+                    name = %self.name,
+                    "coordinator: an application does not read what it is sent; dropped"
+                );
+                self.chan.shut_down();
+            }
+        }
     }
 
     pub(crate) fn snapshot(&self, policy: Policy) -> AppSnapshot {
         AppSnapshot {
             id: self.id,
+            kind: self.kind.to_string(),
             name: self.name.clone(),
             pid: self.pid,
             uid: self.uid,
             weight: self.weight,
             budget: self.budget,
+            min: self.min,
+            max: self.capacity,
             held: self.held,
             hits: self.report.hits,
             misses: self.report.misses,
@@ -96,6 +188,15 @@ impl App {
             hit_rate: self.hit_rate,
             reads_per_s: self.reads_per_s,
             rebuild_share: self.rebuild_share,
+            miss_us: self.miss_nanos / 1e3,
+            curve: (0..GHOST_BUCKETS)
+                .map(|k| CurvePoint {
+                    extra_mib: ghost_bucket_limit(k) >> 20,
+                    misses_per_s: (self.reads_per_s * (1.0 - self.hit_rate) - self.curve_hits[k])
+                        .max(0.0),
+                    saved_ms_per_s: self.curve_nanos[k] / 1e6,
+                })
+                .collect(),
             utility_per_mib: self.utility
                 * (1 << 20) as f64
                 * if policy == Policy::Midas { 1e-6 } else { 1.0 },
@@ -127,6 +228,10 @@ pub(crate) struct State {
 /// Epochs a drop counts as wanting more. Evacuation drops in bursts: an application that
 /// holds nearly all it uses drops a few objects every second or two, not every epoch.
 pub(crate) const DEMAND_EPOCHS: u64 = 8;
+
+/// The share of an application's hits its coldest bytes are taken to carry, per byte, when
+/// nothing better is known (see `App::held_worth`).
+pub(crate) const HELD_WORTH_SHARE: f64 = 0.25;
 
 pub(crate) struct Shared {
     pub(crate) config: Config,
@@ -225,10 +330,37 @@ impl Shared {
         let Some(a) = s.apps.iter_mut().find(|a| a.id == app) else {
             return false;
         };
+        let weight = clamp_weight(weight, &a.name);
         a.weight = weight;
         a.send(&FromCoord::Weight { weight });
         tracing::info!(app, name = %a.name, weight, "weight changed");
         s.epoch_due = true;
         true
     }
+}
+
+/// The resident set of process `pid` in bytes (`/proc/PID/statm`), if it still runs.
+fn resident_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * tidepool_sys::PAGE as u64)
+}
+
+/// The most and least weight a registration may have: an application that asks for more
+/// than this cannot take every byte from the others.
+pub(crate) const WEIGHTS: std::ops::RangeInclusive<f64> = 0.01..=100.0;
+
+/// An application's weight within [`WEIGHTS`], with a log line if it asked for more or less.
+pub(crate) fn clamp_weight(weight: f64, name: &str) -> f64 {
+    let w = weight.clamp(*WEIGHTS.start(), *WEIGHTS.end());
+    if w != weight {
+        tracing::warn!(
+            %name,
+            asked = weight,
+            given = w,
+            "coordinator: weight out of range {:?}; clamped",
+            WEIGHTS
+        );
+    }
+    w
 }

@@ -8,13 +8,19 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AppSnapshot {
     pub id: u32,
+    /// "soft" (a soft-memory arena) or "paged" (a program under `tidepool run`).
+    pub kind: String,
     pub name: String,
     pub pid: u32,
     /// The user it runs as.
     pub uid: u32,
     pub weight: f64,
     pub budget: u64,
-    /// Bytes its memfd holds (measured).
+    /// Its registration's bounds on the budget (`min` 0: the coordinator's floor).
+    pub min: u64,
+    pub max: u64,
+    /// Bytes it holds: its memfd's (soft), or its resident pages, at most its resident set
+    /// (paged).
     pub held: u64,
     pub hits: u64,
     pub misses: u64,
@@ -25,13 +31,27 @@ pub struct AppSnapshot {
     pub hit_rate: f64,
     /// Reads per second over the last epoch.
     pub reads_per_s: f64,
-    /// Share of time spent reconstructing over the last epoch (CPU-seconds per second).
+    /// Share of time spent on misses over the last epoch (reconstruction or far faults,
+    /// seconds per second).
     pub rebuild_share: f64,
+    /// Mean time of one miss over the last epoch, microseconds.
+    pub miss_us: f64,
+    /// Its curve, from ghost hits: with `extra_mib` more, the misses per second left and the
+    /// miss time per second saved.
+    pub curve: Vec<CurvePoint>,
     /// Marginal utility: what a MiB more would save per second (reconstruction ms for
     /// midas, hits for hitrate).
     pub utility_per_mib: f64,
     pub punched_bytes: u64,
     pub seconds: f64,
+}
+
+/// One point of an application's miss curve.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct CurvePoint {
+    pub extra_mib: u64,
+    pub misses_per_s: f64,
+    pub saved_ms_per_s: f64,
 }
 
 /// The coordinator's state as the dashboard and `tidepool top` show it.

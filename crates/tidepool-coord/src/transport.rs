@@ -2,13 +2,13 @@
 //! answers, and command connections (`tidepool weight`).
 
 use crate::control::apply;
-use crate::registry::{App, Shared};
+use crate::registry::{clamp_weight, App, Shared};
 use std::collections::HashSet;
 use std::io;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tidepool_proto::coord::{FromCoord, Report, ToCoord, MAX_MESSAGE};
+use tidepool_proto::coord::{AppKind, FromCoord, Report, ToCoord, GHOST_BUCKETS, MAX_MESSAGE};
 use tidepool_soft::coord::{Channel, Listener};
 
 pub(crate) fn accept_loop(shared: Arc<Shared>, listener: Arc<Listener>) {
@@ -50,14 +50,16 @@ pub(crate) fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
         Ok(None) => return refuse("no hello within 5 s".into()),
         Err(_) => return,
     };
-    let (weight, segment, capacity, name) = match msg {
+    let (kind, weight, segment, capacity, min, name) = match msg {
         Ok(ToCoord::Hello {
+            kind,
             weight,
             segment,
             capacity,
+            min,
             name,
             ..
-        }) => (weight, segment as u64, capacity, name),
+        }) => (kind, weight, segment as u64, capacity, min, name),
         Ok(ToCoord::SetWeight { app, weight }) => {
             return serve_commands(&shared, &ch, peer, app, weight, &mut buf)
         }
@@ -66,17 +68,25 @@ pub(crate) fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
     };
     // The process as the kernel knows it: a pid in the hello could name anyone.
     let (pid, uid) = (peer.pid, peer.uid);
-    let Some(memfd) = memfd else {
-        return refuse("the hello carried no memfd (SCM_RIGHTS)".into());
+    // A paged program's memory is its pager's to give back; a memfd it sent is closed.
+    let memfd = match (kind, memfd) {
+        (AppKind::Soft, None) => {
+            return refuse("the hello carried no memfd (SCM_RIGHTS)".into());
+        }
+        (AppKind::Soft, Some(fd)) => Some(fd),
+        (AppKind::Paged, _) => None,
     };
     if !segment.is_power_of_two() || !(4096..=1 << 30).contains(&segment) {
         return refuse(format!(
             "segment size {segment} is not a power of two in 4K-1G"
         ));
     }
-    if let Err(e) = rustix::fs::fstat(&memfd) {
+    if let Some(Err(e)) = memfd.as_ref().map(rustix::fs::fstat) {
         return refuse(format!("the memfd cannot be inspected: {e}"));
     }
+    let name = printable_name(&name, pid);
+    let weight = clamp_weight(weight, &name);
+    let min = min.min(capacity);
     let id = {
         let mut s = shared.state.lock();
         let id = s.next_id;
@@ -84,7 +94,8 @@ pub(crate) fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
         // An even share of the pool; the others give it up in proportion to their budgets
         // (so applications that start together start even, as in Midas §7.1).
         let n = s.apps.len() as u64 + 1;
-        let share = (s.pool / n / segment * segment).max(shared.config.floor.min(s.pool));
+        let floor = if min > 0 { min } else { shared.config.floor };
+        let share = (s.pool / n / segment * segment).max(floor.min(s.pool));
         let share = share.min(capacity);
         let granted: u64 = s.apps.iter().map(|a| a.budget).sum();
         if granted + share > s.pool && granted > 0 {
@@ -104,12 +115,14 @@ pub(crate) fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
         let now = Instant::now();
         let mut app = App {
             id,
+            kind,
             name: name.clone(),
             pid,
             uid,
             weight,
             segment,
             capacity,
+            min,
             memfd,
             chan: ch.clone(),
             budget: share,
@@ -126,6 +139,12 @@ pub(crate) fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
             hit_rate: 0.0,
             reads_per_s: 0.0,
             rebuild_share: 0.0,
+            miss_nanos: 0.0,
+            curve_hits: [0.0; GHOST_BUCKETS],
+            curve_nanos: [0.0; GHOST_BUCKETS],
+            held_seen: std::collections::VecDeque::new(),
+            clamped_said: false,
+            reported: false,
             punched_since_report: HashSet::new(),
             shrink_deadline: None,
             punched_bytes: 0,
@@ -140,8 +159,11 @@ pub(crate) fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
         s.epoch_due = true;
         id
     };
-    tracing::info!(app = id, %name, pid, uid, weight, "application joined");
+    tracing::info!(app = id, %kind, %name, pid, uid, weight, "application joined");
     let quiet = shared.config.heartbeat * 50;
+    // Messages allowed per second: ten times what its heartbeat asks for, at least 100.
+    let allowed = (10_000 / shared.config.heartbeat.as_millis().max(1) as u64).max(100);
+    let mut window = (Instant::now(), 0u64);
     let why = loop {
         let n = match ch.recv(&mut buf, Some(quiet)) {
             Ok(Some((n, _))) => n,
@@ -149,10 +171,27 @@ pub(crate) fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break "it exited".into(),
             Err(e) => break format!("{e}"),
         };
+        if window.0.elapsed() >= Duration::from_secs(1) {
+            window = (Instant::now(), 0);
+        }
+        window.1 += 1;
+        if window.1 > allowed {
+            break format!(
+                "it flooded the coordinator (more than {allowed} messages within a second); \
+                 dropped"
+            );
+        }
         match ToCoord::decode(&buf[..n]) {
             Ok(ToCoord::Report(r)) => {
                 let mut s = shared.state.lock();
                 if let Some(a) = s.apps.iter_mut().find(|a| a.id == id) {
+                    // Its counters run from its start, not from its joining: the first
+                    // report is where the coordinator's deltas start.
+                    if !a.reported {
+                        a.base = (*r).clone();
+                        a.base_at = Instant::now();
+                        a.reported = true;
+                    }
                     a.report = *r;
                     a.last_report = Instant::now();
                     a.punched_since_report.clear();
@@ -198,5 +237,29 @@ pub(crate) fn serve_commands(
                 next = Some((app, weight));
             }
         }
+    }
+}
+
+/// A name as shown on the dashboard, in logs and in `tidepool top`: control characters (a
+/// terminal's escape sequences, line breaks that would forge log lines) become `?`, and an
+/// empty name becomes "pid PID".
+pub(crate) fn printable_name(name: &str, pid: u32) -> String {
+    let clean: String = name
+        .chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    let clean = clean.trim().to_string();
+    if clean != name {
+        tracing::warn!(
+            pid,
+            name = %clean,
+            "coordinator: an application's name had control characters or blanks around it; \
+             they are shown as '?'"
+        );
+    }
+    if clean.is_empty() {
+        format!("pid {pid}")
+    } else {
+        clean
     }
 }

@@ -5,7 +5,7 @@
 use std::os::fd::AsFd;
 use std::time::{Duration, Instant};
 use tidepool_coord::{Config, Coordinator, Policy};
-use tidepool_proto::coord::{FromCoord, Report, SegmentRun, ToCoord, MAX_MESSAGE};
+use tidepool_proto::coord::{AppKind, FromCoord, Report, SegmentRun, ToCoord, MAX_MESSAGE};
 use tidepool_soft::coord::{Channel, CoordConfig};
 use tidepool_soft::{ArenaConfig, SoftArena, SoftRuntime, SoftVec, SEGMENT};
 
@@ -53,10 +53,12 @@ fn a_stubborn_runtime_has_its_coldest_segments_punched() {
     assert_eq!(held(), bytes);
     let ch = Channel::connect(coord.socket()).unwrap();
     let hello = ToCoord::Hello {
+        kind: AppKind::Soft,
         pid: std::process::id(),
         weight: 1.0,
         segment: SEGMENT as u32,
         capacity: bytes,
+        min: 0,
         budget: bytes,
         name: "stubborn".into(),
     };

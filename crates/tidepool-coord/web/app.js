@@ -44,9 +44,14 @@ function render(history, state) {
   draw("budget", ["t"].concat(ids.map(label)), per(1, MiB));
   draw("held", ["t"].concat(ids.map(label)), per(2, MiB));
   draw("utility", ["t"].concat(ids.map(label)), per(3, 1));
+  // Miss curves now: what more memory would save each application (log scale of MiB).
+  const curveRows = (state.apps[0] ? state.apps[0].curve : []).map((p, k) =>
+    [p.extra_mib].concat(state.apps.map(a => a.curve[k] ? a.curve[k].saved_ms_per_s : null)));
+  draw("curve", ["extra MiB"].concat(state.apps.map(a => label(a.id))), curveRows,
+       { xlabel: "MiB more", axes: { x: { logscale: true } } });
   document.getElementById("utility-title").textContent = state.policy === "hitrate"
     ? "Marginal utility: hits per second a MiB more would add"
-    : "Marginal utility: reconstruction ms per second a MiB more would save";
+    : "Marginal utility: miss ms per second a MiB more would save";
   // The summary: labels as text, figures in bold.
   const summary = document.getElementById("summary");
   const parts = [["policy ", state.policy], [" · idle pool ", mib(state.pool)],
@@ -68,9 +73,11 @@ function render(history, state) {
     Object.assign(input, { className: "w", type: "number", min: "0.1", step: "0.1", value: String(a.weight) });
     const weight = document.createElement("td");
     weight.append(input);
-    tr.append(el("td", `${a.name} #${a.id}`), el("td", String(a.pid)), el("td", String(a.uid)), weight,
-      el("td", mib(a.budget)), el("td", mib(a.held)), el("td", a.hit_rate.toFixed(3)),
-      el("td", a.reads_per_s.toFixed(0)), el("td", (100 * a.rebuild_share).toFixed(1) + "%"),
+    const paged = a.kind === "paged";
+    tr.append(el("td", `${a.name} #${a.id}`), el("td", a.kind), el("td", String(a.pid)), el("td", String(a.uid)), weight,
+      el("td", mib(a.budget)), el("td", mib(a.held)), el("td", paged ? "-" : a.hit_rate.toFixed(3)),
+      el("td", (a.reads_per_s * (1 - a.hit_rate)).toFixed(0)), el("td", a.miss_us.toFixed(1)),
+      el("td", (100 * a.rebuild_share).toFixed(1) + "%"),
       el("td", a.utility_per_mib.toFixed(3)), el("td", mib(a.punched_bytes)));
     input.addEventListener("change", ev => setWeight(a.id, parseFloat(ev.target.value)));
     body.appendChild(tr);

@@ -1,0 +1,135 @@
+//! An epoch's reading of one application's reports: its miss rate and miss cost, its miss
+//! curve, its marginal utility, whether it wants more; with what no program can have done
+//! clamped.
+
+use crate::policy::Policy;
+use crate::registry::{App, DEMAND_EPOCHS};
+use tidepool_proto::coord::{ghost_bucket_limit, GHOST_BUCKETS};
+
+/// Miss time per second a report may claim, per CPU: threads blocked on far faults spend no
+/// CPU, so a paged program with many threads may wait more than its CPUs' time.
+const MISS_TIME_CPUS: f64 = 16.0;
+
+impl App {
+    /// Reads the reports since the last epoch (`epochs`: the coordinator's count, `probe`: the
+    /// bytes the planner's next move to it would shift, `pool`: the memory shared).
+    pub(crate) fn read_epoch(&mut self, epochs: u64, probe: u64, pool: u64, policy: Policy) {
+        // The smallest ghost bucket that covers the probe.
+        let k = (0..GHOST_BUCKETS)
+            .find(|&k| ghost_bucket_limit(k) >= probe)
+            .unwrap_or(GHOST_BUCKETS - 1);
+        let (r, b) = (&self.report, &self.base);
+        let secs = self.last_report.duration_since(self.base_at).as_secs_f64();
+        if secs <= 0.0 {
+            return;
+        }
+        let d = |x: u64, y: u64| x.saturating_sub(y) as f64;
+        let hits = d(r.hits, b.hits);
+        let misses = d(r.misses, b.misses);
+        // What no program can have done is clamped: more miss time per second than every
+        // CPU spending all of it (times a margin for threads blocked on faults), or ghost
+        // hits beyond its misses and ghost time beyond its miss time.
+        let limit = secs * 1e9 * MISS_TIME_CPUS * tidepool_sys::online_cpus().max(1) as f64;
+        let miss_time = d(r.reconstruct_nanos, b.reconstruct_nanos);
+        let ghost_hits: Vec<f64> = (0..GHOST_BUCKETS)
+            .map(|i| d(r.ghost_hits[i], b.ghost_hits[i]))
+            .collect();
+        let ghost_nanos: Vec<f64> = (0..GHOST_BUCKETS)
+            .map(|i| d(r.ghost_nanos[i], b.ghost_nanos[i]))
+            .collect();
+        let (gh, gn) = (
+            ghost_hits.iter().sum::<f64>(),
+            ghost_nanos.iter().sum::<f64>(),
+        );
+        // (Counters a report reads one after the other race with the misses they count: a
+        // little more ghost than miss is normal, and not clamped.)
+        let clamp_time = miss_time.min(limit);
+        let (most_hits, most_time) = (misses * 1.25 + 64.0, clamp_time * 1.25 + 1e6);
+        let hit_scale = if gh > most_hits { most_hits / gh } else { 1.0 };
+        let nano_scale = if gn > most_time { most_time / gn } else { 1.0 };
+        if (miss_time > limit || hit_scale < 1.0 || nano_scale < 1.0) && !self.clamped_said {
+            tracing::warn!(
+                app = self.id,
+                name = %self.name,
+                miss_seconds_per_s = miss_time / secs / 1e9,
+                ghost_hits = gh,
+                misses,
+                "coordinator: an application reported more than it can have done (miss time \
+                 past what the CPUs allow, or ghost hits past its misses); its figures are \
+                 clamped"
+            );
+            self.clamped_said = true;
+        }
+        self.hit_rate = if hits + misses > 0.0 {
+            hits / (hits + misses)
+        } else {
+            self.hit_rate
+        };
+        self.reads_per_s = (hits + misses) / secs;
+        self.rebuild_share = clamp_time / secs / 1e9;
+        if misses > 0.0 {
+            self.miss_nanos = clamp_time / misses;
+        } else if r.misses > 0 && self.miss_nanos == 0.0 {
+            // No miss this epoch, none seen yet: what its misses cost over its life.
+            self.miss_nanos = (r.reconstruct_nanos as f64 / r.misses as f64).min(1e9);
+        }
+        let (mut ch, mut cn) = (0.0, 0.0);
+        for i in 0..GHOST_BUCKETS {
+            ch += ghost_hits[i] * hit_scale / secs;
+            cn += ghost_nanos[i] * nano_scale / secs;
+            self.curve_hits[i] = 0.5 * self.curve_hits[i] + 0.5 * ch;
+            self.curve_nanos[i] = 0.5 * self.curve_nanos[i] + 0.5 * cn;
+        }
+        // Gain per byte: over the probe, or over any larger extension the pool could give,
+        // whichever is more (the miss curve's convex hull, as Talus makes a cache's). A scan
+        // over more than it has hits nothing until it fits: its ghost hits all lie at one
+        // distance, past any one step, and with the probe alone it looked worth nothing
+        // while 90 MiB more would have made it run at full speed.
+        let saved = |i: usize| match policy {
+            Policy::Hitrate => ghost_hits[i] * hit_scale,
+            _ => ghost_nanos[i] * nano_scale,
+        };
+        let mut sum: f64 = (0..k).map(saved).sum();
+        let mut best = 0.0f64;
+        for i in k..GHOST_BUCKETS {
+            if i > k && ghost_bucket_limit(i - 1) > pool {
+                break;
+            }
+            sum += saved(i);
+            best = best.max(sum / ghost_bucket_limit(i) as f64);
+        }
+        // Dropping objects (evicting pages) to make room is wanting more. (Not also "holds
+        // its whole budget": an arena keeps a few segments of its budget unpopulated as it
+        // evacuates, so that test starved every application of grants.)
+        if r.bytes_dropped > b.bytes_dropped {
+            self.dropped_epoch = Some(epochs);
+        }
+        // Ghost hits say what more memory would save only while memory is short: one that
+        // has room to spare (it neither dropped nor evicted lately, and holds well under its
+        // budget) is fetching back what was dropped before it had this budget, and more would
+        // save nothing. (A paged program refilling after a grant showed its best utility of
+        // the run with half its budget unused, and kept pulling memory it never filled.)
+        let short = self
+            .dropped_epoch
+            .is_some_and(|e| epochs - e < DEMAND_EPOCHS)
+            || self.held + 4 * self.segment + self.budget / 32 >= self.budget;
+        let u = if short { best / secs } else { 0.0 };
+        self.utility = 0.5 * self.utility + 0.5 * u;
+        self.demand = self
+            .dropped_epoch
+            .is_some_and(|e| e > self.grown_epoch && epochs - e < DEMAND_EPOCHS);
+        tracing::debug!(
+            app = self.id,
+            name = %self.name,
+            budget = self.budget >> 20,
+            held = self.held >> 20,
+            dropped = d(r.bytes_dropped, b.bytes_dropped) as u64 >> 20,
+            utility = self.utility,
+            demand = self.demand,
+            secs,
+            "epoch"
+        );
+        self.base = r.clone();
+        self.base_at = self.last_report;
+    }
+}
