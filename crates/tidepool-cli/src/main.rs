@@ -127,6 +127,12 @@ enum Cmd {
     /// which the loader ignores LD_PRELOAD) is refused before it starts, unless
     /// --allow-unpaged.
     ///
+    /// When a coordinator runs (`tidepool coord`, at its default socket or --coord), the
+    /// program joins it: --local is where its budget starts, and the coordinator moves local
+    /// memory between it and other programs and soft-memory applications, by what a byte
+    /// saves each of them in miss time, within --min and --max, and takes it back when the
+    /// host runs short. --no-coord keeps the budget fixed (`tidepool resize` still changes it).
+    ///
     /// Example: tidepool run --local 256M --stats -- python3 script.py
     Run {
         /// Local memory for the program's heap, e.g. 256M; the rest lives in far memory.
@@ -145,6 +151,8 @@ enum Cmd {
         /// memory local.
         #[arg(long)]
         allow_unpaged: bool,
+        #[command(flatten)]
+        join: run::JoinArgs,
         /// The program and its arguments, after `--`.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         program: Vec<OsString>,
@@ -397,8 +405,9 @@ fn run(cli: Cli) -> Result<()> {
             backend,
             stats,
             allow_unpaged,
+            join,
             program,
-        } => run::run(local, &backend, stats, allow_unpaged, &program),
+        } => run::run(local, &backend, stats, allow_unpaged, &join, &program),
         Cmd::Resize { pid, local } => run::resize(pid, local),
         Cmd::AddNode { pid, addr } => run::add_node(pid, &addr),
         Cmd::Coord(args) => coord::run(args),
@@ -439,6 +448,7 @@ fn run(cli: Cli) -> Result<()> {
             "far-graph" => tidepool_bench::far::graph_worker(&args),
             "coord-app" => tidepool_bench::coord::worker(&args),
             "antagonist" => tidepool_bench::coord::antagonist_worker(&args),
+            "paged-app" => tidepool_bench::coord::paged_worker(&args),
             other => anyhow::bail!("unknown bench worker '{other}'"),
         },
     }

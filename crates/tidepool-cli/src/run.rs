@@ -24,6 +24,84 @@ fn preload_library() -> Result<PathBuf> {
     tidepool_bench::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")
 }
 
+/// How `tidepool run` joins a coordinator.
+#[derive(Debug, Clone, clap::Args)]
+pub struct JoinArgs {
+    /// Join the coordinator at this socket [default: $TIDEPOOL_COORD, else `tidepool coord`'s
+    /// default socket; joined if a coordinator answers there].
+    #[arg(long, value_name = "SOCKET", conflicts_with = "no_coord")]
+    pub coord: Option<PathBuf>,
+    /// Do not join a coordinator: the budget stays --local.
+    #[arg(long)]
+    pub no_coord: bool,
+    /// The coordinator's weight for this program (its gains count this many times).
+    #[arg(long, default_value_t = 1.0)]
+    pub weight: f64,
+    /// The least local memory the coordinator leaves it while the host has room [default:
+    /// the coordinator's floor].
+    #[arg(long, value_parser = crate::parse_size_arg)]
+    pub min: Option<u64>,
+    /// The most local memory the coordinator gives it [default: no limit].
+    #[arg(long, value_parser = crate::parse_size_arg)]
+    pub max: Option<u64>,
+    /// Its name on the coordinator's dashboard [default: the program's].
+    #[arg(long)]
+    pub name: Option<String>,
+}
+
+impl JoinArgs {
+    /// The socket to join: the one named (which must answer), else the default one if a
+    /// coordinator answers there, else none.
+    fn socket(&self) -> Result<Option<PathBuf>> {
+        use tidepool_sys::seqpacket::Channel;
+        if self.no_coord {
+            return Ok(None);
+        }
+        match &self.coord {
+            Some(path) => {
+                Channel::connect(path).with_context(|| {
+                    format!(
+                        "no coordinator answers at {} (start one with `tidepool coord --socket \
+                         {0}`, or run without --coord)",
+                        path.display()
+                    )
+                })?;
+                Ok(Some(path.clone()))
+            }
+            None => {
+                let path = std::env::var_os("TIDEPOOL_COORD")
+                    .filter(|p| !p.is_empty())
+                    .map(PathBuf::from)
+                    .unwrap_or_else(tidepool_coord::default_socket);
+                Ok(Channel::connect(&path).is_ok().then_some(path))
+            }
+        }
+    }
+
+    fn check(&self, local: u64) -> Result<()> {
+        if !(self.weight.is_finite() && self.weight > 0.0) {
+            bail!("--weight {} must be a positive number", self.weight);
+        }
+        if let (Some(min), Some(max)) = (self.min, self.max) {
+            if min > max {
+                bail!(
+                    "--min {} is more than --max {}",
+                    format_size(min),
+                    format_size(max)
+                );
+            }
+        }
+        if let Some(max) = self.max.filter(|&m| m < local) {
+            bail!(
+                "--local {} is more than --max {}",
+                format_size(local),
+                format_size(max)
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Replaces this process with `program`, its heap paged over `backend` with `local` bytes
 /// mapped. Returns only on failure.
 pub fn run(
@@ -31,12 +109,14 @@ pub fn run(
     backend: &str,
     stats: bool,
     allow_unpaged: bool,
+    join: &JoinArgs,
     program: &[OsString],
 ) -> Result<()> {
     let (name, args) = program.split_first().context("no program given")?;
     if local < 1 << 20 {
         bail!("--local {local} is too small: give the program at least 1M of local memory");
     }
+    join.check(local)?;
     if !allow_unpaged {
         if let Some(why) = find_program(name).and_then(|p| unpageable(&p)) {
             bail!(
@@ -69,6 +149,28 @@ pub fn run(
         cmd.env("TIDEPOOL_RUN_STATS", "1");
     } else {
         cmd.env_remove("TIDEPOOL_RUN_STATS");
+    }
+    for v in [
+        "TIDEPOOL_RUN_COORD",
+        "TIDEPOOL_RUN_WEIGHT",
+        "TIDEPOOL_RUN_MIN",
+        "TIDEPOOL_RUN_MAX",
+        "TIDEPOOL_RUN_NAME",
+    ] {
+        cmd.env_remove(v);
+    }
+    if let Some(socket) = join.socket()? {
+        cmd.env("TIDEPOOL_RUN_COORD", socket)
+            .env("TIDEPOOL_RUN_WEIGHT", join.weight.to_string());
+        if let Some(min) = join.min {
+            cmd.env("TIDEPOOL_RUN_MIN", min.to_string());
+        }
+        if let Some(max) = join.max {
+            cmd.env("TIDEPOOL_RUN_MAX", max.to_string());
+        }
+        if let Some(name) = &join.name {
+            cmd.env("TIDEPOOL_RUN_NAME", name);
+        }
     }
     // exec: the program takes this process's place, so its exit status and signals are the
     // caller's directly.

@@ -85,7 +85,7 @@ impl Spinner {
         }
     }
 
-    fn spin(&self, us: f64) {
+    pub(super) fn spin(&self, us: f64) {
         spin_iters((us * self.iters_per_us) as u64);
     }
 }

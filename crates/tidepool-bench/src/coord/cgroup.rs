@@ -36,12 +36,13 @@ pub(super) fn pressure_scale(opts: &BenchOpts) -> PressureScale {
 
 /// A v1 memory cgroup with no swap, standing for a machine whose memory is `limit`; removed
 /// when dropped.
-pub(super) struct Cgroup {
+#[derive(Debug)]
+pub struct Cgroup {
     dir: std::path::PathBuf,
 }
 
 impl Cgroup {
-    pub(super) fn create(name: &str, limit: u64) -> Result<Cgroup> {
+    pub fn create(name: &str, limit: u64) -> Result<Cgroup> {
         let root = std::path::Path::new("/sys/fs/cgroup/memory");
         if !root.join("memory.limit_in_bytes").exists() {
             bail!(
@@ -61,12 +62,12 @@ impl Cgroup {
         Ok(cg)
     }
 
-    pub(super) fn set(&self, file: &str, v: u64) -> Result<()> {
+    pub fn set(&self, file: &str, v: u64) -> Result<()> {
         std::fs::write(self.dir.join(file), v.to_string())
             .with_context(|| format!("cannot set {file}"))
     }
 
-    pub(super) fn read(&self, file: &str) -> u64 {
+    pub fn read(&self, file: &str) -> u64 {
         std::fs::read_to_string(self.dir.join(file))
             .ok()
             .and_then(|s| s.trim().parse().ok())
@@ -74,12 +75,12 @@ impl Cgroup {
     }
 
     /// Limit less usage: what the "machine" has left.
-    pub(super) fn headroom(&self) -> u64 {
+    pub fn headroom(&self) -> u64 {
         self.read("memory.limit_in_bytes")
             .saturating_sub(self.read("memory.usage_in_bytes"))
     }
 
-    pub(super) fn oom_kills(&self) -> u64 {
+    pub fn oom_kills(&self) -> u64 {
         std::fs::read_to_string(self.dir.join("memory.oom_control"))
             .unwrap_or_default()
             .lines()
@@ -88,19 +89,72 @@ impl Cgroup {
     }
 
     /// `tidepool ARGS` started inside the cgroup (it joins before anything runs).
-    pub(super) fn command(&self, args: &[String]) -> Result<Command> {
+    pub fn command(&self, args: &[String]) -> Result<Command> {
+        Ok(self.command_of(&std::env::current_exe()?, args))
+    }
+
+    /// `PROGRAM ARGS` started inside the cgroup.
+    pub fn command_of(
+        &self,
+        program: &std::path::Path,
+        args: &[impl AsRef<std::ffi::OsStr>],
+    ) -> Command {
         let mut c = Command::new("sh");
         c.arg("-c")
             .arg(r#"echo $$ > "$1" && shift && exec "$@""#)
             .arg("sh")
             .arg(self.dir.join("cgroup.procs"))
-            .arg(std::env::current_exe()?)
+            .arg(program)
             .args(args);
-        Ok(c)
+        c
     }
 }
 
 impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A v1 cpu cgroup capping its processes at a share of one CPU (CFS quota); removed when
+/// dropped. A program stalled on faults then leaves its CPU idle instead of lending it to
+/// whoever shares the CPU, as on a machine of its own.
+#[derive(Debug)]
+pub struct CpuSlice {
+    dir: std::path::PathBuf,
+}
+
+impl CpuSlice {
+    pub fn create(name: &str, share: f64) -> Result<CpuSlice> {
+        let root = std::path::Path::new("/sys/fs/cgroup/cpu");
+        if !root.join("cpu.cfs_quota_us").exists() {
+            bail!("needs the cgroup v1 cpu controller at {}", root.display());
+        }
+        let dir = root.join(format!("tidepool-bench-{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir)
+            .with_context(|| format!("cannot create {} (root needed)", dir.display()))?;
+        let slice = CpuSlice { dir };
+        std::fs::write(slice.dir.join("cpu.cfs_period_us"), "100000")?;
+        std::fs::write(
+            slice.dir.join("cpu.cfs_quota_us"),
+            ((share * 100_000.0) as u64).max(1000).to_string(),
+        )?;
+        Ok(slice)
+    }
+
+    /// Moves process `pid` (all its threads) into the slice.
+    pub fn add(&self, pid: u32) -> Result<()> {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("cannot move process {pid} into {}", self.dir.display()))
+    }
+}
+
+impl Drop for CpuSlice {
     fn drop(&mut self) {
         for _ in 0..50 {
             if std::fs::remove_dir(&self.dir).is_ok() {

@@ -16,12 +16,16 @@
 mod app;
 mod cgroup;
 mod coordinate;
+mod mixed;
+mod paged;
 mod pressure;
 
 use crate::harness::{matrix_steps, BenchOpts, Ctx, Suite};
 use anyhow::{Context, Result};
 pub use app::{antagonist_worker, worker};
-use cgroup::{pressure_scale, Cgroup};
+use cgroup::pressure_scale;
+pub use cgroup::Cgroup;
+pub use paged::paged_worker;
 
 #[derive(Debug)]
 pub struct CoordSuite;
@@ -34,16 +38,17 @@ impl Suite for CoordSuite {
         "the soft-memory coordinator: four applications sharing idle memory, midas vs hitrate vs static, against the ideal"
     }
     fn steps(&self, _opts: &BenchOpts) -> u64 {
-        // (a) as one matrix (one workload, one round), then (b) and (c).
-        matrix_steps(1, 1) + 2
+        // (a) as one matrix (one workload, one round), then (b) and (c), then mixed.
+        matrix_steps(1, 1) + 2 + matrix_steps(1, 1)
     }
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
         // The applications on every CPU, as processes of a server would be (the harness pins
         // clients to CPU 0).
         let all: Vec<usize> = (0..tidepool_sys::online_cpus()).collect();
         tidepool_sys::set_affinity(0, &all).context("cannot unpin the applications")?;
-        // TIDEPOOL_BENCH_PARTS=bc runs only some parts (a: coordinate, b: harvest, c: pressure).
-        let parts = std::env::var("TIDEPOOL_BENCH_PARTS").unwrap_or_else(|_| "abc".into());
+        // TIDEPOOL_BENCH_PARTS=bc runs only some parts (a: coordinate, b: harvest, c: pressure,
+        // m: mixed).
+        let parts = std::env::var("TIDEPOOL_BENCH_PARTS").unwrap_or_else(|_| "abcm".into());
         if parts.contains('a') {
             coordinate::run(ctx)?;
         }
@@ -61,6 +66,15 @@ impl Suite for CoordSuite {
             }
         }
         ctx.advance();
+        if parts.contains('m') {
+            match Cgroup::create("mixed-probe", 64 << 20) {
+                Ok(probe) => {
+                    drop(probe);
+                    mixed::run(ctx)?;
+                }
+                Err(e) => ctx.note(format!("coord mixed skipped: {e:#}")),
+            }
+        }
         Ok(())
     }
 }

@@ -101,3 +101,11 @@ pub fn plot(json: &Path, png: &Path) -> Result<()> {
          install python3-matplotlib): {last_err}"
     )
 }
+
+/// `TIDEPOOL_BENCH_SYSTEMS=tidepool-node,redis` limits a run to some systems (for profiling).
+pub fn wanted(system: &str) -> bool {
+    match std::env::var("TIDEPOOL_BENCH_SYSTEMS") {
+        Ok(list) => list.split(',').any(|s| s.trim() == system),
+        Err(_) => true,
+    }
+}

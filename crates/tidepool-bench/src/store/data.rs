@@ -38,14 +38,6 @@ pub(super) fn share_ratios(opts: &BenchOpts) -> Vec<f64> {
     }
 }
 
-/// `TIDEPOOL_BENCH_SYSTEMS=tidepool-node,redis` limits a run to some systems (for profiling).
-pub(super) fn wanted(system: &str) -> bool {
-    match std::env::var("TIDEPOOL_BENCH_SYSTEMS") {
-        Ok(list) => list.split(',').any(|s| s.trim() == system),
-        Err(_) => true,
-    }
-}
-
 /// A value whose first 8 bytes name its key and next 4 its version; the rest is noise, so no
 /// backend can compress its way ahead.
 pub fn value(key: Key, version: u32, noise: &[u8]) -> Vec<u8> {

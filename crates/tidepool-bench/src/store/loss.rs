@@ -3,9 +3,10 @@
 //! `reprotect_mib_per_s`: bytes stored again (on the spare node and the others) over the time
 //! from the kill until every value has all its pieces again, re-protection riding on the load.
 
-use super::data::{check, keys, noise, wanted, THREADS, VALUE_BYTES};
+use super::data::{check, keys, noise, THREADS, VALUE_BYTES};
 use super::kv::preload;
 use super::systems::{start_nodes, StoreKind};
+use crate::harness::wanted;
 use crate::harness::{Ctx, Matrix, Sample, System, Turns, Workload};
 use anyhow::{anyhow, Context, Result};
 use rand::{Rng, SeedableRng};

@@ -22,9 +22,10 @@ mod loss;
 mod share;
 mod systems;
 
+use crate::harness::wanted;
 use crate::harness::{matrix_steps, BenchOpts, Ctx, Suite};
 use anyhow::Result;
-use data::{share_ratios, wanted};
+use data::share_ratios;
 pub use data::{value, VALUE_BYTES};
 pub use share::{share_worker, ShareArgs};
 

@@ -2,7 +2,7 @@
 //! ways, erasure-coded over six), Redis and memcached, each started as a server process and
 //! reached through the store URL a Tidepool user would give.
 
-use super::data::wanted;
+use crate::harness::wanted;
 use crate::harness::{Ctx, System};
 use crate::node::NodeProcess;
 use anyhow::{bail, Result};

@@ -1,0 +1,102 @@
+//! The paged program of workload `mixed` (`tidepool bench-worker paged-app`), run under
+//! `tidepool run`: an ordinary heap allocation walked with a locality of its own.
+
+use super::app::{Spinner, PIN_ENV, SPIN_ENV};
+use anyhow::{bail, Context, Result};
+use rand::SeedableRng;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+/// How a paged program walks its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Walk {
+    /// Pages drawn from a Zipf distribution (hot pages spread over the allocation): more
+    /// local memory keeps more of the hot set.
+    Zipf,
+    /// Pages in order, round and round: any budget smaller than the allocation keeps
+    /// nothing a pass comes back to.
+    Scan,
+}
+
+impl Walk {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Walk::Zipf => "zipf",
+            Walk::Scan => "scan",
+        }
+    }
+}
+
+/// `tidepool bench-worker paged-app zipf|scan BYTES SKEW WORK_US SECONDS SEED`: allocates
+/// BYTES, writes every page, then per operation reads and writes a word of one page (chosen
+/// by the walk) and spins WORK_US of CPU. Prints a JSON line every quarter second: seconds
+/// and operations (the warm-up's fill counts none).
+pub fn paged_worker(args: &[String]) -> Result<()> {
+    let [walk, bytes, skew, work_us, seconds, seed] = args else {
+        bail!("usage: bench-worker paged-app zipf|scan BYTES SKEW WORK_US SECONDS SEED");
+    };
+    let walk = match walk.as_str() {
+        "zipf" => Walk::Zipf,
+        "scan" => Walk::Scan,
+        w => bail!("unknown walk {w:?}: zipf or scan"),
+    };
+    let bytes: usize = bytes.parse().context("BYTES")?;
+    let skew: f64 = skew.parse().context("SKEW")?;
+    let work_us: f64 = work_us.parse().context("WORK_US")?;
+    let seconds: f64 = seconds.parse().context("SECONDS")?;
+    let seed: u64 = seed.parse().context("SEED")?;
+    if let Some(cpu) = std::env::var(PIN_ENV).ok().and_then(|c| c.parse().ok()) {
+        tidepool_sys::set_affinity(0, &[cpu]).context("cannot pin the program")?;
+    }
+    let start = Instant::now();
+    let spinner = match std::env::var(SPIN_ENV).ok().and_then(|s| s.parse().ok()) {
+        Some(iters_per_us) if iters_per_us > 0.0 => Spinner { iters_per_us },
+        _ => Spinner::calibrate(),
+    };
+    const PAGE: usize = 4096;
+    let pages = bytes / PAGE;
+    if pages == 0 {
+        bail!("BYTES must be at least a page");
+    }
+    // Its heap: under `tidepool run`, paged over the far store.
+    let mut mem = vec![0u64; pages * PAGE / 8];
+    for (i, p) in mem.chunks_mut(PAGE / 8).enumerate() {
+        p[0] = i as u64;
+    }
+    let zipf = rand_distr::Zipf::new(pages as u64, skew).context("Zipf parameters")?;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut out = std::io::stdout().lock();
+    let (mut ops, mut next, mut at) = (0u64, Duration::ZERO, 0usize);
+    let mut sum = 0u64;
+    loop {
+        let el = start.elapsed();
+        if el >= next {
+            writeln!(out, "{{\"t\":{:.3},\"ops\":{ops}}}", el.as_secs_f64())?;
+            out.flush()?;
+            next += Duration::from_millis(250);
+            if el.as_secs_f64() >= seconds {
+                break;
+            }
+        }
+        for _ in 0..16 {
+            let page = match walk {
+                Walk::Zipf => {
+                    use rand_distr::Distribution;
+                    let rank = zipf.sample(&mut rng) as u64 - 1;
+                    (rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % pages as u64) as usize
+                }
+                Walk::Scan => {
+                    at = (at + 1) % pages;
+                    at
+                }
+            };
+            let w = &mut mem[page * (PAGE / 8) + (ops as usize % (PAGE / 8))];
+            *w = w.wrapping_add(1);
+            sum = sum.wrapping_add(*w);
+            spinner.spin(work_us);
+            ops += 1;
+        }
+    }
+    std::hint::black_box(sum);
+    Ok(())
+}
