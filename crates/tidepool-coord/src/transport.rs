@@ -241,20 +241,26 @@ pub(crate) fn serve_commands(
 }
 
 /// A name as shown on the dashboard, in logs and in `tidepool top`: control characters (a
-/// terminal's escape sequences, line breaks that would forge log lines) become `?`, and an
-/// empty name becomes "pid PID".
+/// terminal's escape sequences, line breaks that would forge log lines) and bidirectional
+/// overrides (which reorder what follows) become `?`, and an empty name becomes "pid PID".
 pub(crate) fn printable_name(name: &str, pid: u32) -> String {
     let clean: String = name
         .chars()
-        .map(|c| if c.is_control() { '?' } else { c })
+        .map(|c| {
+            if c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}') {
+                '?'
+            } else {
+                c
+            }
+        })
         .collect();
     let clean = clean.trim().to_string();
     if clean != name {
         tracing::warn!(
             pid,
             name = %clean,
-            "coordinator: an application's name had control characters or blanks around it; \
-             they are shown as '?'"
+            "coordinator: an application's name had control characters, bidirectional \
+             overrides or blanks around it; they are shown as '?' (blanks dropped)"
         );
     }
     if clean.is_empty() {

@@ -250,12 +250,8 @@ fn session(held: &Held, config: &CoordConfig, link: &CoordLink, outage_said: &mu
         }
         let due = Instant::now() + heartbeat;
         loop {
-            let left = due.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let n = match ch.recv(&mut buf, Some(left)) {
-                Ok(Some((n, _))) => n,
+            let n = match ch.recv_until(&mut buf, due) {
+                Ok(Some(n)) => n,
                 Ok(None) => break,
                 Err(e) => return lost(e),
             };

@@ -128,6 +128,18 @@ impl Channel {
     }
 }
 
+impl Channel {
+    /// Waits until `due` for one message into `buf`: its length, or `None` once `due` has
+    /// passed (a file descriptor sent with it is closed).
+    pub fn recv_until(&self, buf: &mut [u8], due: std::time::Instant) -> io::Result<Option<usize>> {
+        let left = due.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        Ok(self.recv(buf, Some(left))?.map(|(n, _)| n))
+    }
+}
+
 impl AsFd for Channel {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()

@@ -22,6 +22,22 @@ impl Drop for Guard {
     }
 }
 
+/// Starts `tidepool coord` from `c` and waits for its first line ("tidepool coord listening
+/// ..."), which it returns; the rest of its output is read and dropped.
+pub(super) fn start_coordinator(mut c: std::process::Command) -> Result<(Guard, String)> {
+    use std::io::BufRead;
+    c.stdout(std::process::Stdio::piped());
+    let mut g = Guard(c.spawn().context("cannot start tidepool coord")?);
+    let mut out = std::io::BufReader::new(g.0.stdout.take().expect("piped"));
+    let mut first = String::new();
+    out.read_line(&mut first)?;
+    if !first.starts_with("tidepool coord listening") {
+        bail!("tidepool coord did not start: {first:?}");
+    }
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    Ok((g, first))
+}
+
 /// `tidepool bench-worker antagonist BYTES MIB_PER_S DELAY_S HOLD_S`: waits, takes BYTES of
 /// memory (at MIB_PER_S, or as fast as it can with 0), holds it, and exits.
 pub fn antagonist_worker(args: &[String]) -> Result<()> {

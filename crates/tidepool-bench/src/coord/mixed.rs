@@ -27,12 +27,12 @@
 //! second over its all-local figure (4 is everything local), measured from the end of the
 //! warm-up to the end of the run, antagonist included; and `oom_kills` in the cgroup.
 
-use super::app::{Guard, PIN_ENV, SPIN_ENV};
+use super::app::{start_coordinator, Guard, PIN_ENV, SPIN_ENV};
 use super::cgroup::{Cgroup, CpuSlice};
 use super::paged::Walk;
 use crate::harness::{median, wanted, BenchOpts, Ctx, Matrix, Sample, System, Workload};
 use crate::node::NodeProcess;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -426,22 +426,14 @@ fn run_once(
             "--socket".into(),
             socket.display().to_string(),
         ])?;
-        c.stdout(Stdio::piped())
-            .stderr(log("coord")?)
+        c.stderr(log("coord")?)
             .env("RUST_LOG", "tidepool_coord=info");
-        let mut g = Guard(c.spawn().context("cannot start tidepool coord")?);
-        let mut out = BufReader::new(g.0.stdout.take().expect("piped"));
-        let mut first = String::new();
-        out.read_line(&mut first)?;
-        if !first.starts_with("tidepool coord listening") {
-            bail!("tidepool coord did not start: {first:?}");
-        }
+        let (g, first) = start_coordinator(c)?;
         http = first
             .split("http://")
             .nth(1)
             .and_then(|r| r.split('/').next())
             .map(str::to_string);
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
         coord = Some(g);
     }
     // Where budgets start: an even share of what the machine leaves.

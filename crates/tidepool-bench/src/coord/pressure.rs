@@ -2,10 +2,10 @@
 //! taking memory, moderately then as fast as it can), one application and the coordinator in a
 //! memory cgroup.
 
-use super::app::Guard;
+use super::app::{start_coordinator, Guard};
 use super::cgroup::{pressure_scale, Cgroup, PressureScale, Sampler, Watch};
 use crate::harness::Ctx;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -108,22 +108,11 @@ fn start_in(
         socket.display().to_string(),
     ])?;
     // The coordinator's log (joins, departures, cuts) is kept beside the results.
-    c.stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log)?)
-        .env(
-            "RUST_LOG",
-            std::env::var("TIDEPOOL_BENCH_COORD_LOG")
-                .unwrap_or_else(|_| "tidepool_coord=info".into()),
-        );
-    let mut coord = Guard(c.spawn().context("cannot start tidepool coord")?);
-    let mut first = String::new();
-    let out = coord.0.stdout.take().expect("piped");
-    let mut out = BufReader::new(out);
-    out.read_line(&mut first)?;
-    if !first.starts_with("tidepool coord listening") {
-        bail!("tidepool coord did not start: {first:?}");
-    }
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    c.stderr(std::fs::File::create(log)?).env(
+        "RUST_LOG",
+        std::env::var("TIDEPOOL_BENCH_COORD_LOG").unwrap_or_else(|_| "tidepool_coord=info".into()),
+    );
+    let (coord, _) = start_coordinator(c)?;
     let mut c = cg.command(&[
         "bench-worker".into(),
         "coord-app".into(),
