@@ -22,12 +22,7 @@ pub struct Channel {
 impl Channel {
     /// Connects to the coordinator listening at `path`.
     pub fn connect(path: &Path) -> io::Result<Channel> {
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )?;
+        let fd = socket()?;
         rustix::net::connect(&fd, &SocketAddrUnix::new(path)?)?;
         Ok(Channel { fd })
     }
@@ -191,12 +186,7 @@ impl Listener {
             }
             std::fs::remove_file(path)?;
         }
-        let fd = rustix::net::socket_with(
-            AddressFamily::UNIX,
-            SocketType::SEQPACKET,
-            rustix::net::SocketFlags::CLOEXEC,
-            None,
-        )?;
+        let fd = socket()?;
         // The file bind creates takes the socket's mode: set it first, so that there is no
         // moment in which others could connect.
         rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o600))?;
@@ -233,4 +223,14 @@ impl Drop for Listener {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+/// A fresh Unix `SOCK_SEQPACKET` socket, closed on exec.
+fn socket() -> io::Result<OwnedFd> {
+    Ok(rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?)
 }

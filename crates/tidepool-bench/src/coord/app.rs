@@ -38,6 +38,23 @@ pub(super) fn start_coordinator(mut c: std::process::Command) -> Result<(Guard, 
     Ok((g, first))
 }
 
+/// A thread reading a program's JSON lines until it closes its output: the numbers under
+/// `keys` from each line (0 where missing), in order.
+pub(super) fn read_json_lines<const N: usize>(
+    out: std::process::ChildStdout,
+    keys: [&'static str; N],
+) -> std::thread::JoinHandle<Vec<[f64; N]>> {
+    use std::io::BufRead;
+    std::thread::spawn(move || {
+        std::io::BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
+            .map(|v| keys.map(|k| v[k].as_f64().unwrap_or(0.0)))
+            .collect()
+    })
+}
+
 /// `tidepool bench-worker antagonist BYTES MIB_PER_S DELAY_S HOLD_S`: waits, takes BYTES of
 /// memory (at MIB_PER_S, or as fast as it can with 0), holds it, and exits.
 pub fn antagonist_worker(args: &[String]) -> Result<()> {

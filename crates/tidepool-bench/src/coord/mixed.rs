@@ -27,13 +27,12 @@
 //! second over its all-local figure (4 is everything local), measured from the end of the
 //! warm-up to the end of the run, antagonist included; and `oom_kills` in the cgroup.
 
-use super::app::{start_coordinator, Guard, PIN_ENV, SPIN_ENV};
+use super::app::{read_json_lines, start_coordinator, Guard, PIN_ENV, SPIN_ENV};
 use super::cgroup::{Cgroup, CpuSlice};
 use super::paged::Walk;
 use crate::harness::{median, wanted, BenchOpts, Ctx, Matrix, Sample, System, Workload};
 use crate::node::NodeProcess;
 use anyhow::{Context, Result};
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -538,22 +537,7 @@ fn run_once(
     let pids: Vec<u32> = children.iter().map(|g| g.0.id()).collect();
     let readers: Vec<_> = children
         .iter_mut()
-        .map(|g| {
-            let out = g.0.stdout.take().expect("piped");
-            std::thread::spawn(move || {
-                BufReader::new(out)
-                    .lines()
-                    .map_while(Result::ok)
-                    .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
-                    .map(|v| {
-                        (
-                            v["t"].as_f64().unwrap_or(0.0),
-                            v["ops"].as_f64().unwrap_or(0.0),
-                        )
-                    })
-                    .collect::<Vec<(f64, f64)>>()
-            })
-        })
+        .map(|g| read_json_lines(g.0.stdout.take().expect("piped"), ["t", "ops"]))
         .collect();
     let antagonist = match &cg {
         Some(cg) => {
@@ -633,14 +617,14 @@ fn prioritise(pid: u32) {
 }
 
 /// Operations per second from `from` seconds to the last point.
-fn throughput(points: &[(f64, f64)], from: f64) -> f64 {
-    let (Some(a), Some(b)) = (points.iter().find(|p| p.0 >= from), points.last()) else {
+fn throughput(points: &[[f64; 2]], from: f64) -> f64 {
+    let (Some(a), Some(b)) = (points.iter().find(|p| p[0] >= from), points.last()) else {
         return 0.0;
     };
-    if b.0 <= a.0 {
+    if b[0] <= a[0] {
         return 0.0;
     }
-    (b.1 - a.1) / (b.0 - a.0)
+    (b[1] - a[1]) / (b[0] - a[0])
 }
 
 /// Every half second, each program's budget as the coordinator's state says (by process id);

@@ -2,11 +2,10 @@
 //! taking memory, moderately then as fast as it can), one application and the coordinator in a
 //! memory cgroup.
 
-use super::app::{start_coordinator, Guard};
+use super::app::{read_json_lines, start_coordinator, Guard};
 use super::cgroup::{pressure_scale, Cgroup, PressureScale, Sampler, Watch};
 use crate::harness::Ctx;
 use anyhow::{Context, Result};
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,17 +14,7 @@ use std::time::{Duration, Instant};
 type AppReader = std::thread::JoinHandle<Vec<[f64; 6]>>;
 
 fn read_app(out: std::process::ChildStdout) -> AppReader {
-    std::thread::spawn(move || {
-        BufReader::new(out)
-            .lines()
-            .map_while(Result::ok)
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
-            .map(|v| {
-                ["t", "ops", "hits", "misses", "budget", "usage"]
-                    .map(|k| v[k].as_f64().unwrap_or(0.0))
-            })
-            .collect()
-    })
+    read_json_lines(out, ["t", "ops", "hits", "misses", "budget", "usage"])
 }
 
 /// Throughput, hit rate and mean usage of an application between two times.
