@@ -108,7 +108,9 @@ impl Inner {
         let _section = crate::fork::section();
         for p in pages {
             region.table.lock_any(p);
-            region.table.unlock(p, FOREIGN);
+            if region.table.unlock(p, FOREIGN) {
+                self.uffd.wake(region.addr(p), PAGE);
+            }
         }
     }
 

@@ -233,7 +233,8 @@ impl Inner {
         if region.shadow.is_some() && self.adopt_moved(region, page, false) {
             // The kernel moved the page out to its frame without a request: bring it back.
             self.move_in(region, page, 1, true);
-            region.table.unlock(page, word);
+            // Installed with a wake-up: anyone waiting on the page is awake.
+            let _ = region.table.unlock(page, word);
             return;
         }
         if self.copy_in(region.addr(page), &ZERO_PAGE, false) {
@@ -245,11 +246,12 @@ impl Inner {
                     let _ = self.store_tx.send(StoreJob::Remove(removes));
                 }
             }
-            region
+            // Installed with a wake-up.
+            let _ = region
                 .table
                 .unlock(page, RESIDENT | DIRTY | (word & HISTORY));
         } else {
-            region.table.unlock(page, word);
+            let _ = region.table.unlock(page, word);
             // Installed by another thread after the fault, perhaps without a wake-up (it wakes
             // only waiters it knows of).
             self.uffd.wake(region.addr(page), PAGE);
@@ -382,7 +384,8 @@ impl Inner {
         let new = (new & !(HEAT | CHANCES)) | (heat << HEAT_SHIFT) | (heat << CHANCE_SHIFT);
         self.resident.fetch_add(1, Relaxed);
         region.note_touched(page);
-        region.table.unlock(page, new);
+        // Installed with a wake-up (before this): anyone waiting on the page is awake.
+        let _ = region.table.unlock(page, new);
         self.clock.lock().push_back((region.clone(), page));
     }
 
@@ -507,7 +510,8 @@ impl Inner {
         }
         let word =
             (word & !(WP_CLEAN | BUSY | KIND_MASK)) | RESIDENT | DIRTY | WAS_DIRTY | REFERENCED;
-        region.table.unlock(page, word);
+        // Lifting the protection woke the page's waiters.
+        let _ = region.table.unlock(page, word);
     }
 
     pub(crate) fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan, staging: &mut Staging) {
@@ -533,7 +537,7 @@ impl Inner {
             if !self.make_room(batch.len()) {
                 // The evictor cannot keep up: drop the rest of the plan.
                 for &(p, w) in &batch {
-                    region.table.unlock(p, w);
+                    let _ = region.table.unlock(p, w);
                     // A thread that faulted meanwhile found the page BUSY and waits for us.
                     self.uffd.wake(region.addr(p), PAGE);
                 }

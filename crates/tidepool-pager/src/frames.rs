@@ -263,7 +263,7 @@ impl Inner {
                 Some(libc::ESRCH) => {
                     // The process is exiting.
                     for (_, page, w) in &run[i..] {
-                        region.table.unlock(*page, *w);
+                        let _ = region.table.unlock(*page, *w);
                     }
                     self.uffd.wake(region.addr(first), run.len() * PAGE);
                     return;

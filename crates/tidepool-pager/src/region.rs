@@ -279,8 +279,9 @@ impl Inner {
                     _ => {}
                 }
             }
+            // Waiters are woken below, the whole chunk at once.
             for (p, w) in (page..chunk_end).zip(words) {
-                region
+                let _ = region
                     .table
                     .unlock(p, if kind(w) == FOREIGN { w } else { UNTOUCHED });
             }

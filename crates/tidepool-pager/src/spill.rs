@@ -58,7 +58,10 @@ impl Inner {
                 continue;
             };
             if w & FRAMED == 0 {
-                region.table.unlock(page, w);
+                // A fault meanwhile found the page BUSY and waits for us to wake it.
+                if region.table.unlock(page, w) {
+                    self.uffd.wake(region.addr(page), PAGE);
+                }
                 continue;
             }
             let new = if w & FAR_VALID != 0 {
@@ -66,7 +69,9 @@ impl Inner {
                 FAR | (w & HISTORY)
             } else {
                 let Some(slot) = self.slots.try_take_up_to(1).pop() else {
-                    region.table.unlock(page, w);
+                    if region.table.unlock(page, w) {
+                        self.uffd.wake(region.addr(page), PAGE);
+                    }
                     busy.push((region, page, seq));
                     break;
                 };

@@ -172,6 +172,7 @@ impl PageTable {
     /// Ends a transition: publishes the page's new word. True if a thread faulted on the page
     /// meanwhile and waits to be woken ([`WAITERS`]).
     #[inline]
+    #[must_use = "a thread that faulted on the page meanwhile sleeps until someone wakes it"]
     pub fn unlock(&self, page: usize, word: u64) -> bool {
         debug_assert!(kind(word) != BUSY);
         crate::tr!(page, "unlock", word);
@@ -206,7 +207,7 @@ mod tests {
     #[test]
     fn an_owner_learns_of_waiters_only_when_one_flagged_the_page() {
         let t = PageTable::new(4).unwrap();
-        t.unlock(0, FAR | WAS_DIRTY);
+        assert!(!t.unlock(0, FAR | WAS_DIRTY));
         // Not BUSY: nothing to flag, the caller must look again.
         assert!(!t.flag_waiters(0));
         let word = t.try_lock(0, &[FAR]).expect("FAR locks");
