@@ -40,7 +40,8 @@ fn main() {
         let before = map.stats();
         for _ in 0..n {
             let rank = (zipf.sample(&mut rng) as u64 - 1 + offset) % n;
-            map.get_or_reconstruct(rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n);
+            // Spread ranks over all n keys: a bijection for any n (2^61 - 1 is prime).
+            map.get_or_reconstruct((rank as u128 * ((1u128 << 61) - 1) % n as u128) as u64);
         }
         let after = map.stats();
         let c = arena.counters();

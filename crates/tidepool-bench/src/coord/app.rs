@@ -11,6 +11,9 @@ use std::time::{Duration, Instant};
 pub(super) const PIN_ENV: &str = "TIDEPOOL_BENCH_CPU";
 /// Spin iterations per microsecond, calibrated once by the harness.
 pub(super) const SPIN_ENV: &str = "TIDEPOOL_BENCH_SPIN";
+/// The speed of the CPU a program runs as if alone on, as a share of a real one (see
+/// [`Pacer`]); full speed when unset.
+pub(super) const SPEED_ENV: &str = "TIDEPOOL_BENCH_CPU_SPEED";
 
 /// Kills a child process when dropped (a failed run leaves nothing behind).
 pub(super) struct Guard(pub(super) Child);
@@ -123,6 +126,54 @@ impl Spinner {
     }
 }
 
+/// A CPU of its own, slower than a real one: after each batch of operations the thread
+/// sleeps for the CPU time it used times (1 / SPEED - 1), slept once at least a millisecond
+/// is owed and the over- or under-sleep carried forward, so the mean is exact. Work and
+/// rebuilds then take 1 / SPEED times longer while a stall on a fault takes its own time, as
+/// on a machine of the program's own; no program runs faster by taking the CPU of a stalled
+/// neighbour, and none hides stalls in slack as under a CFS quota (which lets a program
+/// stalled half the time still use its whole share in the other half).
+pub(super) struct Pacer {
+    idle_per_busy: f64,
+    cpu_us: f64,
+    debt_us: f64,
+}
+
+fn thread_cpu_us() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as f64 * 1e6 + t.tv_nsec as f64 / 1e3
+}
+
+impl Pacer {
+    pub(super) fn from_env() -> Pacer {
+        let speed = std::env::var(SPEED_ENV)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .filter(|s: &f64| *s > 0.0 && *s < 1.0)
+            .unwrap_or(1.0);
+        Pacer {
+            idle_per_busy: 1.0 / speed - 1.0,
+            cpu_us: thread_cpu_us(),
+            debt_us: 0.0,
+        }
+    }
+
+    /// Called after each batch of operations.
+    pub(super) fn batch(&mut self) {
+        if self.idle_per_busy == 0.0 {
+            return;
+        }
+        let now = thread_cpu_us();
+        self.debt_us += (now - self.cpu_us) * self.idle_per_busy;
+        self.cpu_us = now;
+        if self.debt_us >= 1000.0 {
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_secs_f64(self.debt_us / 1e6));
+            self.debt_us -= t0.elapsed().as_secs_f64() * 1e6;
+        }
+    }
+}
+
 pub(super) fn spin_iters(n: u64) {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     for _ in 0..n {
@@ -201,6 +252,7 @@ pub fn worker(args: &[String]) -> Result<()> {
     }
     let zipf = rand_distr::Zipf::new(objects, skew).context("Zipf parameters")?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut pacer = Pacer::from_env();
     let mut next_print = Duration::ZERO;
     let mut ops = 0u64;
     let mut sum = 0u64;
@@ -228,12 +280,13 @@ pub fn worker(args: &[String]) -> Result<()> {
         for _ in 0..16 {
             use rand_distr::Distribution;
             let rank = zipf.sample(&mut rng) as u64 - 1;
-            let key = rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % objects;
+            let key = crate::data::scatter(rank, objects);
             let v = values.get(key as usize);
             sum = sum.wrapping_add(v[0] as u64);
             spinner.spin(work_us);
             ops += 1;
         }
+        pacer.batch();
     }
     std::hint::black_box(sum);
     Ok(())

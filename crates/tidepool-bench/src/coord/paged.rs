@@ -1,7 +1,7 @@
 //! The paged program of workload `mixed` (`tidepool bench-worker paged-app`), run under
 //! `tidepool run`: an ordinary heap allocation walked with a locality of its own.
 
-use super::app::{Spinner, PIN_ENV, SPIN_ENV};
+use super::app::{Pacer, Spinner, PIN_ENV, SPIN_ENV};
 use anyhow::{bail, Context, Result};
 use rand::SeedableRng;
 use std::io::Write;
@@ -65,6 +65,7 @@ pub fn paged_worker(args: &[String]) -> Result<()> {
     }
     let zipf = rand_distr::Zipf::new(pages as u64, skew).context("Zipf parameters")?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut pacer = Pacer::from_env();
     let mut out = std::io::stdout().lock();
     let (mut ops, mut next, mut at) = (0u64, Duration::ZERO, 0usize);
     let mut sum = 0u64;
@@ -83,7 +84,7 @@ pub fn paged_worker(args: &[String]) -> Result<()> {
                 Walk::Zipf => {
                     use rand_distr::Distribution;
                     let rank = zipf.sample(&mut rng) as u64 - 1;
-                    (rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % pages as u64) as usize
+                    crate::data::scatter(rank, pages as u64) as usize
                 }
                 Walk::Scan => {
                     at = (at + 1) % pages;
@@ -96,6 +97,7 @@ pub fn paged_worker(args: &[String]) -> Result<()> {
             spinner.spin(work_us);
             ops += 1;
         }
+        pacer.batch();
     }
     std::hint::black_box(sum);
     Ok(())

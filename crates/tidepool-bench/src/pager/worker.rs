@@ -151,7 +151,7 @@ fn rmw(
             let page = if zipfian {
                 // Rank 1 is hottest; scatter ranks over the working set.
                 let rank = zipf.sample(&mut rng) as u64 - 1;
-                rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % pages
+                crate::data::scatter(rank, pages)
             } else {
                 rng.gen_range(0..pages)
             };

@@ -33,6 +33,6 @@ impl Requests {
     pub(super) fn next(&mut self) -> u64 {
         use rand_distr::Distribution;
         let rank = self.zipf.sample(&mut self.rng) as u64 - 1;
-        rank.wrapping_mul(0x9E37_79B9_7F4A_7C15) % self.n
+        crate::data::scatter(rank, self.n)
     }
 }
