@@ -121,50 +121,6 @@ impl Drop for Cgroup {
     }
 }
 
-/// A v1 cpu cgroup capping its processes at a share of one CPU (CFS quota); removed when
-/// dropped. A program stalled on faults then leaves its CPU idle instead of lending it to
-/// whoever shares the CPU, as on a machine of its own.
-#[derive(Debug)]
-pub struct CpuSlice {
-    dir: std::path::PathBuf,
-}
-
-impl CpuSlice {
-    pub fn create(name: &str, share: f64) -> Result<CpuSlice> {
-        let root = std::path::Path::new("/sys/fs/cgroup/cpu");
-        if !root.join("cpu.cfs_quota_us").exists() {
-            bail!("needs the cgroup v1 cpu controller at {}", root.display());
-        }
-        let dir = root.join(format!("tidepool-bench-{name}-{}", std::process::id()));
-        std::fs::create_dir(&dir)
-            .with_context(|| format!("cannot create {} (root needed)", dir.display()))?;
-        let slice = CpuSlice { dir };
-        std::fs::write(slice.dir.join("cpu.cfs_period_us"), "100000")?;
-        std::fs::write(
-            slice.dir.join("cpu.cfs_quota_us"),
-            ((share * 100_000.0) as u64).max(1000).to_string(),
-        )?;
-        Ok(slice)
-    }
-
-    /// Moves process `pid` (all its threads) into the slice.
-    pub fn add(&self, pid: u32) -> Result<()> {
-        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
-            .with_context(|| format!("cannot move process {pid} into {}", self.dir.display()))
-    }
-}
-
-impl Drop for CpuSlice {
-    fn drop(&mut self) {
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
 /// What the sampler saw: (seconds, headroom) every 10 ms, and the longest stretch under the
 /// reserve.
 #[derive(Debug, Default)]

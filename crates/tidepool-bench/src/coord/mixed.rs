@@ -11,9 +11,13 @@
 //!
 //! The paged programs' far memory is a memory node outside the cgroup (another machine's
 //! DRAM). Midway through a run a memory antagonist takes part of the cgroup, holds it, and
-//! leaves. Each program may use 45% of a CPU (a CFS quota, in every run): without it a
-//! program stalled on faults lent its CPU to the one pinned beside it, which then ran at up to
-//! 1.5 times its all-local speed, and the sum rewarded starving paged programs. Systems:
+//! leaves. Each program runs as if alone on a CPU of 35% speed (`Pacer`: after each batch it
+//! sleeps 1/0.35 - 1 times the CPU it used), so its work and rebuilds take their time and a
+//! stall on a fault adds its own. Two earlier designs measured something else: with nothing,
+//! a program stalled on faults lent its CPU to the one pinned beside it, which then ran at up
+//! to 1.5 times its all-local speed; with a CFS quota of 45% of a CPU, a program could stall
+//! 55% of the time and lose nothing (it used its quota in the rest), so a paged program's
+//! memory looked worthless up to there. Systems:
 //!
 //! - `all-local`: each program with room for all its state, no cgroup, no coordinator; the
 //!   normaliser;
@@ -27,8 +31,8 @@
 //! second over its all-local figure (4 is everything local), measured from the end of the
 //! warm-up to the end of the run, antagonist included; and `oom_kills` in the cgroup.
 
-use super::app::{read_json_lines, start_coordinator, Guard, PIN_ENV, SPIN_ENV};
-use super::cgroup::{Cgroup, CpuSlice};
+use super::app::{read_json_lines, start_coordinator, Guard, PIN_ENV, SPEED_ENV, SPIN_ENV};
+use super::cgroup::Cgroup;
 use super::paged::Walk;
 use crate::harness::{median, wanted, BenchOpts, Ctx, Matrix, Sample, System, Workload};
 use crate::node::NodeProcess;
@@ -75,8 +79,8 @@ struct Scale {
     /// Seconds of a run, and when its measured part starts.
     run_s: f64,
     from_s: f64,
-    /// The share of a CPU each program may use (CFS quota), all-local included.
-    cpu_share: f64,
+    /// The speed of the CPU each program runs as if alone on (`Pacer`), all-local included.
+    speed: f64,
     /// CPU per operation: paged programs, soft applications (microseconds).
     paged_work_us: f64,
     soft_work_us: f64,
@@ -130,10 +134,10 @@ fn scale(opts: &BenchOpts) -> Scale {
         antagonist_at: run_s * 0.55,
         antagonist_hold: run_s * 0.2,
         run_s,
-        // After the soft applications' warm-up (the dear one's takes 11 s of its CPU share
-        // in a quick run).
+        // After the soft applications' warm-up (the dear one's builds 49k objects at 100 us
+        // each, on a CPU it shares: about 8 s in a quick run).
         from_s: run_s * 0.4,
-        cpu_share: 0.45,
+        speed: 0.35,
         paged_work_us: 2.0,
         soft_work_us: 10.0,
         spin: 0.0,
@@ -376,6 +380,27 @@ fn normalized(o: &Outcome, local: &Outcome) -> f64 {
         .sum()
 }
 
+/// Waits for `child` until `deadline`; true if it exited successfully. One still running then
+/// is killed, with a message naming it.
+fn exits_by(child: &mut std::process::Child, deadline: Instant, name: &str) -> Result<bool> {
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status.success());
+        }
+        if Instant::now() >= deadline {
+            eprintln!(
+                "coord mixed: program {name} (pid {}) is still running long after its time: \
+                 killed, and counted as failed",
+                child.id()
+            );
+            let _ = child.kill();
+            let _ = child.wait();
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// One run: the programs (and for a coordinated run the coordinator and the antagonist, in
 /// a fresh cgroup) until they finish.
 fn run_once(
@@ -439,7 +464,6 @@ fn run_once(
     let start_budget = ((sc.limit - sc.reserve) / 5) >> 21 << 21;
     let cpus = tidepool_sys::online_cpus().max(1);
     let mut children = Vec::new();
-    let mut slices = Vec::new();
     for (i, p) in sc.programs.iter().enumerate() {
         let weight = match setup {
             Setup::Coordinated { weights, .. } => weights[i],
@@ -520,6 +544,7 @@ fn run_once(
         };
         // Two programs to a CPU, each pinned (see part (a)).
         c.env(PIN_ENV, (i % cpus).to_string())
+            .env(SPEED_ENV, sc.speed.to_string())
             .env(SPIN_ENV, sc.spin.to_string())
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
@@ -529,9 +554,6 @@ fn run_once(
             c.spawn()
                 .with_context(|| format!("cannot start program {}", p.name))?,
         );
-        let slice = CpuSlice::create(&format!("mixed-{tag}-{}", p.name), sc.cpu_share)?;
-        slice.add(child.0.id())?;
-        slices.push(slice);
         children.push(child);
     }
     let pids: Vec<u32> = children.iter().map(|g| g.0.id()).collect();
@@ -539,7 +561,7 @@ fn run_once(
         .iter_mut()
         .map(|g| read_json_lines(g.0.stdout.take().expect("piped"), ["t", "ops"]))
         .collect();
-    let antagonist = match &cg {
+    let mut antagonist = match &cg {
         Some(cg) => {
             let mut c = cg.command(&[
                 "bench-worker".into(),
@@ -559,14 +581,13 @@ fn run_once(
         let (stop, pids, from) = (stop.clone(), pids.clone(), sc.from_s);
         std::thread::spawn(move || poll_budgets(&addr, &pids, from, &stop))
     });
+    // A program still running long after its time is stuck: it is killed and counted as
+    // failed, and the suite goes on.
+    let deadline = Instant::now() + Duration::from_secs_f64(sc.run_s + 120.0);
     let mut failed = 0;
-    for g in children.iter_mut() {
-        if !g.0.wait()?.success() {
-            failed += 1;
-        }
-    }
-    if let Some(mut a) = antagonist {
-        if !a.0.wait()?.success() {
+    let names = sc.programs.iter().map(|p| p.name).chain(["antagonist"]);
+    for (g, name) in children.iter_mut().chain(antagonist.as_mut()).zip(names) {
+        if !exits_by(&mut g.0, deadline, name)? {
             failed += 1;
         }
     }
@@ -588,7 +609,6 @@ fn run_once(
     let oom_kills = cg.as_ref().map_or(0, |cg| cg.oom_kills());
     drop(coord);
     drop(children);
-    drop(slices);
     let _ = std::fs::remove_file(&socket);
     let mut ops_per_s = [0.0; 4];
     for (i, r) in readers.into_iter().enumerate() {
