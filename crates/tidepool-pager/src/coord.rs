@@ -99,6 +99,8 @@ struct Totals {
     ghost_nanos: [u64; GHOST_BUCKETS],
     /// Mean fault cost so far, for heartbeats without a fault.
     fault_nanos: u64,
+    /// Pages evicted so far.
+    evicted: u64,
 }
 
 impl Totals {
@@ -122,9 +124,16 @@ impl Totals {
             self.ghost_fetches[k] = s.ghost_fetches[k].max(self.ghost_fetches[k]);
             self.ghost_nanos[k] += d * self.fault_nanos;
         }
+        // A pager that evicted since the last report is using its whole budget, though it
+        // maps a little less: it keeps a margin free (1/32 of the budget) and pages in flight
+        // to the store. Reported as less, that gap looked unused to the planner, which then
+        // would not grow a program whose misses were the costliest.
+        let local = (s.resident_pages + s.tier_pages) * PAGE as u64;
+        let evicting = s.evicted > self.evicted;
+        self.evicted = s.evicted.max(self.evicted);
         Report {
             budget,
-            usage: (s.resident_pages + s.tier_pages) * PAGE as u64,
+            usage: if evicting { local.max(budget) } else { local },
             hits: 0,
             misses: s.far_fetches,
             reconstructions: s.far_fetches,

@@ -5,6 +5,7 @@
 use anyhow::{bail, Context, Result};
 use rand::SeedableRng;
 use std::process::Child;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// The CPU a bench application pins itself to.
@@ -132,11 +133,38 @@ impl Spinner {
 /// rebuilds then take 1 / SPEED times longer while a stall on a fault takes its own time, as
 /// on a machine of the program's own; no program runs faster by taking the CPU of a stalled
 /// neighbour, and none hides stalls in slack as under a CFS quota (which lets a program
-/// stalled half the time still use its whole share in the other half).
+/// stalled half the time still use its whole share in the other half). Work whose time the
+/// program measures itself (a rebuild, which a soft application reports to the coordinator)
+/// is slowed inline instead ([`Inline`]), so the time measured is the slow CPU's.
 pub(super) struct Pacer {
     idle_per_busy: f64,
     cpu_us: f64,
     debt_us: f64,
+    inline: Inline,
+    inline_seen_ns: u64,
+}
+
+/// Slows work inline, by sleeping its share at once; shared with a reconstructor.
+#[derive(Clone)]
+pub(super) struct Inline {
+    idle_per_busy: f64,
+    on: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// CPU nanoseconds already slowed inline (the batch pacing leaves them out).
+    paced_ns: std::sync::Arc<AtomicU64>,
+}
+
+impl Inline {
+    /// Slows `cpu_us` of work just done (nothing until the pacer starts). A sleep shorter
+    /// than 50 us would cost more than it is (a system call and a wake-up): such work is left
+    /// to the batch pacing, its measured time the fast CPU's.
+    pub(super) fn after(&self, cpu_us: f64) {
+        if self.idle_per_busy == 0.0 || cpu_us * self.idle_per_busy < 50.0 || !self.on.load(Relaxed)
+        {
+            return;
+        }
+        self.paced_ns.fetch_add((cpu_us * 1e3) as u64, Relaxed);
+        std::thread::sleep(Duration::from_secs_f64(cpu_us * self.idle_per_busy / 1e6));
+    }
 }
 
 fn thread_cpu_us() -> f64 {
@@ -145,17 +173,39 @@ fn thread_cpu_us() -> f64 {
 }
 
 impl Pacer {
+    /// A pacer at the speed in the environment, stopped until [`Pacer::start`].
     pub(super) fn from_env() -> Pacer {
         let speed = std::env::var(SPEED_ENV)
             .ok()
             .and_then(|t| t.parse().ok())
             .filter(|s: &f64| *s > 0.0 && *s < 1.0)
             .unwrap_or(1.0);
+        if speed < 1.0 {
+            // Sleeps of a few hundred microseconds, not the default 50 us late.
+            let _ = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(1000));
+        }
         Pacer {
             idle_per_busy: 1.0 / speed - 1.0,
-            cpu_us: thread_cpu_us(),
+            cpu_us: 0.0,
             debt_us: 0.0,
+            inline: Inline {
+                idle_per_busy: 1.0 / speed - 1.0,
+                on: Default::default(),
+                paced_ns: Default::default(),
+            },
+            inline_seen_ns: 0,
         }
+    }
+
+    pub(super) fn inline(&self) -> Inline {
+        self.inline.clone()
+    }
+
+    /// Starts pacing (after a warm-up, which runs at full speed).
+    pub(super) fn start(&mut self) {
+        self.cpu_us = thread_cpu_us();
+        self.inline_seen_ns = self.inline.paced_ns.load(Relaxed);
+        self.inline.on.store(true, Relaxed);
     }
 
     /// Called after each batch of operations.
@@ -164,7 +214,10 @@ impl Pacer {
             return;
         }
         let now = thread_cpu_us();
-        self.debt_us += (now - self.cpu_us) * self.idle_per_busy;
+        let inline_ns = self.inline.paced_ns.load(Relaxed);
+        let inline_us = inline_ns.wrapping_sub(self.inline_seen_ns) as f64 / 1e3;
+        self.inline_seen_ns = inline_ns;
+        self.debt_us += (now - self.cpu_us - inline_us).max(0.0) * self.idle_per_busy;
         self.cpu_us = now;
         if self.debt_us >= 1000.0 {
             let t0 = Instant::now();
@@ -235,9 +288,12 @@ pub fn worker(args: &[String]) -> Result<()> {
     // keep more of themselves for objects.
     arena.start_evacuator(0.01, 0.02)?;
     let s = spinner.clone();
+    let mut pacer = Pacer::from_env();
+    let slow = pacer.inline();
     let values: tidepool_soft::SoftVec<[u8; 4096]> =
         tidepool_soft::SoftVec::new(&arena, objects as usize, move |i| {
             s.spin(rebuild_us);
+            slow.after(rebuild_us);
             let mut v = [0u8; 4096];
             v[..8].copy_from_slice(&(i as u64).to_le_bytes());
             v
@@ -252,7 +308,7 @@ pub fn worker(args: &[String]) -> Result<()> {
     }
     let zipf = rand_distr::Zipf::new(objects, skew).context("Zipf parameters")?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-    let mut pacer = Pacer::from_env();
+    pacer.start();
     let mut next_print = Duration::ZERO;
     let mut ops = 0u64;
     let mut sum = 0u64;

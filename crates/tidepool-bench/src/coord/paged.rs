@@ -66,6 +66,7 @@ pub fn paged_worker(args: &[String]) -> Result<()> {
     let zipf = rand_distr::Zipf::new(pages as u64, skew).context("Zipf parameters")?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
     let mut pacer = Pacer::from_env();
+    pacer.start();
     let mut out = std::io::stdout().lock();
     let (mut ops, mut next, mut at) = (0u64, Duration::ZERO, 0usize);
     let mut sum = 0u64;
