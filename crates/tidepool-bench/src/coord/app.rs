@@ -16,6 +16,14 @@ pub(super) const SPIN_ENV: &str = "TIDEPOOL_BENCH_SPIN";
 /// [`Pacer`]); full speed when unset.
 pub(super) const SPEED_ENV: &str = "TIDEPOOL_BENCH_CPU_SPEED";
 
+/// Pins the calling thread (and the threads it starts later) to the CPU in PIN_ENV, if any.
+pub(super) fn pin_from_env() -> Result<()> {
+    if let Some(cpu) = std::env::var(PIN_ENV).ok().and_then(|c| c.parse().ok()) {
+        tidepool_sys::set_affinity(0, &[cpu]).context("cannot pin the program")?;
+    }
+    Ok(())
+}
+
 /// Kills a child process when dropped (a failed run leaves nothing behind).
 pub(super) struct Guard(pub(super) Child);
 
@@ -119,6 +127,14 @@ impl Spinner {
         }
         Spinner {
             iters_per_us: 1.0 / best,
+        }
+    }
+
+    /// The harness's calibration (SPIN_ENV), else a calibration of its own.
+    pub(super) fn from_env() -> Spinner {
+        match std::env::var(SPIN_ENV).ok().and_then(|s| s.parse().ok()) {
+            Some(iters_per_us) if iters_per_us > 0.0 => Spinner { iters_per_us },
+            _ => Spinner::calibrate(),
         }
     }
 
@@ -252,19 +268,12 @@ pub fn worker(args: &[String]) -> Result<()> {
     let seconds: f64 = seconds.parse().context("SECONDS")?;
     let budget: u64 = budget.parse().context("BUDGET")?;
     let seed: u64 = seed.parse().context("SEED")?;
-    if let Some(cpu) = std::env::var(PIN_ENV).ok().and_then(|c| c.parse().ok()) {
-        // Before any thread starts: the evacuator and the coordinator link inherit it.
-        tidepool_sys::set_affinity(0, &[cpu]).context("cannot pin the application")?;
-    }
+    // Before any thread starts: the evacuator and the coordinator link inherit it.
+    pin_from_env()?;
     // The clock starts before the warm-up: applications started together end together, and
     // measurements of their tails overlap.
     let start = Instant::now();
-    let spinner = std::sync::Arc::new(
-        match std::env::var(SPIN_ENV).ok().and_then(|s| s.parse().ok()) {
-            Some(iters_per_us) if iters_per_us > 0.0 => Spinner { iters_per_us },
-            _ => Spinner::calibrate(),
-        },
-    );
+    let spinner = std::sync::Arc::new(Spinner::from_env());
     // With TIDEPOOL_BENCH_JOIN_LATE, the application warms up on BUDGET alone and joins the
     // coordinator afterwards (as in Midas §7.1, where every application starts with the same
     // soft memory): a warm-up scan has no ghost hits, and would look worth nothing to the

@@ -1,7 +1,7 @@
 //! The paged program of workload `mixed` (`tidepool bench-worker paged-app`), run under
 //! `tidepool run`: an ordinary heap allocation walked with a locality of its own.
 
-use super::app::{Pacer, Spinner, PIN_ENV, SPIN_ENV};
+use super::app::{pin_from_env, Pacer, Spinner};
 use anyhow::{bail, Context, Result};
 use rand::SeedableRng;
 use std::io::Write;
@@ -45,14 +45,9 @@ pub fn paged_worker(args: &[String]) -> Result<()> {
     let work_us: f64 = work_us.parse().context("WORK_US")?;
     let seconds: f64 = seconds.parse().context("SECONDS")?;
     let seed: u64 = seed.parse().context("SEED")?;
-    if let Some(cpu) = std::env::var(PIN_ENV).ok().and_then(|c| c.parse().ok()) {
-        tidepool_sys::set_affinity(0, &[cpu]).context("cannot pin the program")?;
-    }
+    pin_from_env()?;
     let start = Instant::now();
-    let spinner = match std::env::var(SPIN_ENV).ok().and_then(|s| s.parse().ok()) {
-        Some(iters_per_us) if iters_per_us > 0.0 => Spinner { iters_per_us },
-        _ => Spinner::calibrate(),
-    };
+    let spinner = Spinner::from_env();
     const PAGE: usize = 4096;
     let pages = bytes / PAGE;
     if pages == 0 {
