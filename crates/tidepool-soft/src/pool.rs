@@ -171,6 +171,27 @@ impl Objects {
         r.map(|_| ())
     }
 
+    /// Writes a rebuilt value (`len` bytes from `src`) only if the handle holds no object now:
+    /// a write that came after the miss the rebuild answers is newer, and must not be
+    /// overwritten by it. Whether it was written.
+    ///
+    /// # Safety
+    ///
+    /// `src` is valid for reads of `len` bytes.
+    pub unsafe fn fill(&self, h: &Handle, src: *const u8, len: usize) -> Result<bool, SoftError> {
+        let before = self.lock(h);
+        // With the hint BUSY no writer can make the object present behind our back (moves
+        // and revocations only change a present object).
+        if self.present(h) {
+            self.unlock(h, before);
+            return Ok(false);
+        }
+        // SAFETY: the caller's `src`.
+        let r = unsafe { self.write_locked(h, src, len) };
+        self.unlock(h, r.as_ref().copied().unwrap_or(before));
+        r.map(|_| true)
+    }
+
     /// Writes with the hint held BUSY; the new slot word.
     ///
     /// # Safety
@@ -489,8 +510,14 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> SoftBox<T, A, E> {
                 let nanos = t0.elapsed().as_nanos() as u64;
                 shared.counters.reconstructed(nanos);
                 shared.objects.arena.rebuilt(Some(self.handle.slot), nanos);
-                // Best effort: with no room, the value is returned uncached.
-                let _ = self.write(*v);
+                // Best effort: with no room, the value is returned uncached; a value written
+                // since the miss stays.
+                // SAFETY: `v` is a T, len_of::<T>() bytes.
+                let _ = unsafe {
+                    shared
+                        .objects
+                        .fill(&self.handle, (v as *const T).cast(), len_of::<T>())
+                };
             }
             Err(_) => shared.counters.failed(),
         }
@@ -570,6 +597,41 @@ impl<T: Copy + Send + 'static, A: 'static, E: 'static> Drop for SoftBox<T, A, E>
 mod tests {
     use super::*;
     use crate::arena::{ArenaConfig, SEGMENT};
+
+    #[test]
+    fn a_rebuilt_value_never_overwrites_one_written_since_the_miss() {
+        let arena = SoftArena::new(ArenaConfig {
+            budget: 4 * SEGMENT,
+            max_bytes: 64 * SEGMENT,
+        })
+        .unwrap();
+        let objects = Objects {
+            arena,
+            fixed_len: None,
+        };
+        let h = objects.handle();
+        let read = || {
+            let mut v = Vec::new();
+            objects.read(&h, &mut v).then_some(v)
+        };
+        let fill = |v: &[u8]| {
+            // SAFETY: a live slice of the stated length.
+            unsafe { objects.fill(&h, v.as_ptr(), v.len()) }.unwrap()
+        };
+        assert!(fill(b"rebuilt"), "an empty handle takes the rebuilt value");
+        assert_eq!(read().as_deref(), Some(&b"rebuilt"[..]));
+        // A writer came between a reader's miss and its rebuild: the write stays.
+        // SAFETY: a static string of 5 bytes.
+        unsafe { objects.write(&h, b"newer".as_ptr(), 5) }.unwrap();
+        assert!(!fill(b"rebuilt"));
+        assert_eq!(read().as_deref(), Some(&b"newer"[..]));
+        // Gone again: the next rebuild is stored.
+        objects.evict(&h);
+        assert_eq!(read(), None);
+        assert!(fill(b"again"));
+        assert_eq!(read().as_deref(), Some(&b"again"[..]));
+        objects.release(&h);
+    }
 
     #[test]
     fn an_object_dropped_as_cold_comes_back_with_the_standing_it_had() {

@@ -83,7 +83,19 @@ impl Core {
         })
     }
 
-    /// Runs a reconstructor, timing it, and stores what it made (best effort).
+    /// Stores a rebuilt value unless one was written since the miss (best effort).
+    fn fill<V: SoftValue>(&self, h: &Handle, v: &V) {
+        SCRATCH.with(|s| {
+            let mut buf = s.borrow_mut();
+            buf.clear();
+            v.encode(&mut buf);
+            // SAFETY: the buffer's bytes, valid for its length.
+            let _ = unsafe { self.objects.fill(h, buf.as_ptr(), buf.len()) };
+        })
+    }
+
+    /// Runs a reconstructor, timing it, and stores what it made (best effort, and never over
+    /// a value written meanwhile).
     fn rebuild<V: SoftValue, E>(
         &self,
         h: &Handle,
@@ -96,7 +108,7 @@ impl Core {
                 let nanos = t0.elapsed().as_nanos() as u64;
                 self.counters.reconstructed(nanos);
                 self.objects.arena.rebuilt(Some(h.slot), nanos);
-                let _ = self.put(h, v);
+                self.fill(h, v);
             }
             Err(_) => self.counters.failed(),
         }
@@ -336,7 +348,7 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
                 self.core.counters.reconstructed(nanos);
                 let slot = self.shard(&key).read().get(&key).map(|h| h.slot);
                 self.core.objects.arena.rebuilt(slot, nanos);
-                let _ = self.insert(key, &v);
+                self.fill(key, &v);
                 Ok(Some(v))
             }
             Err(e) => {
@@ -346,12 +358,22 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
         }
     }
 
+    /// Stores a rebuilt value for `key` unless one was inserted since the miss (best effort).
+    fn fill(&self, key: K, value: &V) {
+        self.with_handle(key, |h| self.core.fill(h, value))
+    }
+
     /// Sets the value of `key`.
     pub fn insert(&self, key: K, value: &V) -> Result<(), SoftError> {
+        self.with_handle(key, |h| self.core.put(h, value))
+    }
+
+    /// Runs `f` on `key`'s handle, made if the key is new.
+    fn with_handle<R>(&self, key: K, f: impl FnOnce(&Handle) -> R) -> R {
         {
             let shard = self.shard(&key).read();
             if let Some(h) = shard.get(&key) {
-                return self.core.put(h, value);
+                return f(h);
             }
         }
         let n = self
@@ -364,7 +386,7 @@ impl<K: Hash + Eq, V: SoftValue, E> SoftMap<K, V, E> {
         let h = shard
             .entry(key)
             .or_insert_with(|| self.core.objects.handle());
-        self.core.put(h, value)
+        f(h)
     }
 
     /// Drops the keys whose values are gone from the index (done a shard at a time as new

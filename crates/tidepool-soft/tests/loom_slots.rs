@@ -78,6 +78,25 @@ fn a_read_racing_a_write_sees_the_old_value_or_the_new() {
 }
 
 #[test]
+fn a_rebuild_racing_a_write_never_overwrites_it() {
+    model(3, || {
+        let arena = arena();
+        let pool = SoftPool::new(&arena, |_: ()| 1u64);
+        let b = Arc::new(pool.new_box());
+        let writer = {
+            let b = b.clone();
+            thread::spawn(move || b.write(7).unwrap())
+        };
+        // A miss (if the write has not come yet) rebuilds 1; it may be returned, but it must
+        // not be stored over the 7.
+        let got = b.read(());
+        assert!(got == 1 || got == 7, "read {got}");
+        writer.join().unwrap();
+        assert_eq!(b.get(), Some(7));
+    });
+}
+
+#[test]
 fn two_compare_exchanges_one_wins() {
     model(3, || {
         let arena = arena();
