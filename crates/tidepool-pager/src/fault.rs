@@ -760,6 +760,9 @@ mod tests {
         landed(&region, 0);
         landed(&region, 1);
         assert!(holds(&region, 0, 1));
+        // The reader is woken by the install, before the handler counts and publishes the
+        // page (and unlocks it): wait for that.
+        word(&region, 0);
         let s = pager.stats();
         assert_eq!(s.far_fetches, 1);
         // Two evictions ago, of a budget of thousands of pages: an LRU would have kept it.
