@@ -598,17 +598,23 @@ mod tests {
     use super::*;
     use crate::arena::{ArenaConfig, SEGMENT};
 
-    #[test]
-    fn a_rebuilt_value_never_overwrites_one_written_since_the_miss() {
+    /// Objects in a small arena of their own.
+    fn small_arena() -> (Arc<SoftArena>, Objects) {
         let arena = SoftArena::new(ArenaConfig {
             budget: 4 * SEGMENT,
             max_bytes: 64 * SEGMENT,
         })
         .unwrap();
         let objects = Objects {
-            arena,
+            arena: arena.clone(),
             fixed_len: None,
         };
+        (arena, objects)
+    }
+
+    #[test]
+    fn a_rebuilt_value_never_overwrites_one_written_since_the_miss() {
+        let (_arena, objects) = small_arena();
         let h = objects.handle();
         let read = || {
             let mut v = Vec::new();
@@ -635,15 +641,7 @@ mod tests {
 
     #[test]
     fn an_object_dropped_as_cold_comes_back_with_the_standing_it_had() {
-        let arena = SoftArena::new(ArenaConfig {
-            budget: 4 * SEGMENT,
-            max_bytes: 64 * SEGMENT,
-        })
-        .unwrap();
-        let objects = Objects {
-            arena: arena.clone(),
-            fixed_len: None,
-        };
+        let (arena, objects) = small_arena();
         let value = vec![7u8; 4000];
         let write = |h| {
             // SAFETY: `value` holds its length in bytes.
