@@ -19,13 +19,17 @@
 //! 55% of the time and lose nothing (it used its quota in the rest), so a paged program's
 //! memory looked worthless up to there. Systems:
 //!
-//! - `all-local`: each program with room for all its state, no cgroup, no coordinator; run
-//!   three times, each program's median the normaliser;
+//! - `all-local`: each program with room for all its state, no cgroup, no coordinator: the
+//!   normaliser;
 //! - `midas`: `tidepool coord --policy midas`, every program joined;
 //! - `equal`: `tidepool coord --policy static`: the pool split evenly (still following
 //!   pressure);
 //! - `static-best`: the best of a grid of fixed splits (`--policy static` with a weight of 1 or
-//!   3 for each program: 15 splits, `equal` among them), each run for real.
+//!   3 for each program: 15 splits, `equal` among them), found by a search that runs each once
+//!   before the rounds; the winner is then run in every round like the others.
+//!
+//! The systems run in [`ROUNDS`] rounds, all-local first in each; a run is normalised by its
+//! round's all-local run, and figures are medians over the rounds.
 //!
 //! Metrics: `normalized_throughput`, the sum over the programs of each one's operations per
 //! second over its all-local figure (4 is everything local), measured from the end of the
@@ -34,7 +38,7 @@
 use super::app::{read_json_lines, start_coordinator, Guard, PIN_ENV, SPEED_ENV, SPIN_ENV};
 use super::cgroup::Cgroup;
 use super::paged::Walk;
-use crate::harness::{median, wanted, BenchOpts, Ctx, Matrix, Sample, System, Workload};
+use crate::harness::{median, wanted, BenchOpts, Ctx, Matrix, Pass, Sample, System, Workload};
 use crate::node::NodeProcess;
 use anyhow::{Context, Result};
 use std::process::{Command, Stdio};
@@ -195,8 +199,12 @@ struct Outcome {
     budgets: [f64; 4],
 }
 
-/// Runs of `all-local`, whose per-program median normalises the others.
-const LOCAL_RUNS: usize = 3;
+/// Rounds of the measurement. Each round runs every system once, all-local first, and each
+/// run is normalised by its own round's all-local run: this host's speed drifted by up to a
+/// third over minutes (all-local's figures rose or fell by a fifth from one run to the next,
+/// in both directions), so a figure measured once, against a normaliser measured half an hour
+/// before, said as much about the host as about the policy. Figures are medians over the rounds.
+pub(super) const ROUNDS: usize = 3;
 
 /// How a run is set up: everything local, or a coordinator's policy with weights.
 #[derive(Debug, Clone, Copy)]
@@ -232,7 +240,8 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
         "coord mixed: in a {} MiB memory cgroup (reserve {} MiB): {}; far memory on a memory \
          node outside the cgroup; an antagonist takes {} MiB at {:.0} s for {:.0} s; runs of \
          {:.0} s measured from {:.0} s. static-best: the best of {} fixed splits (weights 1 or \
-         3 each, --policy static), each run.",
+         3 each, --policy static) in a search of one run each, then run in each of {ROUNDS} \
+         rounds like the others; each round's all-local run normalises that round.",
         sc.limit >> 20,
         sc.reserve >> 20,
         sc.programs
@@ -270,116 +279,53 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
         Split::StaticBest,
     ];
     let workloads = [Mixed { limit: sc.limit }];
-    let mut local = Outcome::default();
-    let mut equal = None;
     // TIDEPOOL_BENCH_SYSTEMS=midas,equal runs only some (all-local always: it normalises).
-    let matrix = Matrix::new(&systems, &workloads, 1)
+    let best = if wanted(Split::StaticBest.name()) {
+        Some(search(ctx, &sc, &node)?)
+    } else {
+        None
+    };
+    ctx.advance();
+    // This round's all-local outcome, and every round's (for the note).
+    let mut local = Outcome::default();
+    let mut locals = Vec::new();
+    // Each system's normalized figure, round by round (for the note).
+    let mut by_round: Vec<(&'static str, Vec<f64>)> = Vec::new();
+    let matrix = Matrix::new(&systems, &workloads, ROUNDS)
         .only(|_, s: &Split| *s == Split::AllLocal || wanted(s.name()));
-    let samples = matrix.run(ctx, |ctx, _, _, &split| {
-        let name = split.name();
-        let (outcome, split_note) = match split {
-            Split::AllLocal => {
-                // The normaliser, three times (one run's figures moved by a fifth between
-                // invocations of the suite): each program's median.
-                let runs = (0..LOCAL_RUNS)
-                    .map(|k| {
-                        let tag = if k == 0 {
-                            name.to_string()
-                        } else {
-                            ctx.step(format!("mixed all-local: run {} of {LOCAL_RUNS}", k + 1));
-                            format!("{name}-{}", k + 1)
-                        };
-                        run_once(ctx, &sc, &node, Setup::AllLocal, &tag)
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                local = Outcome {
-                    ops_per_s: std::array::from_fn(|i| {
-                        median(&mut runs.iter().map(|o| o.ops_per_s[i]).collect::<Vec<_>>())
-                    }),
-                    oom_kills: runs.iter().map(|o| o.oom_kills).sum(),
-                    failed: runs.iter().map(|o| o.failed).sum(),
-                    budgets: [0.0; 4],
-                };
-                let note = format!(
-                    "coord mixed all-local: ops/s of each of {LOCAL_RUNS} runs (the median \
-                     normalises): {}",
-                    sc.programs
-                        .iter()
-                        .enumerate()
-                        .map(|(i, p)| format!(
-                            "{} {}",
-                            p.name,
-                            runs.iter()
-                                .map(|o| format!("{:.0}", o.ops_per_s[i]))
-                                .collect::<Vec<_>>()
-                                .join("/")
-                        ))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
-                (local.clone(), Some(note))
-            }
-            Split::Midas | Split::Equal => {
-                let policy = if split == Split::Midas {
-                    "midas"
-                } else {
-                    "static"
-                };
-                let setup = Setup::Coordinated {
-                    policy,
-                    weights: [1.0; 4],
-                };
-                let o = run_once(ctx, &sc, &node, setup, name)?;
-                if split == Split::Equal {
-                    equal = Some(o.clone());
-                }
-                (o, None)
-            }
-            Split::StaticBest => {
-                let mut best: Option<(f64, [f64; 4], Outcome)> = None;
-                let mut tried = Vec::new();
-                for w in grid() {
-                    let o = match (&equal, w == [1.0; 4]) {
-                        (Some(e), true) => e.clone(),
-                        _ => {
-                            let setup = Setup::Coordinated {
-                                policy: "static",
-                                weights: w,
-                            };
-                            let tag = format!("static-{}", weights_name(&w));
-                            ctx.step(format!("mixed static-best: weights {}", weights_name(&w)));
-                            run_once(ctx, &sc, &node, setup, &tag)?
-                        }
-                    };
-                    let n = normalized(&o, &local);
-                    tried.push(format!("{} {n:.2}", weights_name(&w)));
-                    if best.as_ref().is_none_or(|b| n > b.0) {
-                        best = Some((n, w, o));
-                    }
-                }
-                let (_, w, o) = best.expect("the grid is not empty");
-                let note = format!(
-                    "coord mixed static-best: weights {} (zipf:scan:dear:cheap) won; every \
-                     split tried: {}",
-                    weights_name(&w),
-                    tried.join(", ")
-                );
-                (o, Some(note))
-            }
+    let samples = matrix.run(ctx, |ctx, pass, _, &split| {
+        let round = match pass {
+            Pass::Round(r) => r + 1,
+            Pass::WarmUp => 0,
         };
-        if let Some(n) = split_note {
-            ctx.note(n);
-        }
-        let mut sample = Sample::new().median(
-            "normalized_throughput",
-            "x",
-            if split == Split::AllLocal {
-                4.0
-            } else {
-                normalized(&outcome, &local)
+        let tag = format!("{}-{round}", split.name());
+        let setup = match split {
+            Split::AllLocal => Setup::AllLocal,
+            Split::Midas => Setup::Coordinated {
+                policy: "midas",
+                weights: [1.0; 4],
             },
-        );
-        sample = sample
+            Split::Equal => Setup::Coordinated {
+                policy: "static",
+                weights: [1.0; 4],
+            },
+            Split::StaticBest => Setup::Coordinated {
+                policy: "static",
+                weights: best.expect("static-best runs only after its search"),
+            },
+        };
+        let outcome = run_once(ctx, &sc, &node, setup, &tag)?;
+        if split == Split::AllLocal {
+            local = outcome.clone();
+            locals.push(outcome.clone());
+        }
+        let n = normalized(&outcome, &local);
+        match by_round.iter_mut().find(|(s, _)| *s == split.name()) {
+            Some((_, v)) => v.push(n),
+            None => by_round.push((split.name(), vec![n])),
+        }
+        let mut sample = Sample::new()
+            .median("normalized_throughput", "x", n)
             .median("oom_kills", "", outcome.oom_kills as f64)
             .median("programs that failed", "", outcome.failed as f64);
         for (i, p) in sc.programs.iter().enumerate() {
@@ -400,8 +346,74 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
         }
         Ok(sample)
     })?;
+    ctx.note(format!(
+        "coord mixed all-local: ops/s in each of the {ROUNDS} rounds (each round's normalises \
+         that round's other runs): {}",
+        sc.programs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!(
+                "{} {}",
+                p.name,
+                locals
+                    .iter()
+                    .map(|o| format!("{:.0}", o.ops_per_s[i]))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    ctx.note(format!(
+        "coord mixed normalized_throughput round by round: {}",
+        by_round
+            .iter()
+            .filter(|(s, _)| *s != Split::AllLocal.name())
+            .map(|(s, v)| format!(
+                "{s} {}",
+                v.iter()
+                    .map(|x| format!("{x:.2}"))
+                    .collect::<Vec<_>>()
+                    .join("/")
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
     samples.report(ctx);
     Ok(())
+}
+
+/// `static-best`'s grid search: an all-local run, then every split of the grid, each
+/// normalised by it. Returns the weights of the best. (The winner's figure is not reported:
+/// the best of fifteen noisy runs is the luckiest as much as the best split, so the rounds
+/// run it again, as they run every system.)
+fn search(ctx: &mut Ctx, sc: &Scale, node: &NodeProcess) -> Result<[f64; 4]> {
+    ctx.step("mixed static-best: all-local, to normalise the search");
+    let local = run_once(ctx, sc, node, Setup::AllLocal, "all-local-search")?;
+    let mut best: Option<(f64, [f64; 4])> = None;
+    let mut tried = Vec::new();
+    for w in grid() {
+        let name = weights_name(&w);
+        ctx.step(format!("mixed static-best search: weights {name}"));
+        let setup = Setup::Coordinated {
+            policy: "static",
+            weights: w,
+        };
+        let o = run_once(ctx, sc, node, setup, &format!("static-{name}"))?;
+        let n = normalized(&o, &local);
+        tried.push(format!("{name} {n:.2}"));
+        if best.is_none_or(|b| n > b.0) {
+            best = Some((n, w));
+        }
+    }
+    let (_, w) = best.expect("the grid is not empty");
+    ctx.note(format!(
+        "coord mixed static-best: weights {} (zipf:scan:dear:cheap) won the search; every split \
+         tried (one run each): {}",
+        weights_name(&w),
+        tried.join(", ")
+    ));
+    Ok(w)
 }
 
 fn weights_name(w: &[f64; 4]) -> String {

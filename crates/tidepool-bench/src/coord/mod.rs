@@ -38,8 +38,9 @@ impl Suite for CoordSuite {
         "the soft-memory coordinator: four applications sharing idle memory, midas vs hitrate vs static, against the ideal"
     }
     fn steps(&self, _opts: &BenchOpts) -> u64 {
-        // (a) as one matrix (one workload, one round), then (b) and (c), then mixed.
-        matrix_steps(1, 1) + 2 + matrix_steps(1, 1)
+        // (a) as one matrix (one workload, one round), then (b) and (c), then mixed's search
+        // and rounds.
+        matrix_steps(1, 1) + 2 + 1 + matrix_steps(1, mixed::ROUNDS)
     }
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
         // The applications on every CPU, as processes of a server would be (the harness pins
