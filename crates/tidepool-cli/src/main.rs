@@ -123,6 +123,10 @@ enum Cmd {
     /// back for a fault, not a round trip. The part follows how often that happens, from a
     /// hundredth to a fifth; TIDEPOOL_RUN_PROBATION=0 turns it off.
     ///
+    /// When the budget grows (the coordinator, `tidepool resize`, pressure ending), pages
+    /// evicted earlier come back from the store in batches, hottest first, until the budget is
+    /// nearly full, rather than one fault at a time; TIDEPOOL_RUN_REFILL=0 turns that off.
+    ///
     /// A program the pager cannot serve (statically linked, or set-user-ID/set-group-ID, for
     /// which the loader ignores LD_PRELOAD) is refused before it starts, unless
     /// --allow-unpaged.

@@ -6,10 +6,13 @@
 //!
 //! - `usage`: the bytes it maps now (resident pages and the probation tier's frames);
 //! - `misses`: far fetches, and `reconstruct_nanos` the time they took (fault taken to thread
-//!   woken, as the fault handlers measure it);
+//!   woken, as the fault handlers measure it); and pages the prefetcher read, each at its
+//!   share of its batch's time (a stream's misses: the prefetcher hides them only as far as
+//!   it keeps ahead, and a scan it could not keep ahead of looked nearly free);
 //! - ghost hits: far fetches of pages evicted fewer than a bucket's bytes of evictions ago
 //!   (each would have stayed with that much more memory), and their time, at the mean fault
-//!   cost of the heartbeat they happened in (its miss curve);
+//!   cost of the heartbeat they happened in (its miss curve); prefetched pages evicted before
+//!   likewise, at their own time;
 //! - `bytes_dropped`: bytes evicted (it wanted more than it had).
 //!
 //! The thread joins after the program's first second: shell scripts and wrappers (a pyenv
@@ -101,6 +104,11 @@ struct Totals {
     fault_nanos: u64,
     /// Pages evicted so far.
     evicted: u64,
+    /// The prefetcher's misses so far (see `PagerStats::prefetch_reads`).
+    prefetch_reads: u64,
+    prefetch_nanos: u64,
+    prefetch_ghosts: [u64; GHOST_BUCKETS],
+    prefetch_ghost_nanos: [u64; GHOST_BUCKETS],
 }
 
 impl Totals {
@@ -123,7 +131,12 @@ impl Totals {
             let d = s.ghost_fetches[k].saturating_sub(self.ghost_fetches[k]);
             self.ghost_fetches[k] = s.ghost_fetches[k].max(self.ghost_fetches[k]);
             self.ghost_nanos[k] += d * self.fault_nanos;
+            self.prefetch_ghosts[k] = s.prefetch_ghosts[k].max(self.prefetch_ghosts[k]);
+            self.prefetch_ghost_nanos[k] =
+                s.prefetch_ghost_nanos[k].max(self.prefetch_ghost_nanos[k]);
         }
+        self.prefetch_reads = s.prefetch_reads.max(self.prefetch_reads);
+        self.prefetch_nanos = s.prefetch_nanos.max(self.prefetch_nanos);
         // A pager that evicted since the last report is using its whole budget, though it
         // maps a little less: it keeps a margin free (1/32 of the budget) and pages in flight
         // to the store. Reported as less, that gap looked unused to the planner, which then
@@ -135,11 +148,13 @@ impl Totals {
             budget,
             usage: if evicting { local.max(budget) } else { local },
             hits: 0,
-            misses: s.far_fetches,
-            reconstructions: s.far_fetches,
-            reconstruct_nanos: self.serve_nanos,
-            ghost_hits: self.ghost_fetches,
-            ghost_nanos: self.ghost_nanos,
+            misses: s.far_fetches + self.prefetch_reads,
+            reconstructions: s.far_fetches + self.prefetch_reads,
+            reconstruct_nanos: self.serve_nanos + self.prefetch_nanos,
+            ghost_hits: std::array::from_fn(|k| self.ghost_fetches[k] + self.prefetch_ghosts[k]),
+            ghost_nanos: std::array::from_fn(|k| {
+                self.ghost_nanos[k] + self.prefetch_ghost_nanos[k]
+            }),
             bytes_dropped: s.evicted * PAGE as u64,
             cold: Vec::new(),
         }
@@ -250,5 +265,24 @@ mod tests {
         let r = t.report(&s, 64 << 20);
         assert_eq!(r.ghost_nanos[3], 10_000);
         assert_eq!(r.reconstruct_nanos, 40_000);
+    }
+
+    #[test]
+    fn prefetched_misses_count_at_their_own_time() {
+        let mut t = Totals::default();
+        let mut s = PagerStats::default();
+        s.miss.serve.count = 10;
+        s.miss.serve.mean_ns = 1000;
+        s.far_fetches = 10;
+        s.ghost_fetches[3] = 4;
+        s.prefetch_reads = 640;
+        s.prefetch_nanos = 640 * 5;
+        s.prefetch_ghosts[3] = 600;
+        s.prefetch_ghost_nanos[3] = 600 * 5;
+        let r = t.report(&s, 64 << 20);
+        assert_eq!(r.misses, 650);
+        assert_eq!(r.reconstruct_nanos, 10_000 + 3200);
+        assert_eq!(r.ghost_hits[3], 604);
+        assert_eq!(r.ghost_nanos[3], 4000 + 3000);
     }
 }

@@ -41,6 +41,7 @@ pub(crate) fn runs_of(victims: &[(Arc<RegionInner>, usize, u64)]) -> Vec<std::op
 
 impl Inner {
     pub(crate) fn evictor_loop(self: Arc<Self>) {
+        let mut staging = crate::fault::Staging::new();
         loop {
             {
                 if self.evictor_kick.swap(0, AcqRel) == 0 {
@@ -68,6 +69,9 @@ impl Inner {
             if self.probation && !self.tier_has_room(0) {
                 self.tier_make_room(0);
             }
+            // Room to spare: bring evicted pages back before they are asked for (a batch per
+            // wake, so a refill shares the store with faults).
+            self.refill(&mut staging);
         }
     }
 

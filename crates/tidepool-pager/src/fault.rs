@@ -543,9 +543,35 @@ impl Inner {
                 }
                 return;
             }
+            let t = Instant::now();
             self.install_prefetched(region, &batch, staging);
+            self.count_prefetch_misses(region, &batch, t.elapsed());
+            Counters::add(&self.counters.prefetched, batch.len() as u64);
             if self.local_pages() > self.budget_pages.load(Relaxed) {
                 self.kick_evictor();
+            }
+        }
+    }
+
+    /// Counts a prefetched batch's pages read from the store as misses, each at its share of
+    /// the batch's time `took`, and those evicted before as ghost hits (see
+    /// [`crate::PagerStats::prefetch_reads`]).
+    fn count_prefetch_misses(&self, region: &RegionInner, batch: &[(usize, u64)], took: Duration) {
+        let from_store = |w: u64| kind(w) == FAR && w & FRAMED == 0;
+        let n = batch.iter().filter(|&&(_, w)| from_store(w)).count() as u64;
+        if n == 0 {
+            return;
+        }
+        let each = took.as_nanos() as u64 / n;
+        Counters::add(&self.counters.prefetch_reads, n);
+        Counters::add(&self.counters.prefetch_nanos, each * n);
+        let now = self.evict_seq.load(Relaxed);
+        for &(p, _) in batch.iter().filter(|&&(_, w)| from_store(w)) {
+            let at = region.table.evicted_at(p).load(Relaxed);
+            if at != 0 {
+                let k = ghost_bucket(now.wrapping_sub(at) as u64 * PAGE as u64);
+                Counters::add(&self.counters.prefetch_ghosts[k], 1);
+                Counters::add(&self.counters.prefetch_ghost_nanos[k], each);
             }
         }
     }
@@ -691,7 +717,6 @@ impl Inner {
             self.uffd
                 .wake(region.addr(first), (last + 1 - first) * PAGE);
         }
-        Counters::add(&self.counters.prefetched, batch.len() as u64);
         self.clock
             .lock()
             .extend(list.into_iter().map(|(p, _)| (region.clone(), p)));

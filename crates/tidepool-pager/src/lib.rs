@@ -50,6 +50,7 @@ mod frames;
 mod marks;
 mod pager;
 pub mod prefetch;
+mod refill;
 mod region;
 mod region_inner;
 mod restart;

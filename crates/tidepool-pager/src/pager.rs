@@ -33,7 +33,7 @@ use crate::PagerError;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use tidepool_store::FarStore;
 use tidepool_sys::RawThread;
@@ -91,6 +91,9 @@ pub struct Config {
     /// them there) before they go to the store, so a page in use that CLOCK evicted comes back
     /// for a fault, not a round trip (see `tier.rs`). Ignored where the kernel lacks UFFDIO_MOVE.
     pub probation: bool,
+    /// While the budget has room to spare (it grew), bring evicted pages back from far memory
+    /// in batches, hottest first, before the program faults on them (see `refill.rs`).
+    pub refill: bool,
 }
 
 impl Config {
@@ -103,6 +106,7 @@ impl Config {
             around_child_restart: None,
             in_process_frames: false,
             probation: false,
+            refill: false,
         }
     }
 }
@@ -140,6 +144,12 @@ pub(crate) struct Inner {
     pub(crate) tier: crate::tier::Tier,
     /// Pages the prefetcher is waiting to have room for.
     pub(crate) room_wanted: AtomicUsize,
+    /// [`Config::refill`].
+    pub(crate) refill: bool,
+    /// `evict_seq | 1 << 32` when a refill found nothing to bring back at that eviction count.
+    pub(crate) refill_idle: AtomicU64,
+    /// Page states refill passes read since one last found a page to bring back.
+    pub(crate) refill_dry: AtomicUsize,
 }
 
 impl std::fmt::Debug for Inner {
@@ -285,6 +295,9 @@ impl Pager {
             timings: crate::stats::Timings::new(),
             shutdown: AtomicBool::new(false),
             room_wanted: AtomicUsize::new(0),
+            refill: config.refill,
+            refill_idle: AtomicU64::new(0),
+            refill_dry: AtomicUsize::new(0),
             window_max: config.prefetch_window_max,
             frames: (config.in_process_frames || probation) && can_move,
             probation,
@@ -418,6 +431,7 @@ impl Pager {
             table,
             detector: Mutex::new(Detector::new(i.window_max)),
             touched_end: AtomicUsize::new(0),
+            refill_from: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
             shadow,
             marks: Mutex::new(Default::default()),

@@ -78,7 +78,8 @@ pub fn probation_pager(store: Arc<dyn FarStore>, pages: usize) -> Option<(Pager,
     Some((pager, region))
 }
 
-fn pager_with(mut config: Config, store: Arc<dyn FarStore>, pages: usize) -> (Pager, Region) {
+/// A pager built from `config` (one fault handler, on CPU 0) and a region of `pages` pages.
+pub fn pager_with(mut config: Config, store: Arc<dyn FarStore>, pages: usize) -> (Pager, Region) {
     config.handler_cpus = Some(vec![0]);
     let pager = Pager::start(config, store).unwrap();
     let region = Region::new(&pager, pages * crate::PAGE).unwrap();

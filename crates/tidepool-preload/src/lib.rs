@@ -293,6 +293,9 @@ extern "C" fn start() {
     // Any other store gets a probation tier in front of it; TIDEPOOL_RUN_PROBATION=0 turns it
     // off, to compare.
     config.probation = env_var("TIDEPOOL_RUN_PROBATION").map_or(true, |v| v != "0");
+    // A budget that grows brings evicted pages back before they are asked for;
+    // TIDEPOOL_RUN_REFILL=0 turns that off, to compare.
+    config.refill = env_var("TIDEPOOL_RUN_REFILL").map_or(true, |v| v != "0");
     let pager = Pager::start(config, store)
         .unwrap_or_else(|e| fail(&format!("cannot start the pager: {e}")));
     let heap = tidepool_alloc::region().map(|(base, len)| {

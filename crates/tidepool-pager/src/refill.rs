@@ -1,0 +1,239 @@
+//! Refill: when the budget has room to spare and pages the pager evicted are out in far memory,
+//! the evictor brings them back in batches, hottest first, before the program asks.
+//!
+//! Without it a budget that grows (a coordinator's grant, the end of host pressure, `tidepool
+//! resize`) helps only as fast as the program faults its pages back one round trip at a time:
+//! a program walking a Zipfian working set larger than its first budget took a minute and a
+//! half to fault back the 80 MiB its start had evicted, running at half speed all along, though
+//! the budget had room for all of it after a few seconds. A batch of 64 pages costs one store
+//! read.
+//!
+//! It never evicts to make room: it fills to two margins under the budget and stops, so the
+//! faults that follow find room and the evictor does not churn what it just brought back. A
+//! pass that finds nothing to bring back is not repeated until something is evicted again.
+
+use crate::fault::Staging;
+use crate::pager::*;
+use crate::region_inner::RegionInner;
+use crate::stats::Counters;
+use crate::table::*;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+
+/// Page states a pass reads at most, per region, from where the last pass stopped: a region
+/// may span a terabyte of address space (the preload library's large objects), and reading
+/// all of its words held the evictor for seconds.
+const SCAN_PAGES: usize = 1 << 16;
+
+/// Pages brought back per wake of the evictor (every 20 ms at most): 4 MiB, 200 MiB/s, so a
+/// refill shares the store with other programs' faults rather than swamping it.
+const REFILL_PAGES: usize = 1024;
+
+impl Inner {
+    /// Brings far pages back while the budget has room to spare (see the module's comment).
+    /// Returns how many.
+    pub(crate) fn refill(&self, staging: &mut Staging) -> usize {
+        if !self.refill {
+            return 0;
+        }
+        let _section = crate::fork::section();
+        let seq = self.evict_seq.load(Acquire);
+        if self.refill_idle.load(Relaxed) == u64::from(seq) | 1 << 32 {
+            return 0; // nothing came back last time, and nothing went out since
+        }
+        let room = self
+            .budget_pages
+            .load(Relaxed)
+            .saturating_sub(self.local_pages() + 2 * self.margin())
+            .min(REFILL_PAGES);
+        if room < PREFETCH_BATCH {
+            return 0;
+        }
+        let regions: Vec<Arc<RegionInner>> = self.regions.read().clone();
+        let (mut brought, mut scanned) = (0, 0);
+        for region in &regions {
+            if brought + PREFETCH_BATCH > room {
+                break;
+            }
+            let (b, s) = self.refill_region(region, room - brought, staging);
+            brought += b;
+            scanned += s;
+        }
+        // Idle once a whole sweep of every region found nothing.
+        if brought > 0 {
+            self.refill_dry.store(0, Relaxed);
+        } else {
+            let dry = self.refill_dry.fetch_add(scanned, Relaxed) + scanned;
+            let all: usize = regions
+                .iter()
+                .map(|r| r.touched_end.load(Relaxed).min(r.table.pages()))
+                .sum();
+            if dry >= all {
+                self.refill_idle.store(u64::from(seq) | 1 << 32, Relaxed);
+                self.refill_dry.store(0, Relaxed);
+            }
+        }
+        Counters::add(&self.counters.refilled, brought as u64);
+        brought
+    }
+
+    /// Brings back up to `want` far pages of `region`'s next [`SCAN_PAGES`], the hottest (most
+    /// often fetched again soon after an eviction) first. Returns how many, and how many page
+    /// states it read.
+    fn refill_region(
+        &self,
+        region: &Arc<RegionInner>,
+        want: usize,
+        staging: &mut Staging,
+    ) -> (usize, usize) {
+        if region.dead.load(Acquire) {
+            return (0, 0);
+        }
+        // Far pages by heat, at most `want` of each, among the next SCAN_PAGES pages of those
+        // ever mapped.
+        let end = region.touched_end.load(Acquire).min(region.table.pages());
+        if end == 0 {
+            return (0, 0);
+        }
+        let from = region.refill_from.load(Relaxed) % end;
+        let to = (from + SCAN_PAGES).min(end);
+        region.refill_from.store(to % end, Relaxed);
+        let mut by_heat: [Vec<usize>; 4] = Default::default();
+        for p in from..to {
+            let w = region.table.state(p).load(Relaxed);
+            if kind(w) == FAR {
+                let heat = ((w & HEAT) >> HEAT_SHIFT) as usize;
+                if by_heat[heat].len() < want {
+                    by_heat[heat].push(p);
+                }
+            }
+        }
+        let mut pages: Vec<usize> = by_heat.into_iter().rev().flatten().take(want).collect();
+        let mut brought = 0;
+        while !pages.is_empty() {
+            let rest = pages.split_off(pages.len().min(PREFETCH_BATCH));
+            let mut batch: Vec<(usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
+            pages.sort_unstable();
+            for &p in &pages {
+                // Faulted on (or evicted again) since the scan: skipped.
+                if let Some(w) = region.table.try_lock(p, &[FAR]) {
+                    batch.push((p, w));
+                }
+            }
+            pages = rest;
+            if batch.is_empty() {
+                continue;
+            }
+            // The program may have taken the room meanwhile: never evict for a guess.
+            if self.local_pages() + batch.len() + self.margin() > self.budget_pages.load(Relaxed)
+                || self.shutdown.load(Acquire)
+            {
+                for &(p, w) in &batch {
+                    if region.table.unlock(p, w) {
+                        // A thread faulted meanwhile, found the page BUSY and waits for us.
+                        self.uffd.wake(region.addr(p), crate::sys::PAGE);
+                    }
+                }
+                break;
+            }
+            self.install_prefetched(region, &batch, staging);
+            brought += batch.len();
+        }
+        (brought, to - from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::table::*;
+    use crate::testkit::*;
+    use crate::{Config, PAGE};
+    use std::time::{Duration, Instant};
+
+    /// Waits until `done` holds (10 s at most).
+    fn until(what: &str, mut done: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !done() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn evicted_pages_come_back_while_the_budget_has_room() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let mut config = Config::new(1 << 30);
+        config.refill = true;
+        let (pager, mut region) = pager_with(config, Recorder::new(), 256);
+        for p in 0..256 {
+            fill(&mut region, p, (p % 251) as u8 + 1);
+        }
+        evict_all(&pager, &region);
+        assert!(pager.stats().evicted > 0, "nothing was evicted");
+        until("every page back", || {
+            (0..256).all(|p| kind(word(&region, p)) == RESIDENT)
+        });
+        let s = pager.stats();
+        assert!(s.refilled > 0, "{s}");
+        assert_eq!(
+            s.far_fetches, 0,
+            "the program faulted them back itself: {s}"
+        );
+        for p in 0..256 {
+            assert!(
+                holds(&region, p, (p % 251) as u8 + 1),
+                "page {p} came back wrong"
+            );
+        }
+        assert_eq!(pager.stats().far_fetches, 0);
+    }
+
+    #[test]
+    fn a_refill_stops_two_margins_short_of_the_budget_and_loses_nothing() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let mut config = Config::new(256 * PAGE);
+        config.refill = true;
+        let (pager, mut region) = pager_with(config, Recorder::new(), 1024);
+        for p in 0..1024 {
+            fill(&mut region, p, (p % 251) as u8 + 1);
+        }
+        // Quiet first: the last fault's prefetch window may still be going in.
+        let mut last = pager.stats();
+        until("the pager to settle under the budget", || {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = pager.stats();
+            let quiet = (now.missing_faults, now.prefetched, now.evicted)
+                == (last.missing_faults, last.prefetched, last.evicted);
+            last = now;
+            quiet && last.resident_pages <= 256
+        });
+        pager.set_local_budget(512 * PAGE);
+        until("a refill", || pager.stats().refilled > 0);
+        // Nothing else faults: what the refill brought stays under two margins (64 pages each
+        // at this budget) below the budget.
+        std::thread::sleep(Duration::from_millis(100));
+        let s = pager.stats();
+        assert!(
+            s.resident_pages <= 512 - 128,
+            "{} pages: {s}",
+            s.resident_pages
+        );
+        assert!(s.resident_pages > 256, "{s}");
+        for p in 0..1024 {
+            assert!(holds(&region, p, (p % 251) as u8 + 1), "page {p} lost");
+        }
+    }
+
+    #[test]
+    fn without_the_option_nothing_comes_back_on_its_own() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let (pager, mut region) = pager(Recorder::new(), false, 128);
+        for p in 0..128 {
+            fill(&mut region, p, 7);
+        }
+        evict_all(&pager, &region);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(pager.stats().refilled, 0);
+        assert!((0..128).all(|p| kind(word(&region, p)) != RESIDENT));
+    }
+}
