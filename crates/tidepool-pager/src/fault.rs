@@ -543,9 +543,10 @@ impl Inner {
                 }
                 return;
             }
+            let ghosts = self.prefetch_ghosts(region, &batch);
             let t = Instant::now();
             self.install_prefetched(region, &batch, staging);
-            self.count_prefetch_misses(region, &batch, t.elapsed());
+            self.count_prefetch_misses(&ghosts, t.elapsed());
             Counters::add(&self.counters.prefetched, batch.len() as u64);
             if self.local_pages() > self.budget_pages.load(Relaxed) {
                 self.kick_evictor();
@@ -553,26 +554,40 @@ impl Inner {
         }
     }
 
-    /// Counts a prefetched batch's pages read from the store as misses, each at its share of
-    /// the batch's time `took`, and those evicted before as ghost hits (see
-    /// [`crate::PagerStats::prefetch_reads`]).
-    fn count_prefetch_misses(&self, region: &RegionInner, batch: &[(usize, u64)], took: Duration) {
-        let from_store = |w: u64| kind(w) == FAR && w & FRAMED == 0;
-        let n = batch.iter().filter(|&&(_, w)| from_store(w)).count() as u64;
+    /// Whether a locked batch's page is a far fetch (a demand fault would count it so: read
+    /// from the store, or moved from a frame that is the store) and, if it was evicted before,
+    /// its ghost bucket. Read before the install: once published, a page may be evicted again.
+    fn prefetch_ghosts(
+        &self,
+        region: &RegionInner,
+        batch: &[(usize, u64)],
+    ) -> Vec<Option<Option<usize>>> {
+        let now = self.evict_seq.load(Relaxed);
+        batch
+            .iter()
+            .map(|&(p, w)| {
+                (kind(w) == FAR && !(self.probation && w & FRAMED != 0)).then(|| {
+                    let at = region.table.evicted_at(p).load(Relaxed);
+                    (at != 0).then(|| ghost_bucket(now.wrapping_sub(at) as u64 * PAGE as u64))
+                })
+            })
+            .collect()
+    }
+
+    /// Counts a prefetched batch's far fetches (`ghosts`, from `prefetch_ghosts`) as
+    /// misses, each at its share of the batch's time `took`, and those evicted before as ghost
+    /// hits (see [`crate::PagerStats::prefetch_reads`]).
+    fn count_prefetch_misses(&self, ghosts: &[Option<Option<usize>>], took: Duration) {
+        let n = ghosts.iter().filter(|g| g.is_some()).count() as u64;
         if n == 0 {
             return;
         }
         let each = took.as_nanos() as u64 / n;
         Counters::add(&self.counters.prefetch_reads, n);
         Counters::add(&self.counters.prefetch_nanos, each * n);
-        let now = self.evict_seq.load(Relaxed);
-        for &(p, _) in batch.iter().filter(|&&(_, w)| from_store(w)) {
-            let at = region.table.evicted_at(p).load(Relaxed);
-            if at != 0 {
-                let k = ghost_bucket(now.wrapping_sub(at) as u64 * PAGE as u64);
-                Counters::add(&self.counters.prefetch_ghosts[k], 1);
-                Counters::add(&self.counters.prefetch_ghost_nanos[k], each);
-            }
+        for k in ghosts.iter().flatten().flatten() {
+            Counters::add(&self.counters.prefetch_ghosts[*k], 1);
+            Counters::add(&self.counters.prefetch_ghost_nanos[*k], each);
         }
     }
 

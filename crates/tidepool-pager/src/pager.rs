@@ -33,7 +33,7 @@ use crate::PagerError;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use tidepool_store::FarStore;
 use tidepool_sys::RawThread;
@@ -146,10 +146,8 @@ pub(crate) struct Inner {
     pub(crate) room_wanted: AtomicUsize,
     /// [`Config::refill`].
     pub(crate) refill: bool,
-    /// `evict_seq | 1 << 32` when a refill found nothing to bring back at that eviction count.
-    pub(crate) refill_idle: AtomicU64,
-    /// Page states refill passes read since one last found a page to bring back.
-    pub(crate) refill_dry: AtomicUsize,
+    /// Where refill's sweep is (see `refill.rs`).
+    pub(crate) sweep: Mutex<crate::refill::Sweep>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -296,8 +294,7 @@ impl Pager {
             shutdown: AtomicBool::new(false),
             room_wanted: AtomicUsize::new(0),
             refill: config.refill,
-            refill_idle: AtomicU64::new(0),
-            refill_dry: AtomicUsize::new(0),
+            sweep: Mutex::new(Default::default()),
             window_max: config.prefetch_window_max,
             frames: (config.in_process_frames || probation) && can_move,
             probation,
@@ -431,7 +428,6 @@ impl Pager {
             table,
             detector: Mutex::new(Detector::new(i.window_max)),
             touched_end: AtomicUsize::new(0),
-            refill_from: AtomicUsize::new(0),
             dead: AtomicBool::new(false),
             shadow,
             marks: Mutex::new(Default::default()),

@@ -17,91 +17,119 @@ use crate::pager::*;
 use crate::region_inner::RegionInner;
 use crate::stats::Counters;
 use crate::table::*;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
-/// Page states a pass reads at most, per region, from where the last pass stopped: a region
-/// may span a terabyte of address space (the preload library's large objects), and reading
-/// all of its words held the evictor for seconds.
+/// Page states a pass reads at most per region, from where its last pass stopped, up to the
+/// highest page the region ever mapped: the preload library's large-object region spans a
+/// terabyte of address space, and reading all of its words held the evictor for seconds.
 const SCAN_PAGES: usize = 1 << 16;
 
 /// Pages brought back per wake of the evictor (every 20 ms at most): 4 MiB, 200 MiB/s, so a
 /// refill shares the store with other programs' faults rather than swamping it.
 const REFILL_PAGES: usize = 1024;
 
+/// Where the sweep is in each region, and what it has seen since it last found a page to bring
+/// back.
+#[derive(Debug, Default)]
+pub(crate) struct Sweep {
+    /// Per region (by id): where the next pass starts, and the page states read since a pass
+    /// last brought a page back or saw one on its way out.
+    at: HashMap<u32, (usize, usize)>,
+    /// `evict_seq` when the dry streak began.
+    dry_seq: u32,
+    dry: bool,
+    /// `Some(seq)`: a whole lap of every region found nothing to bring back, and nothing was
+    /// evicted after `seq`; passes wait for the next eviction.
+    idle: Option<u32>,
+}
+
 impl Inner {
     /// Brings far pages back while the budget has room to spare (see the module's comment).
-    /// Returns how many.
+    /// Returns how many. Only the evictor thread calls it.
     pub(crate) fn refill(&self, staging: &mut Staging) -> usize {
         if !self.refill {
             return 0;
         }
         let _section = crate::fork::section();
+        let mut sweep = self.sweep.lock();
         let seq = self.evict_seq.load(Acquire);
-        if self.refill_idle.load(Relaxed) == u64::from(seq) | 1 << 32 {
-            return 0; // nothing came back last time, and nothing went out since
+        if sweep.idle == Some(seq) {
+            return 0; // a lap found nothing, and nothing went out since
         }
+        sweep.idle = None;
         let room = self
             .budget_pages
             .load(Relaxed)
-            .saturating_sub(self.local_pages() + 2 * self.margin())
+            .saturating_sub(self.local_pages().saturating_add(2 * self.margin()))
             .min(REFILL_PAGES);
         if room < PREFETCH_BATCH {
             return 0;
         }
         let regions: Vec<Arc<RegionInner>> = self.regions.read().clone();
-        let (mut brought, mut scanned) = (0, 0);
-        for region in &regions {
-            if brought + PREFETCH_BATCH > room {
-                break;
-            }
-            let (b, s) = self.refill_region(region, room - brought, staging);
-            brought += b;
-            scanned += s;
+        sweep.at.retain(|id, _| regions.iter().any(|r| r.id == *id));
+        if !sweep.dry {
+            sweep.dry_seq = seq;
         }
-        // Idle once a whole sweep of every region found nothing.
-        if brought > 0 {
-            self.refill_dry.store(0, Relaxed);
-        } else {
-            let dry = self.refill_dry.fetch_add(scanned, Relaxed) + scanned;
-            let all: usize = regions
-                .iter()
-                .map(|r| r.touched_end.load(Relaxed).min(r.table.pages()))
-                .sum();
-            if dry >= all {
-                self.refill_idle.store(u64::from(seq) | 1 << 32, Relaxed);
-                self.refill_dry.store(0, Relaxed);
+        let (mut brought, mut leaving, mut lapped) = (0, false, true);
+        for region in &regions {
+            let end = if region.dead.load(Acquire) {
+                0
+            } else {
+                region.touched_end.load(Acquire).min(region.table.pages())
+            };
+            let (from, dry) = sweep.at.get(&region.id).copied().unwrap_or_default();
+            if brought + PREFETCH_BATCH > room {
+                lapped &= dry >= end;
+                continue;
             }
+            let from = if from >= end { 0 } else { from };
+            let to = end.min(from + SCAN_PAGES);
+            let (b, l) = self.refill_range(region, from..to, room - brought, staging);
+            brought += b;
+            leaving |= l;
+            let dry = dry + (to - from);
+            lapped &= dry >= end;
+            sweep.at.insert(region.id, (to, dry));
+        }
+        if brought > 0 || leaving {
+            sweep.dry = false;
+            sweep.at.values_mut().for_each(|(_, dry)| *dry = 0);
+        } else if lapped {
+            // Pages evicted during the lap may lie where it had passed: idle only as of the
+            // lap's start.
+            sweep.idle = Some(sweep.dry_seq);
+            sweep.dry = false;
+            sweep.at.values_mut().for_each(|(_, dry)| *dry = 0);
+        } else {
+            sweep.dry = true;
         }
         Counters::add(&self.counters.refilled, brought as u64);
         brought
     }
 
-    /// Brings back up to `want` far pages of `region`'s next [`SCAN_PAGES`], the hottest (most
-    /// often fetched again soon after an eviction) first. Returns how many, and how many page
-    /// states it read.
-    fn refill_region(
+    /// Brings back up to `want` far pages of `pages` of `region`, the hottest (most often
+    /// fetched again soon after an eviction) first. Returns how many, and whether a page of
+    /// them is on its way to the store (it will be far soon).
+    fn refill_range(
         &self,
         region: &Arc<RegionInner>,
+        pages: std::ops::Range<usize>,
         want: usize,
         staging: &mut Staging,
-    ) -> (usize, usize) {
+    ) -> (usize, bool) {
         if region.dead.load(Acquire) {
-            return (0, 0);
+            return (0, false);
         }
-        // Far pages by heat, at most `want` of each, among the next SCAN_PAGES pages of those
-        // ever mapped.
-        let end = region.touched_end.load(Acquire).min(region.table.pages());
-        if end == 0 {
-            return (0, 0);
-        }
-        let from = region.refill_from.load(Relaxed) % end;
-        let to = (from + SCAN_PAGES).min(end);
-        region.refill_from.store(to % end, Relaxed);
         let mut by_heat: [Vec<usize>; 4] = Default::default();
-        for p in from..to {
+        let mut leaving = false;
+        for p in pages {
             let w = region.table.state(p).load(Relaxed);
-            if kind(w) == FAR {
+            leaving |= kind(w) == WRITEBACK;
+            // A probation tier's frames are local already; an inaccessible page could not be
+            // evicted again until the program opens it.
+            if kind(w) == FAR && !(self.probation && w & FRAMED != 0) && self.readable(region, p) {
                 let heat = ((w & HEAT) >> HEAT_SHIFT) as usize;
                 if by_heat[heat].len() < want {
                     by_heat[heat].push(p);
@@ -139,7 +167,7 @@ impl Inner {
             self.install_prefetched(region, &batch, staging);
             brought += batch.len();
         }
-        (brought, to - from)
+        (brought, leaving)
     }
 }
 
@@ -235,5 +263,27 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(pager.stats().refilled, 0);
         assert!((0..128).all(|p| kind(word(&region, p)) != RESIDENT));
+    }
+
+    #[test]
+    fn a_probation_tiers_frames_stay_in_the_tier() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let mut config = Config::new(1 << 30);
+        config.probation = true;
+        config.refill = true;
+        let (pager, mut region) = pager_with(config, Recorder::new(), 128);
+        if !inner(&pager).probation {
+            eprintln!("skipped: a probation tier needs UFFDIO_MOVE (Linux 6.8)");
+            return;
+        }
+        for p in 0..128 {
+            fill(&mut region, p, 9);
+        }
+        evict_all(&pager, &region);
+        std::thread::sleep(Duration::from_millis(100));
+        // Local already: moving them in would count as the program touching the tier, and
+        // grow the tier.
+        assert_eq!(pager.stats().refilled, 0);
+        assert!((0..128).all(|p| holds(&region, p, 9)));
     }
 }

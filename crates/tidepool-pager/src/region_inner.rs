@@ -18,8 +18,6 @@ pub(crate) struct RegionInner {
     pub(crate) detector: Mutex<Detector>,
     /// Highest page index ever mapped + 1 (bounds the walk when the region is dropped).
     pub(crate) touched_end: AtomicUsize,
-    /// Where the next refill pass starts reading page states (see `refill.rs`).
-    pub(crate) refill_from: AtomicUsize,
     pub(crate) dead: AtomicBool,
     /// Where the region's far pages live as frames ([`crate::Config::in_process_frames`]): page `i`
     /// of the region at page `i` of the shadow. Registered too (UFFDIO_MOVE wants both ends
