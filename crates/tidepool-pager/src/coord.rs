@@ -242,14 +242,20 @@ fn follow(pager: &Pager, reg: &Registration, budget: u64) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ghost_time_is_each_heartbeats_fault_cost_and_only_grows() {
-        let mut t = Totals::default();
+    /// Ten far fetches of 1000 ns each, four of them ghost hits in bucket 3.
+    fn ten_faults() -> PagerStats {
         let mut s = PagerStats::default();
         s.miss.serve.count = 10;
         s.miss.serve.mean_ns = 1000;
         s.far_fetches = 10;
         s.ghost_fetches[3] = 4;
+        s
+    }
+
+    #[test]
+    fn ghost_time_is_each_heartbeats_fault_cost_and_only_grows() {
+        let mut t = Totals::default();
+        let mut s = ten_faults();
         let r = t.report(&s, 64 << 20);
         assert_eq!(r.reconstruct_nanos, 10_000);
         assert_eq!(r.ghost_nanos[3], 4000);
@@ -270,11 +276,7 @@ mod tests {
     #[test]
     fn prefetched_misses_count_at_their_own_time() {
         let mut t = Totals::default();
-        let mut s = PagerStats::default();
-        s.miss.serve.count = 10;
-        s.miss.serve.mean_ns = 1000;
-        s.far_fetches = 10;
-        s.ghost_fetches[3] = 4;
+        let mut s = ten_faults();
         s.prefetch_reads = 640;
         s.prefetch_nanos = 640 * 5;
         s.prefetch_ghosts[3] = 600;

@@ -147,7 +147,7 @@ pub(crate) struct Inner {
     /// [`Config::refill`].
     pub(crate) refill: bool,
     /// Where refill's sweep is (see `refill.rs`).
-    pub(crate) sweep: Mutex<crate::refill::Sweep>,
+    pub(crate) sweep: Mutex<crate::sweep::Sweep>,
 }
 
 impl std::fmt::Debug for Inner {

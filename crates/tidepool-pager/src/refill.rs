@@ -17,7 +17,6 @@ use crate::pager::*;
 use crate::region_inner::RegionInner;
 use crate::stats::Counters;
 use crate::table::*;
-use std::collections::HashMap;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -29,21 +28,6 @@ const SCAN_PAGES: usize = 1 << 16;
 /// Pages brought back per wake of the evictor (every 20 ms at most): 4 MiB, 200 MiB/s, so a
 /// refill shares the store with other programs' faults rather than swamping it.
 const REFILL_PAGES: usize = 1024;
-
-/// Where the sweep is in each region, and what it has seen since it last found a page to bring
-/// back.
-#[derive(Debug, Default)]
-pub(crate) struct Sweep {
-    /// Per region (by id): where the next pass starts, and the page states read since a pass
-    /// last brought a page back or saw one on its way out.
-    at: HashMap<u32, (usize, usize)>,
-    /// `evict_seq` when the dry streak began.
-    dry_seq: u32,
-    dry: bool,
-    /// `Some(seq)`: a whole lap of every region found nothing to bring back, and nothing was
-    /// evicted after `seq`; passes wait for the next eviction.
-    idle: Option<u32>,
-}
 
 impl Inner {
     /// Brings far pages back while the budget has room to spare (see the module's comment).
