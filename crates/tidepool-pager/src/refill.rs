@@ -9,8 +9,9 @@
 //! read.
 //!
 //! It never evicts to make room: it fills to two margins under the budget and stops, so the
-//! faults that follow find room and the evictor does not churn what it just brought back. A
-//! pass that finds nothing to bring back is not repeated until something is evicted again.
+//! faults that follow find room and the evictor does not churn what it just brought back. Once
+//! a whole lap of every region finds nothing to bring back (and nothing on its way out), no
+//! pass runs until something is evicted again.
 
 use crate::fault::Staging;
 use crate::pager::*;
@@ -93,7 +94,7 @@ impl Inner {
         brought
     }
 
-    /// Brings back up to `want` far pages of `pages` of `region`, the hottest (most often
+    /// Brings back up to `want` far pages of `pages` of `region` (empty for a dead region), the hottest (most often
     /// fetched again soon after an eviction) first. Returns how many, and whether a page of
     /// them is on its way to the store (it will be far soon).
     fn refill_range(
@@ -103,9 +104,6 @@ impl Inner {
         want: usize,
         staging: &mut Staging,
     ) -> (usize, bool) {
-        if region.dead.load(Acquire) {
-            return (0, false);
-        }
         let mut by_heat: [Vec<usize>; 4] = Default::default();
         let mut leaving = false;
         for p in pages {
