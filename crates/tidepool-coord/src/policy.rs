@@ -20,9 +20,11 @@
 //! number, and for a concave utility a larger one. An application that holds everything it
 //! uses drops nothing, has no ghost hits, and looks worth nothing as a giver, though every
 //! byte taken from it is an object to rebuild. So the planner remembers, for each
-//! application, the utilities it showed at smaller budgets (a probe by revocation that has
-//! already happened): the loss of giving a step is what it was worth within a step below
-//! its budget, fading with a half-life of `memory_epochs`.
+//! application, the slopes its curve showed at smaller budgets (a probe by revocation that
+//! has already happened): the loss of giving a step is what it was worth within a step below
+//! its budget, fading with a half-life of `memory_epochs`. Gains are read off the curve's
+//! hull (a scan gains nothing until it fits, then everything), losses off its slope (a scan
+//! that does not fit loses nothing from less), as Talus reads a cliff.
 
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -72,8 +74,13 @@ pub struct Candidate {
     /// floor).
     pub min: u64,
     /// Marginal utility: what one more byte would save per second (reconstruction
-    /// nanoseconds for `midas`, hits for `hitrate`), smoothed.
+    /// nanoseconds for `midas`, hits for `hitrate`), smoothed: the best over any extension
+    /// the pool allows (its miss curve's hull).
     pub utility: f64,
+    /// The same over the next step alone (the curve's slope at its budget): what the bytes
+    /// at the edge of its budget save, and so what giving some up would lose. Far under the
+    /// hull for a scan that does not fit, which misses on every page with less as with more.
+    pub near: f64,
     /// It dropped objects to make room lately: it wants more.
     pub demand: bool,
     /// Budget it has had for a while without using (not counting an evacuating arena's
@@ -84,11 +91,23 @@ pub struct Candidate {
     /// smaller, and so has no utilities remembered below its budget. 0 if its hits are not
     /// seen (a paged program's are plain memory accesses).
     pub held_worth: f64,
+    /// The budget its miss curve reaches (its farthest recent ghost hit): more than that
+    /// would save nothing. 0 if not known.
+    pub reach_to: u64,
 }
 
 impl Candidate {
     fn value(&self) -> f64 {
         self.weight * self.utility
+    }
+
+    /// What it could use over budget `b`: up to its capacity and its curve's reach.
+    fn room(&self, b: u64) -> u64 {
+        let top = match self.reach_to {
+            0 => self.capacity,
+            r => r.min(self.capacity),
+        };
+        top.saturating_sub(b)
     }
 }
 
@@ -122,11 +141,11 @@ struct Stride {
     received: bool,
 }
 
-/// A utility an application showed at a budget.
+/// The slope of its curve an application showed at a budget.
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     budget: u64,
-    utility: f64,
+    near: f64,
     epoch: u64,
 }
 
@@ -155,7 +174,8 @@ impl Planner {
         self.seen.retain(|id, _| apps.iter().any(|a| a.id == *id));
         self.strides
             .retain(|id, _| apps.iter().any(|a| a.id == *id));
-        for a in apps.iter().filter(|a| a.utility > 0.0) {
+        // (Slopes of 0 count too while it still shows a gain: a scan that does not fit.)
+        for a in apps.iter().filter(|a| a.utility > 0.0 || a.near > 0.0) {
             let seen = self.seen.entry(a.id).or_default();
             seen.retain(|s| s.budget != a.budget);
             if seen.len() == SEEN {
@@ -163,26 +183,28 @@ impl Planner {
             }
             seen.push(Seen {
                 budget: a.budget,
-                utility: a.utility,
+                near: a.near,
                 epoch: self.epoch,
             });
         }
     }
 
-    /// What giving up `bytes` would cost `a` (weighted): what it was worth in the `bytes`
-    /// under its budget as remembered (a mean: the most of many noisy epochs would be
-    /// noise; old memories weigh less and fade), or what it is worth now if more.
+    /// What giving up `bytes` would cost `a` (weighted): the slope its curve showed in the
+    /// `bytes` under its budget as remembered (a mean: the most of many noisy epochs would be
+    /// noise; old memories weigh less and fade), or its slope now if more. Slopes, not the
+    /// hull: the curve read backwards (Talus both ways). A thrashing scan showed a large
+    /// hull and no slope; with the hull it was kept and a Zipfian program cut.
     pub fn loss(&self, a: &Candidate, bytes: u64) -> f64 {
         let (mut sum, mut weights) = (0.0, 0.0);
         for s in self.seen.get(&a.id).into_iter().flatten() {
             if s.budget < a.budget && s.budget + bytes >= a.budget {
                 let w = 0.5f64.powf((self.epoch - s.epoch) as f64 / self.memory_epochs);
-                sum += w * s.utility;
+                sum += w * s.near;
                 weights += w;
             }
         }
         let used = bytes.saturating_sub(a.unused) as f64 / bytes.max(1) as f64;
-        a.weight * a.utility.max(sum / weights.max(1.0)).max(a.held_worth) * used
+        a.weight * a.near.max(sum / weights.max(1.0)).max(a.held_worth) * used
     }
 
     /// Bytes the next move to application `id` shifts (0 until the first plan).
@@ -231,8 +253,10 @@ impl Planner {
         wanting.sort_by(|&x, &y| apps[y].value().total_cmp(&apps[x].value()));
         let grant = self.round(total / 8).max(self.segment);
         for &i in &wanting {
+            let room = apps[i].room(b[i]).div_ceil(self.segment) * self.segment;
             let g = self
                 .round(spare.min(grant))
+                .min(room)
                 .min(apps[i].capacity.saturating_sub(b[i]));
             b[i] += g;
             spare -= g;
@@ -289,7 +313,8 @@ impl Planner {
                 .min(cap);
         }
         r.received = true;
-        let room = apps[to].capacity.saturating_sub(b[to]);
+        let room = apps[to].room(b[to]).div_ceil(segment) * segment;
+        let room = room.min(apps[to].capacity.saturating_sub(b[to]));
         let moved = moved.min(b[from] - apps[from].min).min(room);
         b[from] -= moved;
         b[to] += moved;
@@ -361,9 +386,11 @@ mod tests {
             capacity: 1 << 40,
             min: 4 * S,
             utility,
+            near: utility,
             demand,
             unused: 0,
             held_worth: 0.0,
+            reach_to: 0,
         }
     }
 
@@ -482,6 +509,31 @@ mod tests {
         let b = p.plan(&a, 100 * S);
         assert!(b[0] <= 10 * S, "no demand, no grant");
         assert!(b[1] > 10 * S);
+    }
+
+    #[test]
+    fn a_cut_takes_from_a_thrashing_scan_before_a_zipfian_program() {
+        let mut p = Planner::new(Policy::Midas, S, 4 * S);
+        // Both show the same gain per byte; the scan's lies past the edge of its budget.
+        let zipf = app(1, 100 * S, 5.0, true);
+        let mut scan = app(2, 100 * S, 5.0, true);
+        scan.near = 0.1;
+        let b = p.plan(&[zipf, scan], 150 * S);
+        assert_eq!(b, vec![100 * S, 50 * S]);
+    }
+
+    #[test]
+    fn grants_stop_where_the_curve_ends() {
+        let mut p = Planner::new(Policy::Midas, S, 4 * S);
+        // A scan whose curve ends 3 segments over its budget, beside idle memory.
+        let mut scan = app(1, 10 * S, 5.0, true);
+        scan.reach_to = 13 * S;
+        let b = p.plan(&[scan.clone(), app(2, 10 * S, 0.0, false)], 200 * S);
+        assert_eq!(b[0], 13 * S, "{b:?}");
+        // Nor does the climb take from others past it.
+        scan.budget = 13 * S;
+        let b = p.plan(&[scan, app(2, 187 * S, 0.1, false)], 200 * S);
+        assert_eq!(b[0], 13 * S, "{b:?}");
     }
 
     #[test]

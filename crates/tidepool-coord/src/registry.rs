@@ -56,6 +56,10 @@ pub(crate) struct App {
     /// 2^k MiB more would have saved.
     pub(crate) curve_hits: [f64; GHOST_BUCKETS],
     pub(crate) curve_nanos: [f64; GHOST_BUCKETS],
+    /// The budget its miss curve reaches: past it, more saved nothing lately (0: not known).
+    pub(crate) reach_to: u64,
+    /// Marginal utility over the probe alone (the miss curve's local slope), smoothed.
+    pub(crate) near: f64,
     /// What it held at the end of each of the last epochs, oldest first.
     pub(crate) held_seen: VecDeque<u64>,
     /// Whether a report has come (the first is the base of the deltas).
@@ -149,6 +153,8 @@ impl App {
             min: self.floor(floor),
             utility: self.utility,
             demand: self.demand,
+            reach_to: self.reach_to,
+            near: self.near,
         }
     }
 

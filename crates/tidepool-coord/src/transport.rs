@@ -142,6 +142,8 @@ pub(crate) fn serve_app(shared: Arc<Shared>, ch: Arc<Channel>) {
             miss_nanos: 0.0,
             curve_hits: [0.0; GHOST_BUCKETS],
             curve_nanos: [0.0; GHOST_BUCKETS],
+            reach_to: 0,
+            near: 0.0,
             held_seen: std::collections::VecDeque::new(),
             clamped_said: false,
             reported: false,

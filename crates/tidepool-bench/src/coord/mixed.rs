@@ -507,8 +507,12 @@ fn run_once(
             "--socket".into(),
             socket.display().to_string(),
         ])?;
-        c.stderr(log("coord")?)
-            .env("RUST_LOG", "tidepool_coord=info");
+        // (TIDEPOOL_BENCH_COORD_LOG=tidepool_coord=debug logs every move.)
+        let filter = std::env::var("TIDEPOOL_BENCH_COORD_LOG");
+        c.stderr(log("coord")?).env(
+            "RUST_LOG",
+            filter.as_deref().unwrap_or("tidepool_coord=info"),
+        );
         let (g, first) = start_coordinator(c)?;
         http = first
             .split("http://")
