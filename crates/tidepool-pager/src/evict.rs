@@ -145,6 +145,9 @@ impl Inner {
         if victims.is_empty() {
             return 0;
         }
+        for (region, page, _) in &victims {
+            region.note_evicted(*page);
+        }
         victims.sort_by_key(|(r, p, _)| (r.id, *p));
         let mut evicted = 0;
         // With a probation tier, the victims go to frames if the tier has room for them (made

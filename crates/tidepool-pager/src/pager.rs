@@ -428,6 +428,7 @@ impl Pager {
             table,
             detector: Mutex::new(Detector::new(i.window_max)),
             touched_end: AtomicUsize::new(0),
+            evicted_chunks: RegionInner::chunk_bits(len / PAGE),
             dead: AtomicBool::new(false),
             shadow,
             marks: Mutex::new(Default::default()),

@@ -15,7 +15,7 @@
 
 use crate::fault::Staging;
 use crate::pager::*;
-use crate::region_inner::RegionInner;
+use crate::region_inner::{RegionInner, CHUNK_PAGES};
 use crate::stats::Counters;
 use crate::table::*;
 use std::sync::atomic::Ordering::*;
@@ -70,8 +70,24 @@ impl Inner {
                 continue;
             }
             let from = if from >= end { 0 } else { from };
-            let to = end.min(from + SCAN_PAGES);
-            let (b, l) = self.refill_range(region, from..to, room - brought, staging);
+            // The states of chunks that had evictions, SCAN_PAGES of them at most.
+            let (mut ranges, mut to, mut read) = (Vec::new(), from, 0);
+            while to < end && read < SCAN_PAGES {
+                let start = region.next_evicted_chunk(to, end);
+                if start >= end {
+                    to = end;
+                    break;
+                }
+                let stop = ((start / CHUNK_PAGES + 1) * CHUNK_PAGES)
+                    .min(end)
+                    .min(start + SCAN_PAGES - read);
+                ranges.push(start..stop);
+                read += stop - start;
+                to = stop;
+            }
+            sweep.read += read as u64;
+            let pages = ranges.into_iter().flatten();
+            let (b, l) = self.refill_range(region, pages, room - brought, staging);
             brought += b;
             leaving |= l;
             let dry = dry + (to - from);
@@ -94,13 +110,13 @@ impl Inner {
         brought
     }
 
-    /// Brings back up to `want` far pages of `pages` of `region` (empty for a dead region), the hottest (most often
-    /// fetched again soon after an eviction) first. Returns how many, and whether a page of
-    /// them is on its way to the store (it will be far soon).
+    /// Brings back up to `want` far pages of `pages` of `region` (none for a dead region), the
+    /// hottest (most often fetched again soon after an eviction) first. Returns how many, and
+    /// whether a page of them is on its way to the store (it will be far soon).
     fn refill_range(
         &self,
         region: &Arc<RegionInner>,
-        pages: std::ops::Range<usize>,
+        pages: impl Iterator<Item = usize>,
         want: usize,
         staging: &mut Staging,
     ) -> (usize, bool) {
@@ -108,7 +124,10 @@ impl Inner {
         let mut leaving = false;
         for p in pages {
             let w = region.table.state(p).load(Relaxed);
-            leaving |= kind(w) == WRITEBACK;
+            // On its way to the store, or locked by a thread that may be evicting it (the
+            // eviction's sequence number is taken before the page turns FAR: a pass reading
+            // the new number and the page still BUSY went idle, and the page stayed far).
+            leaving |= matches!(kind(w), WRITEBACK | BUSY);
             // A probation tier's frames are local already; an inaccessible page could not be
             // evicted again until the program opens it.
             if kind(w) == FAR && !(self.probation && w & FRAMED != 0) && self.readable(region, p) {
@@ -231,6 +250,38 @@ mod tests {
         assert!(s.resident_pages > 256, "{s}");
         for p in 0..1024 {
             assert!(holds(&region, p, (p % 251) as u8 + 1), "page {p} lost");
+        }
+    }
+
+    #[test]
+    fn a_sparse_region_is_refilled_without_reading_what_was_never_evicted() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let mut config = Config::new(1 << 30);
+        config.refill = true;
+        // 16 GiB of address space, of which the last 256 KiB are used.
+        let pages = 1 << 22;
+        let (pager, mut region) = pager_with(config, Recorder::new(), pages);
+        let used = pages - 64..pages;
+        for p in used.clone() {
+            fill(&mut region, p, (p % 251) as u8 + 1);
+        }
+        evict_all(&pager, &region);
+        until("every page back", || {
+            used.clone().all(|p| kind(word(&region, p)) == RESIDENT)
+        });
+        // One sweep of every state word up to them reads four million; each pass here reads
+        // the one chunk that had evictions (and evict_all, evicting what comes back, makes a
+        // few dozen passes).
+        let read = inner(&pager).sweep.lock().read;
+        assert!(
+            read < (pages / 4) as u64,
+            "{read} page states read to bring back 64 pages"
+        );
+        for p in used {
+            assert!(
+                holds(&region, p, (p % 251) as u8 + 1),
+                "page {p} came back wrong"
+            );
         }
     }
 

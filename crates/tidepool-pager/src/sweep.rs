@@ -16,4 +16,6 @@ pub(crate) struct Sweep {
     /// `Some(seq)`: a whole lap of every region found nothing to bring back, and nothing was
     /// evicted after `seq`; passes wait for the next eviction.
     pub(crate) idle: Option<u32>,
+    /// Page states read so far.
+    pub(crate) read: u64,
 }
