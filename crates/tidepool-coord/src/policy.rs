@@ -101,13 +101,14 @@ impl Candidate {
         self.weight * self.utility
     }
 
-    /// What it could use over budget `b`: up to its capacity and its curve's reach.
-    fn room(&self, b: u64) -> u64 {
-        let top = match self.reach_to {
-            0 => self.capacity,
-            r => r.min(self.capacity),
-        };
-        top.saturating_sub(b)
+    /// What it could use over budget `b`: up to its curve's reach (in whole segments) and
+    /// its capacity.
+    fn room(&self, b: u64, segment: u64) -> u64 {
+        let gap = self.capacity.saturating_sub(b);
+        match self.reach_to {
+            0 => gap,
+            r => (r.saturating_sub(b).div_ceil(segment) * segment).min(gap),
+        }
     }
 }
 
@@ -253,11 +254,9 @@ impl Planner {
         wanting.sort_by(|&x, &y| apps[y].value().total_cmp(&apps[x].value()));
         let grant = self.round(total / 8).max(self.segment);
         for &i in &wanting {
-            let room = apps[i].room(b[i]).div_ceil(self.segment) * self.segment;
             let g = self
                 .round(spare.min(grant))
-                .min(room)
-                .min(apps[i].capacity.saturating_sub(b[i]));
+                .min(apps[i].room(b[i], self.segment));
             b[i] += g;
             spare -= g;
         }
@@ -313,8 +312,7 @@ impl Planner {
                 .min(cap);
         }
         r.received = true;
-        let room = apps[to].room(b[to]).div_ceil(segment) * segment;
-        let room = room.min(apps[to].capacity.saturating_sub(b[to]));
+        let room = apps[to].room(b[to], segment);
         let moved = moved.min(b[from] - apps[from].min).min(room);
         b[from] -= moved;
         b[to] += moved;
