@@ -1,6 +1,7 @@
 //! `tidepool`: far and soft memory for Linux programs.
 #![forbid(unsafe_code)]
 
+mod cache;
 mod coord;
 mod demo;
 mod run;
@@ -265,6 +266,22 @@ enum Cmd {
         #[arg(long, requires = "http")]
         token_file: Option<PathBuf>,
     },
+    /// Run a memcached-compatible cache server whose items live in soft memory.
+    ///
+    /// Any memcached client works unchanged: the text protocol (get, gets, gat, gats, set,
+    /// add, replace, append, prepend, cas, delete, incr, decr, touch, flush_all, stats,
+    /// version, verbosity, quit) and the meta commands (mg, ms, md, ma, mn), with memcached's
+    /// limits and error replies.
+    ///
+    /// There is no fixed -m: items live in soft memory, which grows into idle memory and is
+    /// given back in milliseconds when the host needs it (a value given back reads as a miss,
+    /// as an evicted item would). A coordinator (`tidepool coord`) sizes it beside other
+    /// programs when one runs; otherwise an `auto` budget follows the host's available memory
+    /// minus --reserve. It never swaps and is never what the OOM killer takes. With --far,
+    /// values also go to a far store and come back from there instead of being misses.
+    ///
+    /// Example: tidepool cache --listen 127.0.0.1:11211 --threads 4 --far node://cache@10.0.0.5:7070
+    Cache(cache::CacheArgs),
     /// Internal: a client process of a benchmark.
     #[command(hide = true)]
     BenchWorker { kind: String, args: Vec<String> },
@@ -442,6 +459,7 @@ fn run(cli: Cli) -> Result<()> {
             budget,
             out,
         } => tune(&profile, budget, out.as_deref()),
+        Cmd::Cache(args) => cache::run(args),
         Cmd::BenchWorker { kind, args } => match kind.as_str() {
             "verify" => run::verify_worker(&args),
             "share" => {

@@ -24,6 +24,37 @@ fn preload_library() -> Result<PathBuf> {
     tidepool_bench::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")
 }
 
+/// The coordinator socket to join: `coord` (which must answer), else `$TIDEPOOL_COORD` or the
+/// default socket if a coordinator answers there, else none.
+pub(crate) fn coord_socket(
+    coord: Option<&std::path::Path>,
+    no_coord: bool,
+) -> Result<Option<PathBuf>> {
+    use tidepool_sys::seqpacket::Channel;
+    if no_coord {
+        return Ok(None);
+    }
+    match coord {
+        Some(path) => {
+            Channel::connect(path).with_context(|| {
+                format!(
+                    "no coordinator answers at {} (start one with `tidepool coord --socket \
+                     {0}`, or run without --coord)",
+                    path.display()
+                )
+            })?;
+            Ok(Some(path.to_path_buf()))
+        }
+        None => {
+            let path = std::env::var_os("TIDEPOOL_COORD")
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from)
+                .unwrap_or_else(tidepool_coord::default_socket);
+            Ok(Channel::connect(&path).is_ok().then_some(path))
+        }
+    }
+}
+
 /// How `tidepool run` joins a coordinator.
 #[derive(Debug, Clone, clap::Args)]
 pub struct JoinArgs {
@@ -53,29 +84,7 @@ impl JoinArgs {
     /// The socket to join: the one named (which must answer), else the default one if a
     /// coordinator answers there, else none.
     fn socket(&self) -> Result<Option<PathBuf>> {
-        use tidepool_sys::seqpacket::Channel;
-        if self.no_coord {
-            return Ok(None);
-        }
-        match &self.coord {
-            Some(path) => {
-                Channel::connect(path).with_context(|| {
-                    format!(
-                        "no coordinator answers at {} (start one with `tidepool coord --socket \
-                         {0}`, or run without --coord)",
-                        path.display()
-                    )
-                })?;
-                Ok(Some(path.clone()))
-            }
-            None => {
-                let path = std::env::var_os("TIDEPOOL_COORD")
-                    .filter(|p| !p.is_empty())
-                    .map(PathBuf::from)
-                    .unwrap_or_else(tidepool_coord::default_socket);
-                Ok(Channel::connect(&path).is_ok().then_some(path))
-            }
-        }
+        coord_socket(self.coord.as_deref(), self.no_coord)
     }
 
     fn check(&self, local: u64) -> Result<()> {

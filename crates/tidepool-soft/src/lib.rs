@@ -31,6 +31,7 @@
 //! ```
 
 pub mod arena;
+pub mod blobs;
 pub mod budget;
 pub mod coord;
 pub mod counters;
@@ -53,6 +54,7 @@ pub mod sys {
 
 pub use arena::compact::EvacuationReport;
 pub use arena::{ArenaConfig, SoftArena, SEGMENT};
+pub use blobs::{Blob, SoftBlobs};
 pub use budget::AutoBudget;
 pub use counters::PoolStats;
 pub use demand::DemandStats;

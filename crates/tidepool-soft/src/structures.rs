@@ -22,9 +22,9 @@ thread_local! {
 
 /// What structures share: the objects, the counters, and the encode/decode plumbing.
 #[derive(Debug)]
-struct Core {
-    objects: Objects,
-    counters: Arc<PoolCounters>,
+pub(crate) struct Core {
+    pub(crate) objects: Objects,
+    pub(crate) counters: Arc<PoolCounters>,
 }
 
 impl Drop for Core {
@@ -37,7 +37,7 @@ impl Drop for Core {
 type Same<V> = fn(&V, &V) -> bool;
 
 impl Core {
-    fn new(arena: &Arc<SoftArena>, name: &str) -> Core {
+    pub(crate) fn new(arena: &Arc<SoftArena>, name: &str) -> Core {
         let counters = Arc::new(PoolCounters::named(name));
         arena.demand.register(&counters);
         Core {

@@ -1,0 +1,385 @@
+//! The network side: an acceptor thread hands each connection to one of N worker threads,
+//! each an event loop (mio, edge-triggered) over its connections, as memcached's libevent
+//! workers are. A connection reads what the socket has, runs every whole command in its
+//! buffer, and writes the replies in one go; a client that stalls mid-command holds only its
+//! own buffer, and one that stops reading replies stops being read (its replies wait, up to a
+//! bound) until it drains them.
+
+use crate::exec::{execute, Flow};
+use crate::proto::{parse, Limits, Parsed};
+use crate::stats::Settings;
+use crate::store::Items;
+use crossbeam_channel::{Receiver, Sender};
+use mio::net::TcpStream;
+use mio::{Events, Interest, Poll, Token, Waker};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+const WAKE: Token = Token(usize::MAX);
+/// A connection's first read buffer; it grows to hold one whole command.
+const READ_INITIAL: usize = 16 << 10;
+/// Replies waiting beyond this stop the reading of more commands until they are sent.
+const WRITE_HIGH: usize = 1 << 20;
+
+/// How the server listens.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub threads: usize,
+    pub limits: Limits,
+    pub max_connections: usize,
+}
+
+/// A running server; stopped when dropped.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    wakers: Vec<Arc<Waker>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+struct Conn {
+    stream: TcpStream,
+    rbuf: Vec<u8>,
+    /// Unparsed input is `rbuf[rstart..rend]`.
+    rstart: usize,
+    rend: usize,
+    wbuf: Vec<u8>,
+    wpos: usize,
+    /// Input still to discard (the data of an item too large).
+    swallow: usize,
+    /// Close once the replies are out.
+    closing: bool,
+}
+
+/// What one worker shares with the rest of the server.
+struct Shared {
+    items: Arc<Items>,
+    settings: Settings,
+    limits: Limits,
+    stop: Arc<AtomicBool>,
+}
+
+impl Server {
+    /// Listens on `listener` and serves `items` until dropped.
+    pub fn start(
+        listener: TcpListener,
+        items: Arc<Items>,
+        settings: Settings,
+        config: &ServerConfig,
+    ) -> io::Result<Server> {
+        let addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut wakers = Vec::new();
+        let mut senders = Vec::new();
+        let mut threads = Vec::new();
+        for i in 0..config.threads.max(1) {
+            let poll = Poll::new()?;
+            let waker = Arc::new(Waker::new(poll.registry(), WAKE)?);
+            let (tx, rx) = crossbeam_channel::unbounded();
+            let shared = Shared {
+                items: items.clone(),
+                settings: settings.clone(),
+                limits: config.limits,
+                stop: stop.clone(),
+            };
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("tp-cache-{i}"))
+                    .spawn(move || worker(poll, rx, shared))?,
+            );
+            wakers.push(waker);
+            senders.push(tx);
+        }
+        let acceptor = Acceptor {
+            listener,
+            senders,
+            wakers: wakers.clone(),
+            stop: stop.clone(),
+            counters: items.counters.clone(),
+            max_connections: config.max_connections as u64,
+        };
+        threads.push(
+            std::thread::Builder::new()
+                .name("tp-cache-accept".into())
+                .spawn(move || acceptor.run())?,
+        );
+        Ok(Server {
+            addr,
+            stop,
+            wakers,
+            threads,
+        })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        for w in &self.wakers {
+            let _ = w.wake();
+        }
+        // The acceptor sleeps in accept(): a connection wakes it to see the stop.
+        let _ = std::net::TcpStream::connect(self.addr);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Acceptor {
+    listener: TcpListener,
+    senders: Vec<Sender<std::net::TcpStream>>,
+    wakers: Vec<Arc<Waker>>,
+    stop: Arc<AtomicBool>,
+    counters: Arc<crate::stats::Counters>,
+    max_connections: u64,
+}
+
+impl Acceptor {
+    fn run(self) {
+        let mut next = 0;
+        loop {
+            let accepted = self.listener.accept();
+            if self.stop.load(Relaxed) {
+                return;
+            }
+            let mut stream = match accepted {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little rather than spin.
+                    tracing::warn!("tidepool cache: accept failed: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
+            };
+            if self.counters.curr_connections.load(Relaxed) >= self.max_connections {
+                self.counters.rejected_connections.fetch_add(1, Relaxed);
+                let _ = stream.write_all(b"SERVER_ERROR Too many open connections\r\n");
+                continue;
+            }
+            self.counters.curr_connections.fetch_add(1, Relaxed);
+            self.counters.total_connections.fetch_add(1, Relaxed);
+            let _ = stream.set_nodelay(true);
+            if stream.set_nonblocking(true).is_err() {
+                self.counters.curr_connections.fetch_sub(1, Relaxed);
+                continue;
+            }
+            let i = next % self.senders.len();
+            next += 1;
+            if self.senders[i].send(stream).is_ok() {
+                let _ = self.wakers[i].wake();
+            }
+        }
+    }
+}
+
+fn worker(mut poll: Poll, rx: Receiver<std::net::TcpStream>, shared: Shared) {
+    let mut events = Events::with_capacity(256);
+    let mut conns: Vec<Option<Conn>> = Vec::new();
+    let mut free: Vec<usize> = Vec::new();
+    loop {
+        if let Err(e) = poll.poll(&mut events, None) {
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::error!("tidepool cache: poll failed: {e}");
+            return;
+        }
+        for ev in events.iter() {
+            if ev.token() == WAKE {
+                if shared.stop.load(Relaxed) {
+                    return;
+                }
+                for s in rx.try_iter() {
+                    let i = free.pop().unwrap_or_else(|| {
+                        conns.push(None);
+                        conns.len() - 1
+                    });
+                    let mut stream = TcpStream::from_std(s);
+                    if poll
+                        .registry()
+                        .register(
+                            &mut stream,
+                            Token(i),
+                            Interest::READABLE | Interest::WRITABLE,
+                        )
+                        .is_err()
+                    {
+                        free.push(i);
+                        shared.items.counters.curr_connections.fetch_sub(1, Relaxed);
+                        continue;
+                    }
+                    let mut c = Conn {
+                        stream,
+                        rbuf: Vec::new(),
+                        rstart: 0,
+                        rend: 0,
+                        wbuf: Vec::new(),
+                        wpos: 0,
+                        swallow: 0,
+                        closing: false,
+                    };
+                    // Data may have come before the registration.
+                    if c.drive(&shared) {
+                        conns[i] = Some(c);
+                    } else {
+                        free.push(i);
+                        shared.items.counters.curr_connections.fetch_sub(1, Relaxed);
+                    }
+                }
+                continue;
+            }
+            let i = ev.token().0;
+            let Some(Some(c)) = conns.get_mut(i) else {
+                continue;
+            };
+            if !c.drive(&shared) {
+                let mut c = conns[i].take().expect("checked above");
+                let _ = poll.registry().deregister(&mut c.stream);
+                free.push(i);
+                shared.items.counters.curr_connections.fetch_sub(1, Relaxed);
+            }
+        }
+    }
+}
+
+impl Conn {
+    /// Reads, runs and writes until the socket would block; `false` when the connection is
+    /// done (closed by the peer, by `quit`, or broken).
+    fn drive(&mut self, shared: &Shared) -> bool {
+        let counters = &shared.items.counters;
+        let (mut read, mut written) = (0u64, 0u64);
+        let alive = loop {
+            // Replies first.
+            match self.flush(&mut written) {
+                Ok(true) => {}
+                Ok(false) => break true, // wait for the socket to drain
+                Err(_) => break false,
+            }
+            if self.closing {
+                break false;
+            }
+            if self.run(shared) {
+                continue; // replies to send
+            }
+            if self.rbuf.len() - self.rend < 4096 {
+                self.make_room(shared.limits);
+            }
+            match self.stream.read(&mut self.rbuf[self.rend..]) {
+                Ok(0) => break false,
+                Ok(n) => {
+                    self.rend += n;
+                    read += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break false,
+            }
+        };
+        if read > 0 {
+            counters.bytes_read.fetch_add(read, Relaxed);
+        }
+        if written > 0 {
+            counters.bytes_written.fetch_add(written, Relaxed);
+        }
+        // An idle connection gives its big buffers back.
+        if self.rstart == self.rend && self.rbuf.len() > READ_INITIAL {
+            self.rbuf = Vec::new();
+            self.rstart = 0;
+            self.rend = 0;
+        }
+        alive
+    }
+
+    /// Room to read into: the unparsed input moved to the front, the buffer grown if a
+    /// command needs more than it holds.
+    fn make_room(&mut self, limits: Limits) {
+        if self.rstart > 0 {
+            self.rbuf.copy_within(self.rstart..self.rend, 0);
+            self.rend -= self.rstart;
+            self.rstart = 0;
+        }
+        if self.rbuf.len() - self.rend < 4096 {
+            let cap = limits.item_max + limits.line_max + 4096;
+            let grown = (self.rbuf.len() * 2).clamp(READ_INITIAL, cap.max(READ_INITIAL));
+            self.rbuf.resize(grown.max(self.rend + 4096), 0);
+        }
+    }
+
+    /// Writes what replies wait; `Ok(true)` when all are out.
+    fn flush(&mut self, written: &mut u64) -> io::Result<bool> {
+        while self.wpos < self.wbuf.len() {
+            match self.stream.write(&self.wbuf[self.wpos..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.wpos += n;
+                    *written += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.wbuf.clear();
+        self.wpos = 0;
+        if self.wbuf.capacity() > WRITE_HIGH * 4 {
+            self.wbuf = Vec::new();
+        }
+        Ok(true)
+    }
+
+    /// Runs the whole commands in the buffer; whether there are replies to send.
+    fn run(&mut self, shared: &Shared) -> bool {
+        while self.wbuf.len() < WRITE_HIGH && !self.closing {
+            if self.swallow > 0 {
+                let n = self.swallow.min(self.rend - self.rstart);
+                self.swallow -= n;
+                self.rstart += n;
+                if self.swallow > 0 {
+                    break;
+                }
+            }
+            let input = &self.rbuf[self.rstart..self.rend];
+            if input.is_empty() {
+                break;
+            }
+            match parse(input, &shared.limits) {
+                Parsed::Incomplete => break,
+                Parsed::Request { req, used } => {
+                    let flow = execute(&shared.items, &shared.settings, req, &mut self.wbuf);
+                    self.rstart += used;
+                    if flow == Flow::Close {
+                        self.closing = true;
+                    }
+                }
+                Parsed::Error {
+                    reply,
+                    used,
+                    swallow,
+                    close,
+                } => {
+                    self.wbuf.extend_from_slice(reply.as_bytes());
+                    self.wbuf.extend_from_slice(b"\r\n");
+                    self.rstart += used;
+                    self.swallow = swallow;
+                    self.closing |= close;
+                }
+            }
+        }
+        if self.rstart == self.rend {
+            self.rstart = 0;
+            self.rend = 0;
+        }
+        !self.wbuf.is_empty() || self.closing
+    }
+}

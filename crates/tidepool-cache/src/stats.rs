@@ -1,0 +1,176 @@
+//! The server's counters, and `stats` under memcached's names where memcached has one.
+
+use crate::store::Items;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Counters every thread bumps (relaxed atomics).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub cmd_get: AtomicU64,
+    pub get_hits: AtomicU64,
+    pub get_misses: AtomicU64,
+    pub cmd_set: AtomicU64,
+    pub cmd_touch: AtomicU64,
+    pub cmd_flush: AtomicU64,
+    pub touch_hits: AtomicU64,
+    pub touch_misses: AtomicU64,
+    pub delete_hits: AtomicU64,
+    pub delete_misses: AtomicU64,
+    pub incr_hits: AtomicU64,
+    pub incr_misses: AtomicU64,
+    pub decr_hits: AtomicU64,
+    pub decr_misses: AtomicU64,
+    pub cas_hits: AtomicU64,
+    pub cas_misses: AtomicU64,
+    pub cas_badval: AtomicU64,
+    pub curr_connections: AtomicU64,
+    pub total_connections: AtomicU64,
+    pub rejected_connections: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    /// Items found gone from soft memory when read (dropped as cold or revoked): memcached's
+    /// `evictions`, counted when seen.
+    pub lost: AtomicU64,
+    /// Items found past their expiry when read.
+    pub expired: AtomicU64,
+    pub total_items: AtomicU64,
+    /// Values brought back from the far tier.
+    pub far_hits: AtomicU64,
+    /// Stores refused for want of memory.
+    pub out_of_memory: AtomicU64,
+}
+
+/// What `stats` reports besides the counters.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub threads: usize,
+    pub item_max: usize,
+    pub max_connections: usize,
+    /// The soft budget's ceiling (`--max`), if any.
+    pub max_bytes: Option<u64>,
+}
+
+fn rusage() -> (f64, f64) {
+    // getrusage through /proc: utime and stime in clock ticks.
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0) / 100.0;
+    (tick(11), tick(12))
+}
+
+/// `stats` (no argument): name and value pairs, in memcached's order where it has them.
+pub fn general(items: &Items, s: &Settings) -> Vec<(&'static str, String)> {
+    let c = &items.counters;
+    let g = |a: &AtomicU64| a.load(Relaxed).to_string();
+    let (curr_items, bytes) = items.present();
+    let (user, system) = rusage();
+    let arena = items.arena();
+    let soft = items.soft();
+    let mut v = vec![
+        ("pid", std::process::id().to_string()),
+        ("uptime", items.uptime().to_string()),
+        ("time", items.unix_now().to_string()),
+        ("version", crate::VERSION.to_string()),
+        ("pointer_size", (usize::BITS).to_string()),
+        ("rusage_user", format!("{user:.6}")),
+        ("rusage_system", format!("{system:.6}")),
+        ("max_connections", s.max_connections.to_string()),
+        ("curr_connections", g(&c.curr_connections)),
+        ("total_connections", g(&c.total_connections)),
+        ("rejected_connections", g(&c.rejected_connections)),
+        ("cmd_get", g(&c.cmd_get)),
+        ("cmd_set", g(&c.cmd_set)),
+        ("cmd_flush", g(&c.cmd_flush)),
+        ("cmd_touch", g(&c.cmd_touch)),
+        ("get_hits", g(&c.get_hits)),
+        ("get_misses", g(&c.get_misses)),
+        ("get_expired", g(&c.expired)),
+        ("delete_misses", g(&c.delete_misses)),
+        ("delete_hits", g(&c.delete_hits)),
+        ("incr_misses", g(&c.incr_misses)),
+        ("incr_hits", g(&c.incr_hits)),
+        ("decr_misses", g(&c.decr_misses)),
+        ("decr_hits", g(&c.decr_hits)),
+        ("cas_misses", g(&c.cas_misses)),
+        ("cas_hits", g(&c.cas_hits)),
+        ("cas_badval", g(&c.cas_badval)),
+        ("touch_hits", g(&c.touch_hits)),
+        ("touch_misses", g(&c.touch_misses)),
+        ("bytes_read", g(&c.bytes_read)),
+        ("bytes_written", g(&c.bytes_written)),
+        // The soft budget: what the coordinator (or the auto budget) gives now.
+        ("limit_maxbytes", arena.budget().to_string()),
+        ("threads", s.threads.to_string()),
+        ("bytes", bytes.to_string()),
+        ("curr_items", curr_items.to_string()),
+        ("total_items", g(&c.total_items)),
+        ("evictions", g(&c.lost)),
+        ("expired_unfetched", "0".into()),
+        // Tidepool's own.
+        ("soft_budget_bytes", arena.budget().to_string()),
+        ("soft_used_bytes", arena.usage().to_string()),
+        (
+            "soft_segments_revoked",
+            arena.counters().segments_revoked.load(Relaxed).to_string(),
+        ),
+        ("soft_rebuilds", soft.reconstructions.to_string()),
+        ("index_keys", items.keys().to_string()),
+        ("far_hits", g(&c.far_hits)),
+        ("out_of_memory", g(&c.out_of_memory)),
+    ];
+    if let Some(m) = s.max_bytes {
+        v.push(("soft_max_bytes", m.to_string()));
+    }
+    v
+}
+
+/// `stats settings`.
+pub fn settings(s: &Settings) -> Vec<(&'static str, String)> {
+    vec![
+        ("maxconns", s.max_connections.to_string()),
+        ("num_threads", s.threads.to_string()),
+        ("item_size_max", s.item_max.to_string()),
+        ("cas_enabled", "yes".into()),
+        ("evictions", "on".into()),
+        (
+            "maxbytes",
+            s.max_bytes.map_or("auto".into(), |m| m.to_string()),
+        ),
+    ]
+}
+
+/// Zeroes the counters `stats reset` zeroes (not the gauges).
+pub fn reset(c: &Counters) {
+    for a in [
+        &c.cmd_get,
+        &c.get_hits,
+        &c.get_misses,
+        &c.cmd_set,
+        &c.cmd_touch,
+        &c.cmd_flush,
+        &c.touch_hits,
+        &c.touch_misses,
+        &c.delete_hits,
+        &c.delete_misses,
+        &c.incr_hits,
+        &c.incr_misses,
+        &c.decr_hits,
+        &c.decr_misses,
+        &c.cas_hits,
+        &c.cas_misses,
+        &c.cas_badval,
+        &c.total_connections,
+        &c.rejected_connections,
+        &c.bytes_read,
+        &c.bytes_written,
+        &c.lost,
+        &c.expired,
+        &c.total_items,
+        &c.far_hits,
+        &c.out_of_memory,
+    ] {
+        a.store(0, Relaxed);
+    }
+}

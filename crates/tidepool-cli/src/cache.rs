@@ -1,0 +1,164 @@
+//! `tidepool cache`: the memcached-compatible server on soft memory.
+
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tidepool_cache::far::Spill;
+use tidepool_cache::{Items, Limits, Server, ServerConfig, Settings};
+use tidepool_node::format_size;
+use tidepool_soft::coord::CoordConfig;
+use tidepool_soft::{ArenaConfig, AutoBudget, SoftRuntime, SEGMENT};
+
+#[derive(Debug, clap::Args)]
+pub struct CacheArgs {
+    /// Address to listen on (port 0 picks a free port; the first line of output names it).
+    #[arg(long, default_value = "127.0.0.1:11211")]
+    listen: String,
+    /// Worker threads serving connections (memcached's -t).
+    #[arg(long, default_value_t = 4)]
+    threads: usize,
+    /// The most memory items may hold [default: no limit but the host's: the cache grows
+    /// into idle memory].
+    #[arg(long, value_parser = crate::parse_size_arg)]
+    max: Option<u64>,
+    /// Far store for a second tier, e.g. node://cache@10.0.0.5:7070: every value is also
+    /// written there (in the background, in batches), and a value soft memory gave back comes
+    /// from there on its next hit instead of being a miss.
+    #[arg(long, value_name = "URL")]
+    far: Option<String>,
+    /// Largest item, key and data together (memcached's -I).
+    #[arg(long, default_value = "1M", value_parser = crate::parse_size_arg)]
+    item_max: u64,
+    /// Most simultaneous connections (memcached's -c); more are refused with an error line.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Memory left to everything else when no coordinator runs: the `auto` budget grows into
+    /// the host's available memory minus this, and gives back at once when it shrinks.
+    #[arg(long, default_value = "256M", value_parser = crate::parse_size_arg)]
+    reserve: u64,
+    /// Join the coordinator at this socket [default: $TIDEPOOL_COORD, else `tidepool coord`'s
+    /// default socket; joined if a coordinator answers there].
+    #[arg(long, value_name = "SOCKET", conflicts_with = "no_coord")]
+    coord: Option<PathBuf>,
+    /// Do not join a coordinator: the `auto` budget sizes the cache.
+    #[arg(long)]
+    no_coord: bool,
+    /// The coordinator's weight for this cache (its gains count this many times).
+    #[arg(long, default_value_t = 1.0)]
+    weight: f64,
+    /// Its name on the coordinator's dashboard.
+    #[arg(long, default_value = "tidepool-cache")]
+    name: String,
+}
+
+pub fn run(args: CacheArgs) -> Result<()> {
+    if !(args.weight.is_finite() && args.weight > 0.0) {
+        bail!("--weight {} must be a positive number", args.weight);
+    }
+    if args.threads == 0 {
+        bail!("--threads must be at least 1");
+    }
+    let item_max = usize::try_from(args.item_max).context("--item-max is too large")?;
+    if !(1024..=(1 << 30)).contains(&item_max) {
+        bail!("--item-max must be between 1K and 1G (memcached's -I limits)");
+    }
+    let max_bytes = match args.max {
+        Some(m) if m < 2 * SEGMENT as u64 => bail!(
+            "--max {} is too small: soft memory comes in {} segments, give at least two",
+            format_size(m),
+            format_size(SEGMENT as u64)
+        ),
+        Some(m) => m.next_multiple_of(SEGMENT as u64).min(64 << 30),
+        None => 64 << 30,
+    };
+    // Before any thread starts, so that all inherit the mask and the signal comes here.
+    tidepool_sys::block_stop_signals()?;
+    let listener = std::net::TcpListener::bind(&args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+
+    // Soft memory: a budget from the coordinator, else one that follows the host.
+    let start_budget = (64u64 << 20).min(max_bytes) as usize;
+    let runtime = SoftRuntime::new(
+        tidepool_soft::SoftArena::new(ArenaConfig {
+            budget: start_budget,
+            max_bytes: max_bytes as usize,
+        })
+        .context("cannot create the soft-memory arena")?,
+    );
+    runtime
+        .start_evacuator(0.02, 0.05)
+        .context("cannot start the evacuator")?;
+    let joined = match crate::run::coord_socket(args.coord.as_deref(), args.no_coord)? {
+        Some(socket) => {
+            runtime
+                .join_coordinator(CoordConfig {
+                    socket: socket.clone(),
+                    name: args.name.clone(),
+                    weight: args.weight,
+                })
+                .context("cannot start the coordinator link")?;
+            Some(socket)
+        }
+        None => {
+            runtime
+                .start_auto_budget(AutoBudget {
+                    reserve: args.reserve as usize,
+                    max: max_bytes as usize,
+                    ..AutoBudget::default()
+                })
+                .context("cannot start the auto budget")?;
+            None
+        }
+    };
+    let spill = match &args.far {
+        Some(url) => {
+            let store = tidepool_store::open(url).with_context(|| {
+                format!("cannot open the far store {}", tidepool_store::redact(url))
+            })?;
+            Some(Spill::start(store).context("cannot start the far tier's writer")?)
+        }
+        None => None,
+    };
+    let items = Arc::new(Items::new(runtime.arena(), spill.clone()));
+    let settings = Settings {
+        threads: args.threads,
+        item_max,
+        max_connections: args.max_connections,
+        max_bytes: args.max,
+    };
+    let config = ServerConfig {
+        threads: args.threads,
+        limits: Limits {
+            item_max,
+            ..Limits::default()
+        },
+        max_connections: args.max_connections,
+    };
+    let _server = Server::start(listener, items, settings, &config)?;
+    println!("tidepool cache listening on {addr}");
+    match &joined {
+        Some(s) => println!(
+            "  memory: soft, sized by the coordinator at {}{}",
+            s.display(),
+            args.max
+                .map(|m| format!(", at most {}", format_size(m)))
+                .unwrap_or_default()
+        ),
+        None => println!(
+            "  memory: soft, `auto` budget: the host's available memory minus {}{}",
+            format_size(args.reserve),
+            args.max
+                .map(|m| format!(", at most {}", format_size(m)))
+                .unwrap_or_default()
+        ),
+    }
+    if let Some(s) = &spill {
+        println!("  far tier: {}", s.describe());
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let signal = tidepool_sys::wait_for_stop()?;
+    eprintln!("tidepool cache: {signal}: stopping");
+    Ok(())
+}
