@@ -16,6 +16,7 @@
 
 pub mod alloc;
 pub mod apps;
+pub mod cache;
 pub mod coord;
 pub mod data;
 pub mod env;
@@ -44,6 +45,7 @@ pub fn suites() -> Vec<Box<dyn Suite>> {
         Box::new(coord::CoordSuite),
         Box::new(far::FarSuite),
         Box::new(apps::AppsSuite),
+        Box::new(cache::CacheSuite),
     ]
 }
 

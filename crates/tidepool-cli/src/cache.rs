@@ -78,6 +78,7 @@ pub fn run(args: CacheArgs) -> Result<()> {
     let addr = listener.local_addr()?;
 
     // Soft memory: a budget from the coordinator, else one that follows the host.
+    // memcached's default -m; the budget grows from there as items arrive.
     let start_budget = (64u64 << 20).min(max_bytes) as usize;
     let runtime = SoftRuntime::new(
         tidepool_soft::SoftArena::new(ArenaConfig {

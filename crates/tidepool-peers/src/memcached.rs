@@ -28,8 +28,19 @@ impl Memcached {
     /// The largest value (item) the server accepts, as passed to `-I`.
     pub const ITEM_SIZE_LIMIT: usize = 2 << 20;
 
-    /// Starts memcached with `memory_mib` MiB of item memory.
+    /// Starts memcached with `memory_mib` MiB of item memory, two worker threads and a 2 MiB
+    /// item size limit.
     pub fn start(memory_mib: u32) -> Result<Memcached, PeerError> {
+        Memcached::start_with(memory_mib, 2, Memcached::ITEM_SIZE_LIMIT)
+    }
+
+    /// Starts memcached with `memory_mib` MiB of item memory (`-m`), `threads` worker threads
+    /// (`-t`) and items of at most `item_max` bytes (`-I`).
+    pub fn start_with(
+        memory_mib: u32,
+        threads: usize,
+        item_max: usize,
+    ) -> Result<Memcached, PeerError> {
         let dir = TempDir::new("memcached")?;
         let stdio_log = dir.path.join("memcached.log");
         let as_root = running_as_root();
@@ -41,8 +52,10 @@ impl Memcached {
                 .args(["-U", "0"])
                 .arg("-m")
                 .arg(memory_mib.to_string())
-                .args(["-I", "2m"])
-                .args(["-t", "2"]);
+                .arg("-I")
+                .arg(format!("{}k", item_max >> 10))
+                .arg("-t")
+                .arg(threads.to_string());
             // memcached refuses to run as root unless told which user to be.
             if as_root {
                 cmd.args(["-u", "root"]);

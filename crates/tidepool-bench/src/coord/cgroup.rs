@@ -62,6 +62,25 @@ impl Cgroup {
         Ok(cg)
     }
 
+    /// A cgroup of `limit` whose members may swap (where the machine has swap), as on a host
+    /// with swap: what a fixed-size server does when the host runs short.
+    pub fn create_with_swap(name: &str, limit: u64) -> Result<Cgroup> {
+        let cg = Cgroup::create(name, limit)?;
+        if cg.dir.join("memory.memsw.limit_in_bytes").exists() {
+            // Raise the memory+swap limit to twice the memory limit.
+            cg.set("memory.memsw.limit_in_bytes", 2 * limit)?;
+        }
+        cg.set("memory.swappiness", 60)?;
+        Ok(cg)
+    }
+
+    /// Moves process `pid` into the cgroup (memory it already holds stays charged where it
+    /// was: adopt a process before it fills).
+    pub fn adopt(&self, pid: u32) -> Result<()> {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .with_context(|| format!("cannot move process {pid} into {}", self.dir.display()))
+    }
+
     pub fn set(&self, file: &str, v: u64) -> Result<()> {
         std::fs::write(self.dir.join(file), v.to_string())
             .with_context(|| format!("cannot set {file}"))

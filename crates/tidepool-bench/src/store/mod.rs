@@ -21,6 +21,7 @@ mod kv;
 mod loss;
 mod share;
 mod systems;
+pub(crate) use systems::cpu_seconds;
 
 use crate::harness::wanted;
 use crate::harness::{matrix_steps, BenchOpts, Ctx, Suite};

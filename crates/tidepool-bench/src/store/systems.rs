@@ -151,7 +151,7 @@ pub(super) fn start_nodes(n: usize, query: &str) -> Result<Started> {
 }
 
 /// CPU seconds (user + system) process `pid` has used so far.
-fn cpu_seconds(pid: u32) -> Option<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
     let rest = stat.rsplit_once(')')?.1;
