@@ -1,7 +1,7 @@
 //! Runs one request on the items and writes memcached's reply.
 
 use crate::meta::{key_token, MetaFlags};
-use crate::proto::{Mode, Request};
+use crate::proto::{parse, Limits, Mode, Parsed, Request};
 use crate::stats::{self, Settings};
 use crate::store::{ArithError, Deleted, Items, StoreMode, Stored, View};
 use std::io::Write;
@@ -25,6 +25,67 @@ fn line(out: &mut Vec<u8>, s: &str) {
 }
 
 const OUT_OF_MEMORY: &str = "SERVER_ERROR out of memory storing object";
+
+/// A connection's protocol state between reads.
+#[derive(Debug, Default)]
+pub struct Session {
+    /// Input still to discard (the data of an item too large).
+    pub swallow: usize,
+    /// Close once the replies are out (`quit`, a line too long).
+    pub closing: bool,
+}
+
+impl Session {
+    /// Runs the whole commands at the front of `input`, appending their replies to `out`
+    /// until it holds `out_limit` bytes; returns how much of `input` was used (the rest is
+    /// an incomplete command, or waits for `out` to drain).
+    pub fn feed(
+        &mut self,
+        items: &Items,
+        settings: &Settings,
+        limits: &Limits,
+        input: &[u8],
+        out: &mut Vec<u8>,
+        out_limit: usize,
+    ) -> usize {
+        let mut at = 0;
+        while out.len() < out_limit && !self.closing {
+            if self.swallow > 0 {
+                let n = self.swallow.min(input.len() - at);
+                self.swallow -= n;
+                at += n;
+                if self.swallow > 0 {
+                    break;
+                }
+            }
+            if at == input.len() {
+                break;
+            }
+            match parse(&input[at..], limits) {
+                Parsed::Incomplete => break,
+                Parsed::Request { req, used } => {
+                    at += used;
+                    if execute(items, settings, req, out) == Flow::Close {
+                        self.closing = true;
+                    }
+                }
+                Parsed::Error {
+                    reply,
+                    used,
+                    swallow,
+                    close,
+                } => {
+                    out.extend_from_slice(reply.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                    at += used;
+                    self.swallow = swallow;
+                    self.closing |= close;
+                }
+            }
+        }
+        at
+    }
+}
 
 /// Runs `req`, appending its reply to `out`.
 pub fn execute(items: &Items, settings: &Settings, req: Request<'_>, out: &mut Vec<u8>) -> Flow {

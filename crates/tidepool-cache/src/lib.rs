@@ -17,6 +17,7 @@
 
 pub mod exec;
 pub mod far;
+pub mod fuzzing;
 pub mod meta;
 pub mod proto;
 pub mod server;

@@ -5,8 +5,8 @@
 //! own buffer, and one that stops reading replies stops being read (its replies wait, up to a
 //! bound) until it drains them.
 
-use crate::exec::{execute, Flow};
-use crate::proto::{parse, Limits, Parsed};
+use crate::exec::Session;
+use crate::proto::Limits;
 use crate::stats::Settings;
 use crate::store::Items;
 use crossbeam_channel::{Receiver, Sender};
@@ -57,10 +57,8 @@ struct Conn {
     rend: usize,
     wbuf: Vec<u8>,
     wpos: usize,
-    /// Input still to discard (the data of an item too large).
-    swallow: usize,
-    /// Close once the replies are out.
-    closing: bool,
+    /// Input to discard and whether to close once the replies are out.
+    session: Session,
 }
 
 /// What one worker shares with the rest of the server.
@@ -240,8 +238,7 @@ fn worker(mut poll: Poll, rx: Receiver<std::net::TcpStream>, shared: Shared) {
                         rend: 0,
                         wbuf: Vec::new(),
                         wpos: 0,
-                        swallow: 0,
-                        closing: false,
+                        session: Session::default(),
                     };
                     // Data may have come before the registration.
                     if c.drive(&shared) {
@@ -289,7 +286,7 @@ impl Conn {
                 Ok(false) => break true, // wait for the socket to drain
                 Err(_) => break false,
             }
-            if self.closing {
+            if self.session.closing {
                 break false;
             }
             if self.run(shared) {
@@ -368,46 +365,19 @@ impl Conn {
 
     /// Runs the whole commands in the buffer; whether there are replies to send.
     fn run(&mut self, shared: &Shared) -> bool {
-        while self.wbuf.len() < WRITE_HIGH && !self.closing {
-            if self.swallow > 0 {
-                let n = self.swallow.min(self.rend - self.rstart);
-                self.swallow -= n;
-                self.rstart += n;
-                if self.swallow > 0 {
-                    break;
-                }
-            }
-            let input = &self.rbuf[self.rstart..self.rend];
-            if input.is_empty() {
-                break;
-            }
-            match parse(input, &shared.limits) {
-                Parsed::Incomplete => break,
-                Parsed::Request { req, used } => {
-                    let flow = execute(&shared.items, &shared.settings, req, &mut self.wbuf);
-                    self.rstart += used;
-                    if flow == Flow::Close {
-                        self.closing = true;
-                    }
-                }
-                Parsed::Error {
-                    reply,
-                    used,
-                    swallow,
-                    close,
-                } => {
-                    self.wbuf.extend_from_slice(reply.as_bytes());
-                    self.wbuf.extend_from_slice(b"\r\n");
-                    self.rstart += used;
-                    self.swallow = swallow;
-                    self.closing |= close;
-                }
-            }
-        }
+        let used = self.session.feed(
+            &shared.items,
+            &shared.settings,
+            &shared.limits,
+            &self.rbuf[self.rstart..self.rend],
+            &mut self.wbuf,
+            WRITE_HIGH,
+        );
+        self.rstart += used;
         if self.rstart == self.rend {
             self.rstart = 0;
             self.rend = 0;
         }
-        !self.wbuf.is_empty() || self.closing
+        !self.wbuf.is_empty() || self.session.closing
     }
 }

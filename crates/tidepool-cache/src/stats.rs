@@ -123,6 +123,17 @@ pub fn general(items: &Items, s: &Settings) -> Vec<(&'static str, String)> {
     if let Some(m) = s.max_bytes {
         v.push(("soft_max_bytes", m.to_string()));
     }
+    if let Some(f) = items.far() {
+        let c = &f.counters;
+        v.extend([
+            ("far_writes", g(&c.writes)),
+            ("far_removes", g(&c.removes)),
+            ("far_skipped", g(&c.skipped)),
+            ("far_errors", g(&c.errors)),
+            ("far_fetches", g(&c.fetches)),
+            ("far_fetch_misses", g(&c.fetch_misses)),
+        ]);
+    }
     v
 }
 

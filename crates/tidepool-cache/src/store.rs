@@ -665,6 +665,11 @@ impl Items {
         self.blobs.stats()
     }
 
+    /// The far tier, if there is one.
+    pub fn far(&self) -> Option<&Spill> {
+        self.spill.as_deref()
+    }
+
     /// The soft-memory arena the values live in.
     pub fn arena(&self) -> &Arc<SoftArena> {
         self.blobs.arena()

@@ -137,28 +137,31 @@ pub fn run(args: CacheArgs) -> Result<()> {
         max_connections: args.max_connections,
     };
     let _server = Server::start(listener, items, settings, &config)?;
-    println!("tidepool cache listening on {addr}");
-    match &joined {
-        Some(s) => println!(
-            "  memory: soft, sized by the coordinator at {}{}",
-            s.display(),
-            args.max
-                .map(|m| format!(", at most {}", format_size(m)))
-                .unwrap_or_default()
+    // One write, and none of it fatal: whoever started us may read only the first line
+    // and close the pipe.
+    let mut said = format!("tidepool cache listening on {addr}\n");
+    let most = args
+        .max
+        .map(|m| format!(", at most {}", format_size(m)))
+        .unwrap_or_default();
+    said += &match &joined {
+        Some(s) => format!(
+            "  memory: soft, sized by the coordinator at {}{most}\n",
+            s.display()
         ),
-        None => println!(
-            "  memory: soft, `auto` budget: the host's available memory minus {}{}",
-            format_size(args.reserve),
-            args.max
-                .map(|m| format!(", at most {}", format_size(m)))
-                .unwrap_or_default()
+        None => format!(
+            "  memory: soft, `auto` budget: the host's available memory minus {}{most}\n",
+            format_size(args.reserve)
         ),
-    }
+    };
     if let Some(s) = &spill {
-        println!("  far tier: {}", s.describe());
+        said += &format!("  far tier: {}\n", s.describe());
     }
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(said.as_bytes()).and_then(|()| out.flush());
+    }
     let signal = tidepool_sys::wait_for_stop()?;
     eprintln!("tidepool cache: {signal}: stopping");
     Ok(())

@@ -112,7 +112,7 @@ impl SoftBlobs {
     /// A blob dropped as cold counts as a ghost hit at its distance: the miss curve the
     /// coordinator sizes the budget by.
     pub fn rebuilt(&self, b: &Blob, nanos: u64) {
-        self.core.counters.reconstructed(nanos);
+        self.core.counters.rebuilt_elsewhere(nanos);
         self.core.objects.arena.rebuilt(Some(b.h.slot), nanos);
     }
 

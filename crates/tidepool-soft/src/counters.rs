@@ -153,6 +153,13 @@ impl PoolCounters {
         self.check_cost();
     }
 
+    /// A rebuild someone else made (a cache's client, between its miss and its set): counted
+    /// for the coordinator, without the advice to the owner of a reconstructor.
+    pub(crate) fn rebuilt_elsewhere(&self, nanos: u64) {
+        self.reconstructions.fetch_add(1, Relaxed);
+        self.reconstruct_nanos.fetch_add(nanos, Relaxed);
+    }
+
     pub(crate) fn failed(&self) {
         self.reconstruct_failures.fetch_add(1, Relaxed);
     }

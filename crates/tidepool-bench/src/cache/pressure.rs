@@ -128,6 +128,9 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
+    // tidepool-cache's rows first (the table's columns follow the order of first rows).
+    let mut results: Vec<_> = results.into_iter().collect();
+    results.sort_by_key(|((system, _), _)| *system != "tidepool-cache");
     for ((system, metric), mut v) in results {
         let unit = match metric {
             "swapped_mib" => "MiB",

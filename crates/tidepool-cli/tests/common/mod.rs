@@ -59,8 +59,14 @@ impl NodeProc {
     /// Starts `tidepool node --listen 127.0.0.1:0` with extra arguments and waits until it says
     /// where it listens.
     pub fn start(args: &[&str]) -> NodeProc {
+        NodeProc::start_server("node", args)
+    }
+
+    /// Starts `tidepool SERVER --listen 127.0.0.1:0` (`node`, `cache`) with extra arguments and
+    /// waits until it says where it listens.
+    pub fn start_server(server: &str, args: &[&str]) -> NodeProc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tidepool"))
-            .args(["node", "--listen", "127.0.0.1:0"])
+            .args([server, "--listen", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -73,7 +79,7 @@ impl NodeProc {
         let addr = line
             .split_whitespace()
             .find(|w| w.starts_with("127.0.0.1:"))
-            .unwrap_or_else(|| panic!("node did not announce its address: {line:?}"))
+            .unwrap_or_else(|| panic!("{server} did not announce its address: {line:?}"))
             .to_string();
         NodeProc {
             child,

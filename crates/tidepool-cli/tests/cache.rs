@@ -1,0 +1,235 @@
+//! `tidepool cache` with clients no one here wrote: pymemcache (every text command),
+//! meta-memcache (the meta commands), libmemcached's tools (memccapable's protocol checks,
+//! memccp, memccat, memcexist, memctouch, memcrm, memcflush, memcstat, memcping). The
+//! Python scripts run against a real memcached too, so what they assert is memcached's
+//! behaviour. And the far tier: values soft memory let go come back from a memory node.
+
+mod common;
+
+use common::NodeProc;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::Command;
+use tidepool_peers::Memcached;
+
+const ITEM_MAX: usize = 1 << 20;
+
+fn cache(args: &[&str]) -> NodeProc {
+    let mut all = vec!["--no-coord", "--threads", "2"];
+    all.extend_from_slice(args);
+    NodeProc::start_server("cache", &all)
+}
+
+fn port(addr: &str) -> &str {
+    addr.rsplit(':').next().unwrap()
+}
+
+fn python(script: &str, args: &[&str]) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/cache")
+        .join(script);
+    let out = Command::new("python3")
+        .arg(&path)
+        .args(args)
+        .output()
+        .expect("python3 (scripts/setup installs it with pymemcache and meta-memcache)");
+    assert!(
+        out.status.success(),
+        "{script} {args:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn tool(name: &str, args: &[&str]) -> String {
+    let out = Command::new(name)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{name} (libmemcached-tools; scripts/setup installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "{name} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn pymemcache_and_meta_memcache_pass_against_memcached_and_the_cache() {
+    let memcached = Memcached::start_with(64, 2, ITEM_MAX).expect("memcached");
+    let ours = cache(&["--item-max", "1M"]);
+    let item_max = ITEM_MAX.to_string();
+    for p in [memcached.port().to_string(), port(&ours.addr).to_string()] {
+        python("pymemcache_all.py", &[&p, &item_max]);
+        python("meta_all.py", &[&p]);
+    }
+}
+
+#[test]
+fn libmemcached_tools_work_against_the_cache() {
+    let ours = cache(&[]);
+    let servers = format!("--servers={}", ours.addr);
+    // memccapable's own protocol checks, ASCII protocol.
+    let (host, p) = ours.addr.rsplit_once(':').unwrap();
+    let capable = tool("memccapable", &["-h", host, "-p", p, "-a"]);
+    assert!(capable.contains("All tests passed"), "{capable}");
+    // Copy a file in, read it back, check it, touch, remove, flush.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cache-tools");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("payload.bin");
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i * 31 % 251) as u8).collect();
+    std::fs::write(&file, &payload).unwrap();
+    tool("memccp", &[&servers, file.to_str().unwrap()]);
+    let mut cat = Command::new("memccat")
+        .args([&servers, "payload.bin"])
+        .output()
+        .unwrap();
+    assert!(cat.status.success());
+    // memccat ends what it prints with a newline (against memcached too).
+    let mut want = payload.clone();
+    want.push(b'\n');
+    assert_eq!(std::mem::take(&mut cat.stdout), want);
+    tool("memcexist", &[&servers, "payload.bin"]);
+    tool("memctouch", &[&servers, "--expire=100", "payload.bin"]);
+    let stat = tool("memcstat", &[&servers]);
+    assert!(stat.contains("curr_items: 1"), "{stat}");
+    tool("memcping", &[&servers]);
+    tool("memcrm", &[&servers, "payload.bin"]);
+    let gone = Command::new("memcexist")
+        .args([&servers, "payload.bin"])
+        .status()
+        .unwrap();
+    assert!(!gone.success(), "memcexist finds a removed key");
+    tool("memccp", &[&servers, file.to_str().unwrap()]);
+    tool("memcflush", &[&servers]);
+    let flushed = Command::new("memccat")
+        .args([&servers, "payload.bin"])
+        .output()
+        .unwrap();
+    assert!(!flushed.status.success(), "memccat reads a flushed key");
+}
+
+fn stat(addr: &str, name: &str) -> u64 {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"stats\r\n").unwrap();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    while !out.ends_with(b"END\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0);
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&out)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("STAT {name} "))?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no stat {name}"))
+}
+
+#[test]
+fn values_soft_memory_let_go_come_back_from_the_far_tier() {
+    let node = NodeProc::start(&["--capacity", "256M"]);
+    let url = format!("node://cache@{}", node.addr);
+    // 8 MiB of soft memory for 40 MiB of values: most of them must go.
+    let ours = cache(&["--max", "8M", "--far", &url]);
+    let mut s = std::net::TcpStream::connect(&ours.addr).unwrap();
+    let n = 10_000u64;
+    let value = |i: u64| {
+        let mut v = format!("{i:08}").into_bytes();
+        v.resize(4096, b'.');
+        v
+    };
+    for i in 0..n {
+        s.write_all(format!("set k{i} 0 0 4096 noreply\r\n").as_bytes())
+            .unwrap();
+        s.write_all(&value(i)).unwrap();
+        s.write_all(b"\r\n").unwrap();
+    }
+    // The far copies are written behind: wait until they are all there.
+    let t = std::time::Instant::now();
+    while stat(&ours.addr, "far_writes") < n {
+        assert!(
+            t.elapsed().as_secs() < 60,
+            "far writes: {} of {n}",
+            stat(&ours.addr, "far_writes")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut missing = 0;
+    for i in 0..n {
+        s.write_all(format!("get k{i}\r\n").as_bytes()).unwrap();
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 8192];
+        while !reply.ends_with(b"END\r\n") {
+            let got = s.read(&mut buf).unwrap();
+            assert!(got > 0);
+            reply.extend_from_slice(&buf[..got]);
+        }
+        if reply == b"END\r\n" {
+            missing += 1;
+            continue;
+        }
+        let head = format!("VALUE k{i} 0 4096\r\n");
+        assert!(reply.starts_with(head.as_bytes()), "k{i}");
+        assert_eq!(
+            &reply[head.len()..head.len() + 4096],
+            value(i).as_slice(),
+            "k{i}"
+        );
+    }
+    assert_eq!(missing, 0, "values lost");
+    let far_hits = stat(&ours.addr, "far_hits");
+    assert!(
+        far_hits > n / 2,
+        "only {far_hits} of {n} came from the far tier"
+    );
+    assert_eq!(stat(&ours.addr, "far_errors"), 0);
+}
+
+#[test]
+fn help_says_what_it_does_and_bad_flags_say_what_to_do() {
+    let help = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+        .args(["cache", "--help"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    for needle in [
+        "memcached",
+        "soft memory",
+        "--far",
+        "--max",
+        "--threads",
+        "meta commands",
+    ] {
+        assert!(text.contains(needle), "--help lacks {needle:?}:\n{text}");
+    }
+    let bad = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+        .args(["cache", "--no-coord", "--max", "1M"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("too small"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    let far = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+        .args([
+            "cache",
+            "--no-coord",
+            "--listen",
+            "127.0.0.1:0",
+            "--far",
+            "redis://:s3cret@127.0.0.1:1",
+        ])
+        .output()
+        .unwrap();
+    assert!(!far.status.success());
+    let err = String::from_utf8_lossy(&far.stderr);
+    assert!(!err.contains("s3cret"), "the password was printed: {err}");
+}
