@@ -19,6 +19,7 @@ pub mod exec;
 pub mod far;
 pub mod fuzzing;
 pub mod meta;
+pub mod metrics;
 pub mod proto;
 pub mod server;
 pub mod stats;

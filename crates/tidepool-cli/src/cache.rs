@@ -46,6 +46,10 @@ pub struct CacheArgs {
     /// The coordinator's weight for this cache (its gains count this many times).
     #[arg(long, default_value_t = 1.0)]
     weight: f64,
+    /// Serve Prometheus metrics (the `stats` counters) at http://ADDR/metrics, e.g.
+    /// 127.0.0.1:9465 (port 0 picks a free port; the output names it).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
     /// Its name on the coordinator's dashboard.
     #[arg(long, default_value = "tidepool-cache")]
     name: String,
@@ -136,6 +140,25 @@ pub fn run(args: CacheArgs) -> Result<()> {
         },
         max_connections: args.max_connections,
     };
+    let metrics = match args.metrics {
+        Some(addr) => {
+            if !addr.ip().is_loopback() {
+                eprintln!(
+                    "tidepool cache: the metrics at {addr} are reachable from other machines; \
+                     bind 127.0.0.1 unless that is meant"
+                );
+            }
+            let (items, settings) = (items.clone(), settings.clone());
+            Some(
+                tidepool_node::http::MetricsServer::start(
+                    Arc::new(move || tidepool_cache::metrics::render(&items, &settings)),
+                    addr,
+                )
+                .with_context(|| format!("cannot serve metrics on {addr}"))?,
+            )
+        }
+        None => None,
+    };
     let _server = Server::start(listener, items, settings, &config)?;
     // One write, and none of it fatal: whoever started us may read only the first line
     // and close the pipe.
@@ -156,6 +179,9 @@ pub fn run(args: CacheArgs) -> Result<()> {
     };
     if let Some(s) = &spill {
         said += &format!("  far tier: {}\n", s.describe());
+    }
+    if let Some(m) = &metrics {
+        said += &format!("  metrics: http://{}/metrics\n", m.addr);
     }
     {
         use std::io::Write;

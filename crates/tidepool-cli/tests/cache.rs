@@ -233,3 +233,89 @@ fn help_says_what_it_does_and_bad_flags_say_what_to_do() {
     let err = String::from_utf8_lossy(&far.stderr);
     assert!(!err.contains("s3cret"), "the password was printed: {err}");
 }
+
+/// In a 512 MiB memory cgroup with no swap, the cache fills 400 MiB, then an antagonist takes
+/// 300 MiB: the cache gives memory back instead of being OOM-killed, and serves on.
+#[test]
+fn under_pressure_the_cache_gives_memory_back_and_is_not_killed() {
+    use tidepool_sys::probe::Need;
+    tidepool_sys::skip_unless!(Need::Root, Need::CgroupV1Memory);
+    let cg = tidepool_bench::coord::Cgroup::create("cache-test", 512 << 20).unwrap();
+    // (`cg.command` would run this test binary: name tidepool's.)
+    let mut cmd = cg.command_of(
+        Path::new(env!("CARGO_BIN_EXE_tidepool")),
+        &[
+            "cache",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-coord",
+            "--reserve",
+            "64M",
+        ],
+    );
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start tidepool cache in the cgroup");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let addr = line.rsplit(' ').next().unwrap().trim().to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let value = vec![b'v'; 4096];
+    for i in 0..100_000 {
+        s.write_all(format!("set k{i} 0 0 4096 noreply\r\n").as_bytes())
+            .unwrap();
+        s.write_all(&value).unwrap();
+        s.write_all(b"\r\n").unwrap();
+    }
+    s.write_all(b"mn\r\n").unwrap();
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf).unwrap();
+    let held_before = stat(&addr, "soft_used_bytes");
+    assert!(
+        held_before > 256 << 20,
+        "the cache grew to only {held_before} bytes"
+    );
+    let antagonist = cg
+        .command_of(
+            Path::new(env!("CARGO_BIN_EXE_tidepool")),
+            &[
+                "bench-worker",
+                "antagonist",
+                &(300u64 << 20).to_string(),
+                "0",
+                "0",
+                "2",
+            ],
+        )
+        .status()
+        .unwrap();
+    assert!(
+        antagonist.success(),
+        "the antagonist was killed: {antagonist}"
+    );
+    assert_eq!(cg.oom_kills(), 0, "the OOM killer ran");
+    assert!(child.try_wait().unwrap().is_none(), "the cache died");
+    let held_after = stat(&addr, "soft_used_bytes");
+    assert!(
+        held_after < held_before,
+        "soft memory did not give way: {held_before} -> {held_after}"
+    );
+    // It serves on.
+    s.write_all(b"set after 0 0 2\r\nok\r\nget after\r\n")
+        .unwrap();
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 256];
+    while !reply.ends_with(b"END\r\n") {
+        let n = s.read(&mut chunk).unwrap();
+        assert!(n > 0);
+        reply.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(reply, b"STORED\r\nVALUE after 0 2\r\nok\r\nEND\r\n");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -469,3 +469,81 @@ fn hostile_application_names_stay_text_in_the_dashboard_and_in_top() {
     assert!(!top.contains('\x1b') && !top.contains('\x07'), "{top:?}");
     assert!(top.contains("evil?]0;pwned??[2J"), "{top:?}");
 }
+
+/// `tidepool cache` joins like any soft application: it shows on the dashboard's state and in
+/// the coordinator's metrics, its items fill the budget it is given, and its own `--metrics`
+/// serve the `stats` counters.
+#[test]
+fn a_cache_server_joins_and_shows_in_the_coordinator_and_its_own_metrics() {
+    use std::io::{Read, Write};
+    let c = coord("cache", &["--max", "64M", "--epoch-ms", "100"]);
+    let mut child = Command::new(EXE)
+        .args(["cache", "--listen", "127.0.0.1:0", "--threads", "2"])
+        .args(["--metrics", "127.0.0.1:0", "--name", "memcache-1"])
+        .arg("--coord")
+        .arg(&c.socket)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start tidepool cache");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let _proc = Proc(child);
+    let mut said = String::new();
+    for _ in 0..3 {
+        out.read_line(&mut said).unwrap();
+    }
+    let addr = said
+        .split_whitespace()
+        .find(|w| w.starts_with("127.0.0.1:"))
+        .unwrap()
+        .to_string();
+    assert!(said.contains("sized by the coordinator"), "{said}");
+    let metrics_url = said
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no metrics address in {said:?}"))
+        .to_string();
+    wait_for("the cache to join", || {
+        find(&state(&c), "memcache-1").is_some()
+    });
+    // 24 MiB of values.
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let value = vec![b'x'; 4096];
+    for i in 0..6144 {
+        s.write_all(format!("set k{i} 0 0 4096 noreply\r\n").as_bytes())
+            .unwrap();
+        s.write_all(&value).unwrap();
+        s.write_all(b"\r\n").unwrap();
+    }
+    s.write_all(b"mn\r\n").unwrap();
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"MN\r\n");
+    wait_for("its items to hold soft memory", || {
+        let st = state(&c);
+        let a = find(&st, "memcache-1").unwrap();
+        a["held"].as_u64().unwrap() >= 16 << 20 && a["kind"] == "soft"
+    });
+    let coord_metrics = ureq::get(&format!("http://{}/metrics", c.http))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        coord_metrics.contains("tidepool_coord_app_budget_bytes{app=\"memcache-1\""),
+        "{coord_metrics}"
+    );
+    let own = ureq::get(&metrics_url)
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    assert!(
+        own.contains("tidepool_cache_total_items_total 6144"),
+        "{own}"
+    );
+    assert!(
+        own.contains("# TYPE tidepool_cache_curr_items gauge"),
+        "{own}"
+    );
+}

@@ -1,7 +1,7 @@
 //! `GET /metrics` for Prometheus, on a thread of its own (a one-thread tokio runtime), so that
-//! a scrape never runs on an I/O worker or an allocator thread.
+//! a scrape never runs on an I/O worker or an allocator thread. The node serves its own; other
+//! servers (`tidepool cache`) serve theirs with it, each with its own rendering.
 
-use crate::shared::Shared;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -12,17 +12,20 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-/// The running metrics server; [`MetricsServer::stop`] ends it.
+/// What renders the metrics, in OpenMetrics text, at each scrape.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The running metrics server; [`MetricsServer::stop`] (or dropping it) ends it.
 #[derive(Debug)]
-pub(crate) struct MetricsServer {
+pub struct MetricsServer {
     pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     join: Option<JoinHandle<()>>,
 }
 
 impl MetricsServer {
-    /// Binds `addr` and serves there until stopped.
-    pub fn start(shared: Arc<Shared>, addr: SocketAddr) -> io::Result<MetricsServer> {
+    /// Binds `addr` and serves `render`'s text at `/metrics` there until stopped.
+    pub fn start(render: Render, addr: SocketAddr) -> io::Result<MetricsServer> {
         let listener = std::net::TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let bound = listener.local_addr()?;
@@ -36,16 +39,16 @@ impl MetricsServer {
                 rt.block_on(async move {
                     let listener = match tokio::net::TcpListener::from_std(listener) {
                         Ok(l) => l,
-                        Err(e) => return tracing::error!("node metrics: {e}"),
+                        Err(e) => return tracing::error!("metrics: {e}"),
                     };
                     let app = Router::new()
                         .route("/metrics", get(metrics))
-                        .with_state(shared);
+                        .with_state(render);
                     let served = axum::serve(listener, app).with_graceful_shutdown(async {
                         let _ = stopped.await;
                     });
                     if let Err(e) = served.await {
-                        tracing::error!("node metrics: the HTTP server stopped: {e}");
+                        tracing::error!("metrics: the HTTP server stopped: {e}");
                     }
                 })
             })?;
@@ -66,12 +69,18 @@ impl MetricsServer {
     }
 }
 
-async fn metrics(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
+async fn metrics(State(render): State<Render>) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        crate::metrics::render(&shared),
+        render(),
     )
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
 }

@@ -18,7 +18,7 @@ pub mod config;
 mod conn;
 mod counters;
 mod error;
-mod http;
+pub mod http;
 mod io;
 mod metrics;
 mod section;

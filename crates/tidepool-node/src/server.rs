@@ -94,8 +94,14 @@ impl Server {
         let metrics = cfg
             .metrics
             .map(|addr| {
-                MetricsServer::start(Arc::clone(&shared), addr)
-                    .map_err(|source| NodeError::Metrics { addr, source })
+                MetricsServer::start(
+                    {
+                        let shared = Arc::clone(&shared);
+                        Arc::new(move || crate::metrics::render(&shared))
+                    },
+                    addr,
+                )
+                .map_err(|source| NodeError::Metrics { addr, source })
             })
             .transpose()?;
         let workers = Arc::new(
