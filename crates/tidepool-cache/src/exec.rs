@@ -3,7 +3,7 @@
 use crate::meta::{key_token, MetaFlags};
 use crate::proto::{parse, Limits, Mode, Parsed, Request};
 use crate::stats::{self, Settings};
-use crate::store::{ArithError, Deleted, Items, StoreMode, Stored, View};
+use crate::store::{Arith, ArithError, Deleted, Items, StoreMode, Stored, View};
 use std::io::Write;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
@@ -179,7 +179,7 @@ pub fn execute(items: &Items, settings: &Settings, req: Request<'_>, out: &mut V
             delta,
             noreply,
         } => {
-            let r = items.arith(key, incr, delta, None, None, None);
+            let r = items.arith(key, &Arith::by(incr, delta));
             let (hits, misses) = if incr {
                 (&c.incr_hits, &c.incr_misses)
             } else {
@@ -409,11 +409,13 @@ fn meta_arith(items: &Items, key: &[u8], f: &MetaFlags<'_>, out: &mut Vec<u8>) {
     let create = f.vivify.map(|ttl| (f.initial.unwrap_or(0), ttl));
     let r = items.arith(
         key,
-        incr,
-        f.delta.unwrap_or(1),
-        f.compare_cas,
-        create,
-        f.ttl,
+        &Arith {
+            incr,
+            delta: f.delta.unwrap_or(1),
+            cas: f.compare_cas,
+            create,
+            ttl: f.ttl,
+        },
     );
     let (hits, misses) = if incr {
         (&c.incr_hits, &c.incr_misses)

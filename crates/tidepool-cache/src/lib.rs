@@ -15,6 +15,8 @@
 //! - [`far`]: `--far URL`, the second tier values come back from after soft memory let them go.
 //! - [`stats`]: counters, `stats` under memcached's names.
 
+#![forbid(unsafe_code)]
+
 pub mod exec;
 pub mod far;
 pub mod fuzzing;

@@ -21,6 +21,7 @@ const GAUGES: &[&str] = &[
     "soft_used_bytes",
     "soft_max_bytes",
     "index_keys",
+    "uptime",
 ];
 
 /// Stats that are not measurements.

@@ -77,6 +77,32 @@ pub enum StoreMode {
     Prepend,
 }
 
+/// An arithmetic command: `incr`/`decr`, or `ma` with its options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arith {
+    pub incr: bool,
+    pub delta: u64,
+    /// Only on the item with this CAS unique.
+    pub cas: Option<u64>,
+    /// On a miss, create the item with this value and expiry.
+    pub create: Option<(u64, i64)>,
+    /// A new expiry on success.
+    pub ttl: Option<i64>,
+}
+
+impl Arith {
+    /// A plain `incr` (or `decr`) by `delta`.
+    pub fn by(incr: bool, delta: u64) -> Arith {
+        Arith {
+            incr,
+            delta,
+            cas: None,
+            create: None,
+            ttl: None,
+        }
+    }
+}
+
 /// Why an arithmetic command did nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ArithError {
@@ -489,23 +515,21 @@ impl Items {
         }
     }
 
-    /// `incr`/`decr` (and `ma`): the new value and its CAS unique. `create`: on a miss,
-    /// store `initial` with this expiry instead.
-    pub fn arith(
-        &self,
-        key: &[u8],
-        incr: bool,
-        delta: u64,
-        cas: Option<u64>,
-        create: Option<(u64, i64)>,
-        ttl: Option<i64>,
-    ) -> Result<(u64, View), ArithError> {
+    /// `incr`/`decr` (and `ma`): the new value and the item after it.
+    pub fn arith(&self, key: &[u8], op: &Arith) -> Result<(u64, View), ArithError> {
+        let Arith {
+            incr,
+            delta,
+            cas,
+            ttl,
+            ..
+        } = *op;
         let now = self.clock.now();
         let mut shard = self.shard(key).write();
         let found = shard.get_mut(key).filter(|e| !self.dead(e, now));
         let Some(e) = found else {
             drop(shard);
-            return self.create(key, incr, delta, cas, create, ttl);
+            return self.create(key, op);
         };
         let n = with_scratch(|old| {
             if !self.blobs.peek_into(&e.blob, old) {
@@ -519,7 +543,7 @@ impl Items {
         let (n, old_len) = match n {
             Err(ArithError::NotFound) => {
                 drop(shard);
-                return self.create(key, incr, delta, cas, create, ttl);
+                return self.create(key, op);
             }
             other => other?,
         };
@@ -550,17 +574,9 @@ impl Items {
         Ok((new, self.view(e, now)))
     }
 
-    /// An arithmetic command's miss: creates the item with `initial` if asked to.
-    fn create(
-        &self,
-        key: &[u8],
-        incr: bool,
-        delta: u64,
-        cas: Option<u64>,
-        create: Option<(u64, i64)>,
-        ttl: Option<i64>,
-    ) -> Result<(u64, View), ArithError> {
-        let Some((initial, exptime)) = create else {
+    /// An arithmetic command's miss: creates the item if asked to.
+    fn create(&self, key: &[u8], op: &Arith) -> Result<(u64, View), ArithError> {
+        let Some((initial, exptime)) = op.create else {
             return Err(ArithError::NotFound);
         };
         let s = initial.to_string();
@@ -577,7 +593,13 @@ impl Items {
                 },
             )),
             // Someone else made it first: apply the delta to theirs.
-            Ok(_) => self.arith(key, incr, delta, cas, None, ttl),
+            Ok(_) => self.arith(
+                key,
+                &Arith {
+                    create: None,
+                    ..*op
+                },
+            ),
             Err(_) => Err(ArithError::Memory),
         }
     }
@@ -745,25 +767,31 @@ mod tests {
     fn incr_and_decr_pad_and_floor_as_memcached_does() {
         let it = items();
         it.store(StoreMode::Set, b"n", 0, 0, b"100", None).unwrap();
-        assert_eq!(it.arith(b"n", false, 1, None, None, None).unwrap().0, 99);
+        assert_eq!(it.arith(b"n", &Arith::by(false, 1)).unwrap().0, 99);
         assert_eq!(get(&it, b"n").unwrap(), b"99 ");
-        assert_eq!(it.arith(b"n", false, 1000, None, None, None).unwrap().0, 0);
+        assert_eq!(it.arith(b"n", &Arith::by(false, 1000)).unwrap().0, 0);
         it.store(StoreMode::Set, b"n", 0, 0, b"18446744073709551615", None)
             .unwrap();
-        assert_eq!(it.arith(b"n", true, 1, None, None, None).unwrap().0, 0);
+        assert_eq!(it.arith(b"n", &Arith::by(true, 1)).unwrap().0, 0);
         it.store(StoreMode::Set, b"s", 0, 0, b"abc", None).unwrap();
         assert_eq!(
-            it.arith(b"s", true, 1, None, None, None).unwrap_err(),
+            it.arith(b"s", &Arith::by(true, 1)).unwrap_err(),
             ArithError::NonNumeric
         );
         assert_eq!(
-            it.arith(b"none", true, 1, None, None, None).unwrap_err(),
+            it.arith(b"none", &Arith::by(true, 1)).unwrap_err(),
             ArithError::NotFound
         );
         assert_eq!(
-            it.arith(b"made", true, 1, None, Some((7, 0)), None)
-                .unwrap()
-                .0,
+            it.arith(
+                b"made",
+                &Arith {
+                    create: Some((7, 0)),
+                    ..Arith::by(true, 1)
+                }
+            )
+            .unwrap()
+            .0,
             7
         );
     }

@@ -10,6 +10,7 @@ use common::NodeProc;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
+use tidepool_bench::cache::load;
 use tidepool_peers::Memcached;
 
 const ITEM_MAX: usize = 1 << 20;
@@ -111,24 +112,7 @@ fn libmemcached_tools_work_against_the_cache() {
 }
 
 fn stat(addr: &str, name: &str) -> u64 {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"stats\r\n").unwrap();
-    let mut out = Vec::new();
-    let mut buf = [0u8; 8192];
-    while !out.ends_with(b"END\r\n") {
-        let n = s.read(&mut buf).unwrap();
-        assert!(n > 0);
-        out.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&out)
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(&format!("STAT {name} "))?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no stat {name}"))
+    tidepool_bench::cache::stat(addr.parse().unwrap(), name).unwrap()
 }
 
 #[test]
@@ -137,19 +121,9 @@ fn values_soft_memory_let_go_come_back_from_the_far_tier() {
     let url = format!("node://cache@{}", node.addr);
     // 8 MiB of soft memory for 40 MiB of values: most of them must go.
     let ours = cache(&["--max", "8M", "--far", &url]);
-    let mut s = std::net::TcpStream::connect(&ours.addr).unwrap();
-    let n = 10_000u64;
-    let value = |i: u64| {
-        let mut v = format!("{i:08}").into_bytes();
-        v.resize(4096, b'.');
-        v
-    };
-    for i in 0..n {
-        s.write_all(format!("set k{i} 0 0 4096 noreply\r\n").as_bytes())
-            .unwrap();
-        s.write_all(&value(i)).unwrap();
-        s.write_all(b"\r\n").unwrap();
-    }
+    // 40 MiB of values.
+    let n = 40_000u64;
+    load::fill(ours.addr.parse().unwrap(), 0..n).unwrap();
     // The far copies are written behind: wait until they are all there.
     let t = std::time::Instant::now();
     while stat(&ours.addr, "far_writes") < n {
@@ -160,9 +134,11 @@ fn values_soft_memory_let_go_come_back_from_the_far_tier() {
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    let mut s = std::net::TcpStream::connect(&ours.addr).unwrap();
     let mut missing = 0;
     for i in 0..n {
-        s.write_all(format!("get k{i}\r\n").as_bytes()).unwrap();
+        s.write_all(format!("get {}\r\n", load::key(i)).as_bytes())
+            .unwrap();
         let mut reply = Vec::new();
         let mut buf = [0u8; 8192];
         while !reply.ends_with(b"END\r\n") {
@@ -174,12 +150,12 @@ fn values_soft_memory_let_go_come_back_from_the_far_tier() {
             missing += 1;
             continue;
         }
-        let head = format!("VALUE k{i} 0 4096\r\n");
-        assert!(reply.starts_with(head.as_bytes()), "k{i}");
+        let head = format!("VALUE {} 0 {}\r\n", load::key(i), load::VALUE_BYTES);
+        assert!(reply.starts_with(head.as_bytes()), "key {i}");
         assert_eq!(
-            &reply[head.len()..head.len() + 4096],
-            value(i).as_slice(),
-            "k{i}"
+            &reply[head.len()..head.len() + load::VALUE_BYTES],
+            load::value(i).as_slice(),
+            "key {i}"
         );
     }
     assert_eq!(missing, 0, "values lost");
@@ -264,17 +240,9 @@ fn under_pressure_the_cache_gives_memory_back_and_is_not_killed() {
     )
     .unwrap();
     let addr = line.rsplit(' ').next().unwrap().trim().to_string();
+    // 400 MiB of values.
+    load::fill(addr.parse().unwrap(), 0..400_000).unwrap();
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    let value = vec![b'v'; 4096];
-    for i in 0..100_000 {
-        s.write_all(format!("set k{i} 0 0 4096 noreply\r\n").as_bytes())
-            .unwrap();
-        s.write_all(&value).unwrap();
-        s.write_all(b"\r\n").unwrap();
-    }
-    s.write_all(b"mn\r\n").unwrap();
-    let mut buf = [0u8; 4];
-    s.read_exact(&mut buf).unwrap();
     let held_before = stat(&addr, "soft_used_bytes");
     assert!(
         held_before > 256 << 20,

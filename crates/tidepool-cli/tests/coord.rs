@@ -475,7 +475,6 @@ fn hostile_application_names_stay_text_in_the_dashboard_and_in_top() {
 /// serve the `stats` counters.
 #[test]
 fn a_cache_server_joins_and_shows_in_the_coordinator_and_its_own_metrics() {
-    use std::io::{Read, Write};
     let c = coord("cache", &["--max", "64M", "--epoch-ms", "100"]);
     let mut child = Command::new(EXE)
         .args(["cache", "--listen", "127.0.0.1:0", "--threads", "2"])
@@ -507,18 +506,7 @@ fn a_cache_server_joins_and_shows_in_the_coordinator_and_its_own_metrics() {
         find(&state(&c), "memcache-1").is_some()
     });
     // 24 MiB of values.
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    let value = vec![b'x'; 4096];
-    for i in 0..6144 {
-        s.write_all(format!("set k{i} 0 0 4096 noreply\r\n").as_bytes())
-            .unwrap();
-        s.write_all(&value).unwrap();
-        s.write_all(b"\r\n").unwrap();
-    }
-    s.write_all(b"mn\r\n").unwrap();
-    let mut buf = [0u8; 4];
-    s.read_exact(&mut buf).unwrap();
-    assert_eq!(&buf, b"MN\r\n");
+    tidepool_bench::cache::load::fill(addr.parse().unwrap(), 0..24_576).unwrap();
     wait_for("its items to hold soft memory", || {
         let st = state(&c);
         let a = find(&st, "memcache-1").unwrap();
@@ -539,7 +527,7 @@ fn a_cache_server_joins_and_shows_in_the_coordinator_and_its_own_metrics() {
         .into_string()
         .unwrap();
     assert!(
-        own.contains("tidepool_cache_total_items_total 6144"),
+        own.contains("tidepool_cache_total_items_total 24576"),
         "{own}"
     );
     assert!(

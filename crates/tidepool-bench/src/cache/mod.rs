@@ -175,27 +175,7 @@ impl Server {
 
     /// One `stats` value.
     pub fn stat(&self, name: &str) -> Result<u64> {
-        let mut s = std::net::TcpStream::connect(self.addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.write_all(b"stats\r\n")?;
-        let mut out = Vec::new();
-        let mut buf = [0u8; 8192];
-        while !out.ends_with(b"END\r\n") {
-            let n = s.read(&mut buf)?;
-            if n == 0 {
-                bail!("the server closed the connection during stats");
-            }
-            out.extend_from_slice(&buf[..n]);
-        }
-        let text = String::from_utf8_lossy(&out);
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(&format!("STAT {name} "))?
-                    .trim()
-                    .parse()
-                    .ok()
-            })
-            .with_context(|| format!("no stat {name}"))
+        stat(self.addr, name)
     }
 
     /// Answers `version` within `patience`.
@@ -211,6 +191,31 @@ impl Server {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// One `stats` value of the server at `addr`.
+pub fn stat(addr: SocketAddr, name: &str) -> Result<u64> {
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(b"stats\r\n")?;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    while !out.ends_with(b"END\r\n") {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            bail!("the server closed the connection during stats");
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&out);
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("STAT {name} "))?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .with_context(|| format!("no stat {name}"))
 }
 
 /// A get/set mix.

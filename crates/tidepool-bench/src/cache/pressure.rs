@@ -51,8 +51,12 @@ fn rounds(opts: &BenchOpts) -> usize {
     }
 }
 
+/// The systems of the pressure workload: the cache alone, the cache with its far tier on a
+/// memory node (outside the cgroup: another machine's memory), and memcached.
+const SYSTEMS: [&str; 3] = ["tidepool-cache", "tidepool-cache-far", "memcached"];
+
 pub(super) fn steps(opts: &BenchOpts) -> u64 {
-    2 * rounds(opts) as u64
+    (SYSTEMS.len() * rounds(opts)) as u64
 }
 
 /// Kib of swap a process uses now (0 if it is gone).
@@ -100,7 +104,7 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
     let mut held_mib = None;
     let mut results: BTreeMap<(&'static str, &'static str), Vec<f64>> = BTreeMap::new();
     for round in 0..rounds(&ctx.opts) {
-        for system in ["tidepool-cache", "memcached"] {
+        for system in SYSTEMS {
             ctx.step(format!("pressure, round {}: {system}", round + 1));
             let cg = Cgroup::create_with_swap(&format!("cache-{system}"), sc.limit)?;
             let outcome = one(ctx, &cg, &sc, system, &mut held_mib);
@@ -128,9 +132,9 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
     .collect();
-    // tidepool-cache's rows first (the table's columns follow the order of first rows).
+    // In SYSTEMS' order (the table's columns follow the order of first rows).
     let mut results: Vec<_> = results.into_iter().collect();
-    results.sort_by_key(|((system, _), _)| *system != "tidepool-cache");
+    results.sort_by_key(|((system, _), _)| SYSTEMS.iter().position(|s| s == system));
     for ((system, metric), mut v) in results {
         let unit = match metric {
             "swapped_mib" => "MiB",
@@ -174,7 +178,22 @@ fn one(
     system: &'static str,
     held_mib: &mut Option<u64>,
 ) -> Result<Vec<(&'static str, f64)>> {
-    let server = if system == "tidepool-cache" {
+    // The far tier's memory node, outside the cgroup.
+    let node = match system {
+        "tidepool-cache-far" => Some(crate::node::NodeProcess::start(&format!(
+            "{}M",
+            (2 * sc.keys * load::VALUE_BYTES as u64) >> 20
+        ))?),
+        _ => None,
+    };
+    let server = if let Some(node) = &node {
+        let mut args = Server::tidepool_args(sc.reserve >> 20);
+        args.extend(["--far".into(), format!("node://cache@{}", node.addr)]);
+        let mut s = Server::tidepool(cg.command(&args)?)?;
+        s.name = "tidepool-cache-far";
+        s.wait_ready(Duration::from_secs(10))?;
+        s
+    } else if system == "tidepool-cache" {
         let s = Server::tidepool(cg.command(&Server::tidepool_args(sc.reserve >> 20))?)?;
         s.wait_ready(Duration::from_secs(10))?;
         s
@@ -192,6 +211,13 @@ fn one(
     load::fill(server.addr, 0..sc.keys)?;
     if system == "tidepool-cache" {
         *held_mib = Some(server.stat("limit_maxbytes")? >> 20);
+    }
+    if node.is_some() {
+        // The far copies are written behind the sets: let them land first.
+        let t = std::time::Instant::now();
+        while server.stat("far_writes")? < sc.keys && t.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     // Watch the server's swap throughout.
     let stop = Arc::new(AtomicBool::new(false));
