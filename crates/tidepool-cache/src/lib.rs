@@ -8,18 +8,24 @@
 //! memcached client works unchanged: the text protocol and the meta commands, with
 //! memcached's limits and error replies.
 //!
-//! - [`proto`] and [`meta`]: requests parsed from a connection's buffer (no I/O; fuzzed).
+//! - [`proto`] and [`meta`] (over `lex`): requests parsed from a connection's buffer (no I/O;
+//!   fuzzed).
 //! - [`store`]: the items, an index in normal memory over values in soft memory.
 //! - [`exec`]: a request run on the items, and its reply.
 //! - [`server`]: the acceptor and the worker threads' event loops.
 //! - [`far`]: `--far URL`, the second tier values come back from after soft memory let them go.
-//! - [`stats`]: counters, `stats` under memcached's names.
+//! - [`stats`] and [`metrics`]: the counters as `stats` under memcached's names, and as
+//!   Prometheus metrics.
+//! - [`fuzzing`]: what the fuzz target runs.
 
 #![forbid(unsafe_code)]
 
+mod clock;
+mod counters;
 pub mod exec;
 pub mod far;
 pub mod fuzzing;
+mod lex;
 pub mod meta;
 pub mod metrics;
 pub mod proto;

@@ -1,10 +1,8 @@
-//! memcached's meta commands (`mg`, `ms`, `md`, `ma`): their flags, parsed once into
-//! [`MetaFlags`], with memcached 1.6's replies to flags it does not know or sees twice.
+//! The flags of memcached's meta commands (`mg`, `ms`, `md`, `ma`), parsed once into
+//! [`MetaFlags`], with memcached 1.6's replies to flags it does not know or sees twice; the
+//! commands themselves are parsed in [`crate::proto`].
 
-use crate::proto::{
-    data_block, data_len, parse_i64, parse_u64, too_large, Limits, Parsed, Request, BAD_FORMAT,
-    ERROR, ITEM_OVERHEAD, KEY_MAX,
-};
+use crate::lex::{parse_i64, parse_u64, BAD_FORMAT, KEY_MAX};
 use base64::Engine;
 use std::borrow::Cow;
 
@@ -77,7 +75,10 @@ fn returned(cmd: &[u8], flag: u8) -> bool {
     }
 }
 
-fn parse_flags<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<MetaFlags<'a>, &'static str> {
+pub(crate) fn parse_flags<'a>(
+    cmd: &[u8],
+    args: &[&'a [u8]],
+) -> Result<MetaFlags<'a>, &'static str> {
     let mut f = MetaFlags::default();
     let ok = allowed(cmd);
     for t in args {
@@ -132,7 +133,10 @@ fn parse_flags<'a>(cmd: &[u8], args: &[&'a [u8]]) -> Result<MetaFlags<'a>, &'sta
 }
 
 /// The key of a meta command, base64-decoded under `b`.
-fn key<'a>(raw: &'a [u8], flags: &MetaFlags<'_>) -> Result<Cow<'a, [u8]>, &'static str> {
+pub(crate) fn decode_key<'a>(
+    raw: &'a [u8],
+    flags: &MetaFlags<'_>,
+) -> Result<Cow<'a, [u8]>, &'static str> {
     if raw.len() > KEY_MAX {
         return Err(BAD_FORMAT);
     }
@@ -155,140 +159,5 @@ pub fn key_token(key: &[u8], flags: &MetaFlags<'_>) -> Cow<'static, [u8]> {
         )
     } else {
         Cow::Owned(key.to_vec())
-    }
-}
-
-fn error(reply: &'static str, used: usize, swallow: usize) -> Parsed<'static> {
-    Parsed::Error {
-        reply: Cow::Borrowed(reply),
-        used,
-        swallow,
-        close: false,
-    }
-}
-
-/// `mg`, `md`, `ma`: a key, then flags.
-pub(crate) fn keyed<'a>(cmd: &[u8], args: &[&'a [u8]], used: usize) -> Parsed<'a> {
-    let Some((&raw, rest)) = args.split_first() else {
-        return error(ERROR, used, 0);
-    };
-    if raw.len() > KEY_MAX {
-        return error(BAD_FORMAT, used, 0);
-    }
-    let flags = match parse_flags(cmd, rest) {
-        Ok(f) => f,
-        Err(e) => return error(e, used, 0),
-    };
-    let key = match key(raw, &flags) {
-        Ok(k) => k,
-        Err(e) => return error(e, used, 0),
-    };
-    let req = match cmd {
-        b"mg" => Request::MetaGet { key, flags },
-        b"md" => Request::MetaDelete { key, flags },
-        _ => Request::MetaArith { key, flags },
-    };
-    Parsed::Request { req, used }
-}
-
-/// `ms <key> <datalen> <flags>*`, then the data block.
-pub(crate) fn set<'a>(
-    args: &[&'a [u8]],
-    used: usize,
-    rest: &'a [u8],
-    limits: &Limits,
-) -> Parsed<'a> {
-    let [raw, len, flag_args @ ..] = args else {
-        return error(if args.is_empty() { ERROR } else { BAD_FORMAT }, used, 0);
-    };
-    if raw.len() > KEY_MAX {
-        return error(BAD_FORMAT, used, 0);
-    }
-    let Some(len) = data_len(len) else {
-        return error(BAD_FORMAT, used, 0);
-    };
-    if raw.len() + len + ITEM_OVERHEAD > limits.item_max {
-        return too_large(used, len);
-    }
-    // From here the data block belongs to this command: an error discards it.
-    let parsed = parse_flags(b"ms", flag_args).and_then(|f| key(raw, &f).map(|k| (k, f)));
-    match data_block(rest, len, used) {
-        Ok(None) => Parsed::Incomplete,
-        Err(used) => crate::proto::bad_chunk(used),
-        Ok(Some((data, used))) => match parsed {
-            Ok((key, flags)) => Parsed::Request {
-                req: Request::MetaSet { key, data, flags },
-                used,
-            },
-            Err(e) => error(e, used, 0),
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use crate::proto::{parse, Limits, Parsed, Request};
-
-    fn reply(buf: &[u8]) -> String {
-        match parse(buf, &Limits::default()) {
-            Parsed::Error { reply, .. } => reply.into_owned(),
-            other => panic!("{buf:?}: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn flags_come_back_in_the_order_given() {
-        let Parsed::Request {
-            req: Request::MetaGet { key, flags },
-            ..
-        } = parse(b"mg k s v f t c k Oabc\r\n", &Limits::default())
-        else {
-            panic!()
-        };
-        assert_eq!(&*key, b"k");
-        assert_eq!(flags.returns, b"sftckO");
-        assert_eq!(flags.opaque, Some(&b"abc"[..]));
-        assert!(flags.has(b'v') && !flags.quiet());
-    }
-
-    #[test]
-    fn bad_flags_get_memcacheds_replies() {
-        assert_eq!(reply(b"mg\r\n"), "ERROR");
-        assert_eq!(reply(b"mg k zz\r\n"), "CLIENT_ERROR invalid flag");
-        assert_eq!(reply(b"mg k v v\r\n"), "CLIENT_ERROR duplicate flag");
-        assert_eq!(reply(b"ms k\r\n"), "CLIENT_ERROR bad command line format");
-        assert_eq!(
-            reply(b"ms k 2 MX\r\nhi\r\n"),
-            "CLIENT_ERROR invalid mode for ms M token"
-        );
-        assert_eq!(
-            reply(b"ma n MX\r\n"),
-            "CLIENT_ERROR invalid mode for ma M token"
-        );
-        assert_eq!(
-            reply(b"ma n Dabc\r\n"),
-            "CLIENT_ERROR invalid or duplicate flag"
-        );
-        assert_eq!(reply(b"mg !!! b v\r\n"), "CLIENT_ERROR error decoding key");
-    }
-
-    #[test]
-    fn a_meta_set_with_a_bad_flag_swallows_its_data() {
-        match parse(b"ms k 2 S3\r\nhi\r\nmn\r\n", &Limits::default()) {
-            Parsed::Error { used, .. } => assert_eq!(used, 15),
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn a_base64_key_is_decoded() {
-        let Parsed::Request {
-            req: Request::MetaGet { key, .. },
-            ..
-        } = parse(b"mg Zm9v b v\r\n", &Limits::default())
-        else {
-            panic!()
-        };
-        assert_eq!(&*key, b"foo");
     }
 }

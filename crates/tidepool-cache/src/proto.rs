@@ -3,32 +3,13 @@
 //! the fuzz target drives it directly. Errors are memcached 1.6's own reply lines, found by
 //! sending each case to a real memcached (the `differential` test keeps them so).
 
+use crate::lex::{
+    data_len, memchr, parse_i64, parse_u64, tokens, BAD_CHUNK, BAD_DELTA, BAD_EXPTIME, BAD_FORMAT,
+    ERROR, TOO_LARGE,
+};
+pub use crate::lex::{Limits, ITEM_OVERHEAD, KEY_MAX};
 use crate::meta::{self, MetaFlags};
 use std::borrow::Cow;
-
-/// The longest key memcached accepts.
-pub const KEY_MAX: usize = 250;
-/// What an item costs beyond its key and data in memcached's size limit (its item header),
-/// so that the largest item either server accepts is about the same.
-pub const ITEM_OVERHEAD: usize = 56;
-
-/// Limits a connection's parser works within.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    /// The largest item (key, data and overhead), memcached's `-I`.
-    pub item_max: usize,
-    /// The longest command line without its end; longer, and the connection is closed.
-    pub line_max: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Limits {
-        Limits {
-            item_max: 1 << 20,
-            line_max: 64 << 10,
-        }
-    }
-}
 
 /// The storage commands of the text protocol, and the meta set's modes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,12 +111,6 @@ pub enum Parsed<'a> {
     },
 }
 
-pub(crate) const ERROR: &str = "ERROR";
-pub(crate) const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format";
-pub(crate) const TOO_LARGE: &str = "SERVER_ERROR object too large for cache";
-pub(crate) const BAD_CHUNK: &str = "CLIENT_ERROR bad data chunk";
-pub(crate) const BAD_DELTA: &str = "CLIENT_ERROR invalid numeric delta argument";
-pub(crate) const BAD_EXPTIME: &str = "CLIENT_ERROR invalid exptime argument";
 const DELETE_USAGE: &str = "CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]";
 
 fn error(reply: &'static str, used: usize) -> Parsed<'static> {
@@ -145,34 +120,6 @@ fn error(reply: &'static str, used: usize) -> Parsed<'static> {
         swallow: 0,
         close: false,
     }
-}
-
-/// The space-separated tokens of a line (runs of spaces are one separator, as in memcached).
-pub(crate) fn tokens(line: &[u8]) -> impl Iterator<Item = &[u8]> {
-    line.split(|&b| b == b' ').filter(|t| !t.is_empty())
-}
-
-/// An unsigned decimal, as memcached's `safe_strtoull` takes it (an optional `+`, digits).
-pub(crate) fn parse_u64(t: &[u8]) -> Option<u64> {
-    let digits = t.strip_prefix(b"+").unwrap_or(t);
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    std::str::from_utf8(digits).ok()?.parse().ok()
-}
-
-/// A signed decimal, as memcached's `safe_strtol` takes it.
-pub(crate) fn parse_i64(t: &[u8]) -> Option<i64> {
-    let (neg, digits) = match t.first() {
-        Some(b'-') => (true, &t[1..]),
-        Some(b'+') => (false, &t[1..]),
-        _ => (false, t),
-    };
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let v: i64 = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    Some(if neg { -v } else { v })
 }
 
 fn key_ok(k: &[u8]) -> bool {
@@ -282,8 +229,8 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
         },
         b"quit" => request(Request::Quit, used),
         b"mn" => request(Request::MetaNoop, used),
-        b"mg" | b"md" | b"ma" => meta::keyed(cmd, &args, used),
-        b"ms" => meta::set(&args, used, rest, limits),
+        b"mg" | b"md" | b"ma" => meta_keyed(cmd, &args, used),
+        b"ms" => meta_set(&args, used, rest, limits),
         _ => error(ERROR, used),
     }
 }
@@ -369,13 +316,6 @@ pub(crate) fn too_large(used: usize, len: usize) -> Parsed<'static> {
     }
 }
 
-/// The data length of a storage command, as memcached checks it.
-pub(crate) fn data_len(t: &[u8]) -> Option<usize> {
-    parse_i64(t)
-        .filter(|&v| (0..=i32::MAX as i64 - 2).contains(&v))
-        .map(|v| v as usize)
-}
-
 fn storage<'a>(
     cmd: &[u8],
     args: &[&'a [u8]],
@@ -458,9 +398,69 @@ fn delete<'a>(args: &[&'a [u8]], used: usize) -> Parsed<'a> {
     )
 }
 
-/// The first `needle` in `hay`.
-pub(crate) fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
-    hay.iter().position(|&b| b == needle)
+// ---- meta commands ----------------------------------------------------------------------
+
+fn meta_error(reply: &'static str, used: usize, swallow: usize) -> Parsed<'static> {
+    Parsed::Error {
+        reply: Cow::Borrowed(reply),
+        used,
+        swallow,
+        close: false,
+    }
+}
+
+/// `mg`, `md`, `ma`: a key, then flags.
+fn meta_keyed<'a>(cmd: &[u8], args: &[&'a [u8]], used: usize) -> Parsed<'a> {
+    let Some((&raw, rest)) = args.split_first() else {
+        return meta_error(ERROR, used, 0);
+    };
+    if raw.len() > KEY_MAX {
+        return meta_error(BAD_FORMAT, used, 0);
+    }
+    let flags = match meta::parse_flags(cmd, rest) {
+        Ok(f) => f,
+        Err(e) => return meta_error(e, used, 0),
+    };
+    let key = match meta::decode_key(raw, &flags) {
+        Ok(k) => k,
+        Err(e) => return meta_error(e, used, 0),
+    };
+    let req = match cmd {
+        b"mg" => Request::MetaGet { key, flags },
+        b"md" => Request::MetaDelete { key, flags },
+        _ => Request::MetaArith { key, flags },
+    };
+    Parsed::Request { req, used }
+}
+
+/// `ms <key> <datalen> <flags>*`, then the data block.
+fn meta_set<'a>(args: &[&'a [u8]], used: usize, rest: &'a [u8], limits: &Limits) -> Parsed<'a> {
+    let [raw, len, flag_args @ ..] = args else {
+        return meta_error(if args.is_empty() { ERROR } else { BAD_FORMAT }, used, 0);
+    };
+    if raw.len() > KEY_MAX {
+        return meta_error(BAD_FORMAT, used, 0);
+    }
+    let Some(len) = data_len(len) else {
+        return meta_error(BAD_FORMAT, used, 0);
+    };
+    if raw.len() + len + ITEM_OVERHEAD > limits.item_max {
+        return too_large(used, len);
+    }
+    // From here the data block belongs to this command: an error discards it.
+    let parsed =
+        meta::parse_flags(b"ms", flag_args).and_then(|f| meta::decode_key(raw, &f).map(|k| (k, f)));
+    match data_block(rest, len, used) {
+        Ok(None) => Parsed::Incomplete,
+        Err(used) => bad_chunk(used),
+        Ok(Some((data, used))) => match parsed {
+            Ok((key, flags)) => Parsed::Request {
+                req: Request::MetaSet { key, data, flags },
+                used,
+            },
+            Err(e) => meta_error(e, used, 0),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -580,5 +580,73 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod meta_tests {
+    use super::{parse, Limits, Parsed, Request};
+
+    fn reply(buf: &[u8]) -> String {
+        match parse(buf, &Limits::default()) {
+            Parsed::Error { reply, .. } => reply.into_owned(),
+            other => panic!("{buf:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn flags_come_back_in_the_order_given() {
+        let Parsed::Request {
+            req: Request::MetaGet { key, flags },
+            ..
+        } = parse(b"mg k s v f t c k Oabc\r\n", &Limits::default())
+        else {
+            panic!()
+        };
+        assert_eq!(&*key, b"k");
+        assert_eq!(flags.returns, b"sftckO");
+        assert_eq!(flags.opaque, Some(&b"abc"[..]));
+        assert!(flags.has(b'v') && !flags.quiet());
+    }
+
+    #[test]
+    fn bad_flags_get_memcacheds_replies() {
+        assert_eq!(reply(b"mg\r\n"), "ERROR");
+        assert_eq!(reply(b"mg k zz\r\n"), "CLIENT_ERROR invalid flag");
+        assert_eq!(reply(b"mg k v v\r\n"), "CLIENT_ERROR duplicate flag");
+        assert_eq!(reply(b"ms k\r\n"), "CLIENT_ERROR bad command line format");
+        assert_eq!(
+            reply(b"ms k 2 MX\r\nhi\r\n"),
+            "CLIENT_ERROR invalid mode for ms M token"
+        );
+        assert_eq!(
+            reply(b"ma n MX\r\n"),
+            "CLIENT_ERROR invalid mode for ma M token"
+        );
+        assert_eq!(
+            reply(b"ma n Dabc\r\n"),
+            "CLIENT_ERROR invalid or duplicate flag"
+        );
+        assert_eq!(reply(b"mg !!! b v\r\n"), "CLIENT_ERROR error decoding key");
+    }
+
+    #[test]
+    fn a_meta_set_with_a_bad_flag_swallows_its_data() {
+        match parse(b"ms k 2 S3\r\nhi\r\nmn\r\n", &Limits::default()) {
+            Parsed::Error { used, .. } => assert_eq!(used, 15),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_base64_key_is_decoded() {
+        let Parsed::Request {
+            req: Request::MetaGet { key, .. },
+            ..
+        } = parse(b"mg Zm9v b v\r\n", &Limits::default())
+        else {
+            panic!()
+        };
+        assert_eq!(&*key, b"foo");
     }
 }

@@ -4,26 +4,22 @@
 //! `set` after the miss tells how long the miss cost it (the rebuild time the coordinator
 //! weighs this cache's memory by).
 
+use crate::clock::{Clock, EXPIRED};
+use crate::counters::Counters;
 use crate::far::Spill;
-use crate::stats::Counters;
 use parking_lot::RwLock;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tidepool_soft::{Blob, SoftArena, SoftBlobs, SoftError};
 
 const SHARDS: usize = 64;
-/// Relative expiry times longer than this are absolute Unix times (memcached's rule).
-const MAX_DELTA: i64 = 60 * 60 * 24 * 30;
 /// Every this many new keys, one shard drops the keys whose values are gone.
 const PRUNE_EVERY: u64 = 4096;
 /// A `set` this long after a miss on the same key is not taken for the miss's rebuild.
 const REBUILD_WINDOW_MS: u32 = 10_000;
-/// An expiry time that has passed.
-const EXPIRED: u32 = 1;
 
 /// One item's entry in the index.
 #[derive(Debug)]
@@ -112,39 +108,6 @@ pub enum ArithError {
     Memory,
 }
 
-/// The server's clock: seconds since start (plus 2, so that 1 can mean "long ago"), and the
-/// Unix time it started at (for absolute expiry times).
-#[derive(Debug)]
-struct Clock {
-    start: Instant,
-    unix_start: i64,
-}
-
-impl Clock {
-    fn now(&self) -> u32 {
-        self.start.elapsed().as_secs() as u32 + 2
-    }
-    fn now_ms(&self) -> u32 {
-        (self.start.elapsed().as_millis() as u32).max(1)
-    }
-    /// memcached's `realtime`: a client's expiry time as server seconds (0: never).
-    fn expiry(&self, exptime: i64) -> u32 {
-        if exptime == 0 {
-            0
-        } else if exptime < 0 {
-            EXPIRED
-        } else if exptime > MAX_DELTA {
-            if exptime <= self.unix_start {
-                EXPIRED
-            } else {
-                (exptime - self.unix_start + 2).min(u32::MAX as i64) as u32
-            }
-        } else {
-            self.now().saturating_add(exptime as u32)
-        }
-    }
-}
-
 /// One shard of the index.
 type Shard = RwLock<HashMap<Box<[u8]>, Entry>>;
 
@@ -210,13 +173,7 @@ impl Items {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             hasher: RandomState::new(),
             next_cas: AtomicU64::new(1),
-            clock: Clock {
-                start: Instant::now(),
-                unix_start: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|d| d.as_secs() as i64)
-                    .unwrap_or(0),
-            },
+            clock: Clock::start(),
             oldest_live: AtomicU32::new(0),
             new_keys: AtomicU64::new(0),
             counters: Arc::new(Counters::default()),
