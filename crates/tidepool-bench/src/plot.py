@@ -20,6 +20,8 @@ LOWER_IS_BETTER = (
     "far_bytes_per_live_byte",
     "miss_rate",
     "oom_killed",
+    "oom_kills",
+    "swapped_mib",
 )
 REFERENCE = ("far_live_bytes",)
 

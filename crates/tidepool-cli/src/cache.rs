@@ -80,6 +80,14 @@ pub fn run(args: CacheArgs) -> Result<()> {
     let listener = std::net::TcpListener::bind(&args.listen)
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() {
+        // memcached's protocol has no authentication: say so once.
+        eprintln!(
+            "tidepool cache: listening on {addr}, reachable from other machines; memcached's \
+             protocol has no authentication, so anyone who can connect can read and change \
+             every item (bind 127.0.0.1, or keep the port behind a firewall)"
+        );
+    }
 
     // Soft memory: a budget from the coordinator, else one that follows the host.
     // memcached's default -m; the budget grows from there as items arrive.
