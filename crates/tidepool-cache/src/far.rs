@@ -76,7 +76,7 @@ impl Spill {
         }))
     }
 
-    fn key(&self, cas: u64) -> Key {
+    pub(crate) fn key(&self, cas: u64) -> Key {
         self.prefix | (cas & ((1 << 48) - 1))
     }
 

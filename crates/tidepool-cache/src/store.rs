@@ -232,7 +232,8 @@ impl Items {
 
     /// Looks `key` up. On a hit, `header` writes what goes before the value into `out`,
     /// then (if `value`) the value follows it; on a miss `out` is left as it was. `touch`
-    /// sets a new expiry (`gat`, `mg T`); `bump` marks the access (all but `mg u`).
+    /// sets a new expiry (`gat`, `mg T`). A value soft memory let go comes from the far tier
+    /// if there is one.
     pub fn get(
         &self,
         key: &[u8],
@@ -297,9 +298,21 @@ impl Items {
         if self.dead(e, now) {
             return None;
         }
+        if self.blobs.present(&e.blob) {
+            // Set again since the miss (between the read lock and this one): that value.
+            let v = self.view(e, now);
+            let start = out.len();
+            header(&v, out);
+            if !value || self.blobs.peek_into(&e.blob, out) {
+                return Some(v);
+            }
+            out.truncate(start);
+        }
         let Some(bytes) = spill.fetch(e.cas, e.len as usize) else {
-            // Gone from both tiers: the key goes too.
+            // Gone from both tiers (or its far copy is still queued): the key goes, and so
+            // does a far copy that lands later.
             if let Some(e) = shard.remove(key) {
+                spill.remove(e.cas);
                 self.blobs.release(e.blob);
             }
             return None;
@@ -782,5 +795,46 @@ mod tests {
             .unwrap();
         assert_eq!(it.soft().reconstructions, 1);
         assert_eq!(get(&it, b"k").unwrap(), b"value");
+    }
+
+    #[test]
+    fn a_value_soft_memory_let_go_comes_back_from_the_far_tier() {
+        let far = tidepool_store::open("local:").unwrap();
+        let spill = Spill::start(far.clone()).unwrap();
+        let arena = SoftArena::new(ArenaConfig::default()).unwrap();
+        let it = Items::new(&arena, Some(spill.clone()));
+        it.store(StoreMode::Set, b"k", 3, 0, b"far value", None)
+            .unwrap();
+        it.store(StoreMode::Set, b"gone", 0, 0, b"x", None).unwrap();
+        while spill.counters.writes.load(Relaxed) < 2 {
+            std::thread::yield_now();
+        }
+        let drop_soft = |key: &[u8]| {
+            let shard = it.shard(key).read();
+            it.blobs.evict(&shard.get(key).unwrap().blob);
+        };
+        drop_soft(b"k");
+        let mut out = Vec::new();
+        let v = it
+            .get(b"k", true, None, &mut out, |v, out| {
+                out.extend_from_slice(format!("{} ", v.flags).as_bytes())
+            })
+            .expect("a far hit");
+        assert_eq!(out, b"3 far value");
+        assert_eq!(v.len, 9);
+        assert_eq!(it.counters.far_hits.load(Relaxed), 1);
+        // Back in soft memory: the next read is a soft hit.
+        assert_eq!(get(&it, b"k").unwrap(), b"far value");
+        assert_eq!(it.counters.far_hits.load(Relaxed), 1);
+        // Gone from both: a miss, and the key leaves the index.
+        far.remove_many(&[spill_key(&spill, &it, b"gone")]).unwrap();
+        drop_soft(b"gone");
+        assert_eq!(get(&it, b"gone"), None);
+        assert_eq!(it.keys(), 1);
+    }
+
+    fn spill_key(spill: &Spill, it: &Items, key: &[u8]) -> u64 {
+        let cas = it.shard(key).read().get(key).unwrap().cas;
+        spill.key(cas)
     }
 }
