@@ -6,9 +6,11 @@
 //! segment's bytes are gone before anyone could copy them.
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
+use parking_lot::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tidepool_store::{FarStore, Key};
 
 /// Writes queued beyond this many wait for none: they are skipped (the value then lives only
@@ -32,6 +34,36 @@ pub struct FarCounters {
     pub errors: AtomicU64,
     pub fetches: AtomicU64,
     pub fetch_misses: AtomicU64,
+    /// Reads not tried because the far store had just failed (see [`Spill::fetch`]).
+    pub unavailable: AtomicU64,
+}
+
+/// After a far read fails, reads are not tried for this long: a far store that is down
+/// costs the clients misses, not a deadline each.
+const BACKOFF: Duration = Duration::from_secs(1);
+/// At most one warning about the far store in this long.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// A warning said at most every [`WARN_EVERY`], with how many were held back.
+#[derive(Debug, Default)]
+struct Quiet {
+    last: Mutex<Option<Instant>>,
+    held: AtomicU64,
+}
+
+impl Quiet {
+    fn warn(&self, what: std::fmt::Arguments<'_>) {
+        let mut last = self.last.lock();
+        if last.is_some_and(|t| t.elapsed() < WARN_EVERY) {
+            self.held.fetch_add(1, Relaxed);
+            return;
+        }
+        *last = Some(Instant::now());
+        let held = self.held.swap(0, Relaxed);
+        tracing::warn!(
+            "tidepool cache: {what} ({held} more such failures not logged since the last)"
+        );
+    }
 }
 
 /// The far tier of one server.
@@ -41,6 +73,9 @@ pub struct Spill {
     /// High bits that keep this server's keys apart from another's in a shared store.
     prefix: u64,
     pub counters: Arc<FarCounters>,
+    /// Reads wait until this, after a failure.
+    down_until: Mutex<Option<Instant>>,
+    quiet: Arc<Quiet>,
 }
 
 impl std::fmt::Debug for Spill {
@@ -60,10 +95,12 @@ impl Spill {
             use std::hash::BuildHasher;
             std::hash::RandomState::new().hash_one(std::process::id()) << 48
         };
+        let quiet = Arc::new(Quiet::default());
         let writer = Writer {
             store: store.clone(),
             rx,
             counters: counters.clone(),
+            quiet: quiet.clone(),
         };
         std::thread::Builder::new()
             .name("tp-cache-far".into())
@@ -73,6 +110,8 @@ impl Spill {
             tx,
             prefix,
             counters,
+            down_until: Mutex::new(None),
+            quiet,
         }))
     }
 
@@ -94,22 +133,31 @@ impl Spill {
         let _ = self.tx.send(Op::Remove(self.key(cas)));
     }
 
-    /// Version `cas`'s value, if the far store has it (and it is `len` bytes long).
-    pub fn fetch(&self, cas: u64, len: usize) -> Option<Vec<u8>> {
+    /// Version `cas`'s value: `Ok(Some)` if the far store has it (and it is `len` bytes
+    /// long), `Ok(None)` if it does not, `Err(Unavailable)` if the store could not say (it
+    /// failed just now, or within [`BACKOFF`] of an earlier failure): the value may still be
+    /// there once it is back.
+    pub fn fetch(&self, cas: u64, len: usize) -> Result<Option<Vec<u8>>, Unavailable> {
+        if self.down_until.lock().is_some_and(|t| Instant::now() < t) {
+            self.counters.unavailable.fetch_add(1, Relaxed);
+            return Err(Unavailable);
+        }
         self.counters.fetches.fetch_add(1, Relaxed);
-        let got = match self.store.read_many(&[self.key(cas)]) {
-            Ok(mut v) => v.pop().flatten(),
+        match self.store.read_many(&[self.key(cas)]) {
+            Ok(mut v) => match v.pop().flatten() {
+                Some(b) if b.len() == len => Ok(Some(b.to_vec())),
+                _ => {
+                    self.counters.fetch_misses.fetch_add(1, Relaxed);
+                    Ok(None)
+                }
+            },
             Err(e) => {
                 self.counters.errors.fetch_add(1, Relaxed);
-                tracing::warn!("tidepool cache: far read failed: {e}");
-                None
-            }
-        };
-        match got {
-            Some(b) if b.len() == len => Some(b.to_vec()),
-            _ => {
-                self.counters.fetch_misses.fetch_add(1, Relaxed);
-                None
+                *self.down_until.lock() = Some(Instant::now() + BACKOFF);
+                self.quiet.warn(format_args!(
+                    "far read failed, far reads paused for {BACKOFF:?}: {e}"
+                ));
+                Err(Unavailable)
             }
         }
     }
@@ -120,10 +168,15 @@ impl Spill {
     }
 }
 
+/// The far store could not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable;
+
 struct Writer {
     store: Arc<dyn FarStore>,
     rx: Receiver<Op>,
     counters: Arc<FarCounters>,
+    quiet: Arc<Quiet>,
 }
 
 impl Writer {
@@ -180,7 +233,7 @@ impl Writer {
                 }
                 Err(e) => {
                     self.counters.errors.fetch_add(1, Relaxed);
-                    tracing::warn!("tidepool cache: far removal failed: {e}");
+                    self.quiet.warn(format_args!("far removal failed: {e}"));
                 }
             }
             removes.clear();

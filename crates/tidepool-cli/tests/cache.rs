@@ -287,3 +287,64 @@ fn under_pressure_the_cache_gives_memory_back_and_is_not_killed() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The far tier's memory node dies (SIGKILL): the cache answers every request (what soft
+/// memory still holds as hits, the rest as misses), keeps the keys for when a far store is
+/// back, and takes new values.
+#[test]
+fn a_dead_far_node_costs_misses_not_the_cache() {
+    let mut node = NodeProc::start(&["--capacity", "256M"]);
+    let url = format!("node://cache@{}", node.addr);
+    let ours = cache(&["--max", "8M", "--far", &url]);
+    let n = 20_000u64;
+    load::fill(ours.addr.parse().unwrap(), 0..n).unwrap();
+    let t = std::time::Instant::now();
+    while stat(&ours.addr, "far_writes") < n && t.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    node.kill();
+    let mut s = std::net::TcpStream::connect(&ours.addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let (mut hits, mut misses) = (0, 0);
+    for i in 0..n {
+        s.write_all(format!("get {}\r\n", load::key(i)).as_bytes())
+            .unwrap();
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 8192];
+        while !reply.ends_with(b"END\r\n") {
+            let got = s
+                .read(&mut buf)
+                .expect("a reply while the far node is down");
+            assert!(got > 0, "the cache closed the connection");
+            reply.extend_from_slice(&buf[..got]);
+        }
+        if reply == b"END\r\n" {
+            misses += 1;
+        } else {
+            let head = format!("VALUE {} 0 {}\r\n", load::key(i), load::VALUE_BYTES);
+            assert!(reply.starts_with(head.as_bytes()), "key {i}");
+            hits += 1;
+        }
+    }
+    assert!(misses > 0, "every value was still local ({hits} hits)");
+    assert!(stat(&ours.addr, "far_errors") > 0);
+    assert!(
+        stat(&ours.addr, "far_unavailable") > 0,
+        "every miss waited on the dead node"
+    );
+    s.write_all(b"set fresh 0 0 2\r\nok\r\nget fresh\r\n")
+        .unwrap();
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 256];
+    while !reply.ends_with(b"END\r\n") {
+        let got = s.read(&mut buf).unwrap();
+        assert!(got > 0);
+        reply.extend_from_slice(&buf[..got]);
+    }
+    assert_eq!(reply, b"STORED\r\nVALUE fresh 0 2\r\nok\r\nEND\r\n");
+    assert!(
+        stat(&ours.addr, "index_keys") > n / 2,
+        "keys were dropped with the node"
+    );
+}

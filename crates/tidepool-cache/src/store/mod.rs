@@ -308,14 +308,19 @@ impl Items {
             }
             out.truncate(start);
         }
-        let Some(bytes) = spill.fetch(e.cas, e.len as usize) else {
-            // Gone from both tiers (or its far copy is still queued): the key goes, and so
-            // does a far copy that lands later.
-            if let Some(e) = shard.remove(key) {
-                spill.remove(e.cas);
-                self.blobs.release(e.blob);
+        let bytes = match spill.fetch(e.cas, e.len as usize) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
+                // Gone from both tiers (or its far copy is still queued): the key goes, and
+                // so does a far copy that lands later.
+                if let Some(e) = shard.remove(key) {
+                    spill.remove(e.cas);
+                    self.blobs.release(e.blob);
+                }
+                return None;
             }
-            return None;
+            // The far store is down: a miss now, and the key stays for when it is back.
+            Err(_) => return None,
         };
         // Back into soft memory (best effort: a full arena leaves it far).
         let _ = self.blobs.write(&e.blob, &bytes);
