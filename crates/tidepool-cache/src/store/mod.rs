@@ -282,7 +282,9 @@ impl Items {
         }
     }
 
-    /// A value spilled to the far tier, brought back into soft memory.
+    /// A value spilled to the far tier, brought back into soft memory. The round trip holds
+    /// no lock: other keys of the shard are served meanwhile, and the entry is checked again
+    /// after it.
     fn fetch_far(
         &self,
         key: &[u8],
@@ -293,13 +295,22 @@ impl Items {
     ) -> Option<View> {
         let spill = self.spill.as_ref()?;
         let now = self.clock.now();
+        let (cas, len) = {
+            let shard = self.shard(key).read();
+            let e = shard.get(key)?;
+            if self.dead(e, now) {
+                return None;
+            }
+            (e.cas, e.len as usize)
+        };
+        let fetched = spill.fetch(cas, len);
         let mut shard = self.shard(key).write();
-        let e = shard.get(key)?;
+        let e = shard.get_mut(key)?;
         if self.dead(e, now) {
             return None;
         }
         if self.blobs.present(&e.blob) {
-            // Set again since the miss (between the read lock and this one): that value.
+            // Set again since the miss: that value.
             let v = self.view(e, now);
             let start = out.len();
             header(&v, out);
@@ -307,8 +318,13 @@ impl Items {
                 return Some(v);
             }
             out.truncate(start);
+            return None;
         }
-        let bytes = match spill.fetch(e.cas, e.len as usize) {
+        if e.cas != cas {
+            // Another version since (and gone too): its own miss will fetch it.
+            return None;
+        }
+        let bytes = match fetched {
             Ok(Some(bytes)) => bytes,
             Ok(None) => {
                 // Gone from both tiers (or its far copy is still queued): the key goes, and
@@ -324,7 +340,6 @@ impl Items {
         };
         // Back into soft memory (best effort: a full arena leaves it far).
         let _ = self.blobs.write(&e.blob, &bytes);
-        let e = shard.get_mut(key)?;
         if let Some(t) = touch {
             e.exptime.store(self.clock.expiry(t), Relaxed);
         }
