@@ -111,6 +111,19 @@ fn libmemcached_tools_work_against_the_cache() {
     assert!(!flushed.status.success(), "memccat reads a flushed key");
 }
 
+/// Sends `req` and reads until the reply ends with `end`.
+fn ask(s: &mut std::net::TcpStream, req: &[u8], end: &[u8]) -> Vec<u8> {
+    s.write_all(req).unwrap();
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 8192];
+    while !reply.ends_with(end) {
+        let got = s.read(&mut buf).expect("a reply");
+        assert!(got > 0, "the cache closed the connection");
+        reply.extend_from_slice(&buf[..got]);
+    }
+    reply
+}
+
 fn stat(addr: &str, name: &str) -> u64 {
     tidepool_bench::cache::stat(addr.parse().unwrap(), name).unwrap()
 }
@@ -137,15 +150,11 @@ fn values_soft_memory_let_go_come_back_from_the_far_tier() {
     let mut s = std::net::TcpStream::connect(&ours.addr).unwrap();
     let mut missing = 0;
     for i in 0..n {
-        s.write_all(format!("get {}\r\n", load::key(i)).as_bytes())
-            .unwrap();
-        let mut reply = Vec::new();
-        let mut buf = [0u8; 8192];
-        while !reply.ends_with(b"END\r\n") {
-            let got = s.read(&mut buf).unwrap();
-            assert!(got > 0);
-            reply.extend_from_slice(&buf[..got]);
-        }
+        let reply = ask(
+            &mut s,
+            format!("get {}\r\n", load::key(i)).as_bytes(),
+            b"END\r\n",
+        );
         if reply == b"END\r\n" {
             missing += 1;
             continue;
@@ -274,15 +283,11 @@ fn under_pressure_the_cache_gives_memory_back_and_is_not_killed() {
         "soft memory did not give way: {held_before} -> {held_after}"
     );
     // It serves on.
-    s.write_all(b"set after 0 0 2\r\nok\r\nget after\r\n")
-        .unwrap();
-    let mut reply = Vec::new();
-    let mut chunk = [0u8; 256];
-    while !reply.ends_with(b"END\r\n") {
-        let n = s.read(&mut chunk).unwrap();
-        assert!(n > 0);
-        reply.extend_from_slice(&chunk[..n]);
-    }
+    let reply = ask(
+        &mut s,
+        b"set after 0 0 2\r\nok\r\nget after\r\n",
+        b"END\r\n",
+    );
     assert_eq!(reply, b"STORED\r\nVALUE after 0 2\r\nok\r\nEND\r\n");
     let _ = child.kill();
     let _ = child.wait();
@@ -333,15 +338,11 @@ fn a_dead_far_node_costs_misses_not_the_cache() {
         stat(&ours.addr, "far_unavailable") > 0,
         "every miss waited on the dead node"
     );
-    s.write_all(b"set fresh 0 0 2\r\nok\r\nget fresh\r\n")
-        .unwrap();
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 256];
-    while !reply.ends_with(b"END\r\n") {
-        let got = s.read(&mut buf).unwrap();
-        assert!(got > 0);
-        reply.extend_from_slice(&buf[..got]);
-    }
+    let reply = ask(
+        &mut s,
+        b"set fresh 0 0 2\r\nok\r\nget fresh\r\n",
+        b"END\r\n",
+    );
     assert_eq!(reply, b"STORED\r\nVALUE fresh 0 2\r\nok\r\nEND\r\n");
     assert!(
         stat(&ours.addr, "index_keys") > n / 2,
