@@ -18,10 +18,14 @@ use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 const WAKE: Token = Token(usize::MAX);
 /// A connection's first read buffer; it grows to hold one whole command.
 const READ_INITIAL: usize = 16 << 10;
+/// Reads a connection gets before the others of its worker have their turn (memcached's
+/// `reqs_per_event`, by reads): a client pipelining without pause cannot starve the rest.
+const READS_PER_TURN: usize = 16;
 /// A worker busy this long without sleeping in epoll yields the CPU once. With more workers
 /// than CPUs (memcached's default of 4 threads on a 2-CPU machine), a worker whose
 /// connections always have work otherwise holds its CPU for a whole scheduler slice (4 ms on
@@ -194,9 +198,16 @@ fn worker(mut poll: Poll, rx: Receiver<std::net::TcpStream>, shared: Shared) {
     let mut free: Vec<usize> = Vec::new();
     let yield_after = std::time::Duration::from_micros(YIELD_AFTER_US);
     let mut busy_since = std::time::Instant::now();
+    // Connections that used up their turn with input perhaps still waiting.
+    let mut again: Vec<usize> = Vec::new();
     loop {
         let asked = std::time::Instant::now();
-        let polled = poll.poll(&mut events, None);
+        let wait = if again.is_empty() {
+            None
+        } else {
+            Some(Duration::ZERO)
+        };
+        let polled = poll.poll(&mut events, wait);
         if asked.elapsed() > SLEPT {
             busy_since = std::time::Instant::now();
         }
@@ -231,7 +242,7 @@ fn worker(mut poll: Poll, rx: Receiver<std::net::TcpStream>, shared: Shared) {
                         shared.items.counters.curr_connections.fetch_sub(1, Relaxed);
                         continue;
                     }
-                    let mut c = Conn {
+                    let c = Conn {
                         stream,
                         rbuf: Vec::new(),
                         rstart: 0,
@@ -240,26 +251,23 @@ fn worker(mut poll: Poll, rx: Receiver<std::net::TcpStream>, shared: Shared) {
                         wpos: 0,
                         session: Session::default(),
                     };
+                    conns[i] = Some(c);
                     // Data may have come before the registration.
-                    if c.drive(&shared) {
-                        conns[i] = Some(c);
-                    } else {
-                        free.push(i);
-                        shared.items.counters.curr_connections.fetch_sub(1, Relaxed);
-                    }
+                    take_turn(&mut poll, &mut conns, &mut free, &mut again, i, &shared);
                 }
                 continue;
             }
-            let i = ev.token().0;
-            let Some(Some(c)) = conns.get_mut(i) else {
-                continue;
-            };
-            if !c.drive(&shared) {
-                let mut c = conns[i].take().expect("checked above");
-                let _ = poll.registry().deregister(&mut c.stream);
-                free.push(i);
-                shared.items.counters.curr_connections.fetch_sub(1, Relaxed);
-            }
+            take_turn(
+                &mut poll,
+                &mut conns,
+                &mut free,
+                &mut again,
+                ev.token().0,
+                &shared,
+            );
+        }
+        for i in std::mem::take(&mut again) {
+            take_turn(&mut poll, &mut conns, &mut free, &mut again, i, &shared);
         }
         // A worker that has not slept for a while lets another run (see `YIELD_AFTER`).
         if busy_since.elapsed() > yield_after {
@@ -269,46 +277,89 @@ fn worker(mut poll: Poll, rx: Receiver<std::net::TcpStream>, shared: Shared) {
     }
 }
 
+/// What a turn of a connection left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// Waiting for the socket (data to read, or room to write).
+    Wait,
+    /// Its share used up with input perhaps still in the socket: another turn soon.
+    More,
+    /// Done: closed by the peer, by `quit`, or broken.
+    Closed,
+}
+
+/// Gives connection `i` a turn: closed ones leave, ones with more to do come again.
+fn take_turn(
+    poll: &mut Poll,
+    conns: &mut [Option<Conn>],
+    free: &mut Vec<usize>,
+    again: &mut Vec<usize>,
+    i: usize,
+    shared: &Shared,
+) {
+    let Some(Some(c)) = conns.get_mut(i) else {
+        return;
+    };
+    match c.drive(shared) {
+        Turn::Wait => {}
+        Turn::More => {
+            if !again.contains(&i) {
+                again.push(i);
+            }
+        }
+        Turn::Closed => {
+            let mut c = conns[i].take().expect("checked above");
+            let _ = poll.registry().deregister(&mut c.stream);
+            free.push(i);
+            shared.items.counters.curr_connections.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
 impl Conn {
-    /// Reads, runs and writes until the socket would block; `false` when the connection is
-    /// done (closed by the peer, by `quit`, or broken).
-    fn drive(&mut self, shared: &Shared) -> bool {
+    /// Reads, runs and writes until the socket would block or the turn is used up.
+    fn drive(&mut self, shared: &Shared) -> Turn {
         let counters = &shared.items.counters;
         let (mut read, mut written) = (0u64, 0u64);
         // A read that got less than it had room for emptied the socket: more data will come
         // with an event of its own (epoll reports every arrival). Reading again only to hear
         // EAGAIN would cost a system call a request.
         let mut drained = false;
-        let alive = loop {
+        let mut reads = 0;
+        let turn = loop {
             // Replies first.
             match self.flush(&mut written) {
                 Ok(true) => {}
-                Ok(false) => break true, // wait for the socket to drain
-                Err(_) => break false,
+                Ok(false) => break Turn::Wait, // wait for the socket to drain
+                Err(_) => break Turn::Closed,
             }
             if self.session.closing {
-                break false;
+                break Turn::Closed;
             }
             if self.run(shared) {
                 continue; // replies to send
             }
             if drained {
-                break true;
+                break Turn::Wait;
+            }
+            if reads == READS_PER_TURN {
+                break Turn::More;
             }
             if self.rbuf.len() - self.rend < 4096 {
                 self.make_room(shared.limits);
             }
             let room = self.rbuf.len() - self.rend;
             match self.stream.read(&mut self.rbuf[self.rend..]) {
-                Ok(0) => break false,
+                Ok(0) => break Turn::Closed,
                 Ok(n) => {
                     self.rend += n;
                     read += n as u64;
+                    reads += 1;
                     drained = n < room;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break true,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break Turn::Wait,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => break false,
+                Err(_) => break Turn::Closed,
             }
         };
         if read > 0 {
@@ -323,7 +374,7 @@ impl Conn {
             self.rstart = 0;
             self.rend = 0;
         }
-        alive
+        turn
     }
 
     /// Room to read into: the unparsed input moved to the front, the buffer grown if a

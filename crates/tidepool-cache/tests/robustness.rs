@@ -1,6 +1,6 @@
 //! Bad input and bad clients leave the server up and everyone else served: malformed lines,
 //! items too large, a client that sends half a command and stalls, one that never reads its
-//! replies, and a thousand idle connections.
+//! replies, one that pipelines without pause, and a thousand idle connections.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -156,6 +156,48 @@ fn a_client_that_never_reads_its_replies_holds_up_no_one() {
     }
     drop(s);
     served(server.addr(), "after");
+}
+
+#[test]
+fn a_client_pipelining_without_pause_holds_up_no_one() {
+    let server = start(64);
+    served(server.addr(), "warm");
+    // Several blasters, so that each worker has one: sets of 64 KiB as fast as the socket
+    // takes them (so there is always more to read), replies read and thrown away, until told
+    // to stop.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let blasters: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            let addr = server.addr();
+            std::thread::spawn(move || {
+                let mut w = connect(addr);
+                let mut r = w.try_clone().unwrap();
+                let reader = std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while matches!(r.read(&mut buf), Ok(n) if n > 0) {}
+                });
+                let mut burst = b"set blast 0 0 65536 noreply\r\n".to_vec();
+                burst.extend(std::iter::repeat_n(b'b', 65536));
+                burst.extend_from_slice(b"\r\n");
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if w.write_all(&burst).is_err() {
+                        break;
+                    }
+                }
+                let _ = w.shutdown(std::net::Shutdown::Write);
+                let _ = reader.join();
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    for i in 0..20 {
+        served(server.addr(), &format!("k{i}"));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in blasters {
+        let _ = b.join();
+    }
 }
 
 #[test]
