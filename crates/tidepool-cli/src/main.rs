@@ -277,8 +277,8 @@ enum Cmd {
     /// given back in milliseconds when the host needs it (a value given back reads as a miss,
     /// as an evicted item would). A coordinator (`tidepool coord`) sizes it beside other
     /// programs when one runs; otherwise an `auto` budget follows the host's available memory
-    /// minus --reserve. It never swaps and is never what the OOM killer takes. With --far,
-    /// values also go to a far store and come back from there instead of being misses.
+    /// minus --reserve. It gives memory back rather than being swapped or OOM-killed. With
+    /// --far, values also go to a far store and come back from there instead of being misses.
     ///
     /// Example: tidepool cache --listen 127.0.0.1:11211 --threads 4 --far node://cache@10.0.0.5:7070
     Cache(cache::CacheArgs),
