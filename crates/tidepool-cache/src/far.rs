@@ -36,11 +36,16 @@ pub struct FarCounters {
     pub fetch_misses: AtomicU64,
     /// Reads not tried because the far store had just failed (see [`Spill::fetch`]).
     pub unavailable: AtomicU64,
+    /// Removals not queued because the queue was full: far copies left behind.
+    pub orphaned: AtomicU64,
 }
 
-/// After a far read fails, reads are not tried for this long: a far store that is down
-/// costs the clients misses, not a deadline each.
+/// After a far read fails, reads are not tried for this long, doubled at each failure in a
+/// row up to [`BACKOFF_MAX`]: a far store that is down costs the clients misses, not a
+/// deadline each (one read a pause still waits for the store's deadline, which a node URL
+/// sets with `?timeout_ms=`).
 const BACKOFF: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(64);
 /// At most one warning about the far store in this long.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
@@ -73,8 +78,8 @@ pub struct Spill {
     /// High bits that keep this server's keys apart from another's in a shared store.
     prefix: u64,
     pub counters: Arc<FarCounters>,
-    /// Reads wait until this, after a failure.
-    down_until: Mutex<Option<Instant>>,
+    /// Reads wait until this, after a failure, and the pause the next failure doubles.
+    down_until: Mutex<(Option<Instant>, Duration)>,
     quiet: Arc<Quiet>,
 }
 
@@ -110,7 +115,7 @@ impl Spill {
             tx,
             prefix,
             counters,
-            down_until: Mutex::new(None),
+            down_until: Mutex::new((None, BACKOFF)),
             quiet,
         }))
     }
@@ -127,10 +132,14 @@ impl Spill {
         }
     }
 
-    /// Queues the removal of version `cas`'s copy.
+    /// Queues the removal of version `cas`'s copy. Never waits: the caller holds a shard
+    /// of the index, and a far store that hangs must not stop the cache. A removal the full
+    /// queue cannot take leaves an orphan in the far store (counted): space, not a wrong
+    /// value, since no entry names that version again (CAS uniques are never reused).
     pub fn remove(&self, cas: u64) {
-        // A removal must not be skipped while a write could still land: it waits for room.
-        let _ = self.tx.send(Op::Remove(self.key(cas)));
+        if let Err(TrySendError::Full(_)) = self.tx.try_send(Op::Remove(self.key(cas))) {
+            self.counters.orphaned.fetch_add(1, Relaxed);
+        }
     }
 
     /// Version `cas`'s value: `Ok(Some)` if the far store has it (and it is `len` bytes
@@ -138,12 +147,16 @@ impl Spill {
     /// failed just now, or within [`BACKOFF`] of an earlier failure): the value may still be
     /// there once it is back.
     pub fn fetch(&self, cas: u64, len: usize) -> Result<Option<Vec<u8>>, Unavailable> {
-        if self.down_until.lock().is_some_and(|t| Instant::now() < t) {
+        if self.down_until.lock().0.is_some_and(|t| Instant::now() < t) {
             self.counters.unavailable.fetch_add(1, Relaxed);
             return Err(Unavailable);
         }
         self.counters.fetches.fetch_add(1, Relaxed);
-        match self.store.read_many(&[self.key(cas)]) {
+        let read = self.store.read_many(&[self.key(cas)]);
+        if read.is_ok() {
+            *self.down_until.lock() = (None, BACKOFF);
+        }
+        match read {
             Ok(mut v) => match v.pop().flatten() {
                 Some(b) if b.len() == len => Ok(Some(b.to_vec())),
                 _ => {
@@ -153,9 +166,14 @@ impl Spill {
             },
             Err(e) => {
                 self.counters.errors.fetch_add(1, Relaxed);
-                *self.down_until.lock() = Some(Instant::now() + BACKOFF);
+                let pause = {
+                    let mut d = self.down_until.lock();
+                    let pause = d.1;
+                    *d = (Some(Instant::now() + pause), (pause * 2).min(BACKOFF_MAX));
+                    pause
+                };
                 self.quiet.warn(format_args!(
-                    "far read failed, far reads paused for {BACKOFF:?}: {e}"
+                    "far read failed, far reads paused for {pause:?}: {e}"
                 ));
                 Err(Unavailable)
             }

@@ -97,6 +97,7 @@ pub fn general(items: &Items, s: &Settings) -> Vec<(&'static str, String)> {
             ("far_fetches", g(&c.fetches)),
             ("far_fetch_misses", g(&c.fetch_misses)),
             ("far_unavailable", g(&c.unavailable)),
+            ("far_orphaned", g(&c.orphaned)),
         ]);
     }
     v

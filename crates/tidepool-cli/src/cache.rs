@@ -21,9 +21,11 @@ pub struct CacheArgs {
     /// into idle memory].
     #[arg(long, value_parser = crate::parse_size_arg)]
     max: Option<u64>,
-    /// Far store for a second tier, e.g. node://cache@10.0.0.5:7070: every value is also
-    /// written there (in the background, in batches), and a value soft memory gave back comes
-    /// from there on its next hit instead of being a miss.
+    /// Far store for a second tier, e.g. node://cache@10.0.0.5:7070?timeout_ms=200: every
+    /// value is also written there (in the background, in batches), and a value soft memory
+    /// gave back comes from there on its next hit instead of being a miss. A store that fails
+    /// is a miss, and is left alone for a while (1 s, doubling); timeout_ms bounds how long a
+    /// miss waits on one that hangs.
     #[arg(long, value_name = "URL")]
     far: Option<String>,
     /// Largest item, key and data together (memcached's -I).

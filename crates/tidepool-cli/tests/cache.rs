@@ -298,8 +298,19 @@ fn under_pressure_the_cache_gives_memory_back_and_is_not_killed() {
 /// back, and takes new values.
 #[test]
 fn a_dead_far_node_costs_misses_not_the_cache() {
+    far_node_fails(false);
+}
+
+/// The same with a node that hangs (SIGSTOP) instead: reads wait out `timeout_ms`, the writer
+/// behind waits for nothing the clients see, and no worker blocks on a full queue.
+#[test]
+fn a_hung_far_node_costs_misses_not_the_cache() {
+    far_node_fails(true);
+}
+
+fn far_node_fails(hang: bool) {
     let mut node = NodeProc::start(&["--capacity", "256M"]);
-    let url = format!("node://cache@{}", node.addr);
+    let url = format!("node://cache@{}?timeout_ms=200", node.addr);
     let ours = cache(&["--max", "8M", "--far", &url]);
     let n = 20_000u64;
     load::fill(ours.addr.parse().unwrap(), 0..n).unwrap();
@@ -307,7 +318,15 @@ fn a_dead_far_node_costs_misses_not_the_cache() {
     while stat(&ours.addr, "far_writes") < n && t.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    node.kill();
+    if hang {
+        let stopped = Command::new("kill")
+            .args(["-STOP", &node.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(stopped.success());
+    } else {
+        node.kill();
+    }
     let mut s = std::net::TcpStream::connect(&ours.addr).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
         .unwrap();
@@ -348,4 +367,11 @@ fn a_dead_far_node_costs_misses_not_the_cache() {
         stat(&ours.addr, "index_keys") > n / 2,
         "keys were dropped with the node"
     );
+    // Sets go on with the writer stuck: their far copies are skipped, nothing waits.
+    load::fill(ours.addr.parse().unwrap(), n..n + 2_000).unwrap();
+    if hang {
+        let _ = Command::new("kill")
+            .args(["-CONT", &node.pid().to_string()])
+            .status();
+    }
 }
