@@ -185,11 +185,6 @@ impl Items {
         &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
     }
 
-    /// Server seconds now.
-    pub fn now(&self) -> u32 {
-        self.clock.now()
-    }
-
     /// Seconds since the server started.
     pub fn uptime(&self) -> u32 {
         self.clock.now() - 2
@@ -439,6 +434,9 @@ impl Items {
                 }
                 self.blobs.write(&entry.blob, old).map(|()| {
                     entry.len = old.len() as u32;
+                    if let Some(s) = &self.spill {
+                        s.put(new_cas, old);
+                    }
                     true
                 })
             })?,
@@ -453,6 +451,9 @@ impl Items {
                 }
                 self.blobs.write(&entry.blob, data)?;
                 entry.len = data.len() as u32;
+                if let Some(s) = &self.spill {
+                    s.put(new_cas, data);
+                }
                 true
             }
         };
@@ -466,16 +467,9 @@ impl Items {
         entry.exptime.store(expiry, Relaxed);
         entry.atime.store(now, Relaxed);
         entry.fetched.store(false, Relaxed);
-        if let Some(s) = &self.spill {
-            if let Some(old) = old_cas {
-                s.remove(old);
-            }
-            // The far copy follows (appended values are copied whole).
-            with_scratch(|v| {
-                if self.blobs.peek_into(&entry.blob, v) {
-                    s.put(new_cas, v);
-                }
-            });
+        // The new version's far copy was queued with its write; the old one's goes.
+        if let (Some(s), Some(old)) = (&self.spill, old_cas) {
+            s.remove(old);
         }
         self.counters.total_items.fetch_add(1, Relaxed);
         Ok(Stored::Stored(new_cas))
