@@ -4,20 +4,16 @@
  * so neither face of the allocator calls __tls_get_addr (which may itself call malloc) on its
  * fast path.
  *
- * The table starts as zeroes. Right after it sits the thread's empty sentinel arena: a zero
- * header (hint 0) and one bitmap word with every bit set. The Rust side stores each current arena
- * as an offset from that sentinel, so zero means "the sentinel", and a thread's very first malloc
- * finds a full word and falls into the slow path through the ordinary refill branch: the fast
- * path has no initialisation check, and, the sentinel being thread-local too, no load of a
- * global address either. The initial image is plain data: nothing to relocate or run per thread.
- * Hidden visibility keeps a second copy of the allocator in the same process (a Rust program
- * using the GlobalAlloc face, run under LD_PRELOAD) on its own table.
+ * The table starts as zeroes, which the Rust side reads as "no current arena and no free slot in
+ * any class": a thread's very first malloc finds an empty free list and falls into the slow path
+ * through the ordinary refill branch, so the fast path has no initialisation check. The initial
+ * image is plain data: nothing to relocate or run per thread. Hidden visibility keeps a second
+ * copy of the allocator in the same process (a Rust program using the GlobalAlloc face, run
+ * under LD_PRELOAD) on its own table.
  */
 struct tp_thread_block {
     unsigned char table[TP_THREAD_TABLE_BYTES];
-    unsigned char sentinel_header[128];
-    unsigned long long sentinel_bitmap;
 };
 
 __attribute__((visibility("hidden"), tls_model("initial-exec"), aligned(64)))
-__thread struct tp_thread_block tp_thread_table = {.sentinel_bitmap = ~0ULL};
+__thread struct tp_thread_block tp_thread_table;

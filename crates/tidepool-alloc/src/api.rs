@@ -74,17 +74,31 @@ pub unsafe fn free(p: *mut c_void) {
     let addr = p as usize;
     let tbl = tls::table();
     // SAFETY: the calling thread's table; its region copy is zero until the thread registers.
-    let (base, len) = unsafe { ((*tbl).region_base, (*tbl).region_len) };
-    if addr.wrapping_sub(base) < len || region::in_region(addr) {
-        // SAFETY: a region pointer, per the caller live.
-        unsafe { heap::free(tbl, addr) }
-    } else if addr != 0 {
-        // SAFETY: per the caller, a medium or large allocation of ours.
-        unsafe { free_big(addr) }
+    let (base, len, shift) = unsafe { ((*tbl).region_base, (*tbl).region_len, (*tbl).span_shift) };
+    let off = addr.wrapping_sub(base);
+    if off < len {
+        // SAFETY: a pointer into class `off >> shift`'s span, per the caller live.
+        unsafe { heap::free(tbl, addr, off >> shift) }
+    } else {
+        // SAFETY: per the caller.
+        unsafe { free_elsewhere(tbl, addr) }
     }
 }
 
+/// Frees what the thread's copy of the region bounds does not cover: medium and large objects,
+/// null, and region pointers freed by a thread that has not registered.
 #[inline(never)]
+unsafe fn free_elsewhere(tbl: *mut tls::ThreadTable, addr: usize) {
+    // SAFETY: per the caller.
+    unsafe {
+        if region::in_region(addr) {
+            heap::free_unregistered(tbl, addr)
+        } else if addr != 0 {
+            free_big(addr)
+        }
+    }
+}
+
 unsafe fn free_big(addr: usize) {
     // SAFETY: per the caller.
     unsafe {

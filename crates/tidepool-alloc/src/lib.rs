@@ -9,11 +9,14 @@
 //!
 //! * one reserved region, split evenly across size classes ([`classes`]), each class bumping
 //!   256 KiB arenas out of its span; pages appear only when the program touches them;
-//! * arenas aligned to their size, so a pointer's arena header is one mask away, and an
-//!   allocation bitmap in that header (lowest free slot first, so hot slots are reused and
-//!   untouched pages stay untouched);
-//! * a per-thread table of current arenas (the object table) in initial-exec TLS, starting as
-//!   zeroes that mean "the static empty arena", so the fast path has no initialisation branch;
+//! * arenas aligned to their size, so a pointer's arena is one mask away (its header one cache
+//!   line further per class, so headers of different classes do not share cache sets);
+//! * a per-thread table of current arenas and their free lists (the object table) in
+//!   initial-exec TLS, starting as zeroes that mean "no free slot", so the fast path has no
+//!   initialisation branch: malloc pops the class's list, free of a pointer into the current
+//!   arena pushes it, and neither reads an arena header;
+//! * never-used slots carved a page at a time (pages appear only when touched), and before a
+//!   new page is touched, room already resident is used first;
 //! * frees from other threads pushed onto a lock-free list in the arena; full arenas detached
 //!   and queued for reuse by whichever thread needs one; empty arenas given back to the OS
 //!   beyond a small retained budget, so RSS follows the live set;
@@ -23,8 +26,9 @@
 //!
 //! Two faces: [`TidepoolAlloc`], a Rust `GlobalAlloc`, and `libtidepool_malloc.so` (crate
 //! `tidepool-malloc`), the whole C malloc family for LD_PRELOAD. Nothing on an allocation path
-//! allocates, formats, logs or panics: broken invariants (a double free, a foreign pointer) write
-//! a fixed message and abort, like glibc.
+//! allocates, formats, logs or panics. `TIDEPOOL_ALLOC_DEBUG=1` turns on debug mode: slots kept
+//! in a bitmap under one lock, and a double free or a foreign pointer writes a fixed message and
+//! aborts, like glibc.
 //!
 //! A pager can supply the region's pages through [`PageSource`] before the first allocation.
 
@@ -145,24 +149,27 @@ pub fn set_thread_unpaged(on: bool) {
 /// static, and a forked child has one thread.
 pub fn set_arenas_aside(on: bool) {
     use core::sync::atomic::{AtomicU32, AtomicUsize, Ordering::Relaxed};
-    static ASIDE: [AtomicUsize; classes::CLASSES] =
-        [const { AtomicUsize::new(0) }; classes::CLASSES];
+    static ASIDE: [[AtomicUsize; 2]; classes::CLASSES] =
+        [const { [AtomicUsize::new(0), AtomicUsize::new(0)] }; classes::CLASSES];
     static WAS_UNPAGED: AtomicU32 = AtomicU32::new(0);
     let tbl = tls::table();
-    // SAFETY: the calling thread's own table; the fast path finds every class at the sentinel
-    // (offset zero) and falls into the slow path, which sees the thread unpaged.
+    // SAFETY: the calling thread's own table; with no current arena named, every allocation
+    // falls into the slow path, which sees the thread unpaged.
     unsafe {
         if on {
-            for (c, slot) in ASIDE.iter().enumerate() {
-                slot.store((*tbl).cur[c], Relaxed);
-                (*tbl).cur[c] = 0;
+            for (hot, slot) in heap::set_aside(tbl).iter().zip(ASIDE.iter()) {
+                slot[0].store(hot.arena, Relaxed);
+                slot[1].store(hot.free, Relaxed);
             }
             WAS_UNPAGED.store((*tbl).unpaged, Relaxed);
             (*tbl).unpaged = 1;
         } else {
-            for (c, slot) in ASIDE.iter().enumerate() {
-                (*tbl).cur[c] = slot.swap(0, Relaxed);
+            let mut hot = [tls::Hot { arena: 0, free: 0 }; classes::CLASSES];
+            for (h, slot) in hot.iter_mut().zip(ASIDE.iter()) {
+                h.arena = slot[0].swap(0, Relaxed);
+                h.free = slot[1].swap(0, Relaxed);
             }
+            heap::set_back(tbl, hot);
             (*tbl).unpaged = WAS_UNPAGED.load(Relaxed);
         }
     }

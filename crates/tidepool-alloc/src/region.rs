@@ -12,7 +12,7 @@
 
 use crate::classes::{ARENA_BYTES, CLASSES};
 use crate::os;
-use core::sync::atomic::{AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU8, AtomicUsize, Ordering::*};
 
 /// Grows or moves a large mapping: `(addr, old_len, new_len) -> new address`.
 pub type RemapFn = unsafe fn(addr: usize, old_len: usize, new_len: usize) -> Option<usize>;
@@ -108,6 +108,29 @@ pub const STATS_PATH_MAX: usize = 256;
 /// NUL-terminated statistics file path.
 pub static STATS_PATH: [AtomicU8; STATS_PATH_MAX] = [const { AtomicU8::new(0) }; STATS_PATH_MAX];
 
+/// Debug mode (`TIDEPOOL_ALLOC_DEBUG=1`): every small allocation and free goes through one lock
+/// and the arena's allocation bitmap, so double frees and pointers that are not the start of an
+/// allocation abort with a message instead of corrupting a free list.
+pub static DEBUG: AtomicBool = AtomicBool::new(false);
+
+/// Whether debug mode is on (settled before the first allocation returns).
+#[inline]
+pub fn debug() -> bool {
+    DEBUG.load(Relaxed)
+}
+
+/// log2 of a class span's length (zero before the reservation).
+#[inline]
+pub fn span_shift() -> u32 {
+    SPAN_SHIFT.load(Relaxed)
+}
+
+/// The class whose span holds `addr`, a pointer into the class spans.
+#[inline]
+pub fn class_index(addr: usize) -> usize {
+    (addr - BASE.load(Relaxed)) >> SPAN_SHIFT.load(Relaxed)
+}
+
 /// Whether `addr` lies in the small-object region (false before initialisation).
 #[inline(always)]
 pub fn in_region(addr: usize) -> bool {
@@ -194,6 +217,9 @@ fn read_environment() {
     }
     if let Some(v) = os::getenv(c"TIDEPOOL_ALLOC_TRIM_MS").and_then(parse_size) {
         TRIM_INTERVAL_MS.store(v.min(u32::MAX as usize) as u32, Relaxed);
+    }
+    if let Some(v) = os::getenv(c"TIDEPOOL_ALLOC_DEBUG") {
+        DEBUG.store(!v.is_empty() && v != b"0", Relaxed);
     }
     if let Some(v) = os::getenv(c"TIDEPOOL_ALLOC_STATS") {
         if v.contains(&b'/') && v.len() < STATS_PATH_MAX {

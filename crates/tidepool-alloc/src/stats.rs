@@ -7,7 +7,6 @@ use crate::large;
 use crate::medium;
 use crate::os;
 use crate::region::{STATS_AT_EXIT, STATS_PATH, STATS_PATH_MAX};
-use crate::tls;
 use core::ffi::CStr;
 use core::sync::atomic::Ordering::Relaxed;
 
@@ -16,11 +15,8 @@ use core::sync::atomic::Ordering::Relaxed;
 pub struct ClassStats {
     /// Object size.
     pub size: usize,
-    /// Allocations served (flushed counts: other threads' last few are added when they refill
-    /// or exit).
-    pub allocs: u64,
-    /// Frees, by the owner and by other threads.
-    pub frees: u64,
+    /// Objects freed by a thread other than their arena's owner (counted when collected).
+    pub remote_frees: u64,
     /// Arenas ever taken from the class's span.
     pub arenas: usize,
     /// Bytes of those arenas resident now (headers included).
@@ -52,17 +48,15 @@ pub struct Stats {
     pub medium_carved: usize,
 }
 
-/// Current counters, with the calling thread's pending counts flushed first.
+/// Current counters.
 pub fn snapshot() -> Stats {
-    heap::flush_counters(tls::table());
     let mut classes = [ClassStats::default(); CLASSES];
     let mut arena_bytes = 0;
     for (c, slot) in classes.iter_mut().enumerate() {
-        let (allocs, frees, arenas) = heap::class_counters(c);
+        let (remote_frees, arenas) = heap::class_counters(c);
         *slot = ClassStats {
             size: class_size(c),
-            allocs,
-            frees,
+            remote_frees,
             arenas,
             resident: heap::class_resident_bytes(c),
         };
@@ -161,12 +155,12 @@ fn write_report(fd: i32) {
     let s = snapshot();
     let mut line = Line::new(fd);
     line.text(b"tidepool-alloc statistics").flush();
-    line.text(b"   size       allocs        frees  arenas  resident KiB")
+    line.text(b"   size   remote frees  arenas  resident KiB")
         .flush();
-    for c in s.classes.iter().filter(|c| c.allocs > 0 || c.arenas > 0) {
+    line.text(b"(medium and large: allocs, frees)").flush();
+    for c in s.classes.iter().filter(|c| c.arenas > 0) {
         line.num(c.size as u64, 7)
-            .num(c.allocs, 13)
-            .num(c.frees, 13)
+            .num(c.remote_frees, 15)
             .num(c.arenas as u64, 8)
             .num((c.resident >> 10) as u64, 14)
             .flush();

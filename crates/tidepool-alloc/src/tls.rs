@@ -6,32 +6,43 @@
 
 use crate::classes::CLASSES;
 
+/// The current arena of one class and the list of its free slots, as this thread holds them.
+/// Both on one cache line's half, so a free's "is it my current arena?" test and its push touch
+/// one line.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Hot {
+    /// Address of the current arena (zero: none).
+    pub arena: usize,
+    /// First free slot of the current arena (each free slot's first word links the next).
+    pub free: usize,
+}
+
 /// Per-thread state. All zeroes is a valid, empty table (see [`crate::heap`]).
 #[repr(C, align(64))]
 #[derive(Debug)]
 pub struct ThreadTable {
-    /// Current arena per class, as an offset from the static empty arena (zero: the empty arena).
-    pub cur: [usize; CLASSES],
-    /// Allocations per class since the last flush into the global statistics.
-    pub allocs: [u32; CLASSES],
-    /// Frees by this thread into its own arenas, per class, since the last flush.
-    pub frees: [u32; CLASSES],
-    /// This thread's full arenas per class (a list through the arena headers).
-    pub full: [usize; CLASSES],
-    /// Where the next look for frees into full arenas starts.
-    pub full_cursor: [usize; CLASSES],
-    /// This thread's arenas with room that are not current, per class.
-    pub partial: [usize; CLASSES],
-    /// The small-object region, copied here when the thread registers, so that `free` tells
-    /// small pointers from large ones without loading globals (zero length: check the globals).
+    /// Current arena and its free list, per class: Memento's object table.
+    pub hot: [Hot; CLASSES],
+    /// The small-object region, copied here when the thread registers, so that `free` finds a
+    /// pointer's class without loading globals (zero length: check the globals).
     pub region_base: usize,
     pub region_len: usize,
+    /// log2 of a class span's length: a region pointer's class is its offset shifted by this.
+    pub span_shift: u32,
     /// Whether this thread's exit destructor is armed.
     pub registered: u32,
     /// Non-zero: this thread allocates only from the kernel, never from the region or the page
     /// source (see [`crate::set_thread_unpaged`]). It never gets an arena, so its every
     /// allocation takes the slow path, where this is checked.
     pub unpaged: u32,
+    pub _pad: u32,
+    /// This thread's full arenas per class (a list through the arena headers).
+    pub full: [usize; CLASSES],
+    /// Where the next look for frees into full arenas starts.
+    pub full_cursor: [usize; CLASSES],
+    /// This thread's arenas with room that are not current, per class.
+    pub partial: [usize; CLASSES],
 }
 
 /// Whether the calling thread allocates only from the kernel.
@@ -39,15 +50,6 @@ pub struct ThreadTable {
 pub fn unpaged() -> bool {
     // SAFETY: the calling thread's own table.
     unsafe { (*table()).unpaged != 0 }
-}
-
-/// Offset of the thread's empty sentinel arena from its table (see the C shim).
-pub const SENTINEL_OFFSET: usize = include!("table_bytes.rs");
-
-/// Address of the calling thread's empty sentinel arena.
-#[inline(always)]
-pub fn sentinel(tbl: *mut ThreadTable) -> usize {
-    tbl as usize + SENTINEL_OFFSET
 }
 
 const _: () = assert!(core::mem::size_of::<ThreadTable>() <= include!("table_bytes.rs"));

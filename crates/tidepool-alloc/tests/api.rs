@@ -333,7 +333,30 @@ fn in_child(f: impl FnOnce()) -> i32 {
     status
 }
 
+/// Debug mode is read when the allocator initialises, so the checks run in a fresh process of
+/// this test binary with `TIDEPOOL_ALLOC_DEBUG=1`.
 #[test]
+fn double_frees_and_foreign_pointers_abort_in_debug_mode() {
+    if std::env::var_os("TIDEPOOL_ALLOC_DEBUG").is_some() {
+        return double_frees_and_foreign_pointers_abort();
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "double_frees_and_foreign_pointers_abort_in_debug_mode",
+            "--test-threads=1",
+        ])
+        .env("TIDEPOOL_ALLOC_DEBUG", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "debug-mode run failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn double_frees_and_foreign_pointers_abort() {
     let aborted =
         |status: i32| libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGABRT;
@@ -346,8 +369,8 @@ fn double_frees_and_foreign_pointers_abort() {
             api::free(p);
         }
     })));
-    // Freed twice with other frees between, after its arena stopped being current: the bitmap
-    // bit is already clear.
+    // Freed twice with other frees between, after its arena filled up: the bitmap bit is
+    // already clear.
     assert!(aborted(in_child(|| {
         let first = api::malloc(40);
         let rest: Vec<usize> = (0..20_000).map(|_| api::malloc(40) as usize).collect();

@@ -1,5 +1,5 @@
-//! Frees from threads that do not own the arena (pushed on its remote list and folded into
-//! the bitmap by the owner), and handing arenas between owners (detach and adopt).
+//! Frees from threads that do not own the arena (pushed on its remote list and taken back by
+//! the owner), and handing arenas between owners (detach and adopt).
 
 use super::*;
 
@@ -39,43 +39,62 @@ pub(super) unsafe fn free_remote(h: *mut ArenaHeader, p: usize) {
     }
 }
 
-/// Folds the remote list into the bitmap; returns how many objects came back.
-/// The caller owns the arena (so its flags are clear).
-pub(super) unsafe fn collect(arena: usize) -> u32 {
-    // SAFETY: the caller owns the arena; the Acquire swap pairs with the Release CAS of every
-    // `free_remote` that pushed onto the list.
+/// Takes the remote list of an arena the caller owns (so its flags are clear) as a list of free
+/// slots, without counting them back in `used` (right for a current arena, whose `used` is
+/// settled when it stops being current).
+pub(super) unsafe fn take_remote(h: *mut ArenaHeader) -> usize {
+    // SAFETY: the Acquire swap pairs with the Release CAS of every `free_remote` that pushed.
     unsafe {
-        let list = (*header(arena)).remote.swap(0, Acquire) & LIST;
-        fold(arena, list)
+        if (*h).remote.load(Relaxed) == 0 {
+            return 0;
+        }
+        let old = (*h).remote.swap(0, Acquire);
+        CLASS[(*h).class as usize]
+            .remote_frees
+            .fetch_add((old >> COUNT_SHIFT) as u64, Relaxed);
+        old & LIST
     }
 }
 
-/// Clears the bits of every object on a taken remote list.
-pub(super) unsafe fn fold(arena: usize, list: usize) -> u32 {
+/// Moves the remote list of an arena the caller owns and that is not current onto its free
+/// list; returns how many objects came back.
+pub(super) unsafe fn collect(arena: usize) -> u32 {
     let h = header(arena);
+    // SAFETY: as `take_remote`; the caller owns the arena.
+    unsafe {
+        let list = take_remote(h);
+        fold(h, list)
+    }
+}
+
+/// Puts a taken remote list in front of the arena's free list.
+unsafe fn fold(h: *mut ArenaHeader, list: usize) -> u32 {
+    if list == 0 {
+        return 0;
+    }
     // SAFETY: the caller owns the arena; list nodes are dead objects whose first word links
     // to the next.
     unsafe {
-        let mut node = list;
-        let mut n = 0u32;
-        while node != 0 {
-            let next = *(node as *const usize);
-            clear_bit(arena, node);
-            node = next;
+        let mut n = 1u32;
+        let mut tail = list;
+        loop {
+            let next = *(tail as *const usize);
+            if next == 0 {
+                break;
+            }
+            tail = next;
             n += 1;
         }
-        if n > 0 {
-            CLASS[(*h).class as usize]
-                .frees
-                .fetch_add(n as u64, Relaxed);
-        }
+        *(tail as *mut usize) = (*h).free;
+        (*h).free = list;
+        (*h).used -= n;
         n
     }
 }
 
-/// Gives up ownership of an arena (its owner is exiting). `threshold`: uncollected frees that
-/// make it worth queueing for reuse. Frees racing with the detach are collected; if they empty
-/// the arena, it goes to the empty stack instead.
+/// Gives up ownership of an arena that is not current (its owner is exiting). `threshold`:
+/// uncollected frees that make it worth queueing for reuse. Frees racing with the detach are
+/// collected; if they empty the arena, it goes to the empty stack instead.
 pub(super) unsafe fn detach(arena: usize, threshold: u32) {
     let h = header(arena);
     // SAFETY: the caller owns the arena until the CAS below succeeds.
@@ -106,7 +125,10 @@ pub(super) unsafe fn adopt(arena: usize, tbl: usize) {
     // DETACHED|QUEUED at once, after which frees see an owned arena and only push.
     unsafe {
         (*h).owner.store(tbl, Relaxed);
-        let list = (*h).remote.swap(0, Acquire) & LIST;
-        fold(arena, list);
+        let old = (*h).remote.swap(0, Acquire);
+        CLASS[(*h).class as usize]
+            .remote_frees
+            .fetch_add((old >> COUNT_SHIFT) as u64, Relaxed);
+        fold(h, old & LIST);
     }
 }

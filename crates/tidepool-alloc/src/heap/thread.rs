@@ -1,29 +1,9 @@
-//! A thread's life with the heap: registration once the region exists, counters flushed into
-//! the global statistics, and every current arena given up when the thread exits.
+//! A thread's life with the heap: registration once the region exists, and every arena given
+//! up when the thread exits.
 
+use super::lists::list_first;
 use super::trim::{fork_prepare, fork_release};
 use super::*;
-
-pub(super) fn flush_class(tbl: *mut ThreadTable, c: usize) {
-    // SAFETY: the calling thread's own table.
-    unsafe {
-        let a = core::mem::take(&mut (*tbl).allocs[c]);
-        let f = core::mem::take(&mut (*tbl).frees[c]);
-        if a != 0 {
-            CLASS[c].allocs.fetch_add(a as u64, Relaxed);
-        }
-        if f != 0 {
-            CLASS[c].frees.fetch_add(f as u64, Relaxed);
-        }
-    }
-}
-
-/// Flushes all of the calling thread's counters into the global statistics.
-pub fn flush_counters(tbl: *mut ThreadTable) {
-    for c in 0..CLASSES {
-        flush_class(tbl, c);
-    }
-}
 
 pub fn on_region_ready() {
     if let Some(key) = os::thread_key(thread_exit) {
@@ -39,6 +19,7 @@ pub(super) unsafe fn register_thread(tbl: *mut ThreadTable) {
     unsafe {
         (*tbl).registered = 1;
         let (base, len) = region::small_region();
+        (*tbl).span_shift = region::span_shift();
         (*tbl).region_base = base;
         (*tbl).region_len = len;
     }
@@ -47,7 +28,7 @@ pub(super) unsafe fn register_thread(tbl: *mut ThreadTable) {
     }
 }
 
-/// Thread-exit destructor: hand every current arena back (detached, or empty).
+/// Thread-exit destructor: hand every arena back (detached, or empty).
 pub(super) unsafe extern "C" fn thread_exit(value: *mut c_void) {
     let tbl = value as *mut ThreadTable;
     // SAFETY: glibc passes back the exiting thread's own table, still mapped while key
@@ -55,7 +36,7 @@ pub(super) unsafe extern "C" fn thread_exit(value: *mut c_void) {
     unsafe { release_thread(tbl) }
 }
 
-/// Gives up all of a thread's current arenas.
+/// Gives up all of a thread's arenas.
 ///
 /// # Safety
 /// `tbl` is the calling thread's table.
@@ -63,15 +44,13 @@ pub unsafe fn release_thread(tbl: *mut ThreadTable) {
     // SAFETY: guaranteed by the caller.
     unsafe {
         for c in 0..CLASSES {
-            let arena = sentinel(tbl).wrapping_add((*tbl).cur[c]);
-            if arena != sentinel(tbl) {
-                (*tbl).cur[c] = 0;
-                (*header(arena)).state = UNLISTED;
+            if (*tbl).hot[c].arena != 0 {
+                let arena = swap_out(tbl, c);
                 give_up(arena);
             }
             for state in [FULL, PARTIAL] {
                 loop {
-                    let a = *list_head(tbl, c, state);
+                    let a = list_first(tbl, c, state);
                     if a == 0 {
                         break;
                     }
@@ -81,7 +60,6 @@ pub unsafe fn release_thread(tbl: *mut ThreadTable) {
             }
             (*tbl).full_cursor[c] = 0;
         }
-        flush_counters(tbl);
         (*tbl).registered = 0;
     }
 }
@@ -98,6 +76,49 @@ pub(super) unsafe fn give_up(arena: usize) {
         } else {
             let threshold = (capacity((*h).class as usize) as u32 / 8).min((*h).used);
             detach(arena, threshold);
+        }
+    }
+}
+
+/// Sets the calling thread's current arenas aside without touching their memory: the table
+/// then names none, so every allocation takes the slow path. Returns what [`set_back`] takes.
+///
+/// # Safety
+/// `tbl` is the calling thread's table.
+pub unsafe fn set_aside(tbl: *mut ThreadTable) -> [crate::tls::Hot; CLASSES] {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        core::mem::replace(
+            &mut (*tbl).hot,
+            [crate::tls::Hot { arena: 0, free: 0 }; CLASSES],
+        )
+    }
+}
+
+/// Puts back what [`set_aside`] took.
+///
+/// # Safety
+/// `tbl` is the calling thread's table, and `hot` came from `set_aside` on it, with no
+/// allocation from the region on this thread since.
+pub unsafe fn set_back(tbl: *mut ThreadTable, hot: [crate::tls::Hot; CLASSES]) {
+    // SAFETY: guaranteed by the caller; frees made meanwhile into those arenas went onto their
+    // headers' lists (the table named none), and join the table's lists again here.
+    unsafe {
+        (*tbl).hot = hot;
+        for (c, hot) in (*tbl).hot.iter_mut().enumerate() {
+            if hot.arena == 0 {
+                continue;
+            }
+            let h = header_in(hot.arena, c);
+            let list = core::mem::take(&mut (*h).free);
+            if list != 0 {
+                let mut tail = list;
+                while *(tail as *const usize) != 0 {
+                    tail = *(tail as *const usize);
+                }
+                *(tail as *mut usize) = hot.free;
+                hot.free = list;
+            }
         }
     }
 }

@@ -30,8 +30,8 @@ pub(super) unsafe fn retire_own_empties(tbl: *mut ThreadTable, limit: usize) -> 
         for c in 0..CLASSES {
             let mut a = (*tbl).partial[c];
             while a != 0 && moved < limit {
-                let next = (*header(a)).local_next;
-                if (*header(a)).used == 0 {
+                let next = (*header_in(a, c)).local_next;
+                if (*header_in(a, c)).used == 0 {
                     list_remove(tbl, c, PARTIAL, a);
                     retire_empty(a);
                     moved += 1;
@@ -80,8 +80,8 @@ pub(super) fn release_resident(class: &ClassState, limit: usize) -> usize {
     let mut chain = take_all(&class.empty, &class.empty_lock);
     let mut released = 0;
     while chain != 0 {
-        let arena = chain;
-        let h = header(arena);
+        let h = chain as *mut ArenaHeader;
+        let arena = arena_of(chain);
         // SAFETY: the swap gave us the chain; each arena is empty and ours until pushed.
         unsafe {
             chain = (*h).next.load(Relaxed);
@@ -98,8 +98,8 @@ pub(super) fn release_resident(class: &ClassState, limit: usize) -> usize {
 pub(super) fn trim_reusable(class: &ClassState, me: usize) {
     let mut chain = take_all(&class.reusable, &class.reusable_lock);
     while chain != 0 {
-        let arena = chain;
-        let h = header(arena);
+        let h = chain as *mut ArenaHeader;
+        let arena = arena_of(chain);
         // SAFETY: the swap gave us the whole chain; each arena in it is ours until pushed.
         unsafe {
             chain = (*h).next.load(Relaxed);
@@ -147,6 +147,7 @@ pub(super) fn unlock_all() {
 }
 
 pub(super) unsafe extern "C" fn fork_prepare() {
+    super::debug::fork_lock();
     lock_all();
     crate::large::lock_cache();
     crate::medium::lock();
@@ -156,15 +157,16 @@ pub(super) unsafe extern "C" fn fork_release() {
     crate::medium::unlock();
     crate::large::unlock_cache();
     unlock_all();
+    super::debug::fork_unlock();
 }
 
-/// Per-class counters for [`crate::stats`].
-pub fn class_counters(c: usize) -> (u64, u64, usize) {
+/// Per-class counters for [`crate::stats`]: objects freed by threads other than their arena's
+/// owner, and arenas taken from the class's span.
+pub fn class_counters(c: usize) -> (u64, usize) {
     let class = &CLASS[c];
     let (_, span) = region::class_span(c);
     (
-        class.allocs.load(Relaxed),
-        class.frees.load(Relaxed),
+        class.remote_frees.load(Relaxed),
         class.bump.load(Relaxed).min(span) / ARENA_BYTES,
     )
 }
