@@ -43,6 +43,7 @@ mod region;
 pub mod stats;
 mod tls;
 
+pub use os::fatal;
 pub use region::{
     parse_size, region, set_page_source, AlreadyInitialized, PageSource, KERNEL_PAGES,
 };

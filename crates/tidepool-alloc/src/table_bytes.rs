@@ -1,2 +1,2 @@
 // Bytes of the per-thread arena table, shared by build.rs (C shim) and the crate (checked there).
-1664
+2048

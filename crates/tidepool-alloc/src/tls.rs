@@ -36,13 +36,16 @@ pub struct ThreadTable {
     /// source (see [`crate::set_thread_unpaged`]). It never gets an arena, so its every
     /// allocation takes the slow path, where this is checked.
     pub unpaged: u32,
-    pub _pad: u32,
+    /// Slow-path refills, counted to space out the periodic trim.
+    pub refills: u32,
     /// This thread's full arenas per class (a list through the arena headers).
     pub full: [usize; CLASSES],
     /// Where the next look for frees into full arenas starts.
     pub full_cursor: [usize; CLASSES],
-    /// This thread's arenas with room that are not current, per class.
+    /// This thread's arenas with room that are not current, per class, newest first.
     pub partial: [usize; CLASSES],
+    /// The oldest of them: refills take it, as it has had the longest to gather frees.
+    pub partial_tail: [usize; CLASSES],
 }
 
 /// Whether the calling thread allocates only from the kernel.

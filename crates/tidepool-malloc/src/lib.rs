@@ -6,8 +6,9 @@
 //! ```
 //!
 //! Exports malloc, free, calloc, realloc, reallocarray, posix_memalign, aligned_alloc, memalign,
-//! valloc, pvalloc, malloc_usable_size, free_sized, free_aligned_sized, malloc_trim, and glibc's
-//! `__libc_*` aliases (which some programs and glibc's own hooks call directly). Every export is a
+//! valloc, pvalloc, malloc_usable_size, free_sized, free_aligned_sized, malloc_trim, glibc's
+//! `__libc_*` aliases (which some programs and glibc's own hooks call directly), and C++'s
+//! `operator new` and `operator delete` in every form ([`cxx`]). Every export is a
 //! thin shell over [`tidepool_alloc::api`]; the per-thread table lives in the crate's C shim.
 //!
 //! The allocator initialises itself on the first call, whoever makes it (a constructor of
@@ -16,6 +17,8 @@
 
 use core::ffi::c_void;
 use tidepool_alloc::api;
+
+pub mod cxx;
 
 /// # Safety
 /// C's malloc contract.

@@ -85,11 +85,11 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-#[test]
-fn c_malloc_family() -> Result<()> {
-    let dir = scratch("c-malloc-family");
-    let exe = dir.join("malloc_family");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/malloc_family.c");
+/// Compiles `tests/c/NAME.c` into a scratch directory.
+fn compile_c(name: &str) -> Result<PathBuf> {
+    let dir = scratch(&format!("c-{name}"));
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let cc = Command::new("cc")
         .args(["-O1", "-Wall", "-Werror", "-pthread", "-o"])
         .arg(&exe)
@@ -101,17 +101,61 @@ fn c_malloc_family() -> Result<()> {
         "cc failed: {}",
         String::from_utf8_lossy(&cc.stderr)
     );
-    let out = Command::new(&exe).env("LD_PRELOAD", library()).output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "C test failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for line in ["api edges ok", "aliases ok", "threads ok", "fork ok"] {
-        ensure!(stdout.contains(line), "missing '{line}' in:\n{stdout}");
+    Ok(exe)
+}
+
+#[test]
+fn c_malloc_family() -> Result<()> {
+    let exe = compile_c("malloc_family")?;
+    // Also in debug mode, where every small block goes through the checked bitmap path.
+    for debug in ["0", "1"] {
+        let out = Command::new(&exe)
+            .env("LD_PRELOAD", library())
+            .env("TIDEPOOL_ALLOC_DEBUG", debug)
+            .output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success(),
+            "C test failed (TIDEPOOL_ALLOC_DEBUG={debug}, {}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for line in ["api edges ok", "aliases ok", "threads ok", "fork ok"] {
+            ensure!(stdout.contains(line), "missing '{line}' in:\n{stdout}");
+        }
     }
+    Ok(())
+}
+
+#[test]
+fn debug_mode_aborts_on_double_and_interior_frees() -> Result<()> {
+    use std::os::unix::process::ExitStatusExt;
+    let exe = compile_c("bad_free")?;
+    let run = |how: &str| {
+        Command::new(&exe)
+            .arg(how)
+            .env("LD_PRELOAD", library())
+            .env("TIDEPOOL_ALLOC_DEBUG", "1")
+            .output()
+    };
+    for (how, message) in [
+        ("double", "free(): double free detected"),
+        ("interior", "free(): invalid pointer"),
+    ] {
+        let out = run(how)?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.signal() == Some(libc::SIGABRT) && stderr.contains(message),
+            "{how}: expected SIGABRT with '{message}', got {} and: {stderr}",
+            out.status
+        );
+    }
+    let out = run("ok")?;
+    ensure!(
+        out.status.success() && out.stdout == b"done\n",
+        "a correct program failed in debug mode: {}",
+        out.status
+    );
     Ok(())
 }
 

@@ -44,6 +44,8 @@ pub(super) unsafe fn list_push(tbl: *mut ThreadTable, c: usize, state: u32, aren
         (*h).local_next = *head;
         if *head != 0 {
             (*header_in(*head, c)).local_prev = arena;
+        } else if state == PARTIAL {
+            (*tbl).partial_tail[c] = arena;
         }
         *head = arena;
     }
@@ -63,6 +65,8 @@ pub(super) unsafe fn list_remove(tbl: *mut ThreadTable, c: usize, state: u32, ar
         }
         if next != 0 {
             (*header_in(next, c)).local_prev = prev;
+        } else if state == PARTIAL {
+            (*tbl).partial_tail[c] = prev;
         }
         if state == FULL && (*tbl).full_cursor[c] == arena {
             (*tbl).full_cursor[c] = next;
@@ -73,12 +77,14 @@ pub(super) unsafe fn list_remove(tbl: *mut ThreadTable, c: usize, state: u32, ar
     }
 }
 
-/// One of this thread's own arenas of class `c` with room: the partial list first, then a few
-/// full arenas (round robin) that other threads have freed into.
+/// One of this thread's own arenas of class `c` with room: the partial list first (its oldest,
+/// as mimalloc's page queues do: an arena that just got its first free back would otherwise be
+/// taken with one free slot, and the next refill would come a slot later), then a few full
+/// arenas (round robin) that other threads have freed into.
 pub(super) unsafe fn take_owned(tbl: *mut ThreadTable, c: usize) -> Option<usize> {
     // SAFETY: the calling thread's table and arenas.
     unsafe {
-        let p = (*tbl).partial[c];
+        let p = (*tbl).partial_tail[c];
         if p != 0 {
             list_remove(tbl, c, PARTIAL, p);
             return Some(p);

@@ -159,7 +159,7 @@ mod thread;
 mod trim;
 
 use lists::{list_push, list_remove, take_owned, unfull};
-use remote::{adopt, collect, detach, free_remote, take_remote};
+use remote::{adopt, claim, collect, detach, free_remote, take_remote};
 use thread::register_thread;
 pub use thread::{on_region_ready, release_thread, set_aside, set_back};
 pub use trim::{class_counters, class_resident_bytes, resident_empty_bytes, trim};
@@ -217,9 +217,21 @@ pub unsafe fn free(tbl: *mut ThreadTable, p: usize, c: usize) {
     // carry the list link.
     unsafe {
         let hot = (*tbl).hot.get_unchecked_mut(c);
-        if hot.arena == arena_of(p) {
+        let arena = arena_of(p);
+        if hot.arena == arena {
             *(p as *mut usize) = hot.free;
             hot.free = p;
+            return;
+        }
+        // One of this thread's partial arenas: a push onto its header's list.
+        let h = header_in(arena, c);
+        if (*h).owner.load(Relaxed) == tbl as usize && (*h).state == PARTIAL {
+            *(p as *mut usize) = (*h).free;
+            (*h).free = p;
+            (*h).used -= 1;
+            if (*h).used == 0 {
+                retire_partial(tbl, arena, c);
+            }
             return;
         }
         free_other(tbl, p, c)
@@ -238,7 +250,9 @@ unsafe fn free_other(tbl: *mut ThreadTable, p: usize, c: usize) {
             if owner == DEBUG_OWNER {
                 return debug::free(arena, p);
             }
-            return free_remote(h, p);
+            if owner != 0 || !claim(tbl, arena, c) {
+                return free_remote(h, p);
+            }
         }
         *(p as *mut usize) = (*h).free;
         (*h).free = p;
@@ -248,6 +262,18 @@ unsafe fn free_other(tbl: *mut ThreadTable, p: usize, c: usize) {
         if (*h).state == FULL {
             unfull(tbl, arena);
         }
+    }
+}
+
+/// A partial arena of ours lost its last object: it goes to the empty stack now, for any
+/// thread's use (a thread that took over an exited one's arenas would otherwise sit on them).
+#[cold]
+#[inline(never)]
+unsafe fn retire_partial(tbl: *mut ThreadTable, arena: usize, c: usize) {
+    // SAFETY: the calling thread owns the arena, on its partial list, with no live objects.
+    unsafe {
+        list_remove(tbl, c, PARTIAL, arena);
+        retire_empty(arena);
     }
 }
 
@@ -293,7 +319,11 @@ unsafe fn alloc_slow(tbl: *mut ThreadTable, c: usize) -> Block {
         if (*tbl).registered == 0 {
             register_thread(tbl);
         }
-        maybe_trim(tbl);
+        // The clock is read once every 64 refills: often enough for a 50 ms period.
+        (*tbl).refills = (*tbl).refills.wrapping_add(1);
+        if (*tbl).refills.is_multiple_of(64) {
+            maybe_trim(tbl);
+        }
         let arena = match take_owned(tbl, c) {
             Some(a) => a,
             None => match acquire(c, tbl as usize) {
