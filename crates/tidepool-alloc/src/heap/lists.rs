@@ -89,7 +89,20 @@ pub(super) unsafe fn take_owned(tbl: *mut ThreadTable, c: usize) -> Option<usize
             list_remove(tbl, c, PARTIAL, p);
             return Some(p);
         }
-        for _ in 0..8 {
+        take_freed_into(tbl, c, 8)
+    }
+}
+
+/// Looks at up to `budget` of this thread's full arenas of class `c` (round robin) for frees
+/// other threads sent back, and takes the first that has some (off the full list).
+pub(super) unsafe fn take_freed_into(
+    tbl: *mut ThreadTable,
+    c: usize,
+    budget: usize,
+) -> Option<usize> {
+    // SAFETY: the calling thread's table and arenas.
+    unsafe {
+        for _ in 0..budget {
             let mut f = (*tbl).full_cursor[c];
             if f == 0 {
                 f = (*tbl).full[c];

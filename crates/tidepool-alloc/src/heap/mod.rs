@@ -158,7 +158,7 @@ mod remote;
 mod thread;
 mod trim;
 
-use lists::{list_push, list_remove, take_owned, unfull};
+use lists::{list_push, list_remove, take_freed_into, take_owned, unfull};
 use remote::{adopt, claim, collect, detach, free_remote, take_remote};
 use thread::register_thread;
 pub use thread::{on_region_ready, release_thread, set_aside, set_back};
@@ -394,6 +394,11 @@ unsafe fn resident_elsewhere(tbl: *mut ThreadTable, c: usize) -> Option<usize> {
                 return Some(p);
             }
             p = (*ph).local_next;
+        }
+        // A full arena of ours that other threads have freed into (a producer whose consumers
+        // free what it made would otherwise keep carving while its old arenas empty out).
+        if let Some(f) = take_freed_into(tbl, c, 16) {
+            return Some(f);
         }
         let class = &CLASS[c];
         // An arena other threads queued for reuse.
@@ -653,12 +658,18 @@ unsafe fn release_pages(arena: usize) {
     }
 }
 
-/// Frees from a thread that has not registered, into any arena.
+/// Frees from a thread that has not registered, into any arena. The thread registers, so that
+/// its next frees (a consumer that never allocates frees nothing else) take the fast path.
 ///
 /// # Safety
 /// `p` is a live allocation in the class spans; `tbl` is the calling thread's table.
 #[inline(never)]
 pub unsafe fn free_unregistered(tbl: *mut ThreadTable, p: usize) {
-    // SAFETY: per the caller.
-    unsafe { free_other(tbl, p, region::class_index(p)) }
+    // SAFETY: per the caller; the region exists, since `p` is in it.
+    unsafe {
+        if (*tbl).registered == 0 {
+            register_thread(tbl);
+        }
+        free_other(tbl, p, region::class_index(p))
+    }
 }

@@ -43,6 +43,12 @@ pub(super) unsafe fn free_remote(h: *mut ArenaHeader, p: usize) {
 /// slots, without counting them back in `used` (right for a current arena, whose `used` is
 /// settled when it stops being current).
 pub(super) unsafe fn take_remote(h: *mut ArenaHeader) -> usize {
+    // SAFETY: as `take_remote_word`.
+    unsafe { take_remote_word(h) & LIST }
+}
+
+/// Swaps out the remote word of an arena the caller owns: list head and count.
+unsafe fn take_remote_word(h: *mut ArenaHeader) -> usize {
     // SAFETY: the Acquire swap pairs with the Release CAS of every `free_remote` that pushed.
     unsafe {
         if (*h).remote.load(Relaxed) == 0 {
@@ -52,7 +58,7 @@ pub(super) unsafe fn take_remote(h: *mut ArenaHeader) -> usize {
         CLASS[(*h).class as usize]
             .remote_frees
             .fetch_add((old >> COUNT_SHIFT) as u64, Relaxed);
-        old & LIST
+        old
     }
 }
 
@@ -60,32 +66,36 @@ pub(super) unsafe fn take_remote(h: *mut ArenaHeader) -> usize {
 /// list; returns how many objects came back.
 pub(super) unsafe fn collect(arena: usize) -> u32 {
     let h = header(arena);
-    // SAFETY: as `take_remote`; the caller owns the arena.
+    // SAFETY: as `take_remote_word`; the caller owns the arena.
     unsafe {
-        let list = take_remote(h);
-        fold(h, list)
+        let word = take_remote_word(h);
+        fold(h, word)
     }
 }
 
-/// Puts a taken remote list in front of the arena's free list.
-unsafe fn fold(h: *mut ArenaHeader, list: usize) -> u32 {
+/// Puts a taken remote list (a remote word: head and count) in front of the arena's free list.
+/// The count says how many came back, so the list is walked (each node a miss: another thread
+/// wrote it last) only to append it to a free list that is not empty.
+unsafe fn fold(h: *mut ArenaHeader, word: usize) -> u32 {
+    let list = word & LIST;
     if list == 0 {
         return 0;
     }
+    let n = (word >> COUNT_SHIFT) as u32;
     // SAFETY: the caller owns the arena; list nodes are dead objects whose first word links
     // to the next.
     unsafe {
-        let mut n = 1u32;
-        let mut tail = list;
-        loop {
-            let next = *(tail as *const usize);
-            if next == 0 {
-                break;
+        if (*h).free != 0 {
+            let mut tail = list;
+            loop {
+                let next = *(tail as *const usize);
+                if next == 0 {
+                    break;
+                }
+                tail = next;
             }
-            tail = next;
-            n += 1;
+            *(tail as *mut usize) = (*h).free;
         }
-        *(tail as *mut usize) = (*h).free;
         (*h).free = list;
         (*h).used -= n;
         n
@@ -129,7 +139,7 @@ pub(super) unsafe fn adopt(arena: usize, tbl: usize) {
         CLASS[(*h).class as usize]
             .remote_frees
             .fetch_add((old >> COUNT_SHIFT) as u64, Relaxed);
-        fold(h, old & LIST);
+        fold(h, old);
     }
 }
 
@@ -163,7 +173,7 @@ pub(super) unsafe fn claim(tbl: *mut ThreadTable, arena: usize, c: usize) -> boo
         CLASS[c]
             .remote_frees
             .fetch_add((old >> COUNT_SHIFT) as u64, Relaxed);
-        fold(h, old & LIST);
+        fold(h, old);
         super::list_push(tbl, c, PARTIAL, arena);
         true
     }
