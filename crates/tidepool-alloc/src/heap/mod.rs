@@ -89,7 +89,8 @@ pub struct ArenaHeader {
     remote: AtomicUsize,
     /// Uncollected frees at which a detached arena is worth queueing for reuse.
     queue_threshold: AtomicU32,
-    /// On the empty stack: its pages are still resident (counted in `RESIDENT_EMPTY`).
+    /// On the empty stack with its pages still resident (counted in `RESIDENT_EMPTY`): the trim
+    /// tick it was retired in, plus one. Zero: not resident.
     resident: u32,
     /// Link in the reusable or empty stack.
     next: AtomicUsize,
@@ -152,6 +153,9 @@ static CLASS: [ClassState; CLASSES] = [const { ClassState::new() }; CLASSES];
 /// Bytes of empty arenas kept resident.
 static RESIDENT_EMPTY: AtomicUsize = AtomicUsize::new(0);
 static LAST_TRIM_MS: AtomicU64 = AtomicU64::new(0);
+/// Periodic trims so far: an empty arena still resident a whole tick after it was retired is
+/// purged (its pages given back), as mimalloc purges after a delay.
+static TRIM_TICK: AtomicU32 = AtomicU32::new(0);
 mod debug;
 mod lists;
 mod remote;
@@ -307,6 +311,11 @@ unsafe fn alloc_slow(tbl: *mut ThreadTable, c: usize) -> Block {
     }
     // SAFETY: `tbl` is the calling thread's table; arenas it names are owned by this thread.
     unsafe {
+        // The clock is read once every 64 slow paths: often enough for a 50 ms period.
+        (*tbl).refills = (*tbl).refills.wrapping_add(1);
+        if (*tbl).refills.is_multiple_of(64) {
+            maybe_trim(tbl);
+        }
         let current = (*tbl).hot[c].arena;
         if current != 0 {
             if let Some(b) = refill_current(tbl, c, current) {
@@ -318,11 +327,6 @@ unsafe fn alloc_slow(tbl: *mut ThreadTable, c: usize) -> Block {
         }
         if (*tbl).registered == 0 {
             register_thread(tbl);
-        }
-        // The clock is read once every 64 refills: often enough for a 50 ms period.
-        (*tbl).refills = (*tbl).refills.wrapping_add(1);
-        if (*tbl).refills.is_multiple_of(64) {
-            maybe_trim(tbl);
         }
         let arena = match take_owned(tbl, c) {
             Some(a) => a,
@@ -411,7 +415,7 @@ unsafe fn resident_elsewhere(tbl: *mut ThreadTable, c: usize) -> Option<usize> {
         // An empty arena of the class whose pages are still resident.
         if class.empty.load(Relaxed) != 0 {
             if let Some(other) = pop(&class.empty, &class.empty_lock) {
-                if (*header_in(other, c)).resident == 1 {
+                if (*header_in(other, c)).resident != 0 {
                     take_empty(other, tbl as usize);
                     return Some(other);
                 }
@@ -505,7 +509,7 @@ unsafe fn retire_empty(arena: usize) {
         (*h).carved = 0;
         let kept = RESIDENT_EMPTY.fetch_add(ARENA_BYTES, Relaxed) + ARENA_BYTES;
         if kept <= RETAIN_BYTES.load(Relaxed) {
-            (*h).resident = 1;
+            (*h).resident = TRIM_TICK.load(Relaxed) + 1;
         } else {
             RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
             discard_body(arena);
@@ -617,7 +621,7 @@ unsafe fn take_empty(arena: usize, tbl: usize) {
     let h = header(arena);
     // SAFETY: popping gave us the arena exclusively.
     unsafe {
-        if (*h).resident == 1 {
+        if (*h).resident != 0 {
             RESIDENT_EMPTY.fetch_sub(ARENA_BYTES, Relaxed);
             (*h).resident = 0;
         }
@@ -643,7 +647,7 @@ fn offset_new_arena(me: usize) {
         return;
     }
     for class in CLASS.iter() {
-        if class.empty.load(Relaxed) != 0 && release_resident(class, 1) > 0 {
+        if class.empty.load(Relaxed) != 0 && release_resident(class, 1, u32::MAX) > 0 {
             return;
         }
     }

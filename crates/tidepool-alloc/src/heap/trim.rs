@@ -16,6 +16,13 @@ pub(super) fn maybe_trim(tbl: *mut ThreadTable) {
     // SAFETY: the calling thread's table.
     unsafe { retire_own_empties(tbl, usize::MAX) };
     trim(tbl as usize, false);
+    // Purge what has sat empty since before the last tick.
+    let tick = TRIM_TICK.fetch_add(1, Relaxed) + 1;
+    for class in CLASS.iter() {
+        if class.empty.load(Relaxed) != 0 {
+            release_resident(class, usize::MAX, tick);
+        }
+    }
 }
 
 /// Moves up to `limit` of this thread's empty partial arenas to the empty stacks; returns how
@@ -53,7 +60,7 @@ pub fn trim(me: usize, release_all: bool) {
     for class in CLASS.iter() {
         trim_reusable(class, me);
         if release_all {
-            release_resident(class, usize::MAX);
+            release_resident(class, usize::MAX, u32::MAX);
         }
     }
     crate::medium::trim(if release_all {
@@ -74,9 +81,9 @@ pub(super) fn take_all(stack: &AtomicUsize, lock: &AtomicBool) -> usize {
     chain
 }
 
-/// Gives back the pages of up to `limit` resident arenas on the class's empty stack; returns
-/// how many it released.
-pub(super) fn release_resident(class: &ClassState, limit: usize) -> usize {
+/// Gives back the pages of up to `limit` resident arenas on the class's empty stack that were
+/// retired before trim tick `before`; returns how many it released.
+pub(super) fn release_resident(class: &ClassState, limit: usize, before: u32) -> usize {
     let mut chain = take_all(&class.empty, &class.empty_lock);
     let mut released = 0;
     while chain != 0 {
@@ -85,7 +92,7 @@ pub(super) fn release_resident(class: &ClassState, limit: usize) -> usize {
         // SAFETY: the swap gave us the chain; each arena is empty and ours until pushed.
         unsafe {
             chain = (*h).next.load(Relaxed);
-            if released < limit && (*h).resident == 1 {
+            if released < limit && (*h).resident != 0 && (*h).resident < before {
                 release_pages(arena);
                 released += 1;
             }
