@@ -11,7 +11,7 @@ use crate::classes::PAGE;
 use crate::os;
 use crate::region;
 use crate::tls;
-use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 const HEADER: usize = 64;
 const MAGIC: u64 = 0x7469_6465_706f_6f6c; // "tidepool"
@@ -49,12 +49,15 @@ fn source_of(h: *const LargeHeader) -> &'static region::PageSource {
 struct CacheSlot {
     base: AtomicUsize,
     len: AtomicUsize,
+    /// The heap's trim tick when the mapping was cached: purged a whole tick later.
+    tick: AtomicU32,
 }
 
 static CACHE: [CacheSlot; CACHE_SLOTS] = [const {
     CacheSlot {
         base: AtomicUsize::new(0),
         len: AtomicUsize::new(0),
+        tick: AtomicU32::new(0),
     }
 }; CACHE_SLOTS];
 static CACHE_LOCK: AtomicBool = AtomicBool::new(false);
@@ -68,7 +71,7 @@ fn round_up(n: usize, to: usize) -> Option<usize> {
 }
 
 /// Takes the cached mapping that best fits `len` bytes: the smallest at least as large (its
-/// tail given back if it is more than twice the size), or else the largest at least half as
+/// tail given back if it is more than an eighth of the size), or else the largest at least half as
 /// large, grown in place or moved by the page source. Reused pages are resident already: no
 /// page faults, which is the point (Memento's kernel-cost finding).
 fn cache_take(len: usize) -> Option<(usize, usize)> {
@@ -97,7 +100,8 @@ fn cache_take(len: usize) -> Option<(usize, usize)> {
     });
     CACHE_LOCK.store(false, Release);
     let (base, l) = found?;
-    if l >= len && l / 2 > len {
+    // A tail of more than an eighth would be resident memory the object never uses.
+    if l >= len && l - len > len / 8 {
         // SAFETY: the tail past `len` is part of a whole cached mapping that nobody references.
         unsafe { (src.unmap_large)(base + len, l - len) };
         MAPPED.fetch_sub(l - len, Relaxed);
@@ -124,6 +128,7 @@ fn cache_take(len: usize) -> Option<(usize, usize)> {
 
 /// Keeps a freed mapping for reuse; false if the cache is busy or full.
 fn cache_put(base: usize, len: usize) -> bool {
+    let tick = crate::heap::trim_tick();
     if len > CACHE_ENTRY_MAX
         || CACHED_BYTES.load(Relaxed) + len > CACHE_BYTES
         || CACHE_LOCK.swap(true, Acquire)
@@ -134,6 +139,7 @@ fn cache_put(base: usize, len: usize) -> bool {
     for slot in CACHE.iter() {
         if slot.len.load(Relaxed) == 0 {
             slot.base.store(base, Relaxed);
+            slot.tick.store(tick, Relaxed);
             slot.len.store(len, Relaxed);
             CACHED_BYTES.fetch_add(len, Relaxed);
             stored = true;
@@ -157,6 +163,8 @@ pub fn alloc(n: usize, align: usize) -> Block {
         return Block::NULL_BLOCK;
     };
     let (src, kernel) = thread_source();
+    // A program that allocates only large objects runs the periodic trim here.
+    crate::heap::tick(tls::table());
     // The cache holds the page source's mappings: not for unpaged threads.
     let cacheable = extra == 0 && !kernel;
     let (base, map_len, fresh) = match cacheable.then(|| cache_take(len)).flatten() {
@@ -298,18 +306,25 @@ pub unsafe fn realloc(p: usize, n: usize) -> *mut u8 {
 
 /// Unmaps every cached mapping.
 pub fn trim() {
-    if CACHE_LOCK.swap(true, Acquire) {
+    purge(u32::MAX);
+}
+
+/// Unmaps the cached mappings cached before trim tick `before` (they sat unused a whole
+/// period).
+pub fn purge(before: u32) {
+    if CACHED_BYTES.load(Relaxed) == 0 || CACHE_LOCK.swap(true, Acquire) {
         return;
     }
     for slot in CACHE.iter() {
-        let len = slot.len.swap(0, Relaxed);
-        if len != 0 {
-            let base = slot.base.swap(0, Relaxed);
-            CACHED_BYTES.fetch_sub(len, Relaxed);
-            MAPPED.fetch_sub(len, Relaxed);
-            // SAFETY: cached mappings are whole, ours, and referenced by nobody.
-            unsafe { (region::source().unmap_large)(base, len) };
+        if slot.len.load(Relaxed) == 0 || slot.tick.load(Relaxed) >= before {
+            continue;
         }
+        let len = slot.len.swap(0, Relaxed);
+        let base = slot.base.swap(0, Relaxed);
+        CACHED_BYTES.fetch_sub(len, Relaxed);
+        MAPPED.fetch_sub(len, Relaxed);
+        // SAFETY: cached mappings are whole, ours, and referenced by nobody.
+        unsafe { (region::source().unmap_large)(base, len) };
     }
     CACHE_LOCK.store(false, Release);
 }

@@ -163,10 +163,10 @@ mod thread;
 mod trim;
 
 use lists::{list_push, list_remove, take_freed_into, take_owned, unfull};
-use remote::{adopt, claim, collect, detach, free_remote, take_remote};
+use remote::{adopt, collect, detach, free_remote, take_remote};
 use thread::register_thread;
 pub use thread::{on_region_ready, release_thread, set_aside, set_back};
-pub use trim::{class_counters, class_resident_bytes, resident_empty_bytes, trim};
+pub use trim::{class_counters, class_resident_bytes, resident_empty_bytes, tick, trim, trim_tick};
 use trim::{maybe_trim, release_resident, retire_own_empties, trim_reusable};
 
 static THREAD_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -254,9 +254,7 @@ unsafe fn free_other(tbl: *mut ThreadTable, p: usize, c: usize) {
             if owner == DEBUG_OWNER {
                 return debug::free(arena, p);
             }
-            if owner != 0 || !claim(tbl, arena, c) {
-                return free_remote(h, p);
-            }
+            return free_remote(h, p);
         }
         *(p as *mut usize) = (*h).free;
         (*h).free = p;

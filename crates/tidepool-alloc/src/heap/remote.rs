@@ -142,39 +142,3 @@ pub(super) unsafe fn adopt(arena: usize, tbl: usize) {
         fold(h, old);
     }
 }
-
-/// A free into a detached arena not queued for reuse makes the freeing thread its owner, as
-/// mimalloc reclaims an abandoned segment on free: a thread that takes over an exited thread's
-/// objects (larson's successor threads, a consumer outliving its producer) then frees into them
-/// locally instead of through the remote list. False if the arena was not claimable.
-#[cold]
-pub(super) unsafe fn claim(tbl: *mut ThreadTable, arena: usize, c: usize) -> bool {
-    let h = header_in(arena, c);
-    // SAFETY: the calling thread's table; the CAS from exactly `DETACHED` (plus a list) to zero
-    // is exclusive with queueing and with any other claim, and its Acquire pairs with the
-    // detaching owner's Release, so the owner-only fields are ours to read and write after it.
-    unsafe {
-        if (*tbl).unpaged != 0 {
-            return false;
-        }
-        let old = (*h).remote.load(Relaxed);
-        if old & FLAGS != DETACHED
-            || (*h)
-                .remote
-                .compare_exchange(old, 0, Acquire, Relaxed)
-                .is_err()
-        {
-            return false;
-        }
-        if (*tbl).registered == 0 {
-            super::register_thread(tbl);
-        }
-        (*h).owner.store(tbl as usize, Relaxed);
-        CLASS[c]
-            .remote_frees
-            .fetch_add((old >> COUNT_SHIFT) as u64, Relaxed);
-        fold(h, old);
-        super::list_push(tbl, c, PARTIAL, arena);
-        true
-    }
-}

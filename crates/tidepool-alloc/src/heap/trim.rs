@@ -16,12 +16,26 @@ pub(super) fn maybe_trim(tbl: *mut ThreadTable) {
     // SAFETY: the calling thread's table.
     unsafe { retire_own_empties(tbl, usize::MAX) };
     trim(tbl as usize, false);
-    // Purge what has sat empty since before the last tick.
+    // Purge what has sat empty (or cached) since before the last tick.
     let tick = TRIM_TICK.fetch_add(1, Relaxed) + 1;
     for class in CLASS.iter() {
         if class.empty.load(Relaxed) != 0 {
             release_resident(class, usize::MAX, tick);
         }
+    }
+    crate::large::purge(tick - 1);
+}
+
+/// The current trim tick.
+pub fn trim_tick() -> u32 {
+    TRIM_TICK.load(Relaxed)
+}
+
+/// Runs the periodic trim if its period has passed, from a path that is not a refill.
+pub fn tick(tbl: *mut ThreadTable) {
+    // SAFETY: the calling thread's table (unpaged threads own no arenas).
+    if unsafe { (*tbl).unpaged } == 0 {
+        maybe_trim(tbl);
     }
 }
 
