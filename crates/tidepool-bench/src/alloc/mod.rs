@@ -10,28 +10,22 @@
 //! Each run is a fresh process (`tidepool bench-worker alloc ...`, or python3) that times its
 //! own work and reports its peak RSS (VmHWM). Systems alternate within each round; the median
 //! over rounds is reported.
+//!
+//! Modules: `allocators.rs` (the systems and the check of what a process has mapped),
+//! `worker.rs` and `stress.rs` (the workloads, run in the measured process).
 
+mod allocators;
 mod stress;
 mod worker;
 
+pub use allocators::tidepool_library;
+
 use crate::harness::{
-    matrix_steps, BenchOpts, Ctx, Matrix, Placement, Sample, Suite, System, Turns, Workload,
+    geomean, matrix_steps, BenchOpts, Ctx, Matrix, Placement, Sample, Suite, Turns, Workload,
 };
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// The peer allocators as benchmarks.md names them: library file, Debian's package, Fedora's.
-const PEERS: [(&str, &str, &str, &str); 3] = [
-    ("jemalloc", "libjemalloc.so.2", "libjemalloc2", "jemalloc"),
-    (
-        "tcmalloc",
-        "libtcmalloc_minimal.so.4",
-        "libtcmalloc-minimal4",
-        "gperftools-libs",
-    ),
-    ("mimalloc", "libmimalloc.so.2", "libmimalloc2.0", "mimalloc"),
-];
 
 /// Workloads run by `tidepool bench-worker alloc`.
 pub(crate) const WORKER_WORKLOADS: [&str; 6] = [
@@ -43,19 +37,6 @@ pub(crate) const WORKER_WORKLOADS: [&str; 6] = [
     "large-objects",
 ];
 const PYTHON_WORKLOAD: &str = "cpython-functions";
-
-/// An allocator, and the library to preload for it (none: glibc's own malloc).
-#[derive(Debug, Clone)]
-struct Allocator {
-    name: &'static str,
-    lib: Option<PathBuf>,
-}
-
-impl System for Allocator {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-}
 
 /// One workload, at the run's scale.
 #[derive(Debug, Clone, Copy)]
@@ -92,7 +73,7 @@ impl Suite for AllocSuite {
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
-        let systems = systems(ctx)?;
+        let systems = allocators::systems(ctx)?;
         let python = python3();
         let script = ctx.opts.out.join("cpython_functions.py");
         std::fs::write(&script, include_str!("../cpython_functions.py"))?;
@@ -159,38 +140,6 @@ pub fn worker(args: &[String]) -> Result<()> {
     worker::run(args)
 }
 
-/// Systems in report order, each with the library to preload (None: glibc itself).
-fn systems(ctx: &mut Ctx) -> Result<Vec<Allocator>> {
-    let mut systems = vec![
-        Allocator {
-            name: "tidepool",
-            lib: Some(tidepool_library()?),
-        },
-        Allocator {
-            name: "glibc",
-            lib: None,
-        },
-    ];
-    for (name, file, debian, fedora) in PEERS {
-        match tidepool_peers::shared_library(file) {
-            Some(path) => systems.push(Allocator {
-                name,
-                lib: Some(path),
-            }),
-            None => ctx.note(format!(
-                "{name} skipped: {file} is not installed (package {debian} on Debian, \
-                 {fedora} on Fedora; scripts/setup installs it)"
-            )),
-        }
-    }
-    Ok(systems)
-}
-
-/// libtidepool_malloc.so next to this executable (built first under `cargo run`).
-pub fn tidepool_library() -> Result<PathBuf> {
-    crate::libs::next_to_exe("tidepool-malloc", "libtidepool_malloc.so")
-}
-
 /// Builds libtidepool_malloc.so in release mode into `target_dir`, for tests: see
 /// [`tidepool_peers::libs::build_malloc_into`].
 pub fn build_library_into(target_dir: &Path, workspace_dir: &Path) -> Result<PathBuf> {
@@ -240,32 +189,14 @@ fn run_worker(
         .find(|l| l.starts_with('{'))
         .with_context(|| format!("worker printed no report: {stdout}"))?;
     let v: serde_json::Value = serde_json::from_str(line)?;
-    let mapped = v["allocator"].as_str().unwrap_or("");
-    match lib {
-        Some(lib) => {
-            let name = lib.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            if !mapped.contains(name) {
-                bail!(
-                    "LD_PRELOAD={} was not live in the worker (saw '{mapped}')",
-                    lib.display()
-                );
-            }
-        }
-        None if !mapped.is_empty() => {
-            bail!("an allocator was preloaded into the glibc run: {mapped}")
-        }
-        None => {}
-    }
+    allocators::check_mapped(v["allocator"].as_str().unwrap_or(""), lib)
+        .map_err(|e| anyhow::anyhow!("in the worker: {e}"))?;
     let secs = v["seconds"].as_f64().context("report lacks seconds")?;
     let rss = v["peak_rss_kib"]
         .as_f64()
         .context("report lacks peak_rss_kib")?
         / 1024.0;
     Ok((secs, rss))
-}
-
-fn geomean(v: &[f64]) -> f64 {
-    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp()
 }
 
 /// The issue's acceptance figures, computed from this run and added as notes.
@@ -285,7 +216,7 @@ fn verdict(ctx: &mut Ctx) {
         r.map(|r| geomean(&r))
     };
     let mut notes = vec![];
-    for peer in ["glibc", "jemalloc", "tcmalloc", "mimalloc"] {
+    for peer in allocators::PEER_NAMES {
         if let Some(speed) = ratio(ctx, peer, "seconds", &serverless) {
             notes.push(format!(
                 "serverless geomean speed-up of tidepool over {peer}: {speed:.3}x"
@@ -293,7 +224,7 @@ fn verdict(ctx: &mut Ctx) {
         }
     }
     let lowest_peer_rss = |ctx: &Ctx, w: &str| -> Option<f64> {
-        ["glibc", "jemalloc", "tcmalloc", "mimalloc"]
+        allocators::PEER_NAMES
             .iter()
             .filter_map(|p| ctx.report.value(p, w, "peak_rss_mib"))
             .reduce(f64::min)

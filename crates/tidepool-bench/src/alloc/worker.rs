@@ -64,12 +64,7 @@ fn status_kib(field: &str) -> Result<u64> {
 /// The malloc library mapped into this process, if any besides libc.
 pub(super) fn preloaded_allocator() -> Result<String> {
     let maps = std::fs::read_to_string("/proc/self/maps")?;
-    Ok(maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.contains("malloc") || p.contains("jemalloc") || p.contains("tcmalloc"))
-        .unwrap_or("")
-        .to_string())
+    Ok(super::allocators::allocator_in_maps(&maps).to_string())
 }
 
 /// Memento's size mix: mostly under 512 bytes, a tail up to 32 KiB.

@@ -174,6 +174,11 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
 }
 
+/// The geometric mean of `v` (the mean of ratios that treats 2x and 0.5x alike); NaN if empty.
+pub fn geomean(v: &[f64]) -> f64 {
+    (v.iter().map(|x| x.ln()).sum::<f64>() / v.len() as f64).exp()
+}
+
 /// Progress steps [`Matrix::run`] takes for `workloads` workloads and `rounds` rounds: one per
 /// workload and round.
 pub fn matrix_steps(workloads: usize, rounds: usize) -> u64 {
@@ -478,6 +483,7 @@ mod tests {
                 quick: true,
                 out: std::env::temp_dir().join(rounds_dir),
                 placement: Placement::Free,
+                mimalloc_bench: None,
             },
             report: Report::new("test", true),
             progress: indicatif::ProgressBar::hidden(),

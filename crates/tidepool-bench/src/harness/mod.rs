@@ -12,7 +12,9 @@ mod matrix;
 mod placement;
 
 pub use ctx::{Ctx, Suite};
-pub use matrix::{matrix_steps, median, Matrix, Pass, Sample, Samples, System, Turns, Workload};
+pub use matrix::{
+    geomean, matrix_steps, median, Matrix, Pass, Sample, Samples, System, Turns, Workload,
+};
 pub use placement::{BenchOpts, Placement};
 
 use crate::report::Report;
