@@ -24,6 +24,8 @@ LOWER_IS_BETTER = (
     "swapped_mib",
 )
 REFERENCE = ("far_live_bytes",)
+# Checks rather than measures (1 or 0): the table and the notes show them.
+NOT_PLOTTED = ("same_output",)
 
 
 def direction(metric):
@@ -37,7 +39,7 @@ def direction(metric):
 def main(src, dst):
     with open(src) as f:
         data = json.load(f)
-    rows = data["results"]
+    rows = [r for r in data["results"] if r["metric"] not in NOT_PLOTTED]
     panels = OrderedDict()
     for r in rows:
         panels.setdefault((r["workload"], r["metric"], r["unit"]), []).append(r)

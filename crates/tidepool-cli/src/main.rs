@@ -225,6 +225,13 @@ enum Cmd {
         /// others), split, shared (all on CPU 0) or free (unpinned).
         #[arg(long, default_value = "auto")]
         placement: tidepool_bench::Placement,
+        /// alloc suite: a checkout of github.com/daanx/mimalloc-bench built with its own
+        /// `./build-bench-env.sh bench` (binaries in DIR/out/bench, inputs in DIR/bench). Its
+        /// public benchmarks (larson, alloc-test, cfrac, espresso, barnes, xmalloc-test,
+        /// cache-scratch, cache-thrash, mstress, rptest, glibc-simple, glibc-thread,
+        /// malloc-large) then run under every allocator too; without it they are skipped.
+        #[arg(long, value_name = "DIR", env = "TIDEPOOL_MIMALLOC_BENCH")]
+        mimalloc_bench: Option<PathBuf>,
     },
     /// Run the soft-memory coordinator: idle memory moved between applications to where it
     /// is worth most, and taken back under pressure before anything is OOM-killed.
@@ -403,6 +410,7 @@ fn run(cli: Cli) -> Result<()> {
             out,
             list,
             placement,
+            mimalloc_bench,
         } => {
             if list {
                 for s in tidepool_bench::suites() {
@@ -417,6 +425,7 @@ fn run(cli: Cli) -> Result<()> {
                     quick,
                     out,
                     placement,
+                    mimalloc_bench,
                 },
             )?;
             Ok(())

@@ -11,10 +11,18 @@
 //! own work and reports its peak RSS (VmHWM). Systems alternate within each round; the median
 //! over rounds is reported.
 //!
+//! With `--mimalloc-bench DIR` the public allocator benchmarks of mimalloc-bench run too, the
+//! same way ([`public`]).
+//!
 //! Modules: `allocators.rs` (the systems and the check of what a process has mapped),
-//! `worker.rs` and `stress.rs` (the workloads, run in the measured process).
+//! `worker.rs` and `stress.rs` (the workloads, run in the measured process), `external.rs`
+//! (running a program not ours: wall time, peak RSS from `wait4`, output, the preload seen
+//! live), `public/` (mimalloc-bench's programs: `programs.rs` how each runs and reports,
+//! `output.rs` their output against glibc's, `mod.rs` the runs and the verdict).
 
 mod allocators;
+mod external;
+mod public;
 mod stress;
 mod worker;
 
@@ -64,12 +72,13 @@ impl Suite for AllocSuite {
     }
 
     fn about(&self) -> &'static str {
-        "malloc under serverless-style workloads, cross-thread frees, large objects and CPython: \
-         tidepool vs glibc, jemalloc, tcmalloc, mimalloc (LD_PRELOAD)"
+        "malloc under serverless-style workloads, cross-thread frees, large objects and CPython, \
+         and mimalloc-bench's public programs (larson, cfrac, espresso, barnes, ...; \
+         --mimalloc-bench DIR): tidepool vs glibc, jemalloc, tcmalloc, mimalloc (LD_PRELOAD)"
     }
 
     fn steps(&self, opts: &BenchOpts) -> u64 {
-        matrix_steps(WORKER_WORKLOADS.len() + 1, opts.rounds())
+        matrix_steps(WORKER_WORKLOADS.len() + 1, opts.rounds()) + public::steps(opts)
     }
 
     fn run(&self, ctx: &mut Ctx) -> Result<()> {
@@ -125,7 +134,7 @@ impl Suite for AllocSuite {
             )
         });
         verdict(ctx);
-        Ok(())
+        public::run(ctx, &systems)
     }
 }
 

@@ -97,6 +97,9 @@ pub struct BenchOpts {
     pub quick: bool,
     pub out: PathBuf,
     pub placement: Placement,
+    /// The `alloc` suite's mimalloc-bench checkout, built with its own scripts: binaries in
+    /// `out/bench/`, inputs in `bench/` (None: its programs are skipped).
+    pub mimalloc_bench: Option<PathBuf>,
 }
 
 impl BenchOpts {
