@@ -99,6 +99,9 @@ pub(super) fn run(ctx: &mut Ctx, systems: &[Allocator]) -> Result<()> {
     let Some(dir) = dir.filter(|_| !found.is_empty()) else {
         return Ok(());
     };
+    // Absolute: the programs run in DIR/out/bench and are named by path.
+    let dir = std::fs::canonicalize(&dir)
+        .with_context(|| format!("cannot resolve --mimalloc-bench {}", dir.display()))?;
     let (bin, bench) = (dir.join("out/bench"), dir.join("bench"));
     let procs = tidepool_sys::online_cpus();
     let workloads: Vec<PublicWorkload> = found
