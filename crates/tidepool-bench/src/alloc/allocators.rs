@@ -65,12 +65,16 @@ pub fn tidepool_library() -> Result<PathBuf> {
     crate::libs::next_to_exe("tidepool-malloc", "libtidepool_malloc.so")
 }
 
-/// The malloc library mapped in a process, given its `/proc/PID/maps`: the first mapped file
-/// besides libc whose name says malloc (empty: glibc's own).
+/// The malloc library mapped in a process, given its `/proc/PID/maps`: the first shared
+/// library whose name says malloc (empty: glibc's own). Only libraries count: programs such as
+/// `xmalloc-test` say malloc in their own names.
 pub(super) fn allocator_in_maps(maps: &str) -> &str {
     maps.lines()
         .filter_map(|l| l.split_whitespace().nth(5))
-        .find(|p| p.contains("malloc") || p.contains("jemalloc") || p.contains("tcmalloc"))
+        .find(|path| {
+            let file = path.rsplit('/').next().unwrap_or(path);
+            file.starts_with("lib") && file.contains(".so") && file.contains("malloc")
+        })
         .unwrap_or("")
 }
 
@@ -94,5 +98,31 @@ pub(super) fn check_mapped(mapped: &str, lib: Option<&Path>) -> Result<(), Strin
             "an allocator was preloaded into the glibc run: {mapped}"
         )),
         None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_mapped_allocator_is_a_library_never_the_program() {
+        let maps = "\
+5581e0000000-5581e0001000 r--p 00000000 fd:01 12 /work/mb/out/bench/xmalloc-test
+7f0000000000-7f0000001000 r--p 00000000 fd:01 13 /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.16
+7f0000100000-7f0000101000 r--p 00000000 fd:01 14 /usr/lib/x86_64-linux-gnu/libc.so.6
+7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]";
+        let mapped = allocator_in_maps(maps);
+        assert!(
+            mapped.ends_with("libtcmalloc_minimal.so.4.5.16"),
+            "{mapped}"
+        );
+        let lib = Path::new("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4");
+        assert!(check_mapped(mapped, Some(lib)).is_ok());
+        assert!(check_mapped(mapped, None).is_err());
+        let glibc_only = maps.replace("libtcmalloc_minimal.so.4.5.16", "libm.so.6");
+        assert_eq!(allocator_in_maps(&glibc_only), "");
+        assert!(check_mapped("", None).is_ok());
+        assert!(check_mapped("", Some(lib)).is_err());
     }
 }
