@@ -1,8 +1,9 @@
 //! The few system calls Tidepool makes by hand, each behind a safe function.
 //!
 //! [`set_affinity`], [`pin_process`]: CPU placement, which on small VMs decides latency more
-//! than code does (a wake-up across vCPUs costs tens of microseconds). [`reap_child`]: a
-//! child's exit status with its peak RSS, which the standard library's `wait` drops.
+//! than code does (a wake-up across vCPUs costs tens of microseconds). [`fork_exec`] and
+//! [`reap_child`]: a program started so that its peak RSS is its own, and that peak, which the
+//! standard library's `wait` drops.
 //!
 //! [`vm`]: address space: reservations ([`map_noreserve`], [`vm::Mapping`]), fixed mappings,
 //! protections, discards and what the page tables hold (memory-node arena, pager).
@@ -147,6 +148,91 @@ pub fn reap_child(pid: u32) -> io::Result<(std::process::ExitStatus, u64)> {
         std::process::ExitStatus::from_raw(status),
         u64::try_from(usage.ru_maxrss).unwrap_or(0),
     ))
+}
+
+/// Starts `program` (a path) with `argv` (its name first) and the whole environment `envp`
+/// (`NAME=value`) in directory `cwd`, standard streams from the three descriptors, in a child
+/// made by `fork`; returns its pid (reap it with [`reap_child`]).
+///
+/// Why `fork` rather than `std::process::Command` (posix_spawn, a vfork): the kernel carries a
+/// process's peak RSS across `execve`, so a program started from the caller's own address space
+/// reports the caller's peak as its own floor. A forked child's copy holds only the caller's
+/// anonymous pages, so a small caller (a fresh worker process) measures the program alone.
+///
+/// The child calls only async-signal-safe functions (chdir, dup2, fcntl, execve, write,
+/// _exit), so a multithreaded caller is safe too.
+pub fn fork_exec(
+    program: &std::ffi::CStr,
+    argv: &[std::ffi::CString],
+    envp: &[std::ffi::CString],
+    cwd: &std::ffi::CStr,
+    stdio: [std::os::fd::BorrowedFd<'_>; 3],
+) -> io::Result<u32> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    // Everything the child needs is built before the fork: it must not allocate.
+    let pointers = |v: &[std::ffi::CString]| -> Vec<*const libc::c_char> {
+        v.iter()
+            .map(|s| s.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect()
+    };
+    let (argv, envp) = (pointers(argv), pointers(envp));
+    let fds = stdio.map(|f| f.as_raw_fd());
+    // The child reports a failure to exec as its errno on this pipe, closed on a successful
+    // exec (close-on-exec), as std does.
+    let mut pipe = [0 as libc::c_int; 2];
+    // SAFETY: `pipe` has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fork has no memory-safety preconditions; the child below only calls
+    // async-signal-safe functions on data prepared above and leaves by execve or _exit.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: the child: every pointer was built before the fork and stays valid; on any
+        // failure the errno goes to the pipe and the child exits without unwinding.
+        unsafe {
+            let fail = |fd: libc::c_int| -> ! {
+                let errno = *libc::__errno_location();
+                libc::write(fd, (&errno as *const libc::c_int).cast(), 4);
+                libc::_exit(127)
+            };
+            if libc::chdir(cwd.as_ptr()) != 0 {
+                fail(pipe[1]);
+            }
+            for (target, &fd) in fds.iter().enumerate() {
+                let target = target as libc::c_int;
+                let r = if fd == target {
+                    libc::fcntl(fd, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, target)
+                };
+                if r < 0 {
+                    fail(pipe[1]);
+                }
+            }
+            libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            fail(pipe[1]);
+        }
+    }
+    // SAFETY: both ends are ours; the write end is closed here so the read below ends when
+    // the child execs (or exits).
+    let mut reader = unsafe {
+        libc::close(pipe[1]);
+        std::fs::File::from_raw_fd(pipe[0])
+    };
+    if pid < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut errno = [0u8; 4];
+    match reader.read(&mut errno)? {
+        0 => Ok(pid as u32),
+        _ => {
+            let _ = reap_child(pid as u32);
+            Err(io::Error::from_raw_os_error(i32::from_ne_bytes(errno)))
+        }
+    }
 }
 
 /// CPUs online on the machine, whatever this thread's affinity allows.
@@ -354,5 +440,39 @@ mod tests {
         assert!(peak_kib > 0, "a process that ran held some memory");
         // Reaped: a second wait finds no such child.
         assert!(super::reap_child(child.id()).is_err());
+    }
+
+    #[test]
+    fn fork_exec_runs_a_program_with_its_streams_directory_and_environment() {
+        use std::ffi::CString;
+        use std::io::Read;
+        use std::os::fd::AsFd;
+        let c = |s: &str| CString::new(s).unwrap();
+        let (mut out, out_w) = std::io::pipe().unwrap();
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let pid = super::fork_exec(
+            &c("/bin/sh"),
+            &[c("sh"), c("-c"), c("echo $GREETING; pwd; exit 4")],
+            &[c("GREETING=hello")],
+            &c("/tmp"),
+            [null.as_fd(), out_w.as_fd(), out_w.as_fd()],
+        )
+        .unwrap();
+        drop(out_w);
+        let mut text = String::new();
+        out.read_to_string(&mut text).unwrap();
+        assert_eq!(text, "hello\n/tmp\n");
+        let (status, _) = super::reap_child(pid).unwrap();
+        assert_eq!(status.code(), Some(4));
+
+        let err = super::fork_exec(
+            &c("/nonexistent/program"),
+            &[c("program")],
+            &[],
+            &c("/"),
+            [null.as_fd(), null.as_fd(), null.as_fd()],
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotFound);
     }
 }
