@@ -2,6 +2,12 @@
 //! kernel counted it (`wait4`, since such programs do not report their own), its output, and
 //! whether the preloaded allocator really was the one mapped into it.
 //!
+//! The program is started by a worker (`tidepool bench-worker alloc exec SPEC`) with `fork`,
+//! not by the suite: the kernel carries a process's peak RSS across `execve`, so a program
+//! started from the suite's address space (std's posix_spawn shares it until the exec) reported
+//! the suite's few MiB as its own floor, above what cfrac or glibc-simple ever use. A fresh
+//! worker's forked copy holds a few hundred KiB.
+//!
 //! The preload is checked in `/proc/PID/maps` while the program starts: the dynamic loader maps
 //! `LD_PRELOAD` libraries before the program's own dependencies, so once libc is mapped a
 //! preload is either there or was never loaded. The maps are read every fraction of a
@@ -11,16 +17,36 @@
 use super::allocators::{allocator_in_maps, check_mapped};
 use anyhow::{bail, Context, Result};
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
 use std::io::Read;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// What to run, and how.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Launch {
+    pub(super) program: PathBuf,
+    pub(super) args: Vec<String>,
+    pub(super) cwd: PathBuf,
+    /// Standard input (None: /dev/null).
+    pub(super) stdin: Option<PathBuf>,
+    /// The allocator to preload (None: glibc's own malloc, nothing preloaded).
+    pub(super) preload: Option<PathBuf>,
+    /// CPUs to run on (None: the worker's own).
+    pub(super) cpus: Option<Vec<usize>>,
+    /// Killed after this long.
+    pub(super) timeout_s: u64,
+}
+
 /// What a run of a program gave.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub(super) struct Finished {
-    /// From spawning it to its exit.
+    /// From starting it to its exit.
     pub(super) seconds: f64,
     pub(super) peak_rss_kib: u64,
     pub(super) stdout: String,
@@ -30,40 +56,100 @@ pub(super) struct Finished {
     pub(super) preload_checked: bool,
 }
 
-/// Runs `cmd` (its environment, stdin and working directory already set) to its end, on
-/// `cpus` if given, killing it after `timeout`. Fails if it exits unsuccessfully, is killed, or
-/// runs with another allocator than `lib` (None: glibc's own malloc, nothing preloaded).
-pub(super) fn run(
-    mut cmd: Command,
-    lib: Option<&Path>,
-    cpus: Option<&[usize]>,
-    timeout: Duration,
-) -> Result<Finished> {
-    let start = Instant::now();
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
-    let id = child.id();
-    let pid = Pid::from_child(&child);
-    if let Some(cpus) = cpus {
-        // Best effort: the program may already have exited.
-        let _ = tidepool_sys::pin_process(id, cpus);
+/// The worker's one line of output.
+#[derive(Debug, Serialize, Deserialize)]
+enum Outcome {
+    Finished(Finished),
+    Failed(String),
+}
+
+/// Runs `launch` through a worker process (see the module's comment) and returns what it gave.
+/// Fails if the program exits unsuccessfully, is killed, or runs with another allocator than
+/// the one asked for.
+pub(super) fn run(launch: &Launch) -> Result<Finished> {
+    let spec = serde_json::to_string(launch)?;
+    let out = Command::new(std::env::current_exe()?)
+        .args(["bench-worker", "alloc", "exec", &spec])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .context("cannot start the worker")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or("");
+    match serde_json::from_str::<Outcome>(line) {
+        Ok(Outcome::Finished(f)) => Ok(f),
+        Ok(Outcome::Failed(e)) => bail!("{e}"),
+        Err(_) => bail!(
+            "the worker failed ({}): {}",
+            out.status,
+            tail(&String::from_utf8_lossy(&out.stderr))
+        ),
     }
-    let drain = |stream: Option<Box<dyn Read + Send>>| {
+}
+
+/// `tidepool bench-worker alloc exec SPEC`: runs the program SPEC (a [`Launch`] as JSON)
+/// describes and prints the [`Outcome`] as one JSON line.
+pub(super) fn worker(spec: &str) -> Result<()> {
+    let launch: Launch = serde_json::from_str(spec).context("SPEC must be a Launch as JSON")?;
+    let outcome = match measure(&launch) {
+        Ok(f) => Outcome::Finished(f),
+        Err(e) => Outcome::Failed(format!("{e:#}")),
+    };
+    println!("{}", serde_json::to_string(&outcome)?);
+    Ok(())
+}
+
+/// Starts the program with `fork`, watches it load, waits for it (killing it after the
+/// timeout) and collects its figures and output.
+fn measure(launch: &Launch) -> Result<Finished> {
+    if let Some(cpus) = &launch.cpus {
+        tidepool_sys::set_affinity(0, cpus).context("cannot pin the program")?;
+    }
+    let stdin = match &launch.stdin {
+        Some(path) => std::fs::File::open(path),
+        None => std::fs::File::open("/dev/null"),
+    }
+    .with_context(|| format!("cannot open the input {:?}", launch.stdin))?;
+    let c = |bytes: &[u8]| CString::new(bytes).context("a NUL byte in an argument");
+    let program = c(launch.program.as_os_str().as_bytes())?;
+    let mut argv = vec![program.clone()];
+    for a in &launch.args {
+        argv.push(c(a.as_bytes())?);
+    }
+    let mut envp = Vec::new();
+    for (k, v) in std::env::vars_os().filter(|(k, _)| k != "LD_PRELOAD") {
+        envp.push(c(&[k.as_bytes(), b"=", v.as_bytes()].concat())?);
+    }
+    if let Some(lib) = &launch.preload {
+        envp.push(c(&[b"LD_PRELOAD=", lib.as_os_str().as_bytes()].concat())?);
+    }
+    let cwd = c(launch.cwd.as_os_str().as_bytes())?;
+    let (out_r, out_w) = std::io::pipe()?;
+    let (err_r, err_w) = std::io::pipe()?;
+    let start = Instant::now();
+    let id = tidepool_sys::fork_exec(
+        &program,
+        &argv,
+        &envp,
+        &cwd,
+        [stdin.as_fd(), out_w.as_fd(), err_w.as_fd()],
+    )
+    .with_context(|| format!("cannot start {}", launch.program.display()))?;
+    drop((out_w, err_w, stdin));
+    let pid = Pid::from_raw(id as i32).context("odd pid")?;
+    let drain = |mut stream: std::io::PipeReader| {
+        let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             let mut text = Vec::new();
-            if let Some(mut s) = stream {
-                let _ = s.read_to_end(&mut text);
-            }
-            String::from_utf8_lossy(&text).into_owned()
-        })
+            let _ = stream.read_to_end(&mut text);
+            let _ = tx.send(String::from_utf8_lossy(&text).into_owned());
+        });
+        rx
     };
-    let stdout = drain(child.stdout.take().map(|s| Box::new(s) as _));
-    let stderr = drain(child.stderr.take().map(|s| Box::new(s) as _));
-    // Kills the program if it outlives `timeout`. It kills only before the program is reaped
-    // (the wait below leaves it a zombie until the watchdog is done), so the pid is still ours.
+    let (stdout, stderr) = (drain(out_r), drain(err_r));
+    // Kills the program if it outlives the timeout. It kills only before the program is
+    // reaped (the wait below leaves it a zombie until the watchdog is done), so the pid is
+    // still the program's.
+    let timeout = Duration::from_secs(launch.timeout_s);
     let (done, watch) = mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
         let late = watch.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout);
@@ -72,7 +158,7 @@ pub(super) fn run(
         }
         late
     });
-    let loaded = watch_loading(pid, lib);
+    let loaded = watch_loading(pid, launch.preload.as_deref());
     // Exited, not yet reaped.
     let exited = loop {
         match rustix::process::waitid(
@@ -88,14 +174,16 @@ pub(super) fn run(
     let killed = watchdog.join().unwrap_or(false);
     let (status, peak_rss_kib) = tidepool_sys::reap_child(id).context("cannot reap the program")?;
     exited.context("cannot wait for the program")?;
-    let stdout = stdout.join().unwrap_or_default();
-    let stderr = stderr.join().unwrap_or_default();
     if killed {
         bail!("still running after {} s; killed", timeout.as_secs());
     }
+    // A process the program started may still hold its output; that is not waited for long.
+    let collect = |rx: mpsc::Receiver<String>| rx.recv_timeout(Duration::from_secs(5));
+    let stderr = collect(stderr).unwrap_or_default();
     if !status.success() {
         bail!("{status}: {}", tail(&stderr));
     }
+    let stdout = collect(stdout).context("its output stayed open 5 s after it exited")?;
     let preload_checked = loaded?;
     Ok(Finished {
         seconds,
@@ -154,37 +242,39 @@ fn tail(stderr: &str) -> String {
 mod tests {
     use super::*;
 
+    fn sh(script: &str, timeout_s: u64) -> Launch {
+        Launch {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            cwd: "/tmp".into(),
+            stdin: None,
+            preload: None,
+            cpus: None,
+            timeout_s,
+        }
+    }
+
     #[test]
     fn a_program_run_gives_time_rss_output_and_its_failures() {
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "echo out; echo err >&2; sleep 0.05"]);
-        let f = run(cmd, None, None, Duration::from_secs(30)).unwrap();
-        assert_eq!((f.stdout.as_str(), f.stderr.as_str()), ("out\n", "err\n"));
+        let f = measure(&sh("echo out; pwd; echo err >&2; sleep 0.05", 30)).unwrap();
+        assert_eq!(f.stdout, "out\n/tmp\n");
+        assert_eq!(f.stderr, "err\n");
         assert!(f.seconds >= 0.05 && f.peak_rss_kib > 0, "{f:?}");
         assert!(f.preload_checked, "sh maps libc within 50 ms");
 
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "echo boom >&2; exit 7"]);
-        let e = run(cmd, None, None, Duration::from_secs(30)).unwrap_err();
+        let e = measure(&sh("echo boom >&2; exit 7", 30)).unwrap_err();
         assert!(format!("{e:#}").contains("boom"), "{e:#}");
 
-        let mut cmd = Command::new("sleep");
-        cmd.arg("30");
-        let e = run(cmd, None, None, Duration::from_millis(200)).unwrap_err();
+        let e = measure(&sh("exec sleep 30", 1)).unwrap_err();
         assert!(format!("{e:#}").contains("killed"), "{e:#}");
     }
 
     #[test]
     fn a_preload_that_is_not_mapped_is_caught() {
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "sleep 0.05"]);
-        let e = run(
-            cmd,
-            Some(Path::new("/nonexistent/libjemalloc.so.2")),
-            None,
-            Duration::from_secs(30),
-        )
-        .unwrap_err();
+        let mut launch = sh("sleep 0.05", 30);
+        // Not a library the loader can map: it warns and runs without it.
+        launch.preload = Some("/nonexistent/libjemalloc.so.2".into());
+        let e = measure(&launch).unwrap_err();
         assert!(format!("{e:#}").contains("not live"), "{e:#}");
     }
 }

@@ -140,10 +140,15 @@ impl Suite for AllocSuite {
 
 /// `tidepool bench-worker alloc WORKLOAD SCALE`: runs the workload and prints one JSON line.
 /// `tidepool bench-worker alloc stress SECONDS`: the long verifying stress run.
+/// `tidepool bench-worker alloc exec SPEC`: runs a program not ours and measures it.
 pub fn worker(args: &[String]) -> Result<()> {
-    if let [cmd, seconds] = args {
-        if cmd == "stress" {
-            return stress::stress(seconds.parse().context("SECONDS must be a whole number")?);
+    if let [cmd, arg] = args {
+        match cmd.as_str() {
+            "stress" => {
+                return stress::stress(arg.parse().context("SECONDS must be a whole number")?)
+            }
+            "exec" => return external::worker(arg),
+            _ => {}
         }
     }
     worker::run(args)

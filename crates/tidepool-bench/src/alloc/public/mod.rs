@@ -21,15 +21,13 @@ mod output;
 mod programs;
 
 use super::allocators::{Allocator, PEER_NAMES};
-use super::external;
+use super::external::{self, Launch};
 use crate::harness::{
     geomean, matrix_steps, BenchOpts, Ctx, Matrix, Placement, Sample, Turns, Workload,
 };
 use anyhow::{Context, Result};
 use output::{comparable, compare_outputs, Output};
 use programs::{available, Check, Figure, Program};
-use std::fs::File;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// A program that outlives this is hung, not slow.
@@ -132,25 +130,15 @@ pub(super) fn run(ctx: &mut Ctx, systems: &[Allocator]) -> Result<()> {
         .note_failures()
         .run(ctx, |_, _, w, a| {
             let p = w.program;
-            let mut cmd = Command::new(bin.join(p.name));
-            cmd.args(&w.args).current_dir(&bin);
-            match p.stdin {
-                Some(input) => {
-                    let path = bench.join(input);
-                    let file = File::open(&path)
-                        .with_context(|| format!("cannot open {}", path.display()))?;
-                    cmd.stdin(file);
-                }
-                None => {
-                    cmd.stdin(Stdio::null());
-                }
-            }
-            match &a.lib {
-                Some(lib) => cmd.env("LD_PRELOAD", lib),
-                None => cmd.env_remove("LD_PRELOAD"),
-            };
-            let cpus = cpus_for(placement, p.threaded);
-            let run = external::run(cmd, a.lib.as_deref(), cpus.as_deref(), TIMEOUT)?;
+            let run = external::run(&Launch {
+                program: bin.join(p.name),
+                args: w.args.clone(),
+                cwd: bin.clone(),
+                stdin: p.stdin.map(|input| bench.join(input)),
+                preload: a.lib.clone(),
+                cpus: cpus_for(placement, p.threaded),
+                timeout_s: TIMEOUT.as_secs(),
+            })?;
             if !run.preload_checked {
                 unchecked.push(format!("{} on {}", p.name, a.name));
             }
