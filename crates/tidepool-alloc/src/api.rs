@@ -62,6 +62,8 @@ fn alloc_big(n: usize) -> Block {
         // SAFETY: this thread's table and a valid class.
         return unsafe { heap::alloc(tls::table(), class_of(n)) };
     }
+    // A program that allocates only large objects runs the periodic trim here.
+    heap::tick(tls::table());
     large::alloc(n, 16)
 }
 

@@ -128,7 +128,7 @@ fn cache_take(len: usize) -> Option<(usize, usize)> {
 
 /// Keeps a freed mapping for reuse; false if the cache is busy or full.
 fn cache_put(base: usize, len: usize) -> bool {
-    let tick = crate::heap::trim_tick();
+    let tick = region::trim_tick();
     if len > CACHE_ENTRY_MAX
         || CACHED_BYTES.load(Relaxed) + len > CACHE_BYTES
         || CACHE_LOCK.swap(true, Acquire)
@@ -163,8 +163,6 @@ pub fn alloc(n: usize, align: usize) -> Block {
         return Block::NULL_BLOCK;
     };
     let (src, kernel) = thread_source();
-    // A program that allocates only large objects runs the periodic trim here.
-    crate::heap::tick(tls::table());
     // The cache holds the page source's mappings: not for unpaged threads.
     let cacheable = extra == 0 && !kernel;
     let (base, map_len, fresh) = match cacheable.then(|| cache_take(len)).flatten() {

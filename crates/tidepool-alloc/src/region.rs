@@ -119,6 +119,16 @@ pub fn debug() -> bool {
     DEBUG.load(Relaxed)
 }
 
+/// Periodic trims so far: an empty arena or a cached large mapping still unused a whole tick
+/// after it was set aside is given back, as mimalloc purges after a delay.
+pub static TRIM_TICK: AtomicU32 = AtomicU32::new(0);
+
+/// The current trim tick.
+#[inline]
+pub fn trim_tick() -> u32 {
+    TRIM_TICK.load(Relaxed)
+}
+
 /// log2 of a class span's length (zero before the reservation).
 #[inline]
 pub fn span_shift() -> u32 {

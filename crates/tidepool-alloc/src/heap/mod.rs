@@ -153,9 +153,7 @@ static CLASS: [ClassState; CLASSES] = [const { ClassState::new() }; CLASSES];
 /// Bytes of empty arenas kept resident.
 static RESIDENT_EMPTY: AtomicUsize = AtomicUsize::new(0);
 static LAST_TRIM_MS: AtomicU64 = AtomicU64::new(0);
-/// Periodic trims so far: an empty arena still resident a whole tick after it was retired is
-/// purged (its pages given back), as mimalloc purges after a delay.
-static TRIM_TICK: AtomicU32 = AtomicU32::new(0);
+use region::TRIM_TICK;
 mod debug;
 mod lists;
 mod remote;
@@ -166,7 +164,7 @@ use lists::{list_push, list_remove, take_freed_into, take_owned, unfull};
 use remote::{adopt, collect, detach, free_remote, take_remote};
 use thread::register_thread;
 pub use thread::{on_region_ready, release_thread, set_aside, set_back};
-pub use trim::{class_counters, class_resident_bytes, resident_empty_bytes, tick, trim, trim_tick};
+pub use trim::{class_counters, class_resident_bytes, resident_empty_bytes, tick, trim};
 use trim::{maybe_trim, release_resident, retire_own_empties, trim_reusable};
 
 static THREAD_KEY: AtomicUsize = AtomicUsize::new(usize::MAX);

@@ -26,11 +26,6 @@ pub(super) fn maybe_trim(tbl: *mut ThreadTable) {
     crate::large::purge(tick - 1);
 }
 
-/// The current trim tick.
-pub fn trim_tick() -> u32 {
-    TRIM_TICK.load(Relaxed)
-}
-
 /// Runs the periodic trim if its period has passed, from a path that is not a refill.
 pub fn tick(tbl: *mut ThreadTable) {
     // SAFETY: the calling thread's table (unpaged threads own no arenas).
