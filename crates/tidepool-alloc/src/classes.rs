@@ -2,7 +2,7 @@
 //!
 //! Memento found most serverless allocations under 512 bytes, so the small end is dense: every
 //! 16 bytes up to 128, then four classes per doubling up to [`MAX_SMALL`] (at most 25% internal
-//! waste, 12.5% on average). Plain requests above 2 KiB go to the medium heap
+//! waste, 12.5% on average). Plain requests above 8 KiB go to the medium heap
 //! (`medium.rs`) instead, and above [`MAX_SMALL`] to the large-object path (`large.rs`); aligned
 //! requests use the classes up to [`MAX_SMALL`].
 //!

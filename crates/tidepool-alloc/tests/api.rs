@@ -390,7 +390,7 @@ fn double_frees_and_foreign_pointers_abort() {
     // The medium heap: freed twice in a row, freed again after a neighbour absorbed it, and a
     // pointer into the middle of a medium object.
     assert!(aborted(in_child(|| {
-        let p = api::malloc(5000);
+        let p = api::malloc(10_000);
         // SAFETY: deliberately wrong, in a throwaway child.
         unsafe {
             api::free(p);
@@ -398,9 +398,9 @@ fn double_frees_and_foreign_pointers_abort() {
         }
     })));
     assert!(aborted(in_child(|| {
-        let a = api::malloc(5000);
-        let b = api::malloc(6000);
-        let guard = api::malloc(7000);
+        let a = api::malloc(10_000);
+        let b = api::malloc(11_000);
+        let guard = api::malloc(12_000);
         // SAFETY: deliberately wrong, in a throwaway child: `b` merges into `a` when `a` is freed.
         unsafe {
             api::free(b);
@@ -410,7 +410,7 @@ fn double_frees_and_foreign_pointers_abort() {
         }
     })));
     assert!(aborted(in_child(|| {
-        let p = api::malloc(9000) as usize;
+        let p = api::malloc(13_000) as usize;
         // SAFETY: deliberately wrong, in a throwaway child.
         unsafe { api::free((p + 4096) as *mut c_void) };
     })));

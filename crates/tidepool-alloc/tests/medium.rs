@@ -1,4 +1,4 @@
-//! The medium heap (requests above 2 KiB up to 32 KiB) in a process of its own, so its global
+//! The medium heap (requests above 8 KiB up to 32 KiB) in a process of its own, so its global
 //! counters see only this test: freed neighbours merge and the space is reused, frees from
 //! other threads work, and malloc_trim gives the wilderness back.
 
@@ -27,7 +27,7 @@ fn rss_kib() -> u64 {
 fn medium_heap_merges_reuses_and_gives_back() {
     // Rounds of mixed sizes freed in a scrambled order: every round fits in what the first one
     // carved, because freed neighbours merge back into chunks (and into the wilderness).
-    let sizes: Vec<usize> = (0..2000).map(|i| 2049 + (i * 7919) % 30_000).collect();
+    let sizes: Vec<usize> = (0..2000).map(|i| 8193 + (i * 7919) % 24_000).collect();
     let mut carved_after_first = 0;
     for round in 0..5u8 {
         let blocks: Vec<(usize, usize)> = sizes
@@ -68,7 +68,7 @@ fn medium_heap_merges_reuses_and_gives_back() {
 
     // Freed by another thread than the one that allocated.
     let ptrs: Vec<usize> = (0..500)
-        .map(|i| api::malloc(3000 + i * 50) as usize)
+        .map(|i| api::malloc(9000 + i * 40) as usize)
         .collect();
     std::thread::spawn(move || {
         for p in ptrs {
