@@ -476,14 +476,27 @@ unsafe fn swap_out(tbl: *mut ThreadTable, c: usize) -> usize {
         let arena = core::mem::take(&mut hot.arena);
         let list = core::mem::take(&mut hot.free);
         let h = header_in(arena, c);
+        // The header's own list is empty, unless the arena was set aside and freed into
+        // meanwhile (`set_arenas_aside`): both lists are joined and counted. Bounded walks: a
+        // list a double free made circular must not hang the thread's exit.
+        let own = (*h).free;
         let mut free = 0u32;
+        let mut tail = 0;
         let mut node = list;
-        // Bounded: a list a double free made circular must not hang the thread's exit.
+        while node != 0 && free < (*h).carved {
+            free += 1;
+            tail = node;
+            node = *(node as *const usize);
+        }
+        node = own;
         while node != 0 && free < (*h).carved {
             free += 1;
             node = *(node as *const usize);
         }
-        (*h).free = list;
+        if tail != 0 {
+            *(tail as *mut usize) = own;
+            (*h).free = list;
+        }
         (*h).used = (*h).carved - free;
         (*h).state = UNLISTED;
         arena

@@ -101,24 +101,8 @@ pub unsafe fn set_aside(tbl: *mut ThreadTable) -> [crate::tls::Hot; CLASSES] {
 /// `tbl` is the calling thread's table, and `hot` came from `set_aside` on it, with no
 /// allocation from the region on this thread since.
 pub unsafe fn set_back(tbl: *mut ThreadTable, hot: [crate::tls::Hot; CLASSES]) {
-    // SAFETY: guaranteed by the caller; frees made meanwhile into those arenas went onto their
-    // headers' lists (the table named none), and join the table's lists again here.
-    unsafe {
-        (*tbl).hot = hot;
-        for (c, hot) in (*tbl).hot.iter_mut().enumerate() {
-            if hot.arena == 0 {
-                continue;
-            }
-            let h = header_in(hot.arena, c);
-            let list = core::mem::take(&mut (*h).free);
-            if list != 0 {
-                let mut tail = list;
-                while *(tail as *const usize) != 0 {
-                    tail = *(tail as *const usize);
-                }
-                *(tail as *mut usize) = hot.free;
-                hot.free = list;
-            }
-        }
-    }
+    // SAFETY: guaranteed by the caller. No arena memory is touched here (a forked child calls
+    // this before its pager serves faults again): frees made meanwhile into those arenas went
+    // onto their headers' lists, which `swap_out` joins with the table's.
+    unsafe { (*tbl).hot = hot };
 }
