@@ -99,9 +99,8 @@ pub struct ArenaHeader {
     touched: usize,
     /// Slots carved since the arena was last empty.
     carved: u32,
-    capacity: u32,
-    recip: u32,
-    first_slot: u32,
+    /// Unused: keeps the header at two cache lines (slot geometry comes from the class).
+    _reserved: [u32; 3],
     /// Debug mode: lowest bitmap word that may have a free bit, and the bitmap's length.
     hint: u32,
     words: u32,
@@ -548,11 +547,8 @@ unsafe fn init_fresh(arena: usize, c: usize, tbl: usize) {
     // SAFETY: the arena was just bumped out of the class span: ours alone, zero-filled.
     unsafe {
         (*h).size = size as u32;
-        (*h).recip = reciprocal(c);
         (*h).class = c as u32;
         (*h).words = bitmap_words(c) as u32;
-        (*h).first_slot = first as u32;
-        (*h).capacity = capacity(c) as u32;
         (*h).bump = arena + first * size;
         (*h).end = arena + slots(c) * size;
         (*h).zero_from = (*h).bump;
