@@ -40,6 +40,9 @@ pub(super) unsafe fn list_push(tbl: *mut ThreadTable, c: usize, state: u32, aren
         let head = list_head(tbl, c, state);
         let h = header_in(arena, c);
         (*h).state = state;
+        if state == FULL {
+            (*h).owner.store(tbl as usize | FULL_TAG, Relaxed);
+        }
         (*h).local_prev = 0;
         (*h).local_next = *head;
         if *head != 0 {
@@ -68,8 +71,11 @@ pub(super) unsafe fn list_remove(tbl: *mut ThreadTable, c: usize, state: u32, ar
         } else if state == PARTIAL {
             (*tbl).partial_tail[c] = prev;
         }
-        if state == FULL && (*tbl).full_cursor[c] == arena {
-            (*tbl).full_cursor[c] = next;
+        if state == FULL {
+            (*h).owner.store(tbl as usize, Relaxed);
+            if (*tbl).full_cursor[c] == arena {
+                (*tbl).full_cursor[c] = next;
+            }
         }
         (*h).state = UNLISTED;
         (*h).local_next = 0;

@@ -4,9 +4,11 @@
 //!
 //! A thread's table holds, per class, its current arena and that arena's free list (Memento's
 //! object table, caching the arena header's allocation state). `malloc` pops the list: one load
-//! from the table, one from the slot. `free` of a pointer into the current arena of its class
-//! (the class is the pointer's offset in the region shifted by the span size, the arena one mask
-//! away) pushes it: no arena header is read at all. Everything else is the slow path.
+//! from the table, one from the slot. `free` finds the arena one mask away from the pointer and
+//! its class from the pointer's offset in the region, reads the header's owner, and if it is
+//! the calling thread (and the arena is not full) pushes the object: onto the table's list if
+//! the arena is current, onto the header's list if not, picked without a branch. Everything
+//! else is the slow path.
 //!
 //! # Arena states
 //!
@@ -80,7 +82,8 @@ pub struct ArenaHeader {
     class: u32,
     /// Where its owner keeps it: [`CURRENT`], [`FULL`], [`PARTIAL`] or [`UNLISTED`].
     state: u32,
-    /// Address of the owning thread's table; zero when detached, [`DEBUG_OWNER`] in debug mode.
+    /// Address of the owning thread's table (plus [`FULL_TAG`] while on its full list); zero
+    /// when detached, [`DEBUG_OWNER`] in debug mode.
     owner: AtomicUsize,
     /// Links in the owner's full or partial list of the class.
     local_next: usize,
@@ -114,6 +117,10 @@ const CURRENT: u32 = 1;
 const FULL: u32 = 2;
 /// Owned, with free slots, on the owner's partial list.
 const PARTIAL: u32 = 3;
+
+/// Added to the owner's address while the arena is on its full list, so that a free into it
+/// fails the fast path's owner test (tables are 64-byte aligned, so the bit is free).
+const FULL_TAG: usize = 2;
 
 /// The owner of every arena in debug mode: no thread's table, so every free takes the path
 /// that checks it.
@@ -210,33 +217,48 @@ pub unsafe fn alloc(tbl: *mut ThreadTable, c: usize) -> Block {
 
 /// Frees a pointer inside the class spans; `c` is its class.
 ///
+/// A free into any arena this thread owns and has not filled takes the same path, with one
+/// branch that depends on the program's data (the owner test, which a thread's own frees pass):
+/// the object goes onto the table's list if the arena is current, onto its header's list if
+/// not, chosen without a branch. Testing "is it the current arena?" with a branch, as this path
+/// once did, mispredicted on about a third of larson's frees, whose victims are random.
+///
 /// # Safety
 /// `p` is a live allocation of class `c` and `tbl` is the calling thread's table.
 #[inline(always)]
 pub unsafe fn free(tbl: *mut ThreadTable, p: usize, c: usize) {
     // SAFETY: `c < CLASSES`; per the caller `p` is dead from now on, so its first word may
-    // carry the list link.
+    // carry the list link; an owner equal to our table means we own the arena and it is
+    // current or partial (a full one carries `FULL_TAG`), so both lists are ours.
     unsafe {
-        let hot = (*tbl).hot.get_unchecked_mut(c);
         let arena = arena_of(p);
-        if hot.arena == arena {
-            *(p as *mut usize) = hot.free;
-            hot.free = p;
-            return;
-        }
-        // One of this thread's partial arenas: a push onto its header's list.
         let h = header_in(arena, c);
-        if (*h).owner.load(Relaxed) == tbl as usize && (*h).state == PARTIAL {
-            *(p as *mut usize) = (*h).free;
-            (*h).free = p;
-            (*h).used -= 1;
-            if (*h).used == 0 {
-                retire_partial(tbl, arena, c);
-            }
-            return;
+        if (*h).owner.load(Relaxed) != tbl as usize {
+            return free_other(tbl, p, c);
         }
-        free_other(tbl, p, c)
+        let hot = (*tbl).hot.get_unchecked_mut(c);
+        let list = select(
+            hot.arena == arena,
+            &raw mut hot.free as usize,
+            &raw mut (*h).free as usize,
+        ) as *mut usize;
+        *(p as *mut usize) = *list;
+        *list = p;
+        // Exact for a partial arena; a current one's `used` is settled by `swap_out`, and
+        // reaching zero on the way only costs `freed_last` a look at its state.
+        (*h).used = (*h).used.wrapping_sub(1);
+        if (*h).used == 0 {
+            freed_last(tbl, arena, c);
+        }
     }
+}
+
+/// `if cond { a } else { b }` without a branch: the condition is data the predictor can't
+/// learn (whether a random victim lies in the current arena).
+#[inline(always)]
+fn select(cond: bool, a: usize, b: usize) -> usize {
+    let mask = (cond as usize).wrapping_neg();
+    b ^ ((a ^ b) & mask)
 }
 
 /// A free into an arena that is not the thread's current one of the class.
@@ -247,19 +269,37 @@ unsafe fn free_other(tbl: *mut ThreadTable, p: usize, c: usize) {
     // SAFETY: every region address below a bumped arena's end lies in an initialised arena.
     unsafe {
         let owner = (*h).owner.load(Relaxed);
-        if owner != tbl as usize {
-            if owner == DEBUG_OWNER {
-                return debug::free(arena, p);
-            }
-            return free_remote(h, p);
-        }
-        *(p as *mut usize) = (*h).free;
-        (*h).free = p;
-        // Wraps harmlessly for a current arena set aside (`used` is settled when it stops
-        // being current).
-        (*h).used = (*h).used.wrapping_sub(1);
-        if (*h).state == FULL {
+        if owner == tbl as usize | FULL_TAG {
+            // One of our full arenas: it has room again.
+            *(p as *mut usize) = (*h).free;
+            (*h).free = p;
+            (*h).used -= 1;
             unfull(tbl, arena);
+            if (*h).used == 0 {
+                retire_partial(tbl, arena, c);
+            }
+            return;
+        }
+        if owner == tbl as usize {
+            // A thread that had not registered, freeing into an arena of its own.
+            return free(tbl, p, c);
+        }
+        if owner == DEBUG_OWNER {
+            return debug::free(arena, p);
+        }
+        free_remote(h, p)
+    }
+}
+
+/// An owned arena's `used` reached zero on a free: a partial arena goes to the empty stack; a
+/// current one stays (its count is not exact while current).
+#[cold]
+#[inline(never)]
+unsafe fn freed_last(tbl: *mut ThreadTable, arena: usize, c: usize) {
+    // SAFETY: the calling thread owns the arena.
+    unsafe {
+        if (*header_in(arena, c)).state == PARTIAL {
+            retire_partial(tbl, arena, c);
         }
     }
 }
