@@ -281,7 +281,8 @@ unsafe fn free_other(tbl: *mut ThreadTable, p: usize, c: usize) {
             return;
         }
         if owner == tbl as usize {
-            // A thread that had not registered, freeing into an arena of its own.
+            // Not reached from `free`, which took this case; `free_unregistered` comes here
+            // for any arena, and an arena of our own takes the fast path's push.
             return free(tbl, p, c);
         }
         if owner == DEBUG_OWNER {
