@@ -31,6 +31,11 @@
 //! aborts, like glibc.
 //!
 //! A pager can supply the region's pages through [`PageSource`] before the first allocation.
+//!
+//! The crate is `no_std` (core and libc only; its unit tests use std), so the preload library
+//! built on it can leave std out: see `tidepool-malloc`.
+
+#![cfg_attr(not(test), no_std)]
 
 pub mod api;
 mod block;
@@ -43,7 +48,7 @@ mod region;
 pub mod stats;
 mod tls;
 
-pub use os::fatal;
+pub use os::{fatal, fatal_at};
 pub use region::{
     parse_size, region, set_page_source, AlreadyInitialized, PageSource, KERNEL_PAGES,
 };

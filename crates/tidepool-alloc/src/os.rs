@@ -117,6 +117,31 @@ pub fn fatal(message: &[u8]) -> ! {
     unsafe { libc::abort() }
 }
 
+/// [`fatal`] with the source location it was raised at (`message at FILE:LINE`): a panic in a
+/// library built without std, whose handler cannot format.
+pub fn fatal_at(message: &[u8], file: &str, line: u32) -> ! {
+    let mut digits = [0u8; 10];
+    let mut at = digits.len();
+    let mut n = line;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    write_stderr(b"tidepool-alloc: ");
+    write_stderr(message);
+    write_stderr(b" at ");
+    write_stderr(file.as_bytes());
+    write_stderr(b":");
+    write_stderr(&digits[at..]);
+    write_stderr(b"\n");
+    // SAFETY: abort has no preconditions.
+    unsafe { libc::abort() }
+}
+
 /// Sets the calling thread's errno.
 pub fn set_errno(code: i32) {
     // SAFETY: __errno_location returns the calling thread's errno slot.

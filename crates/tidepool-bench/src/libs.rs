@@ -12,7 +12,7 @@ pub fn next_to_exe(package: &str, file: &str) -> Result<PathBuf> {
     Ok(tidepool_peers::libs::next_to_exe(package, file)?)
 }
 
-/// `package`'s `file` built in release mode into `target_dir`, for tests: see
+/// `package`'s `file` built in release mode (or its own profile) into `target_dir`, for tests: see
 /// [`tidepool_peers::libs::build_into`].
 pub fn build_into(
     target_dir: &Path,

@@ -14,6 +14,16 @@
 //! The allocator initialises itself on the first call, whoever makes it (a constructor of
 //! another library included), and again nothing here allocates, so it is safe however early
 //! it is called.
+//!
+//! Built in the workspace's `malloc` profile (`cargo build --profile malloc -p tidepool-malloc`,
+//! which is `release` with `panic = "abort"`), the library is `no_std`: its panic handler
+//! aborts, and neither std's panic and backtrace code (300 KiB of text) nor libgcc_s is loaded
+//! into the program. Most of that text would be mapped in by the kernel's fault-around next to
+//! the code that runs, which cost every process about 0.3 MiB of RSS. Built in any other
+//! profile (unwinding panics need std), it is an ordinary std library, which is what
+//! `tidepool-preload` links and what the tests' own builds of this crate are.
+
+#![cfg_attr(panic = "abort", no_std)]
 
 use core::ffi::c_void;
 use tidepool_alloc::api;
@@ -206,3 +216,27 @@ static INIT: extern "C" fn() = initialise_early;
 #[used]
 #[link_section = ".fini_array"]
 static FINI: extern "C" fn() = report_at_exit;
+
+/// Under `panic = "abort"` (the `malloc` profile) there is no std to handle a panic. None is
+/// expected (nothing on an allocation path panics); if one happens, say so and abort.
+#[cfg(panic = "abort")]
+#[panic_handler]
+fn on_panic(info: &core::panic::PanicInfo) -> ! {
+    match info.location() {
+        Some(at) => tidepool_alloc::fatal_at(b"internal error (a panic)", at.file(), at.line()),
+        None => tidepool_alloc::fatal(b"internal error (a panic)"),
+    }
+}
+
+/// Nothing unwinds here, but `core` is precompiled with unwinding and its unwind tables name
+/// this personality routine, which std would have defined; without it the dynamic linker
+/// refuses the library. It is never called.
+#[cfg(panic = "abort")]
+#[no_mangle]
+extern "C" fn rust_eh_personality() {}
+
+// Without std nothing asks for libc by name; ask, so the library records it as NEEDED and its
+// symbols bind to libc's versions.
+#[cfg(panic = "abort")]
+#[link(name = "c")]
+extern "C" {}

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// The preload library, built in release mode into a target directory of its own (cargo builds
-/// only the rlib of this package for its tests).
+/// The preload library, built in its `malloc` profile into a target directory of its own
+/// (cargo builds only the rlib of this package for its tests).
 fn library() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
@@ -102,6 +102,46 @@ fn compile_c(name: &str) -> Result<PathBuf> {
         String::from_utf8_lossy(&cc.stderr)
     );
     Ok(exe)
+}
+
+/// The library a program loads carries no std: no libgcc_s beside it and a code mapping of
+/// tens of KiB, not the 300 KiB that std's panic and backtrace code made it (most of which the
+/// kernel's fault-around mapped into every process). The `malloc` profile gives this.
+#[test]
+fn no_std_in_the_loaded_library() -> Result<()> {
+    let out = Command::new("cat")
+        .arg("/proc/self/maps")
+        .env("LD_PRELOAD", library())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "cat under the library failed: {out:?}"
+    );
+    let maps = String::from_utf8(out.stdout)?;
+    ensure!(
+        !maps.contains("libgcc_s"),
+        "libgcc_s was loaded with the library:\n{maps}"
+    );
+    let code: u64 = maps
+        .lines()
+        .filter(|l| l.ends_with("libtidepool_malloc.so") && l.contains(" r-x"))
+        .map(|l| {
+            let (from, to) = l
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            u64::from_str_radix(to, 16).unwrap() - u64::from_str_radix(from, 16).unwrap()
+        })
+        .sum();
+    ensure!(code > 0, "the library's code is not mapped:\n{maps}");
+    ensure!(
+        code <= 128 << 10,
+        "the library maps {} KiB of code; std is back in it?",
+        code >> 10
+    );
+    Ok(())
 }
 
 #[test]

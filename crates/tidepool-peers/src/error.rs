@@ -97,6 +97,11 @@ pub enum PeerError {
     #[error("{} missing after the build", path.display())]
     BuiltNothing { path: PathBuf },
 
-    #[error("{} not found; build it with `cargo build --release -p {package}`", path.display())]
-    LibraryNotFound { path: PathBuf, package: String },
+    #[error("{} not found; build it with `cargo build --profile {profile} -p {package}`", path.display())]
+    LibraryNotFound {
+        path: PathBuf,
+        package: String,
+        /// The profile to build it in: the package's own or `release`.
+        profile: String,
+    },
 }

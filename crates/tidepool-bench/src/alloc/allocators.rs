@@ -60,7 +60,8 @@ pub(super) fn systems(ctx: &mut Ctx) -> Result<Vec<Allocator>> {
     Ok(systems)
 }
 
-/// libtidepool_malloc.so next to this executable (built first under `cargo run`).
+/// libtidepool_malloc.so from the `malloc` profile beside this executable's (or next to it), built
+/// first under `cargo run`.
 pub fn tidepool_library() -> Result<PathBuf> {
     crate::libs::next_to_exe("tidepool-malloc", "libtidepool_malloc.so")
 }

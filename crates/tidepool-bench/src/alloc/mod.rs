@@ -154,7 +154,7 @@ pub fn worker(args: &[String]) -> Result<()> {
     worker::run(args)
 }
 
-/// Builds libtidepool_malloc.so in release mode into `target_dir`, for tests: see
+/// Builds libtidepool_malloc.so (profile `malloc`) into `target_dir`, for tests: see
 /// [`tidepool_peers::libs::build_malloc_into`].
 pub fn build_library_into(target_dir: &Path, workspace_dir: &Path) -> Result<PathBuf> {
     Ok(tidepool_peers::libs::build_malloc_into(
