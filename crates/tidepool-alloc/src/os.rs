@@ -117,26 +117,31 @@ pub fn fatal(message: &[u8]) -> ! {
     unsafe { libc::abort() }
 }
 
-/// [`fatal`] with the source location it was raised at (`message at FILE:LINE`): a panic in a
-/// library built without std, whose handler cannot format.
-pub fn fatal_at(message: &[u8], file: &str, line: u32) -> ! {
-    let mut digits = [0u8; 10];
+/// `v` in decimal, written at the end of `digits`; what an allocator prints without formatting
+/// machinery (which could allocate).
+pub fn decimal(mut v: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();
-    let mut n = line;
     loop {
         at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
+        digits[at] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
             break;
         }
     }
+    &digits[at..]
+}
+
+/// [`fatal`] with the source location it was raised at (`message at FILE:LINE`): a panic in a
+/// library built without std, whose handler cannot format.
+pub fn fatal_at(message: &[u8], file: &str, line: u32) -> ! {
+    let mut digits = [0u8; 20];
     write_stderr(b"tidepool-alloc: ");
     write_stderr(message);
     write_stderr(b" at ");
     write_stderr(file.as_bytes());
     write_stderr(b":");
-    write_stderr(&digits[at..]);
+    write_stderr(decimal(line.into(), &mut digits));
     write_stderr(b"\n");
     // SAFETY: abort has no preconditions.
     unsafe { libc::abort() }

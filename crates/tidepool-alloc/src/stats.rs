@@ -103,23 +103,13 @@ impl Line {
     }
 
     /// `v` right-aligned in `width` columns.
-    fn num(&mut self, mut v: u64, width: usize) -> &mut Self {
+    fn num(&mut self, v: u64, width: usize) -> &mut Self {
         let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (v % 10) as u8;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        let n = digits.len() - i;
-        for _ in n..width {
+        let d = os::decimal(v, &mut digits);
+        for _ in d.len()..width {
             self.text(b" ");
         }
-        let d = digits;
-        self.text(&d[i..])
+        self.text(d)
     }
 
     fn flush(&mut self) {
