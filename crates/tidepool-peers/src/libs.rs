@@ -71,8 +71,18 @@ pub fn next_to_exe(package: &str, file: &str) -> Result<PathBuf, PeerError> {
     if lib.exists() {
         return Ok(lib);
     }
+    // Name the place a build would put it: the profile's directory in a cargo target
+    // directory (beside its release or debug directory), the executable's own otherwise
+    // (an installed layout).
+    let expected = own
+        .filter(|own| {
+            own.parent()
+                .and_then(Path::parent)
+                .is_some_and(|t| t.join("release").is_dir() || t.join("debug").is_dir())
+        })
+        .unwrap_or(lib);
     Err(PeerError::LibraryNotFound {
-        path: own.unwrap_or(lib),
+        path: expected,
         package: package.to_string(),
         profile: profile_of(package).unwrap_or("release").to_string(),
     })
