@@ -126,3 +126,49 @@ fn thread_exit_hands_arenas_back() {
         after - before
     );
 }
+
+#[test]
+fn an_exited_threads_arenas_pass_to_the_thread_freeing_into_them() {
+    let _serial = serial();
+    // larson's pattern: a thread inherits an exited thread's objects and replaces them one by
+    // one. Its first free into each of the exited thread's arenas queues that arena, so its
+    // next allocation takes the arena over instead of a new one, and its frees there are local.
+    let n = 3000;
+    let c = tidepool_alloc::classes::class_of(n);
+    let arenas = || tidepool_alloc::stats().classes[c].arenas;
+    let inherited = std::thread::spawn(move || {
+        (0..1000)
+            .map(|i| {
+                let p = api::malloc(n);
+                fill(p, n, i as u8);
+                p as usize
+            })
+            .collect::<Vec<usize>>()
+    })
+    .join()
+    .unwrap();
+    let before = arenas();
+    std::thread::spawn(move || {
+        let mut replaced = Vec::new();
+        for (i, p) in inherited.into_iter().enumerate() {
+            assert!(check(p as *const c_void, n, i as u8));
+            // SAFETY: the exited thread's allocation, freed once here.
+            unsafe { api::free(p as *mut c_void) };
+            let q = api::malloc(n);
+            fill(q, n, 7);
+            replaced.push(q);
+        }
+        for q in replaced {
+            assert!(check(q, n, 7));
+            // SAFETY: live allocation.
+            unsafe { api::free(q) };
+        }
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        arenas(),
+        before,
+        "replacing an exited thread's objects took new arenas instead of its own"
+    );
+}

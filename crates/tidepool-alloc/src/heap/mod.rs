@@ -19,8 +19,10 @@
 //!   pushing the object onto the arena's lock-free `remote` list; the owner takes that list
 //!   ("collects") when it needs room.
 //! * **Detached**: its owner exited. `owner` is zero, so every free goes through `remote`. The
-//!   free that brings the uncollected count to the arena's queue threshold sets `QUEUED` and
-//!   pushes the arena onto its class's *reusable* stack.
+//!   first free into it sets `QUEUED` and pushes the arena onto its class's *reusable* stack, so
+//!   the next thread that needs an arena of the class takes it over and frees into it become
+//!   local again (a thread that inherits another's objects, as larson's do, is usually that
+//!   thread).
 //! * **Reusable** (detached and queued): waiting to be adopted by any thread that needs an arena
 //!   of the class; adoption takes the remote list and clears both flags in one swap.
 //! * **Empty** (on its class's *empty* stack): no live objects. Up to `RETAIN_BYTES` of empty
@@ -46,14 +48,14 @@
 
 use crate::block::Block;
 use crate::classes::{
-    bitmap_words, capacity, class_size, first_slot, header_offset, reciprocal, slots, ARENA_BYTES,
-    CLASSES, PAGE,
+    bitmap_words, class_size, first_slot, header_offset, reciprocal, slots, ARENA_BYTES, CLASSES,
+    PAGE,
 };
 use crate::os;
 use crate::region::{self, RETAIN_BYTES};
 use crate::tls::ThreadTable;
 use core::ffi::c_void;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 const DETACHED: usize = 1;
 const QUEUED: usize = 2;
@@ -90,8 +92,6 @@ pub struct ArenaHeader {
     // Second cache line: shared with freeing threads.
     /// Uncollected remote frees (top 16 bits) | list head | `DETACHED` | `QUEUED`.
     remote: AtomicUsize,
-    /// Uncollected frees at which a detached arena is worth queueing for reuse.
-    queue_threshold: AtomicU32,
     /// On the empty stack with its pages still resident (counted in `RESIDENT_EMPTY`): the trim
     /// tick it was retired in, plus one. Zero: not resident.
     resident: u32,

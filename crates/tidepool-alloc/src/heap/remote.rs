@@ -4,8 +4,8 @@
 use super::*;
 
 /// A free into an arena this thread does not own: push onto its remote list. One CAS pushes the
-/// object, counts it, and (for a detached arena reaching its threshold) marks the arena queued;
-/// the free that queued it then pushes it onto the class's reusable stack.
+/// object, counts it, and (for a detached arena not yet queued) marks the arena queued; the free
+/// that queued it then pushes it onto the class's reusable stack.
 #[inline(never)]
 pub(super) unsafe fn free_remote(h: *mut ArenaHeader, p: usize) {
     // SAFETY: `h` is an initialised arena header; `p` is a dead object of at least 16 bytes in
@@ -16,8 +16,7 @@ pub(super) unsafe fn free_remote(h: *mut ArenaHeader, p: usize) {
             *(p as *mut usize) = old & LIST;
             let count = (old >> COUNT_SHIFT) + 1;
             let mut flags = old & FLAGS;
-            // The Acquire load that saw DETACHED makes the detaching owner's threshold visible.
-            let queue = flags == DETACHED && count as u32 >= (*h).queue_threshold.load(Relaxed);
+            let queue = flags == DETACHED;
             if queue {
                 flags |= QUEUED;
             }
@@ -102,14 +101,13 @@ unsafe fn fold(h: *mut ArenaHeader, word: usize) -> u32 {
     }
 }
 
-/// Gives up ownership of an arena that is not current (its owner is exiting). `threshold`:
-/// uncollected frees that make it worth queueing for reuse. Frees racing with the detach are
-/// collected; if they empty the arena, it goes to the empty stack instead.
-pub(super) unsafe fn detach(arena: usize, threshold: u32) {
+/// Gives up ownership of an arena that is not current (its owner is exiting). The first free
+/// into it afterwards queues it for reuse. Frees racing with the detach are collected; if they
+/// empty the arena, it goes to the empty stack instead.
+pub(super) unsafe fn detach(arena: usize) {
     let h = header(arena);
     // SAFETY: the caller owns the arena until the CAS below succeeds.
     unsafe {
-        (*h).queue_threshold.store(threshold.max(1), Relaxed);
         (*h).owner.store(0, Relaxed);
         loop {
             if (*h)

@@ -65,7 +65,7 @@ pub unsafe fn release_thread(tbl: *mut ThreadTable) {
 }
 
 /// Hands an unlisted arena of ours to whoever needs it: empty ones to the empty stack, others
-/// detached (queued for reuse once enough of their objects are freed).
+/// detached (queued for reuse by the first free into them).
 pub(super) unsafe fn give_up(arena: usize) {
     // SAFETY: the calling thread owns the arena, which is on none of its lists.
     unsafe {
@@ -74,8 +74,7 @@ pub(super) unsafe fn give_up(arena: usize) {
         if (*h).used == 0 {
             retire_empty(arena);
         } else {
-            let threshold = (capacity((*h).class as usize) as u32 / 8).min((*h).used);
-            detach(arena, threshold);
+            detach(arena);
         }
     }
 }
