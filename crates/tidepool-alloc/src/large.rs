@@ -107,7 +107,7 @@ fn cache_take(len: usize) -> Option<(usize, usize)> {
     // eighth (tried) made the alloc suite's large-objects twice as slow; giving back tails
     // longer than the object (until 2026-11-27) cost malloc-large 567 k page faults where
     // this costs 300 k (tcmalloc 185 k): 3.35 s became 2.75 s (tcmalloc 2.53 s), peak RSS
-    // 512 MiB became 535 MiB, and large-objects went from 0.24 s to 0.18 s at a lower peak.
+    // 500 MiB became 522 MiB, and large-objects went from 0.24 s to 0.18 s at a lower peak.
     if l >= len && l / 4 > len {
         // SAFETY: the tail past `len` is part of a whole cached mapping that nobody references.
         unsafe { (src.unmap_large)(base + len, l - len) };

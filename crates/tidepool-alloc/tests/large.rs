@@ -12,6 +12,9 @@ fn touch(p: *mut c_void, n: usize) {
 
 #[test]
 fn a_cached_mapping_serves_a_smaller_object_whole_down_to_a_quarter_of_its_size() {
+    // Before the allocator's first use: a trim period long enough that a slow machine cannot
+    // purge the cached mapping between the steps below.
+    std::env::set_var("TIDEPOOL_ALLOC_TRIM_MS", "3600000");
     // A 16 MiB buffer, its pages made resident, then freed: the cache keeps the mapping.
     let big = api::malloc(16 * MIB);
     assert!(!big.is_null());
