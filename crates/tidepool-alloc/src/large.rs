@@ -102,12 +102,8 @@ fn cache_take(len: usize) -> Option<(usize, usize)> {
     let (base, l) = found?;
     // A mapping more than four times the object's size gives its tail back; a smaller one
     // serves it whole, so an object holds at most three times its size in pages that were
-    // resident in the cache already. Tails are soon needed again, by the next larger object,
-    // and a tail given back is faulted in again page by page. Giving back anything over an
-    // eighth (tried) made the alloc suite's large-objects twice as slow; giving back tails
-    // longer than the object (until 2026-11-27) cost malloc-large 567 k page faults where
-    // this costs 300 k (tcmalloc 185 k): 3.35 s became 2.75 s (tcmalloc 2.53 s), peak RSS
-    // 500 MiB became 522 MiB, and large-objects went from 0.24 s to 0.18 s at a lower peak.
+    // resident in the cache already. Tails are soon needed again by the next larger object,
+    // and a tail given back is faulted in again page by page (figures in ARCHITECTURE.md).
     if l >= len && l / 4 > len {
         // SAFETY: the tail past `len` is part of a whole cached mapping that nobody references.
         unsafe { (src.unmap_large)(base + len, l - len) };
