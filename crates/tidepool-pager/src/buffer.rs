@@ -4,7 +4,8 @@
 use crate::region_inner::RegionInner;
 use crate::sys::{Mapping, PAGE};
 use parking_lot::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering::*};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use tidepool_store::Key;
 
@@ -72,4 +73,41 @@ pub(crate) struct PageWrite {
 pub(crate) enum StoreJob {
     Write(Vec<PageWrite>),
     Remove(Vec<Key>),
+}
+
+/// The write-back thread's queue of jobs, in order.
+///
+/// Fork-safe by construction: its lock is taken only inside the fork gate's sections (so a
+/// fork never copies it held), and the write-back thread waits for work on a futex word, which
+/// keeps no record of its waiters in user memory. (A channel's receiver registers itself under
+/// a lock while it waits, outside any section, and a child forked at that moment would
+/// inherit the lock held.)
+#[derive(Default)]
+pub(crate) struct JobQueue {
+    jobs: Mutex<VecDeque<StoreJob>>,
+    /// Non-zero: jobs were queued since the write-back thread last looked.
+    kick: AtomicU32,
+}
+
+impl JobQueue {
+    /// Queues a job (inside a section) and wakes the write-back thread.
+    pub(crate) fn send(&self, job: StoreJob) {
+        self.jobs.lock().push_back(job);
+        if self.kick.swap(1, AcqRel) == 0 {
+            crate::sys::futex_wake(&self.kick);
+        }
+    }
+
+    /// Waits (outside any section) until a job may be queued, or `timeout`.
+    pub(crate) fn wait(&self, timeout: std::time::Duration) {
+        if self.kick.swap(0, AcqRel) == 0 {
+            crate::sys::futex_wait(&self.kick, 0, timeout);
+            self.kick.store(0, Release);
+        }
+    }
+
+    /// The next job, if any (inside a section).
+    pub(crate) fn pop(&self) -> Option<StoreJob> {
+        self.jobs.lock().pop_front()
+    }
 }

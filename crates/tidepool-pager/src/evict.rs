@@ -332,10 +332,10 @@ impl Inner {
         }
         Counters::add(&self.counters.evicted, run.len() as u64);
         if !saved.removes.is_empty() {
-            let _ = self.store_tx.send(StoreJob::Remove(saved.removes));
+            self.jobs.send(StoreJob::Remove(saved.removes));
         }
         if !saved.writes.is_empty() {
-            let _ = self.store_tx.send(StoreJob::Write(saved.writes));
+            self.jobs.send(StoreJob::Write(saved.writes));
         }
     }
 }

@@ -34,25 +34,51 @@ impl Staging {
     }
 }
 
+/// What a handler does after installing a demand-faulted page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FollowUp {
+    /// Evict if over budget, and let the stride detector plan a prefetch.
+    Full,
+    /// Nothing: the page goes in and the thread is woken. While a fork is under way (nothing
+    /// may be evicted that the forking thread just touched for its child) and while the pager's
+    /// own threads start.
+    InstallOnly,
+}
+
+/// How long faults read while a fork holds the gate wait before they are served anyway, if the
+/// forking thread sleeps meanwhile: it may be waiting for a lock their thread holds (glibc's
+/// fork takes the stdio and NSS locks after the fork handlers ran).
+const HELD_TOO_LONG: Duration = Duration::from_millis(10);
+
 impl Inner {
     pub(crate) fn handler_loop(self: Arc<Self>) {
         let mut faults = Vec::with_capacity(32);
+        // Faults read while a fork holds the gate closed, with when they were read.
+        let mut held: Vec<(Fault, Instant)> = Vec::new();
         let mut staging = Staging::new();
         let bell = self.doorbell.addr();
         loop {
-            // One system call a fault: the read blocks until there are some (a poll first
-            // would be a second).
-            if let Err(e) = self.uffd.read_faults(&mut faults) {
+            let read = if held.is_empty() {
+                // One system call a fault: the read blocks until there are some (a poll first
+                // would be a second).
+                self.uffd.read_faults(&mut faults)
+            } else {
+                // Faults are held: look for the forking thread's own, and for the gate to open.
+                let r = self.uffd.read_faults_now(&mut faults);
+                if faults.is_empty() {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                r
+            };
+            if let Err(e) = read {
                 self.fatal("reading fault events", &e);
             }
-            if faults.len() > 1 {
-                self.serve_together(&mut faults, &mut staging);
-            }
+            self.stall_if_asked();
             let mut stop = false;
+            let now = Instant::now();
             for f in faults.drain(..) {
                 if f.page_addr != bell {
-                    let _section = crate::fork::section();
-                    self.serve(f, &mut staging);
+                    held.push((f, now));
                 } else if self.shutdown.load(Acquire) && !stop {
                     // Mapping the page lets the ringer go on to the next handler.
                     stop = true;
@@ -61,13 +87,135 @@ impl Inner {
                     self.uffd.wake(bell, PAGE);
                 }
             }
+            self.serve_or_hold(&mut held, &mut staging);
             if stop {
                 return;
+            }
+            if held.is_empty() {
+                self.activity.set(crate::activity::Doing::Idle, 0, 0);
             }
         }
     }
 
-    pub(crate) fn serve(&self, f: Fault, staging: &mut Staging) {
+    /// Fault injection for tests ([`Config::stall_handlers_after`]): past that many faults, this
+    /// handler stops for good, as if stuck.
+    fn stall_if_asked(&self) {
+        let Some(after) = self.stall_handlers_after else {
+            return;
+        };
+        if self.counters.missing_faults.load(Relaxed) < after {
+            return;
+        }
+        self.activity.set(crate::activity::Doing::Stalled, 0, 0);
+        while !self.shutdown.load(Acquire) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Serves the faults read so far, or, while a fork holds the gate closed, those of the
+    /// forking thread (it cannot fork while it waits for them) and those held so long that the
+    /// forking thread may be waiting for their threads; the rest stay in `held`.
+    fn serve_or_hold(&self, held: &mut Vec<(Fault, Instant)>, staging: &mut Staging) {
+        use crate::activity::Doing;
+        if held.is_empty() {
+            return;
+        }
+        if let Some(_section) = crate::fork::try_section() {
+            let mut faults: Vec<Fault> = held.drain(..).map(|(f, _)| f).collect();
+            let first = faults[0];
+            self.activity
+                .set(Doing::Serving, first.page_addr as u64, first.tid);
+            if faults.len() > 1 {
+                self.serve_together(&mut faults, staging);
+            }
+            for f in faults {
+                self.serve(f, staging, FollowUp::Full);
+            }
+            return;
+        }
+        let Some(forking) = crate::fork::forking_thread() else {
+            // The gate opened since: next time round.
+            return;
+        };
+        let mut late = None;
+        held.retain(|&(f, since)| {
+            if f.tid == forking {
+                self.serve_during_fork(f, staging);
+                return false;
+            }
+            if since.elapsed() < HELD_TOO_LONG {
+                return true;
+            }
+            // Once per pass: is the forking thread asleep (on a lock, say)?
+            if *late.get_or_insert_with(|| crate::watchdog::thread_sleeps(forking)) {
+                self.serve_during_fork(f, staging);
+                return false;
+            }
+            true
+        });
+        if !held.is_empty() {
+            self.activity
+                .set(Doing::Holding, held.len() as u64, forking);
+        }
+    }
+
+    /// Serves one fault while a fork is under way: installed and accounted for entirely before
+    /// its thread (perhaps the forking one) is woken, nothing evicted, no prefetch.
+    fn serve_during_fork(&self, f: Fault, staging: &mut Staging) {
+        self.activity
+            .set(crate::activity::Doing::Serving, f.page_addr as u64, f.tid);
+        self.uffd.deferring_wakes(|| {
+            // The section ends before the wake-ups go out: the child of a fork that follows
+            // must not find it counted.
+            let _section = crate::fork::section_regardless();
+            self.serve(f, staging, FollowUp::InstallOnly);
+        });
+    }
+
+    /// Serves faults on this (not yet a pager) thread until `started` of the pager's new
+    /// threads say they run: their start-up in glibc may touch memory of the program (the
+    /// locale data `setlocale` allocated), which only a running pager can bring back. In a
+    /// forked child nobody else would serve it.
+    pub(crate) fn serve_while_starting(&self, started: &std::sync::atomic::AtomicU32, n: u32) {
+        let t0 = Instant::now();
+        let mut faults = Vec::new();
+        let mut staging: Option<Staging> = None;
+        let bell = self.doorbell.addr();
+        while started.load(Acquire) < n {
+            if let Err(e) = self.uffd.read_faults_now(&mut faults) {
+                self.fatal("reading fault events while the pager's threads start", &e);
+            }
+            if faults.is_empty() {
+                if t0.elapsed() > self.fault_deadline && !self.fault_deadline.is_zero() {
+                    crate::sys::die(
+                        &format!(
+                            "tidepool pager (process {}): only {} of the pager's {n} threads \
+                             started within {:.1} s; stopping the program (exit status {}) \
+                             rather than let it hang\n",
+                            std::process::id(),
+                            started.load(Acquire),
+                            self.fault_deadline.as_secs_f64(),
+                            FATAL_EXIT_CODE
+                        ),
+                        FATAL_EXIT_CODE,
+                    );
+                }
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            let staging = staging.get_or_insert_with(Staging::new);
+            for f in faults.drain(..) {
+                if f.page_addr == bell {
+                    self.uffd.wake(bell, PAGE);
+                    continue;
+                }
+                let _section = crate::fork::section();
+                self.serve(f, staging, FollowUp::InstallOnly);
+            }
+        }
+    }
+
+    pub(crate) fn serve(&self, f: Fault, staging: &mut Staging, follow_up: FollowUp) {
         let taken = Instant::now();
         let Some(region) = self.region_of(f.page_addr) else {
             self.uffd.wake(f.page_addr, PAGE);
@@ -96,7 +244,9 @@ impl Inner {
             return;
         }
         self.install_demand(&region, page, word, f.write, staging, taken);
-        self.after_demand(&region, page, staging);
+        if follow_up == FollowUp::Full {
+            self.after_demand(&region, page, staging);
+        }
     }
 
     /// Missing faults read together on pages in the store (not framed): one store read for all
@@ -243,7 +393,7 @@ impl Inner {
                 let mut removes = Vec::new();
                 self.tags.drop_copy(region.key(page), &mut removes);
                 if !removes.is_empty() {
-                    let _ = self.store_tx.send(StoreJob::Remove(removes));
+                    self.jobs.send(StoreJob::Remove(removes));
                 }
             }
             // Installed with a wake-up.
@@ -393,7 +543,13 @@ impl Inner {
     /// fatal (the program would read garbage).
     pub(crate) fn read_pages(&self, keys: &[Key], staging: &mut Staging, what: &str) {
         let Staging { buf, lens } = staging;
-        if let Err(e) = self.store.read_many_into(keys, PAGE, buf, lens) {
+        let read = self.activity.during(
+            crate::activity::Doing::Store,
+            keys.first().copied().unwrap_or(0),
+            0,
+            || self.store.read_many_into(keys, PAGE, buf, lens),
+        );
+        if let Err(e) = read {
             self.fatal(what, &e);
         }
         for len in &lens[..keys.len()] {

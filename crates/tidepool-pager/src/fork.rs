@@ -27,23 +27,23 @@
 //! parent's pager serves their faults. A child made by a raw `clone` system call without
 //! `CLONE_VM` bypasses the handlers and is not supported.
 
+use crate::sys::{futex_wait, futex_wake_all, gettid};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
-/// Sections in flight, and whether a fork holds new ones back.
+/// Sections in flight, and who holds new ones back.
 struct Gate {
     active: AtomicUsize,
-    closed: AtomicBool,
-    lock: Mutex<()>,
-    reopened: Condvar,
+    /// 0 while the gate is open; else the kernel id of the thread that closed it to fork (its
+    /// *owner*). A futex word: sections wait on it.
+    owner: AtomicU32,
 }
 
 static GATE: Gate = Gate {
     active: AtomicUsize::new(0),
-    closed: AtomicBool::new(false),
-    lock: Mutex::new(()),
-    reopened: Condvar::new(),
+    owner: AtomicU32::new(0),
 };
 
 thread_local! {
@@ -57,26 +57,66 @@ pub(crate) struct Section {
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
-/// Enters a section, waiting while a fork is under way.
-pub(crate) fn section() -> Section {
+/// How a section treats a closed gate.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    /// Wait until the fork is over.
+    Wait,
+    /// Give up at once.
+    Try,
+    /// Go in anyway (counted, so that a torn child can tell): work the forking thread waits for.
+    Regardless,
+}
+
+fn enter(how: Entry) -> Option<Section> {
     DEPTH.with(|d| {
         if d.get() == 0 {
             loop {
                 GATE.active.fetch_add(1, SeqCst);
-                if !GATE.closed.load(SeqCst) {
+                let owner = GATE.owner.load(SeqCst);
+                // The forking thread itself may do pager work (its own faults are served while
+                // it forks): waiting for itself would never end.
+                if owner == 0 || how == Entry::Regardless || owner == gettid() {
                     break;
                 }
                 GATE.active.fetch_sub(1, SeqCst);
-                let mut g = GATE.lock.lock().unwrap_or_else(|e| e.into_inner());
-                while GATE.closed.load(SeqCst) {
-                    g = GATE.reopened.wait(g).unwrap_or_else(|e| e.into_inner());
+                if how == Entry::Try {
+                    return None;
                 }
+                futex_wait(&GATE.owner, owner, Duration::from_millis(10));
             }
         }
         d.set(d.get() + 1);
-    });
-    Section {
-        _not_send: std::marker::PhantomData,
+        Some(Section {
+            _not_send: std::marker::PhantomData,
+        })
+    })
+}
+
+/// Enters a section, waiting while a fork is under way.
+pub(crate) fn section() -> Section {
+    enter(Entry::Wait).expect("a waiting entry always enters")
+}
+
+/// Enters a section unless a fork is under way.
+pub(crate) fn try_section() -> Option<Section> {
+    enter(Entry::Try)
+}
+
+/// Enters a section even while a fork is under way: for work the forking thread waits for
+/// (its own page faults), which therefore cannot overlap the fork itself, and for faults of
+/// other threads held so long that the forking thread may be waiting for them (see
+/// `fault.rs`). Counted like any section, so that a child forked in the middle of one knows
+/// its copy of the pager is torn.
+pub(crate) fn section_regardless() -> Section {
+    enter(Entry::Regardless).expect("entered regardless")
+}
+
+/// The thread forking now, if one is: faults it raises are served while the gate is closed.
+pub(crate) fn forking_thread() -> Option<u32> {
+    match GATE.owner.load(SeqCst) {
+        0 => None,
+        tid => Some(tid),
     }
 }
 
@@ -91,24 +131,30 @@ impl Drop for Section {
     }
 }
 
+/// Closes the gate for the calling thread: waits for any other thread's fork to finish, then
+/// for the sections in flight.
 fn close_gate() {
-    GATE.closed.store(true, SeqCst);
+    let me = gettid();
+    loop {
+        match GATE.owner.compare_exchange(0, me, SeqCst, SeqCst) {
+            Ok(_) => break,
+            Err(other) => futex_wait(&GATE.owner, other, Duration::from_millis(10)),
+        }
+    }
     let mut spins = 0u32;
     while GATE.active.load(SeqCst) != 0 {
         spins += 1;
         if spins < 100 {
             std::thread::yield_now();
         } else {
-            std::thread::sleep(std::time::Duration::from_micros(50));
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
 }
 
 fn open_gate() {
-    let g = GATE.lock.lock().unwrap_or_else(|e| e.into_inner());
-    GATE.closed.store(false, SeqCst);
-    drop(g);
-    GATE.reopened.notify_all();
+    GATE.owner.store(0, SeqCst);
+    futex_wake_all(&GATE.owner);
 }
 
 /// What a pager does around a fork; see the module documentation. Implemented by the pager
@@ -118,8 +164,11 @@ pub(crate) trait ForkHooks: Send + Sync {
     fn prepare(&self);
     /// In the parent, before the gate opens again.
     fn parent(&self);
-    /// In the child, with the gate still closed: become a pager of this process.
-    fn child(&self);
+    /// In the child, with the gate still closed: take over this process's memory (register
+    /// it again, with a userfaultfd object of this process's own).
+    fn child_prepare(&self);
+    /// In the child, once every pager took over its memory: start serving it.
+    fn child_start(&self);
 }
 
 /// Every running pager of this process, for the fork handlers. Changed only inside sections.
@@ -188,14 +237,31 @@ extern "C" fn parent() {
 
 extern "C" fn child() {
     FORKED.store(true, Relaxed);
-    // The gate stays closed while the pagers restart (their new threads wait at it); the
-    // restart itself enters no section.
-    for p in pagers() {
-        p.child();
+    // No thread of the parent exists here; whatever they had entered is over, but if one was
+    // inside a section at the moment of the fork (a fault held so long that it was served
+    // while the gate was closed), this copy of the pager's state may be half changed.
+    let torn = GATE.active.swap(0, SeqCst) != 0;
+    if torn {
+        crate::sys::die(
+            "tidepool pager: this process was forked while a page was being moved for another \
+             thread, so its copy of the pager is inconsistent; stopping it rather than risk \
+             wrong bytes\n",
+            crate::FATAL_EXIT_CODE,
+        );
     }
-    // No thread of the parent exists here; whatever they had entered is over.
-    GATE.active.store(0, SeqCst);
+    // Owned by this thread (its id is new in the child) while every pager registers its
+    // memory again; no other thread exists to wait at it.
+    GATE.owner.store(gettid(), SeqCst);
+    let pagers = pagers();
+    for p in &pagers {
+        p.child_prepare();
+    }
+    // Only then may any thread start: glibc's thread start-up touches the program's memory
+    // (its locale data), which must be registered, whichever pager's it is, to be served.
     open_gate();
+    for p in &pagers {
+        p.child_start();
+    }
 }
 
 #[cfg(test)]

@@ -289,7 +289,7 @@ impl Inner {
             Counters::add(&self.counters.bytes_written, moved * PAGE as u64);
         }
         if !removes.is_empty() {
-            let _ = self.store_tx.send(StoreJob::Remove(removes));
+            self.jobs.send(StoreJob::Remove(removes));
         }
     }
 }

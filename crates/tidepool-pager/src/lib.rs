@@ -38,6 +38,7 @@ macro_rules! tr {
 }
 pub(crate) use tr;
 
+mod activity;
 mod advice;
 mod buffer;
 pub mod control;
@@ -67,12 +68,13 @@ mod tier;
 #[cfg(feature = "trace")]
 pub mod trace;
 pub mod verify;
+mod watchdog;
 mod writeback;
 
 pub use error::PagerError;
 pub use fork::{in_forked_child, install as install_fork_handlers};
 pub use marks::ForkAdvice;
-pub use pager::{Config, Pager, FATAL_EXIT_CODE};
+pub use pager::{Config, Pager, DEFAULT_FAULT_DEADLINE, FATAL_EXIT_CODE};
 pub use region::{AdoptedRegion, Region};
 pub use stats::PagerStats;
 pub use sys::PAGE;

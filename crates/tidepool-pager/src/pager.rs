@@ -22,7 +22,7 @@
 //! mapping beside each region, and move between the two with UFFDIO_MOVE: a page-table change,
 //! no copy. Everything else (write protection, hashes, slots, the write-back thread) serves the
 //! copying path: other stores, and pages the kernel will not move.
-use crate::buffer::{Slots, StoreJob};
+use crate::buffer::{JobQueue, Slots};
 use crate::prefetch::Detector;
 pub(crate) use crate::region_inner::RegionInner;
 use crate::stats::{snapshot, Counters, PagerStats};
@@ -30,11 +30,11 @@ use crate::sys::{self, Mapping, Uffd, PAGE};
 use crate::table::*;
 use crate::tags::{self, Tags};
 use crate::PagerError;
-use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
+use std::time::Duration;
 use tidepool_store::FarStore;
 use tidepool_sys::RawThread;
 
@@ -94,7 +94,24 @@ pub struct Config {
     /// While the budget has room to spare (it grew), bring evicted pages back from far memory
     /// in batches, hottest first, before the program faults on them (see `refill.rs`).
     pub refill: bool,
+    /// The longest a page fault may wait: past it the watchdog stops the program with exit
+    /// status [`FATAL_EXIT_CODE`] and a message naming the cause and where every pager thread
+    /// is, rather than let it hang (see `watchdog.rs`). While the far store is being waited
+    /// for, its own patience is added ([`FarStore::patience`]). Zero: no watchdog.
+    pub fault_deadline: Duration,
+    /// Runs in a forking thread just before the fork, once no pager work is under way and none
+    /// can start: whatever memory it touches is mapped at the fork and stays so in the child
+    /// until its pager runs. The preload library touches glibc's stdio locks there, which
+    /// glibc resets in the child before any fork handler could restart a pager.
+    pub before_fork: Option<fn()>,
+    /// For tests of the watchdog: fault handlers stop for good once this many faults were
+    /// served, as if stuck.
+    #[doc(hidden)]
+    pub stall_handlers_after: Option<u64>,
 }
+
+/// [`Config::fault_deadline`]'s default.
+pub const DEFAULT_FAULT_DEADLINE: Duration = Duration::from_secs(5);
 
 impl Config {
     pub fn new(local_budget: usize) -> Config {
@@ -107,6 +124,9 @@ impl Config {
             in_process_frames: false,
             probation: false,
             refill: false,
+            fault_deadline: DEFAULT_FAULT_DEADLINE,
+            before_fork: None,
+            stall_handlers_after: None,
         }
     }
 }
@@ -127,9 +147,8 @@ pub(crate) struct Inner {
     /// A registered page nobody maps: a fault on it tells a handler to stop.
     pub(crate) doorbell: Mapping,
     pub(crate) slots: Slots,
-    pub(crate) store_tx: Sender<StoreJob>,
-    /// The write-back thread's end (kept here so that a forked child's new thread finds it).
-    pub(crate) store_rx: Receiver<StoreJob>,
+    /// Jobs for the write-back thread.
+    pub(crate) jobs: JobQueue,
     /// How far copies are named, and which may be removed (see `tags.rs`).
     pub(crate) tags: Tags,
     pub(crate) counters: Counters,
@@ -148,6 +167,12 @@ pub(crate) struct Inner {
     pub(crate) refill: bool,
     /// Where refill's sweep is (see `refill.rs`).
     pub(crate) sweep: Mutex<crate::sweep::Sweep>,
+    /// What each pager thread is doing, for the watchdog.
+    pub(crate) activity: crate::activity::Activity,
+    /// [`Config::fault_deadline`].
+    pub(crate) fault_deadline: Duration,
+    /// [`Config::stall_handlers_after`].
+    pub(crate) stall_handlers_after: Option<u64>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -171,6 +196,7 @@ pub(crate) struct Shared {
     pub(crate) cpus: Vec<usize>,
     pub(crate) thread_start: Option<fn()>,
     pub(crate) around_child_restart: Option<fn(bool)>,
+    pub(crate) before_fork: Option<fn()>,
 }
 
 impl Drop for Shared {
@@ -193,20 +219,25 @@ impl Drop for Shared {
     }
 }
 
-/// Starts the fault handlers (one per CPU, at most 8), the evictor and the write-back thread;
-/// returns them and how many are handlers.
+/// Starts the fault handlers (one per CPU, at most 8), the evictor, the write-back thread and
+/// the watchdog; returns them and how many are handlers. Serves faults on the calling thread
+/// until every new thread runs (see [`Inner::serve_while_starting`]).
 pub(crate) fn spawn_threads(
     inner: &Arc<Inner>,
     cpus: &[usize],
     thread_start: Option<fn()>,
 ) -> Result<(Vec<RawThread>, usize), PagerError> {
     let mut threads = Vec::new();
+    let started = Arc::new(AtomicU32::new(0));
     // Raw threads: the hook must run before anything on the thread allocates.
     let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+        let (i, started) = (inner.clone(), started.clone());
         tidepool_sys::spawn_raw(&name, move || {
             if let Some(hook) = thread_start {
                 hook();
             }
+            i.activity.join();
+            started.fetch_add(1, Release);
             f()
         })
         .map_err(PagerError::Thread)
@@ -239,6 +270,14 @@ pub(crate) fn spawn_threads(
         "tp-writeback".into(),
         Box::new(move || i.store_loop()),
     )?);
+    if !inner.fault_deadline.is_zero() {
+        let i = inner.clone();
+        threads.push(spawn(
+            "tp-watchdog".into(),
+            Box::new(move || i.watchdog_loop()),
+        )?);
+    }
+    inner.serve_while_starting(&started, threads.len() as u32);
     Ok((threads, handlers))
 }
 
@@ -261,7 +300,6 @@ impl Pager {
         uffd.register(doorbell.addr(), PAGE)
             .map_err(PagerError::Register)?;
         let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
-        let (store_tx, store_rx) = crossbeam_channel::unbounded();
         let tags = Tags::new(!store.private_to_process());
         let probation = config.probation && !config.in_process_frames && can_move;
         let tier = crate::tier::Tier::default();
@@ -286,8 +324,7 @@ impl Pager {
                 free: Mutex::new((0..WRITEBACK_SLOTS as u32).rev().collect()),
                 in_use: AtomicUsize::new(0),
             },
-            store_tx,
-            store_rx,
+            jobs: JobQueue::default(),
             tags,
             counters: Counters::default(),
             timings: crate::stats::Timings::new(),
@@ -296,6 +333,9 @@ impl Pager {
             refill: config.refill,
             sweep: Mutex::new(Default::default()),
             window_max: config.prefetch_window_max,
+            activity: Default::default(),
+            fault_deadline: config.fault_deadline,
+            stall_handlers_after: config.stall_handlers_after,
             frames: (config.in_process_frames || probation) && can_move,
             probation,
             tier,
@@ -310,6 +350,7 @@ impl Pager {
             cpus,
             thread_start: config.thread_start,
             around_child_restart: config.around_child_restart,
+            before_fork: config.before_fork,
         });
         let hooks: std::sync::Weak<dyn crate::fork::ForkHooks> =
             Arc::downgrade(&shared) as std::sync::Weak<Shared>;

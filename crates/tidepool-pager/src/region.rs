@@ -291,7 +291,7 @@ impl Inner {
             page = chunk_end;
         }
         if !removes.is_empty() {
-            let _ = self.store_tx.send(StoreJob::Remove(removes));
+            self.jobs.send(StoreJob::Remove(removes));
         }
     }
 }

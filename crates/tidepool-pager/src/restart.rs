@@ -10,22 +10,29 @@ use std::sync::atomic::Ordering::*;
 impl ForkHooks for Shared {
     fn prepare(&self) {
         self.inner.tags.prepare_fork();
+        if let Some(hook) = self.before_fork {
+            hook();
+        }
     }
 
     fn parent(&self) {
         self.inner.tags.parent_after_fork();
     }
 
-    fn child(&self) {
-        self.restart_in_child();
+    fn child_prepare(&self) {
+        self.prepare_in_child();
+    }
+
+    fn child_start(&self) {
+        self.start_in_child();
     }
 }
 
 impl Shared {
-    /// In a forked child (see `fork.rs`): the pager's userfaultfd object, registrations,
-    /// write protections, threads and store connections, made again for this process. Runs
-    /// with the fork gate closed and enters no section.
-    pub(crate) fn restart_in_child(&self) {
+    /// In a forked child (see `fork.rs`), first half: the pager's userfaultfd object,
+    /// registrations, write protections and store connections, made again for this process.
+    /// Runs with the fork gate closed and enters no section.
+    pub(crate) fn prepare_in_child(&self) {
         let i = &self.inner;
         let fail = |what: &str, e: std::io::Error| -> ! {
             i.fatal(
@@ -82,7 +89,14 @@ impl Shared {
         }
         i.counters.reset();
         i.timings.reset();
+        i.activity.reset();
         i.store.after_fork_in_child();
+    }
+
+    /// In a forked child, second half (every pager's regions are registered again, and the
+    /// gate is open): new threads, with faults served on this thread until they run.
+    pub(crate) fn start_in_child(&self) {
+        let i = &self.inner;
         let mut threads = self.threads.lock();
         // Those were the parent's threads: nothing to join or detach here.
         for t in threads.drain(..) {

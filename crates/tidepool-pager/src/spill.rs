@@ -118,10 +118,10 @@ impl Inner {
         self.tier.window_spilled.fetch_add(n as u64, Relaxed);
         self.tier_resize();
         if !removes.is_empty() {
-            let _ = self.store_tx.send(StoreJob::Remove(removes));
+            self.jobs.send(StoreJob::Remove(removes));
         }
         if !writes.is_empty() {
-            let _ = self.store_tx.send(StoreJob::Write(writes));
+            self.jobs.send(StoreJob::Write(writes));
         }
         n
     }

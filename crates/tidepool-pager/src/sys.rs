@@ -7,7 +7,7 @@ pub use tidepool_sys::vm::{
     advise, discard, discard_many, is_mapped, map_fixed, page_bytes, pages_exist, protect,
     shared_counter_page, Mapping,
 };
-pub use tidepool_sys::PAGE;
+pub use tidepool_sys::{gettid, PAGE};
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -43,13 +43,22 @@ pub fn futex_wait(
 
 /// Wakes one thread waiting in [`futex_wait`] on `word`.
 pub fn futex_wake(word: &std::sync::atomic::AtomicU32) {
+    wake_waiters(word, 1);
+}
+
+/// Wakes every thread waiting in [`futex_wait`] on `word`.
+pub fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
+    wake_waiters(word, i32::MAX);
+}
+
+fn wake_waiters(word: &std::sync::atomic::AtomicU32, count: i32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key.
     unsafe {
         libc::syscall(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-            1,
+            count,
         )
     };
 }

@@ -15,23 +15,17 @@ impl Inner {
     /// Applies writes and removes in the order they were queued (so a page's far copy is
     /// never overtaken by an older one).
     pub(crate) fn store_loop(self: Arc<Self>) {
-        let rx = self.store_rx.clone();
         // Slots whose page was BUSY when its write finished (see `finish_writeback`).
         let mut deferred: Vec<PageWrite> = Vec::new();
         let mut swept = std::time::Instant::now();
         loop {
             let wait = if deferred.is_empty() { 100 } else { 1 };
-            let job = match rx.recv_timeout(Duration::from_millis(wait)) {
-                Ok(j) => Some(j),
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    if self.shutdown.load(Acquire) {
-                        return;
-                    }
-                    None
-                }
-                Err(_) => return,
-            };
+            self.jobs.wait(Duration::from_millis(wait));
             let _section = crate::fork::section();
+            let job = self.jobs.pop();
+            if job.is_none() && self.shutdown.load(Acquire) {
+                return;
+            }
             if !deferred.is_empty() {
                 for w in std::mem::take(&mut deferred) {
                     self.finish_writeback(w, &mut deferred);
@@ -48,13 +42,13 @@ impl Inner {
                 Some(StoreJob::Write(mut pages)) => {
                     // Gather whatever else is queued into the same round trip.
                     while pages.len() < 256 {
-                        match rx.try_recv() {
-                            Ok(StoreJob::Write(more)) => pages.extend(more),
-                            Ok(StoreJob::Remove(keys)) => {
+                        match self.jobs.pop() {
+                            Some(StoreJob::Write(more)) => pages.extend(more),
+                            Some(StoreJob::Remove(keys)) => {
                                 self.write_pages(std::mem::take(&mut pages), &mut deferred);
                                 self.remove_keys(&keys);
                             }
-                            Err(_) => break,
+                            None => break,
                         }
                     }
                     self.write_pages(pages, &mut deferred);
@@ -67,7 +61,12 @@ impl Inner {
         if keys.is_empty() {
             return;
         }
-        if let Err(e) = self.store.remove_many(keys) {
+        let removed = self
+            .activity
+            .during(crate::activity::Doing::Store, keys[0], 0, || {
+                self.store.remove_many(keys)
+            });
+        if let Err(e) = removed {
             self.fatal("removing pages", &e);
         }
     }
@@ -80,7 +79,12 @@ impl Inner {
             .iter()
             .map(|w| (w.key, self.slots.bytes(w.slot)))
             .collect();
-        if let Err(e) = self.store.write_many(&items) {
+        let written = self
+            .activity
+            .during(crate::activity::Doing::Store, items[0].0, 0, || {
+                self.store.write_many(&items)
+            });
+        if let Err(e) = written {
             self.fatal("writing pages back", &e);
         }
         drop(items);

@@ -14,6 +14,8 @@
 //! | `TIDEPOOL_RUN_STATS` | `1`: print the pager's statistics to standard error at exit |
 //! | `TIDEPOOL_RUN_COORD` | a coordinator's socket: join it, and let it size the budget (see `tidepool_pager::coord`) |
 //! | `TIDEPOOL_RUN_WEIGHT`, `TIDEPOOL_RUN_MIN`, `TIDEPOOL_RUN_MAX`, `TIDEPOOL_RUN_NAME` | the registration's weight, bounds on the budget (sizes like `64M`) and name |
+//! | `TIDEPOOL_RUN_FAULT_DEADLINE` | seconds a page fault may wait before the watchdog stops the program with exit 70 and says why (default 5; 0: no watchdog) |
+//! | `TIDEPOOL_RUN_STALL_AFTER` | for tests of the watchdog: the fault handlers stop for good after this many faults |
 //!
 //! The variables stay in the environment, so a wrapper script (a pyenv shim, say) passes them
 //! on to the program it runs, and programs the program starts get pagers of their own.
@@ -24,6 +26,7 @@
 mod libc_alloc;
 mod mmap;
 mod ranges;
+mod stdio;
 
 use core::ffi::c_int;
 use rangemap::RangeSet;
@@ -296,6 +299,25 @@ extern "C" fn start() {
     // A budget that grows brings evicted pages back before they are asked for;
     // TIDEPOOL_RUN_REFILL=0 turns that off, to compare.
     config.refill = env_var("TIDEPOOL_RUN_REFILL").map_or(true, |v| v != "0");
+    // A fault that waits longer stops the program with a message (0: never).
+    if let Ok(v) = env_var("TIDEPOOL_RUN_FAULT_DEADLINE") {
+        config.fault_deadline = v
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(std::time::Duration::from_secs_f64)
+            .unwrap_or_else(|| {
+                fail(&format!(
+                    "TIDEPOOL_RUN_FAULT_DEADLINE={v} is not a number of seconds (e.g. 5, 0.5; 0 \
+                     turns the watchdog off)"
+                ))
+            });
+    }
+    // Tests of the watchdog stop the fault handlers after this many faults.
+    config.stall_handlers_after = env_var("TIDEPOOL_RUN_STALL_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    config.before_fork = Some(stdio::touch_locks);
     let pager = Pager::start(config, store)
         .unwrap_or_else(|e| fail(&format!("cannot start the pager: {e}")));
     let heap = tidepool_alloc::region().map(|(base, len)| {

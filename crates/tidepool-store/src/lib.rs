@@ -169,6 +169,14 @@ pub trait FarStore: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
+    /// How long one call may wait on a store that works (a slow network, a failover) before
+    /// the store gives up on its own with an error. A pager's watchdog allows this on top of
+    /// its own deadline while it waits for the store, so that the store's own, more precise,
+    /// message comes first. The default suits stores on a network that set no tighter bound.
+    fn patience(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(30)
+    }
+
     /// One line on the store's health for people, from what the client knows without asking
     /// the servers (memory nodes down, data not yet protected again); `None` (the default)
     /// when there is nothing to say.

@@ -282,12 +282,23 @@ fn set_int_option(sock: &impl AsRawFd, option: libc::c_int, value: usize) -> io:
 /// glibc's cached stacks: reusing a cached stack clears the thread-local vector of its last
 /// owner, which the program's malloc allocated, and that memory may be paged out; in a forked
 /// child whose pager is not running yet the touch would wait forever.
+///
+/// Every signal that can be blocked is blocked on the new thread from its first instruction:
+/// a signal meant for the program must never run the program's handler on a thread of ours
+/// (the handler may touch memory only such a thread can bring back, or the alternate signal
+/// stack the program set up, which this thread does not have).
 #[derive(Debug)]
 pub struct RawThread {
     id: libc::pthread_t,
     joined: bool,
     /// The thread's stack mapping (address, length), unmapped after a join.
     stack: (usize, usize),
+}
+
+/// The calling thread's kernel id (what userfaultfd names a faulting thread by).
+pub fn gettid() -> u32 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() as u32 }
 }
 
 /// Stack of a raw thread.
@@ -339,9 +350,22 @@ pub fn spawn_raw(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<Ra
     }
     let arg = Box::into_raw(Box::new(Box::new(f) as ThreadMain));
     let mut id: libc::pthread_t = 0;
+    // A new thread starts with its creator's signal mask: everything blocked for the moment of
+    // the creation, so that no signal can reach the new thread before its first instruction.
+    // SAFETY: sigset_t is plain data; sigfillset initialises it.
+    let mut all: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `old` receives the current mask.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: valid signal sets; the kernel leaves SIGKILL and SIGSTOP unblockable.
+    unsafe {
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+    }
     // SAFETY: `id` and `attr` are valid; the entry point takes ownership of `arg` exactly
     // once, and only if the thread is created.
     let rc = unsafe { libc::pthread_create(&mut id, &attr, raw_thread_entry, arg.cast()) };
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     // SAFETY: initialised above, no longer needed.
     unsafe { libc::pthread_attr_destroy(&mut attr) };
     if rc != 0 {

@@ -126,12 +126,17 @@ const FEATURES: u64 = uapi::UFFD_FEATURE_THREAD_ID as u64;
 const UFFDIO_MOVE: libc::c_ulong =
     0xC000_AA05 | ((std::mem::size_of::<uapi::uffdio_move>() as libc::c_ulong) << 16);
 const UFFDIO_MOVE_MODE_DONTWAKE: u64 = 1;
+/// UFFDIO_WRITEPROTECT's modes (linux/userfaultfd.h; not in linux-raw-sys).
+const UFFDIO_WRITEPROTECT_MODE_WP: u64 = 1;
+const UFFDIO_WRITEPROTECT_MODE_DONTWAKE: u64 = 2;
 
 /// A userfaultfd object, close-on-exec; reading it blocks until there are events.
 #[derive(Debug)]
 pub struct Uffd {
     fd: OwnedFd,
     can_move: bool,
+    /// Whether the object can be read without blocking (see [`Uffd::read_faults_now`]).
+    nowait: bool,
 }
 
 /// One page-fault event.
@@ -143,6 +148,37 @@ pub struct Fault {
     pub write: bool,
     /// A write to a write-protected page (not a missing page).
     pub wp: bool,
+    /// The thread that faulted (its kernel thread id, as `gettid` gives it).
+    pub tid: u32,
+}
+
+/// Wakes held back on this thread (see [`Uffd::deferring_wakes`]).
+mod deferred {
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Whether installs on this thread hold their wake-ups back.
+        pub(super) static ACTIVE: Cell<bool> = const { Cell::new(false) };
+        /// The span of addresses whose waiters are owed a wake-up, `(start, end)`: one range,
+        /// widened as needed (waking a thread whose page is still missing only makes it fault
+        /// again), so no allocation and no destructor on any thread.
+        pub(super) static SPAN: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
+    }
+
+    /// Whether wake-ups are held back on this thread; if so, owes one for `[addr, addr + len)`.
+    pub(super) fn hold(addr: usize, len: usize) -> bool {
+        if !ACTIVE.with(Cell::get) {
+            return false;
+        }
+        SPAN.with(|s| {
+            let end = addr + len;
+            s.set(Some(match s.get() {
+                Some((a, b)) => (a.min(addr), b.max(end)),
+                None => (addr, end),
+            }))
+        });
+        true
+    }
 }
 
 /// Repeats an ioctl while it fails with EAGAIN (the mapping changed under it).
@@ -170,14 +206,24 @@ impl Uffd {
             ));
         }
         // UFFDIO_MOVE where the kernel has it (6.8 and later), else without.
-        match Self::open_with(FEATURES | uapi::UFFD_FEATURE_MOVE as u64) {
-            Ok(fd) => Ok(Uffd { fd, can_move: true }),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(Uffd {
+        let mut uffd = match Self::open_with(FEATURES | uapi::UFFD_FEATURE_MOVE as u64) {
+            Ok(fd) => Uffd {
+                fd,
+                can_move: true,
+                nowait: true,
+            },
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Uffd {
                 fd: Self::open_with(FEATURES)?,
                 can_move: false,
-            }),
-            Err(e) => Err(e),
-        }
+                nowait: true,
+            },
+            Err(e) => return Err(e),
+        };
+        // Nothing is registered yet, so a read that may not wait finds nothing, or the kernel
+        // refuses the flag.
+        let mut none = Vec::new();
+        uffd.nowait = uffd.read_faults_with(&mut none, libc::RWF_NOWAIT).is_ok();
+        Ok(uffd)
     }
 
     /// In a forked child: a new object with the same features takes the place (and the
@@ -282,6 +328,7 @@ impl Uffd {
         wake: bool,
     ) -> io::Result<usize> {
         debug_assert!(dst.is_multiple_of(PAGE) && src.len().is_multiple_of(PAGE));
+        let wake = wake && !deferred::hold(dst, src.len());
         // SAFETY: plain data.
         let mut c: uapi::uffdio_copy = unsafe { std::mem::zeroed() };
         c.dst = dst as u64;
@@ -330,6 +377,7 @@ impl Uffd {
         wake: bool,
     ) -> (usize, Option<io::Error>) {
         debug_assert!(self.can_move);
+        let wake = wake && !deferred::hold(dst, len);
         let mut done = 0;
         while done < len {
             // SAFETY: plain data.
@@ -376,6 +424,9 @@ impl Uffd {
         let mut z: uapi::uffdio_zeropage = unsafe { std::mem::zeroed() };
         z.range.start = dst as u64;
         z.range.len = PAGE as u64;
+        if deferred::hold(dst, PAGE) {
+            z.mode = uapi::UFFDIO_ZEROPAGE_MODE_DONTWAKE as u64;
+        }
         retry_eagain(|| {
             // SAFETY: UFFDIO_ZEROPAGE maps into our own registered range; reads and writes one
             // uffdio_zeropage.
@@ -389,7 +440,13 @@ impl Uffd {
         let mut w: uapi::uffdio_writeprotect = unsafe { std::mem::zeroed() };
         w.range.start = addr as u64;
         w.range.len = len as u64;
-        w.mode = if on { 1 } else { 0 }; // UFFDIO_WRITEPROTECT_MODE_WP
+        w.mode = if on {
+            UFFDIO_WRITEPROTECT_MODE_WP
+        } else if deferred::hold(addr, len) {
+            UFFDIO_WRITEPROTECT_MODE_DONTWAKE
+        } else {
+            0
+        };
         retry_eagain(|| {
             // SAFETY: UFFDIO_WRITEPROTECT changes protections of our own registered range only.
             unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_WRITEPROTECT as _, &mut w) }
@@ -398,6 +455,13 @@ impl Uffd {
 
     /// Wakes threads waiting on faults in `[addr, addr + len)`, so they retry their access.
     pub fn wake(&self, addr: usize, len: usize) {
+        if deferred::hold(addr, len) {
+            return;
+        }
+        self.wake_now(addr, len);
+    }
+
+    fn wake_now(&self, addr: usize, len: usize) {
         let mut range = uapi::uffdio_range {
             start: addr as u64,
             len: len as u64,
@@ -407,24 +471,70 @@ impl Uffd {
         unsafe { libc::ioctl(self.fd.as_raw_fd(), ioc::UFFDIO_WAKE as _, &mut range) };
     }
 
+    /// Runs `work` with every wake-up it causes on this thread (installs, lifted protections,
+    /// explicit wakes) held back, then gives them all at once. For work that must be complete
+    /// before the threads it serves run on: a thread woken by the first install would otherwise
+    /// race the rest.
+    pub fn deferring_wakes<T>(&self, work: impl FnOnce() -> T) -> T {
+        let outer = deferred::ACTIVE.with(|a| a.replace(true));
+        let result = work();
+        if !outer {
+            deferred::ACTIVE.with(|a| a.set(false));
+            if let Some((start, end)) = deferred::SPAN.with(|s| s.take()) {
+                self.wake_now(start, end - start);
+            }
+        }
+        result
+    }
+
     /// Reads page-fault events into `out`, waiting for at least one (`out` may still come back
     /// empty, after a signal). Other events (none are asked for) are skipped.
     pub fn read_faults(&self, out: &mut Vec<Fault>) -> io::Result<()> {
+        self.read_faults_with(out, 0)
+    }
+
+    /// [`Uffd::read_faults`] without waiting: `out` comes back empty if none are pending. With
+    /// RWF_NOWAIT where the kernel takes it for userfaultfd (it came with the object's
+    /// `read_iter`), else by making the object non-blocking for the call.
+    pub fn read_faults_now(&self, out: &mut Vec<Fault>) -> io::Result<()> {
+        if self.nowait {
+            return self.read_faults_with(out, libc::RWF_NOWAIT);
+        }
+        // Older kernels: the object non-blocking for the length of one read. A reader that
+        // comes meanwhile comes back empty too, which readers take as "nothing yet".
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: F_GETFL and F_SETFL on a descriptor this value owns.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(last_err());
+        }
+        // SAFETY: as above.
+        unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) };
+        let r = self.read_faults_with(out, 0);
+        // SAFETY: as above.
+        unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
+        r
+    }
+
+    fn read_faults_with(&self, out: &mut Vec<Fault>, flags: libc::c_int) -> io::Result<()> {
         out.clear();
         // SAFETY: uffd_msg is plain data; all-zero is valid.
         let mut msgs: [uapi::uffd_msg; 32] = unsafe { std::mem::zeroed() };
-        // SAFETY: `msgs` is writable for its whole size; read writes whole messages.
-        let n = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                msgs.as_mut_ptr().cast(),
-                std::mem::size_of_val(&msgs),
-            )
+        let iov = libc::iovec {
+            iov_base: msgs.as_mut_ptr().cast(),
+            iov_len: std::mem::size_of_val(&msgs),
         };
+        // SAFETY: `iov` describes `msgs`, writable for its whole size; the kernel writes whole
+        // messages into it.
+        let n = unsafe { libc::preadv2(self.fd.as_raw_fd(), &iov, 1, -1, flags) };
         if n < 0 {
             let e = last_err();
             return match e.raw_os_error() {
                 Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(()),
+                Some(libc::EOPNOTSUPP) => Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "this kernel cannot read a userfaultfd object without blocking",
+                )),
                 _ => Err(e),
             };
         }
@@ -439,6 +549,9 @@ impl Uffd {
                 page_addr: pf.address as usize & !(PAGE - 1),
                 write: pf.flags & uapi::UFFD_PAGEFAULT_FLAG_WRITE as u64 != 0,
                 wp: pf.flags & uapi::UFFD_PAGEFAULT_FLAG_WP as u64 != 0,
+                // SAFETY: UFFD_FEATURE_THREAD_ID, which every object here asks for, makes
+                // the kernel fill `ptid`.
+                tid: unsafe { pf.feat.ptid },
             });
         }
         Ok(())

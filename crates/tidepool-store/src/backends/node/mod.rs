@@ -387,6 +387,11 @@ pub(crate) fn last_per_key<'a>(items: &[(Key, &'a [u8])]) -> Vec<(Key, &'a [u8])
 }
 
 impl FarStore for NodeStore {
+    /// A request times out after the URL's `timeout_ms`; a reconnect may take as long again.
+    fn patience(&self) -> std::time::Duration {
+        self.client.options.timeout * 2
+    }
+
     fn after_fork_in_child(&self) {
         self.client.after_fork_in_child();
     }
