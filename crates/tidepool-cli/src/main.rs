@@ -119,6 +119,13 @@ enum Cmd {
     /// exec gets a pager of its own over a copy of its parent's memory. `tidepool resize PID
     /// SIZE` changes the budget while it runs.
     ///
+    /// The pager may make a program slower; it never leaves it hanging: a page fault that
+    /// waits longer than --fault-deadline (plus the far store's own timeout while the store is
+    /// being asked) stops the program with status 70 and a message naming the cause and where
+    /// each of the pager's threads is. The program becomes this process (exec), so signals sent
+    /// to `tidepool run` reach it, and SIGTERM or Ctrl-C end it and what it forked as they would
+    /// without the pager.
+    ///
     /// With a store elsewhere (any backend but plain local:), part of --local holds evicted
     /// pages on probation before they go to the store: a page the program still uses comes
     /// back for a fault, not a round trip. The part follows how often that happens, from a
@@ -156,6 +163,11 @@ enum Cmd {
         /// memory local.
         #[arg(long)]
         allow_unpaged: bool,
+        /// Seconds a page fault may wait before the program is stopped (status 70) with a
+        /// message saying why; 0 turns the watchdog off [default: $TIDEPOOL_RUN_FAULT_DEADLINE,
+        /// else 5].
+        #[arg(long, value_parser = parse_seconds)]
+        fault_deadline: Option<f64>,
         #[command(flatten)]
         join: run::JoinArgs,
         /// The program and its arguments, after `--`.
@@ -298,6 +310,13 @@ fn parse_size_arg(s: &str) -> Result<u64, String> {
     parse_size(s)
 }
 
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    s.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| format!("{s:?} is not a number of seconds (e.g. 5 or 0.5)"))
+}
+
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -435,9 +454,18 @@ fn run(cli: Cli) -> Result<()> {
             backend,
             stats,
             allow_unpaged,
+            fault_deadline,
             join,
             program,
-        } => run::run(local, &backend, stats, allow_unpaged, &join, &program),
+        } => run::run(
+            local,
+            &backend,
+            stats,
+            allow_unpaged,
+            fault_deadline,
+            &join,
+            &program,
+        ),
         Cmd::Resize { pid, local } => run::resize(pid, local),
         Cmd::AddNode { pid, addr } => run::add_node(pid, &addr),
         Cmd::Coord(args) => coord::run(args),

@@ -118,6 +118,7 @@ pub fn run(
     backend: &str,
     stats: bool,
     allow_unpaged: bool,
+    fault_deadline: Option<f64>,
     join: &JoinArgs,
     program: &[OsString],
 ) -> Result<()> {
@@ -154,6 +155,9 @@ pub fn run(
         .env("LD_PRELOAD", preload)
         .env("TIDEPOOL_RUN_LOCAL", local.to_string())
         .env("TIDEPOOL_RUN_BACKEND", backend);
+    if let Some(seconds) = fault_deadline {
+        cmd.env("TIDEPOOL_RUN_FAULT_DEADLINE", seconds.to_string());
+    }
     if stats {
         cmd.env("TIDEPOOL_RUN_STATS", "1");
     } else {

@@ -7,8 +7,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering::*};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Slots: up to 8 handlers, the evictor, the write-back thread, the watchdog, and a thread
 /// that serves faults while the others start.
@@ -54,7 +53,7 @@ struct Slot {
     /// The thread's kernel id; 0: free.
     tid: AtomicU32,
     doing: AtomicU8,
-    /// When it started doing it, in milliseconds since [`epoch`].
+    /// When it started doing it, in milliseconds of the monotonic clock.
     since_ms: AtomicU64,
     page: AtomicU64,
     of: AtomicU32,
@@ -83,14 +82,7 @@ thread_local! {
     static MINE: Cell<Option<(usize, usize)>> = const { Cell::new(None) };
 }
 
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-pub(crate) fn now_ms() -> u64 {
-    epoch().elapsed().as_millis() as u64
-}
+use crate::sys::coarse_now_ms as now_ms;
 
 impl Activity {
     /// Gives the calling thread a slot (quietly none if all are taken: the watchdog then knows

@@ -46,8 +46,9 @@ pub(crate) enum FollowUp {
 }
 
 /// How long faults read while a fork holds the gate wait before they are served anyway, if the
-/// forking thread sleeps meanwhile: it may be waiting for a lock their thread holds (glibc's
-/// fork takes the stdio and NSS locks after the fork handlers ran).
+/// forking thread waits for a lock meanwhile: it may be a lock their thread holds (glibc's fork
+/// takes the stdio and NSS locks after the fork handlers ran). The forking thread cannot pass
+/// that lock before the fault is served, so it cannot fork in the middle of the service.
 const HELD_TOO_LONG: Duration = Duration::from_millis(10);
 
 impl Inner {
@@ -140,14 +141,17 @@ impl Inner {
         let mut late = None;
         held.retain(|&(f, since)| {
             if f.tid == forking {
+                Counters::add(&self.counters.fork_own_faults, 1);
                 self.serve_during_fork(f, staging);
                 return false;
             }
             if since.elapsed() < HELD_TOO_LONG {
                 return true;
             }
-            // Once per pass: is the forking thread asleep (on a lock, say)?
-            if *late.get_or_insert_with(|| crate::watchdog::thread_sleeps(forking)) {
+            // Once per pass: does the forking thread wait for a lock (which this fault's thread
+            // may hold)?
+            if *late.get_or_insert_with(|| crate::watchdog::waits_on_a_lock(forking)) {
+                Counters::add(&self.counters.fork_late_faults, 1);
                 self.serve_during_fork(f, staging);
                 return false;
             }

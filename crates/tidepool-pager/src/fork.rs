@@ -4,23 +4,38 @@
 //! kernel drops userfaultfd registrations in it: left alone, a page that lived in far memory
 //! would read as zeros. So, from `pthread_atfork` handlers:
 //!
-//! - **prepare** (in the forking thread, last of the prepare handlers): close the *gate*. Every
-//!   piece of pager work that changes shared state (serving a fault, an eviction batch, a
-//!   write-back job, a discard, adding or removing a region) runs inside a [`Section`]; closing
-//!   the gate waits for the sections in flight to end and holds new ones back. So at the fork
-//!   no page is BUSY, no pager lock is held and no far-store call is half done: the child's copy
-//!   of the page tables, the write-back buffer and (for the in-process store) the store itself
-//!   is consistent. For a store on a server each pager also makes the pipe its child will hold
-//!   (`tags.rs`).
-//! - **child** (first of the child handlers, before anything touches paged memory): each pager
-//!   opens a userfaultfd object of its own in place of the parent's, registers its regions and
-//!   their shadows again, write-protects every mapped page again (the kernel dropped the
-//!   write-protect bits with the registration, and a page the table calls clean must fault on
-//!   its first write), re-tags pages on their way to the store, tells the store to open
-//!   connections of its own, and starts its threads. The child then pages on its own, with the
-//!   same budget: its memory is exactly the parent's at the fork, far pages included, and each
-//!   side's later writes are its own (the in-process store and the frames are copied with the
-//!   address space; copies on a server are shared and frozen, see `tags.rs`).
+//! - **prepare** (in the forking thread, last of the prepare handlers): close the *gate*, which
+//!   the forking thread then *owns*. Every piece of pager work that changes shared state
+//!   (serving a fault, an eviction batch, a write-back job, a discard, adding or removing a
+//!   region) runs inside a [`Section`]; closing the gate waits for the sections in flight to end
+//!   and holds new ones back. So at the fork no page is BUSY, no pager lock is held and no
+//!   far-store call is half done: the child's copy of the page tables, the write-back buffer
+//!   and (for the in-process store) the store itself is consistent. For a store on a server
+//!   each pager also makes the pipe its child will hold (`tags.rs`), and runs
+//!   [`crate::Config::before_fork`] (the preload touches glibc's stdio locks there).
+//! - **Between prepare and the fork itself** glibc reads the program's memory (its NSS state,
+//!   its stream list), and a signal may land on the forking thread with its alternate stack
+//!   in the heap. The forking thread's faults are therefore served with the gate closed: it
+//!   cannot reach the fork while it waits for them, and each is installed and accounted for
+//!   before it is woken (`Uffd::deferring_wakes`), with nothing evicted. Handlers never wait
+//!   at the gate holding faults: they hold other threads' faults and keep reading. A held fault
+//!   is served anyway after 10 ms if the forking thread waits for a lock meanwhile (glibc's fork
+//!   takes the stdio and NSS locks, which the held thread may own); such a late section is
+//!   counted, so a child forked during one knows its copy is torn and stops (exit 70) rather
+//!   than risk a wrong byte. (It cannot happen while the forking thread waits for that
+//!   thread's lock, which is the case it is for.)
+//! - **child** (first of the child handlers, before anything touches paged memory): each
+//!   pager opens a userfaultfd object of its own in place of the parent's, registers its
+//!   regions and their shadows again, write-protects every mapped page again (the kernel
+//!   dropped the write-protect bits with the registration, and a page the table calls clean
+//!   must fault on its first write), re-tags pages on their way to the store, and tells the
+//!   store to open connections of its own. Only when every pager has done so are threads
+//!   started (glibc's thread start-up reads the program's locale data, wherever it lies), and
+//!   the thread starting them serves faults itself until each runs: nobody else could. The
+//!   child then pages on its own, with the same budget: its memory is exactly the parent's at
+//!   the fork, far pages included, and each side's later writes are its own (the in-process
+//!   store and the frames are copied with the address space; copies on a server are shared
+//!   and frozen, see `tags.rs`).
 //! - **parent**: freeze the tag (shared stores) and open the gate.
 //!
 //! vfork and posix_spawn share the parent's memory until exec and run no fork handlers: the

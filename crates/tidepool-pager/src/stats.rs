@@ -126,6 +126,11 @@ pub(crate) struct Counters {
     pub written_back: AtomicU64,
     pub moved_out: AtomicU64,
     pub frames_repaired: AtomicU64,
+    /// Faults of a forking thread served while its fork held the gate closed.
+    pub fork_own_faults: AtomicU64,
+    /// Faults of other threads held during a fork and served before it ended, because the
+    /// forking thread waited for a lock.
+    pub fork_late_faults: AtomicU64,
     pub tier_touched: AtomicU64,
     pub tier_spilled: AtomicU64,
     pub bytes_read: AtomicU64,
@@ -167,6 +172,8 @@ impl Counters {
             written_back,
             moved_out,
             frames_repaired,
+            fork_own_faults,
+            fork_late_faults,
             tier_touched,
             tier_spilled,
             bytes_read,
@@ -195,6 +202,8 @@ impl Counters {
             written_back,
             moved_out,
             frames_repaired,
+            fork_own_faults,
+            fork_late_faults,
             tier_touched,
             tier_spilled,
             bytes_read,
@@ -249,6 +258,11 @@ pub struct PagerStats {
     /// Framed pages the kernel moved between a region and its shadow without being asked,
     /// found and taken as they were (see `Inner::adopt_moved`).
     pub frames_repaired: u64,
+    /// Faults of a forking thread served during its fork (glibc's fork reads the program's
+    /// memory after the fork handlers ran), and faults of other threads served during a fork
+    /// because the forking thread waited for a lock (see `fault.rs`).
+    pub fork_own_faults: u64,
+    pub fork_late_faults: u64,
     /// The probation tier ([`crate::Config::probation`]): pages the program touched there (a
     /// fault, no store read) and pages spilled to the store; frames held now, and the tier's
     /// share of the budget now (0 with no tier).
@@ -325,6 +339,8 @@ pub(crate) fn snapshot(
         written_back: c.written_back.load(Relaxed),
         moved_out: c.moved_out.load(Relaxed),
         frames_repaired: c.frames_repaired.load(Relaxed),
+        fork_own_faults: c.fork_own_faults.load(Relaxed),
+        fork_late_faults: c.fork_late_faults.load(Relaxed),
         tier_touched: c.tier_touched.load(Relaxed),
         tier_spilled: c.tier_spilled.load(Relaxed),
         tier_pages: tier.held.load(Relaxed) as u64,
@@ -400,6 +416,14 @@ impl fmt::Display for PagerStats {
                 f,
                 "frames       {} pages found moved between region and frame without a request, kept",
                 self.frames_repaired
+            )?;
+        }
+        if self.fork_own_faults + self.fork_late_faults > 0 {
+            writeln!(
+                f,
+                "forks        {} faults of forking threads served during their forks, {} of other \
+                 threads served then because the forking thread waited for a lock",
+                self.fork_own_faults, self.fork_late_faults
             )?;
         }
         let m = &self.miss;

@@ -63,6 +63,19 @@ fn wake_waiters(word: &std::sync::atomic::AtomicU32, count: i32) {
     };
 }
 
+/// Milliseconds on the monotonic clock, to a few milliseconds (CLOCK_MONOTONIC_COARSE: a read
+/// of the kernel's last tick, a few nanoseconds through the vDSO, where a precise reading costs
+/// tens): for the watchdog's ages, which are seconds.
+pub fn coarse_now_ms() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `ts` is.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
+}
+
 /// A close-on-exec pipe: (read end, write end).
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];

@@ -64,12 +64,13 @@ fn parse_stat(stat: &str) -> Option<(String, char, u64)> {
     Some((name, state, minflt + majflt))
 }
 
-/// Whether thread `tid` of this process is asleep (or in uninterruptible sleep): not running
-/// and not about to, unless something wakes it.
-pub(crate) fn thread_sleeps(tid: u32) -> bool {
-    read(&format!("/proc/self/task/{tid}/stat"))
+/// Whether thread `tid` of this process sleeps on a lock (a futex): not running, and not
+/// waiting for a page fault either (a fault of the forking thread is served, and then it runs).
+pub(crate) fn waits_on_a_lock(tid: u32) -> bool {
+    let asleep = read(&format!("/proc/self/task/{tid}/stat"))
         .and_then(|s| parse_stat(&s))
-        .is_some_and(|(_, state, _)| matches!(state, 'S' | 'D'))
+        .is_some_and(|(_, state, _)| state == 'S');
+    asleep && read(&format!("/proc/self/task/{tid}/wchan")).is_some_and(|w| w.contains("futex"))
 }
 
 fn tasks() -> Vec<Task> {
@@ -153,22 +154,12 @@ impl Inner {
             let tasks = tasks();
             let waiting = waits.update(&tasks, now);
             let longest = waiting.iter().copied().max_by_key(|&(_, d)| d);
-            if let Some((tid, waited)) = longest.filter(|&(_, d)| d > limit) {
-                let cause = self.cause(&seen, &tasks, Some(tid));
+            let waited_too_long = longest.is_some_and(|(_, d)| d > limit);
+            if waited_too_long || seen.iter().any(|s| self.stuck(s, deadline, patience)) {
+                let cause = self.cause(&seen, &tasks, longest.map(|(tid, _)| tid));
                 self.stop_program(
                     Verdict {
-                        waiter: Some((tid, waited)),
-                        cause,
-                    },
-                    &seen,
-                    &tasks,
-                );
-            }
-            if seen.iter().any(|s| self.stuck(s, deadline, patience)) {
-                let cause = self.cause(&seen, &tasks, None);
-                self.stop_program(
-                    Verdict {
-                        waiter: None,
+                        waiter: longest,
                         cause,
                     },
                     &seen,
