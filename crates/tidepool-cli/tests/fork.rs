@@ -1,13 +1,18 @@
 //! fork without exec under `tidepool run`, with the local store and a memory node: a C program
 //! (`tests/c/forks.c`) fills memory four times the local budget, forks, and has parent, child
 //! and grandchild each check every word they should see and change their own copies. Each case
-//! runs natively first, and must print the same under the pager.
+//! runs natively first, and must print the same under the pager. Every run has a deadline: a
+//! hang fails the case and says where each thread was.
 
 mod common;
 
-use common::{c_program, preload, NodeProc};
+use common::{c_program, output_within, preload, NodeProc};
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
+
+/// Far more than any case takes, paged, on a loaded 2-vCPU machine.
+const DEADLINE: Duration = Duration::from_secs(240);
 
 /// `tests/c/forks.c`, compiled once.
 fn forks() -> PathBuf {
@@ -19,19 +24,20 @@ const LOCAL: &str = "16M";
 const MIB: &str = "64";
 
 fn run_case(case: &str, backend: &str) {
-    let native = Command::new(forks()).args([case, MIB]).output().unwrap();
+    let native = output_within(Command::new(forks()).args([case, MIB]), DEADLINE);
     let native_out = String::from_utf8_lossy(&native.stdout).into_owned();
     assert!(
         native.status.success(),
         "{case} fails natively: {native_out}"
     );
-    let paged = Command::new(env!("CARGO_BIN_EXE_tidepool"))
-        .args(["run", "--local", LOCAL, "--backend", backend, "--"])
-        .arg(forks())
-        .args([case, MIB])
-        .env("TIDEPOOL_PRELOAD", preload())
-        .output()
-        .unwrap();
+    let paged = output_within(
+        Command::new(env!("CARGO_BIN_EXE_tidepool"))
+            .args(["run", "--local", LOCAL, "--backend", backend, "--"])
+            .arg(forks())
+            .args([case, MIB])
+            .env("TIDEPOOL_PRELOAD", preload()),
+        DEADLINE,
+    );
     let (stdout, stderr) = (
         String::from_utf8_lossy(&paged.stdout),
         String::from_utf8_lossy(&paged.stderr),
@@ -49,7 +55,7 @@ fn run_case(case: &str, backend: &str) {
     assert_eq!(got, want, "{case} on {backend}:\n{stderr}");
 }
 
-const CASES: [&str; 7] = [
+const CASES: [&str; 8] = [
     "basic",
     "threads",
     "grandchild",
@@ -57,6 +63,7 @@ const CASES: [&str; 7] = [
     "exec",
     "shared",
     "advice",
+    "storm",
 ];
 
 #[test]

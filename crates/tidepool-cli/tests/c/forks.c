@@ -11,10 +11,16 @@
  *   exec        fork+exec, posix_spawn and vfork+exec, with exit statuses passed back
  *   shared      MAP_SHARED anonymous memory stays shared between parent and child
  *   advice      MADV_WIPEONFORK reads as zeros in the child, MADV_DONTFORK is absent there
+ *   storm       the parent forks twenty times while four threads fault all over memory, a
+ *               fifth opens and closes streams and looks up users (faulting with glibc's
+ *               locks held), a timer's signal runs on an alternate stack in the heap, and stdio
+ *               streams the program opened wait in memory: each child checks every word,
+ *               writes its own, uses the streams and forks a grandchild that checks them
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <spawn.h>
@@ -23,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -225,6 +232,164 @@ static int shared(size_t n) {
            check("parent, private (its own)", m, n, 1, 0, 1);
 }
 
+/* storm: word i always holds (i + 1) << 24 | version, whoever wrote it last and whenever the
+ * fork came: a word read as zeros, or from another place, shows. */
+static uint64_t storm_word(size_t i, uint64_t version) { return (uint64_t)(i + 1) << 24 | (version & 0xffffff); }
+static int storm_place_ok(uint64_t w, size_t i) { return w >> 24 == (uint64_t)(i + 1); }
+
+struct storm_slice { uint64_t *m; size_t from, to; uint64_t seed; volatile int stop; };
+
+/* The threads fault only around each fork (the rest of the time they wait), so that the run's
+ * length is the forks' and the children's, not theirs. */
+static volatile int storming;
+
+static void *storm_thread(void *arg) {
+    struct storm_slice *s = arg;
+    uint64_t x = s->seed, v = 1;
+    size_t pages = (s->to - s->from) / 512;
+    while (!s->stop) {
+        if (!storming) {
+            usleep(1000);
+            continue;
+        }
+        /* A random page of the slice: read it all, rewrite it all (a fault, most times). */
+        x = mix(x + 1);
+        size_t first = s->from + (x % pages) * 512;
+        for (size_t i = first; i < first + 512; i++) {
+            if (!storm_place_ok(s->m[i], i)) {
+                printf("parent thread: word %zu is %016llx\n", i, (unsigned long long)s->m[i]);
+                fflush(stdout);
+                _exit(1);
+            }
+            s->m[i] = storm_word(i, v);
+        }
+        v++;
+    }
+    return NULL;
+}
+
+/* Opens, writes and closes streams and looks up a user, round after round: glibc holds its
+ * stream list's lock while it walks the streams (fclose) and the NSS lock while it reads its
+ * state, and both live in the heap, so this thread faults holding locks the fork takes. */
+static FILE *volatile open_streams[64];
+static volatile int stdio_stop;
+
+static void *stdio_thread(void *arg) {
+    (void)arg;
+    uint64_t x = 99;
+    while (!stdio_stop) {
+        if (!storming) {
+            usleep(1000);
+            continue;
+        }
+        x = mix(x + 1);
+        int k = (int)(x % 64);
+        if (open_streams[k]) fclose(open_streams[k]);
+        open_streams[k] = fopen("/dev/null", "w");
+        if (!open_streams[k] || fprintf(open_streams[k], "%llu\n", (unsigned long long)x) < 0) {
+            printf("stdio thread: a stream fails\n");
+            fflush(stdout);
+            _exit(1);
+        }
+        if (!getpwuid(getuid())) {
+            printf("stdio thread: getpwuid fails\n");
+            fflush(stdout);
+            _exit(1);
+        }
+    }
+    return NULL;
+}
+
+static volatile uint64_t *ticks; /* in the heap: the handler's write may fault */
+static void on_tick(int sig) { (void)sig; (*ticks)++; }
+
+static int storm(size_t n) {
+    uint64_t *m = alloc_words(n);
+    for (size_t i = 0; i < n; i++) m[i] = storm_word(i, 0);
+    ticks = calloc(1, 4096);
+    /* The alternate signal stack lives in the heap too, as stress-ng's does. */
+    stack_t ss = {.ss_sp = malloc(1 << 16), .ss_size = 1 << 16, .ss_flags = 0};
+    if (!ss.ss_sp || sigaltstack(&ss, NULL)) { perror("sigaltstack"); return 2; }
+    struct sigaction sa = {.sa_handler = on_tick, .sa_flags = SA_ONSTACK | SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval tick = {{0, 2000}, {0, 2000}};
+    setitimer(ITIMER_REAL, &tick, NULL);
+    /* Streams opened early, so that the threads' faults evict them before the forks. */
+    FILE *streams[32];
+    for (int k = 0; k < 32; k++) {
+        streams[k] = fopen("/dev/null", "w");
+        if (!streams[k]) { perror("fopen"); return 2; }
+        setvbuf(streams[k], NULL, _IOFBF, 8192);
+    }
+    struct storm_slice sl[4];
+    pthread_t t[4], io;
+    for (int k = 0; k < 4; k++) {
+        sl[k] = (struct storm_slice){m, n / 4 * k, n / 4 * (k + 1), (uint64_t)k + 1, 0};
+        pthread_create(&t[k], NULL, storm_thread, &sl[k]);
+    }
+    pthread_create(&io, NULL, stdio_thread, NULL);
+    for (int round = 0; round < 20; round++) {
+        /* A sweep over all the words first, which under a small budget evicts everything else
+         * (the streams, glibc's NSS state): the fork then finds them far. */
+        for (size_t i = 0; i < n; i += 512)
+            if (!storm_place_ok(m[i], i)) {
+                printf("parent sweep: word %zu is %016llx\n", i, (unsigned long long)m[i]);
+                return 1;
+            }
+        storming = 1;
+        usleep(20000);
+        pid_t pid = fork();
+        storming = 0;
+        if (pid < 0) { perror("fork"); return 2; }
+        if (pid == 0) {
+            struct itimerval off = {{0, 0}, {0, 0}};
+            setitimer(ITIMER_REAL, &off, NULL);
+            for (size_t i = 0; i < n; i++)
+                if (!storm_place_ok(m[i], i)) {
+                    printf("child %d: word %zu is %016llx\n", round, i, (unsigned long long)m[i]);
+                    _exit(1);
+                }
+            for (int k = 0; k < 32; k++)
+                if (fprintf(streams[k], "child %d\n", round) < 0 || fflush(streams[k])) {
+                    printf("child %d: stream %d fails\n", round, k);
+                    _exit(1);
+                }
+            uint64_t mine = 0x800000 + (uint64_t)round;
+            for (size_t i = 0; i < n; i++) m[i] = storm_word(i, mine);
+            pid_t g = fork();
+            if (g == 0) {
+                for (size_t i = 0; i < n; i++)
+                    if (m[i] != storm_word(i, mine)) {
+                        printf("grandchild %d: word %zu is %016llx\n", round, i, (unsigned long long)m[i]);
+                        _exit(1);
+                    }
+                _exit(0);
+            }
+            int st = status_of(g);
+            if (st != 0) { printf("grandchild %d exited %d\n", round, st); _exit(1); }
+            _exit(0);
+        }
+        int st = status_of(pid);
+        if (st != 0) { printf("child %d exited %d\n", round, st); return 1; }
+    }
+    for (int k = 0; k < 4; k++) sl[k].stop = 1;
+    stdio_stop = 1;
+    for (int k = 0; k < 4; k++) pthread_join(t[k], NULL);
+    pthread_join(io, NULL);
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    for (size_t i = 0; i < n; i++)
+        if (!storm_place_ok(m[i], i)) {
+            printf("parent: word %zu is %016llx\n", i, (unsigned long long)m[i]);
+            return 1;
+        }
+    for (int k = 0; k < 32; k++)
+        if (fclose(streams[k])) { printf("parent: stream %d fails\n", k); return 1; }
+    if (*ticks == 0) { printf("the timer never ran\n"); return 1; }
+    return 0;
+}
+
 static sigjmp_buf jump;
 static void on_segv(int sig) { (void)sig; siglongjmp(jump, 1); }
 
@@ -269,6 +434,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "exec")) r = exec_cases(n);
     else if (!strcmp(argv[1], "shared")) r = shared(n);
     else if (!strcmp(argv[1], "advice")) r = advice(n);
+    else if (!strcmp(argv[1], "storm")) r = storm(n);
     else { fprintf(stderr, "unknown case %s\n", argv[1]); return 2; }
     if (r == 0) printf("ok %s\n", argv[1]);
     fflush(stdout);

@@ -149,3 +149,157 @@ pub fn payload(seed: u64, len: usize) -> Vec<u8> {
     v.truncate(len);
     v
 }
+
+/// Every process below `pid` (children, grandchildren...), from /proc.
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut parent_of = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // "pid (name) state ppid ...": the name may hold spaces and parentheses.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parent_of.push((p, ppid));
+        }
+    }
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(
+            parent_of
+                .iter()
+                .filter(|&&(_, pp)| pp == p)
+                .map(|&(c, _)| c),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// Each thread of `pid` and of its descendants: name, state and where it sleeps in the kernel.
+pub fn where_threads_are(pid: u32) -> String {
+    let mut out = String::new();
+    for p in std::iter::once(pid).chain(descendants(pid)) {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let tid = t.file_name().to_string_lossy().into_owned();
+            let read = |f: &str| {
+                std::fs::read_to_string(format!("/proc/{p}/task/{tid}/{f}"))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string()
+            };
+            let stat = read("stat");
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(str::to_string))
+                .unwrap_or_default();
+            out.push_str(&format!(
+                "  process {p} thread {tid} ({}): {state} in {}\n",
+                read("comm"),
+                read("wchan")
+            ));
+        }
+    }
+    out
+}
+
+/// Kills `pid` and everything below it with SIGKILL.
+pub fn kill_tree(pid: u32) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let mut all = descendants(pid);
+    all.push(pid);
+    for p in all {
+        let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+    }
+}
+
+/// Runs `cmd` to its end and returns what it printed, or, if it has not ended after `limit`,
+/// kills it and everything it started and fails the test with where their threads were: a hang
+/// fails the test that found it, never the suite.
+pub fn output_within(cmd: &mut Command, limit: std::time::Duration) -> std::process::Output {
+    use std::io::Read;
+    use std::os::unix::process::CommandExt;
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    // Drained on threads, so that a program printing much never blocks on a full pipe.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let threads = where_threads_are(child.id());
+            kill_tree(child.id());
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            let _ = child.wait();
+            let (out, err) = (out.join().unwrap(), err.join().unwrap());
+            panic!(
+                "{what} did not end within {limit:?}: it hangs. Its threads were:\n{threads}\
+                 stdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // Processes the program left behind (an orphan still printing) hold the pipes open until
+    // they end; they are in its process group, which is killed if they outlive the deadline.
+    while !(out.is_finished() && err.is_finished()) {
+        if started.elapsed() > limit {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("{what} ended, but what it left running did not end within {limit:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::process::Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
