@@ -7,9 +7,9 @@
 
 mod common;
 
-use common::{preload, NodeProc};
+use common::{preload, python3, NodeProc};
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use tidepool_bench::coord::Cgroup;
@@ -22,15 +22,6 @@ impl Drop for Kill {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-/// The system's python3 (a pyenv shim would add processes of its own).
-fn python3() -> &'static str {
-    if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
     }
 }
 

@@ -7,11 +7,11 @@
 
 mod common;
 
-use common::{descendants, output_within, preload, NodeProc};
+use common::{descendants, output_within, preload, python3, text, NodeProc};
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Far more than any run here takes paged, on a loaded 2-vCPU machine.
@@ -32,26 +32,10 @@ fn tidepool_run(local: &str, backend: &str) -> Command {
     cmd
 }
 
-/// The system's python3 (a pyenv shim would add processes of its own to every run).
-fn python3() -> &'static str {
-    if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    }
-}
-
 fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/py")
         .join(name)
-}
-
-fn text(out: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// `fork_tree.py` at 2, 4 and 8 times an 8 MiB budget: the same lines and status as natively.

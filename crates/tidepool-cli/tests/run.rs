@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::{preload, NodeProc};
+use common::{preload, python3, text, NodeProc};
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 
 /// `tidepool run --local LOCAL --backend BACKEND --stats -- PROGRAM...`, not yet started.
 fn tidepool_run(local: &str, backend: &str, program: &[&str]) -> Command {
@@ -24,22 +24,6 @@ fn tidepool_run(local: &str, backend: &str, program: &[&str]) -> Command {
     .args(program)
     .env("TIDEPOOL_PRELOAD", preload());
     cmd
-}
-
-/// The system's python3 (a pyenv shim would add processes of its own to every run).
-fn python3() -> &'static str {
-    if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    }
-}
-
-fn text(out: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 /// The pager's statistics line "moved ... resident X of Y MiB": (X, Y).

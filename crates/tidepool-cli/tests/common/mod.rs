@@ -24,6 +24,23 @@ pub fn preload() -> PathBuf {
     .clone()
 }
 
+/// The system's python3 (a pyenv shim would add processes of its own to every run).
+pub fn python3() -> &'static str {
+    if Path::new("/usr/bin/python3").exists() {
+        "/usr/bin/python3"
+    } else {
+        "python3"
+    }
+}
+
+/// A finished program's standard output and error, as text.
+pub fn text(out: &std::process::Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `tests/c/NAME.c` compiled with -O2 and `libs` (after the source), once per test binary.
 pub fn c_program(name: &str, libs: &[&str]) -> PathBuf {
     static BUILT: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
