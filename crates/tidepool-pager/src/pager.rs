@@ -144,6 +144,8 @@ pub(crate) struct Inner {
     /// Non-zero: the evictor should look at the budget now (a futex word: no lock, so a fork
     /// can never leave it held).
     pub(crate) evictor_kick: AtomicU32,
+    /// Non-zero once the pager stops: the watchdog's sleep ends at once (a futex word).
+    pub(crate) watchdog_stop: AtomicU32,
     /// A registered page nobody maps: a fault on it tells a handler to stop.
     pub(crate) doorbell: Mapping,
     pub(crate) slots: Slots,
@@ -203,6 +205,8 @@ impl Drop for Shared {
     fn drop(&mut self) {
         self.inner.shutdown.store(true, Release);
         self.inner.kick_evictor();
+        self.inner.watchdog_stop.store(1, Release);
+        sys::futex_wake(&self.inner.watchdog_stop);
         // Handlers block in read(2) on the userfaultfd: each learns of the shutdown from a
         // fault on the doorbell page, and maps the page (ending this read) as it leaves.
         let bell = self.inner.doorbell.addr();
@@ -318,6 +322,7 @@ impl Pager {
             done: Mutex::new(VecDeque::new()),
             evict_seq: AtomicU32::new(1),
             evictor_kick: AtomicU32::new(0),
+            watchdog_stop: AtomicU32::new(0),
             doorbell,
             slots: Slots {
                 buf: slots_buf,

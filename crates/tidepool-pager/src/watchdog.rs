@@ -134,7 +134,7 @@ impl Inner {
         let mut waits = Waits::default();
         let mut last = Instant::now();
         loop {
-            std::thread::sleep(tick);
+            crate::sys::futex_wait(&self.watchdog_stop, 0, tick);
             if self.shutdown.load(Acquire) {
                 return;
             }
