@@ -48,6 +48,7 @@ mod evict;
 mod fault;
 mod fork;
 mod frames;
+mod handler;
 mod marks;
 mod pager;
 pub mod prefetch;

@@ -1,0 +1,187 @@
+//! The fault handler threads (one pinned per CPU): they read fault events and serve them,
+//! except while a fork holds the gate closed (`fork.rs`), when they serve the forking thread's
+//! own faults and hold the others; and the service a thread starting the pager's threads gives
+//! until they run.
+
+use crate::fault::{FollowUp, Staging};
+use crate::pager::*;
+use crate::stats::Counters;
+use crate::sys::{Fault, PAGE};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long faults read while a fork holds the gate wait before they are served anyway, if the
+/// forking thread waits for a lock meanwhile: it may be a lock their thread holds (glibc's fork
+/// takes the stdio and NSS locks after the fork handlers ran). The forking thread cannot pass
+/// that lock before the fault is served, so it cannot fork in the middle of the service.
+const HELD_TOO_LONG: Duration = Duration::from_millis(10);
+
+impl Inner {
+    pub(crate) fn handler_loop(self: Arc<Self>) {
+        let mut faults = Vec::with_capacity(32);
+        // Faults read while a fork holds the gate closed, with when they were read.
+        let mut held: Vec<(Fault, Instant)> = Vec::new();
+        let mut staging = Staging::new();
+        let bell = self.doorbell.addr();
+        loop {
+            let read = if held.is_empty() {
+                // One system call a fault: the read blocks until there are some (a poll first
+                // would be a second).
+                self.uffd.read_faults(&mut faults)
+            } else {
+                // Faults are held: look for the forking thread's own, and for the gate to open.
+                let r = self.uffd.read_faults_now(&mut faults);
+                if faults.is_empty() {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                r
+            };
+            if let Err(e) = read {
+                self.fatal("reading fault events", &e);
+            }
+            self.stall_if_asked();
+            let mut stop = false;
+            let now = Instant::now();
+            for f in faults.drain(..) {
+                if f.page_addr != bell {
+                    held.push((f, now));
+                } else if self.shutdown.load(Acquire) && !stop {
+                    // Mapping the page lets the ringer go on to the next handler.
+                    stop = true;
+                    let _ = self.uffd.zeropage(bell);
+                } else {
+                    self.uffd.wake(bell, PAGE);
+                }
+            }
+            self.serve_or_hold(&mut held, &mut staging);
+            if stop {
+                return;
+            }
+            if held.is_empty() {
+                self.activity.set(crate::activity::Doing::Idle, 0, 0);
+            }
+        }
+    }
+
+    /// Fault injection for tests ([`Config::stall_handlers_after`]): past that many faults, this
+    /// handler stops for good, as if stuck.
+    fn stall_if_asked(&self) {
+        let Some(after) = self.stall_handlers_after else {
+            return;
+        };
+        if self.counters.missing_faults.load(Relaxed) < after {
+            return;
+        }
+        self.activity.set(crate::activity::Doing::Stalled, 0, 0);
+        while !self.shutdown.load(Acquire) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Serves the faults read so far, or, while a fork holds the gate closed, those of the
+    /// forking thread (it cannot fork while it waits for them) and those held so long that the
+    /// forking thread may be waiting for their threads; the rest stay in `held`.
+    fn serve_or_hold(&self, held: &mut Vec<(Fault, Instant)>, staging: &mut Staging) {
+        use crate::activity::Doing;
+        if held.is_empty() {
+            return;
+        }
+        if let Some(_section) = crate::fork::try_section() {
+            let mut faults: Vec<Fault> = held.drain(..).map(|(f, _)| f).collect();
+            let first = faults[0];
+            self.activity
+                .set(Doing::Serving, first.page_addr as u64, first.tid);
+            if faults.len() > 1 {
+                self.serve_together(&mut faults, staging);
+            }
+            for f in faults {
+                self.serve(f, staging, FollowUp::Full);
+            }
+            return;
+        }
+        let Some(forking) = crate::fork::forking_thread() else {
+            // The gate opened since: next time round.
+            return;
+        };
+        let mut late = None;
+        held.retain(|&(f, since)| {
+            if f.tid == forking {
+                Counters::add(&self.counters.fork_own_faults, 1);
+                self.serve_during_fork(f, staging);
+                return false;
+            }
+            if since.elapsed() < HELD_TOO_LONG {
+                return true;
+            }
+            // Once per pass: does the forking thread wait for a lock (which this fault's thread
+            // may hold)?
+            if *late.get_or_insert_with(|| crate::watchdog::waits_on_a_lock(forking)) {
+                Counters::add(&self.counters.fork_late_faults, 1);
+                self.serve_during_fork(f, staging);
+                return false;
+            }
+            true
+        });
+        if !held.is_empty() {
+            self.activity
+                .set(Doing::Holding, held.len() as u64, forking);
+        }
+    }
+
+    /// Serves one fault while a fork is under way: installed and accounted for entirely before
+    /// its thread (perhaps the forking one) is woken, nothing evicted, no prefetch.
+    fn serve_during_fork(&self, f: Fault, staging: &mut Staging) {
+        self.activity
+            .set(crate::activity::Doing::Serving, f.page_addr as u64, f.tid);
+        self.uffd.deferring_wakes(|| {
+            // The section ends before the wake-ups go out: the child of a fork that follows
+            // must not find it counted.
+            let _section = crate::fork::section_regardless();
+            self.serve(f, staging, FollowUp::InstallOnly);
+        });
+    }
+
+    /// Serves faults on this (not yet a pager) thread until `started` of the pager's new
+    /// threads say they run: their start-up in glibc may touch memory of the program (the
+    /// locale data `setlocale` allocated), which only a running pager can bring back. In a
+    /// forked child nobody else would serve it.
+    pub(crate) fn serve_while_starting(&self, started: &std::sync::atomic::AtomicU32, n: u32) {
+        let t0 = Instant::now();
+        let mut faults = Vec::new();
+        let mut staging: Option<Staging> = None;
+        let bell = self.doorbell.addr();
+        while started.load(Acquire) < n {
+            if let Err(e) = self.uffd.read_faults_now(&mut faults) {
+                self.fatal("reading fault events while the pager's threads start", &e);
+            }
+            if faults.is_empty() {
+                if t0.elapsed() > self.fault_deadline && !self.fault_deadline.is_zero() {
+                    crate::sys::die(
+                        &format!(
+                            "tidepool pager (process {}): only {} of the pager's {n} threads \
+                             started within {:.1} s; stopping the program (exit status {}) \
+                             rather than let it hang\n",
+                            std::process::id(),
+                            started.load(Acquire),
+                            self.fault_deadline.as_secs_f64(),
+                            FATAL_EXIT_CODE
+                        ),
+                        FATAL_EXIT_CODE,
+                    );
+                }
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            let staging = staging.get_or_insert_with(Staging::new);
+            for f in faults.drain(..) {
+                if f.page_addr == bell {
+                    self.uffd.wake(bell, PAGE);
+                    continue;
+                }
+                let _section = crate::fork::section();
+                self.serve(f, staging, FollowUp::InstallOnly);
+            }
+        }
+    }
+}
