@@ -120,9 +120,10 @@ enum Cmd {
     /// SIZE` changes the budget while it runs.
     ///
     /// The pager may make a program slower; it never leaves it hanging: a page fault that
-    /// waits longer than --fault-deadline (plus the far store's own timeout while the store is
-    /// being asked) stops the program with status 70 and a message naming the cause and where
-    /// each of the pager's threads is. The program becomes this process (exec), so signals sent
+    /// waits longer than --fault-deadline (longer while a store that rides out failures, a
+    /// Redis Cluster or a set of memory nodes, waits one out) stops the program with status 70
+    /// and a message naming the cause (a silent store, say) and where each of the pager's
+    /// threads is. The program becomes this process (exec), so signals sent
     /// to `tidepool run` reach it, and SIGTERM or Ctrl-C end it and what it forked as they would
     /// without the pager.
     ///

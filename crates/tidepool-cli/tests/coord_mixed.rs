@@ -56,6 +56,10 @@ fn state(addr: &str) -> Option<tidepool_coord::Snapshot> {
 fn budgets_move_to_the_program_whose_misses_cost_more_and_nobody_is_oom_killed() {
     tidepool_sys::skip_unless!(Need::Root, Need::CgroupV1Memory);
     let tidepool = PathBuf::from(env!("CARGO_BIN_EXE_tidepool"));
+    // Built (or found up to date) before anything starts: building it after the soft
+    // application started would hold python back for as long as cargo takes, and the budgets
+    // would be measured without it.
+    let preload = preload();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("coord-mixed-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -140,7 +144,7 @@ fn budgets_move_to_the_program_whose_misses_cost_more_and_nobody_is_oom_killed()
                 &(seconds - 4).to_string(),
             ],
         )
-        .env("TIDEPOOL_PRELOAD", preload())
+        .env("TIDEPOOL_PRELOAD", &preload)
         .stdout(Stdio::piped())
         .spawn()
         .expect("python under tidepool run"),

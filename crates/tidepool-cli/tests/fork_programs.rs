@@ -332,3 +332,66 @@ fn a_fault_nobody_serves_stops_the_program_with_the_watchdogs_message() {
         );
     }
 }
+
+/// Fills four times the budget, says "ready", waits for a line, then reads everything back.
+const FILL_THEN_READ: &str = r#"
+import sys
+data = [bytes([i % 256]) * 4000 for i in range(16_000)]
+print("ready", flush=True)
+sys.stdin.readline()
+print(sum(d[0] + d[-1] for d in data))
+"#;
+
+/// A memory node that stops answering (SIGSTOP: connected, silent) while the program needs its
+/// pages: the watchdog stops the program at its deadline, naming the silent store, before the
+/// node's own timeout (10 s by default) would.
+#[test]
+fn a_silent_store_is_named_by_the_watchdog_at_its_deadline() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    use std::io::Write;
+    let node = NodeProc::start(&["--capacity", "256M"]);
+    let backend = format!("node://silent@{}", node.addr);
+    let mut child = tidepool_run("16M", &backend)
+        .args([python3(), "-c", FILL_THEN_READ])
+        .env("TIDEPOOL_RUN_FAULT_DEADLINE", "3")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let node_pid = nix::unistd::Pid::from_raw(node.pid() as i32);
+    nix::sys::signal::kill(node_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let started = Instant::now();
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = started.elapsed();
+    nix::sys::signal::kill(node_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let Some(status) = status else {
+        common::kill_tree(child.id());
+        panic!("the program hung on a silent node");
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(70), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "the far store node://{} has not answered",
+            node.addr
+        )),
+        "the watchdog names the silent store: {stderr}"
+    );
+    // Liveness with room to spare: the deadline is 3 s, the node's own timeout 10 s.
+    assert!(took < Duration::from_secs(30), "stopped after {took:?}");
+}

@@ -169,12 +169,14 @@ pub trait FarStore: Send + Sync + fmt::Debug {
         Ok(None)
     }
 
-    /// How long one call may wait on a store that works (a slow network, a failover) before
-    /// the store gives up on its own with an error. A pager's watchdog allows this on top of
-    /// its own deadline while it waits for the store, so that the store's own, more precise,
-    /// message comes first. The default suits stores on a network that set no tighter bound.
+    /// How much longer than a pager's fault deadline one call may take on a store that works:
+    /// a store that rides out failures waits for them (a Redis Cluster failover, a memory
+    /// node of a set that went silent and is declared down after its timeout). A pager's
+    /// watchdog allows this on top of its deadline while it waits for the store. A store that
+    /// has not answered within the deadline otherwise is silent, and the program is stopped
+    /// saying so; the default, zero, says that.
     fn patience(&self) -> std::time::Duration {
-        std::time::Duration::from_secs(30)
+        std::time::Duration::ZERO
     }
 
     /// One line on the store's health for people, from what the client knows without asking

@@ -105,11 +105,6 @@ impl LocalStore {
 }
 
 impl FarStore for LocalStore {
-    /// In this process: a call never waits for anyone.
-    fn patience(&self) -> std::time::Duration {
-        std::time::Duration::ZERO
-    }
-
     fn private_to_process(&self) -> bool {
         true
     }

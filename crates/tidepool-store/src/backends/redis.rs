@@ -487,6 +487,15 @@ fn to_io_error(e: &RedisError, message: String) -> io::Error {
 }
 
 impl FarStore for RedisStore {
+    /// A cluster call retries through a failover for `failover`, and its last try may take
+    /// the I/O timeout.
+    fn patience(&self) -> Duration {
+        match &self.target {
+            Target::Single { .. } => Duration::ZERO,
+            Target::Cluster { options, .. } => options.failover + IO_TIMEOUT,
+        }
+    }
+
     fn after_fork_in_child(&self) {
         match &self.target {
             Target::Single { pool, .. } => pool.forget_idle(),

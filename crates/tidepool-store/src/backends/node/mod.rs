@@ -87,6 +87,11 @@ pub struct NodeStore {
 }
 
 impl NodeStore {
+    /// How long a request waits for an answer (the URL's `timeout_ms`).
+    pub(crate) fn timeout(&self) -> std::time::Duration {
+        self.client.options.timeout
+    }
+
     pub fn connect(addr: &str, tenant: &str, token: &str) -> Result<NodeStore, StoreError> {
         Ok(Self::with_client(NodeClient::connect(addr, tenant, token)?))
     }
@@ -387,11 +392,6 @@ pub(crate) fn last_per_key<'a>(items: &[(Key, &'a [u8])]) -> Vec<(Key, &'a [u8])
 }
 
 impl FarStore for NodeStore {
-    /// A request times out after the URL's `timeout_ms`; a reconnect may take as long again.
-    fn patience(&self) -> std::time::Duration {
-        self.client.options.timeout * 2
-    }
-
     fn after_fork_in_child(&self) {
         self.client.after_fork_in_child();
     }

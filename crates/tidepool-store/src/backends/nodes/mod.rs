@@ -505,6 +505,16 @@ impl NodeSet {
 }
 
 impl FarStore for NodeSet {
+    /// A silent member is declared down after its timeout, and the read goes on to the next
+    /// copy, which may be as slow to give up on: two timeouts.
+    fn patience(&self) -> std::time::Duration {
+        self.members
+            .iter()
+            .map(|m| m.store.timeout() * 2)
+            .max()
+            .unwrap_or_default()
+    }
+
     fn describe(&self) -> String {
         crate::url::redact(&self.url)
     }
