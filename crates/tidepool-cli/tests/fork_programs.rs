@@ -302,14 +302,13 @@ fn a_fault_nobody_serves_stops_the_program_with_the_watchdogs_message() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let node = NodeProc::start(&["--capacity", "256M"]);
     for backend in ["local:".to_string(), format!("node://dog@{}", node.addr)] {
+        // Made (the preload library built, if cargo must) before the clock starts.
+        let mut run = tidepool_run("16M", &backend);
+        run.args([python3(), "-c", TOUCH_MUCH])
+            .env("TIDEPOOL_RUN_STALL_AFTER", "500")
+            .env("TIDEPOOL_RUN_FAULT_DEADLINE", "2");
         let started = Instant::now();
-        let out = output_within(
-            tidepool_run("16M", &backend)
-                .args([python3(), "-c", TOUCH_MUCH])
-                .env("TIDEPOOL_RUN_STALL_AFTER", "500")
-                .env("TIDEPOOL_RUN_FAULT_DEADLINE", "2"),
-            DEADLINE,
-        );
+        let out = output_within(&mut run, DEADLINE);
         let took = started.elapsed();
         let (stdout, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(70), "{backend}: {stdout}\n{stderr}");
