@@ -257,6 +257,7 @@ extern "C" fn start() {
     let Some(local) = env_var("TIDEPOOL_RUN_LOCAL").ok() else {
         return;
     };
+    libc_alloc::resolve();
     // First of all fork handlers: in a forked child the pager must be running again before
     // any other child handler (the allocator's among them) touches paged memory.
     tidepool_pager::install_fork_handlers();

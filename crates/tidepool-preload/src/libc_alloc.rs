@@ -45,6 +45,18 @@ fn lookup(slot: &AtomicUsize, name: &CStr) -> usize {
     f
 }
 
+/// Finds all four of glibc's functions now. The preload's constructor calls it before any
+/// pager thread exists: looking one up later, from a pager thread, would run `dlopen`, which
+/// walks the loader's list of libraries, and the entries of libraries the program opened were
+/// allocated by the program's malloc, so may be paged out, and the pager would wait on itself
+/// holding the loader's lock.
+pub fn resolve() {
+    lookup(&MALLOC, c"malloc");
+    lookup(&FREE, c"free");
+    lookup(&MEMALIGN, c"memalign");
+    lookup(&REALLOC, c"realloc");
+}
+
 /// glibc's allocator, as Rust's global allocator for this library.
 #[derive(Debug)]
 pub struct LibcAlloc;
