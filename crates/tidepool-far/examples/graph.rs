@@ -62,7 +62,7 @@ fn far(
     node_share: f64,
     batched: bool,
 ) -> Result<(f64, u64, String), FarError> {
-    let store = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+    let store = Far::new(Arc::new(tidepool_store::LocalStore::new()));
     let es = Section::new(SectionConfig::new(Structure::Direct, 4096, 64 * 4096))?;
     let node_bytes = ((nodes * 8) as f64 * node_share) as usize;
     let line: usize = std::env::var("GRAPH_LINE")

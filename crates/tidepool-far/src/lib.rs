@@ -15,7 +15,7 @@
 //! use std::sync::Arc;
 //! use tidepool_far::{Far, FarVec, Section, SectionConfig, Structure};
 //!
-//! let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+//! let far = Far::new(Arc::new(tidepool_store::LocalStore::new()));
 //! // 16 lines of 4 KiB, 4-way set-associative.
 //! let section = Section::new(SectionConfig::new(Structure::SetAssociative(4), 4096, 16 * 4096))?;
 //! let v: FarVec<u64> = FarVec::from_slice(&far, &section, &(0..100_000).collect::<Vec<u64>>())?;

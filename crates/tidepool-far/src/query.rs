@@ -6,7 +6,7 @@
 //! use std::sync::Arc;
 //! use tidepool_far::{Cmp, Far, FarVec, Offload, Query, Section, SectionConfig, Structure};
 //!
-//! let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+//! let far = Far::new(Arc::new(tidepool_store::LocalStore::new()));
 //! let section = Section::new(SectionConfig::new(Structure::Full, 4096, 64 * 4096))?;
 //! let region: FarVec<u64> = FarVec::from_slice(&far, &section, &[0, 1, 0, 1, 1])?;
 //! let price: FarVec<f64> = FarVec::from_slice(&far, &section, &[1.0, 2.0, 3.0, 4.0, 5.0])?;

@@ -20,7 +20,7 @@ struct Flaky {
 impl Flaky {
     fn new() -> Arc<Flaky> {
         Arc::new(Flaky {
-            inner: LocalStore::new(false),
+            inner: LocalStore::new(),
             fail: AtomicBool::new(false),
             read: AtomicU64::new(0),
             written: AtomicU64::new(0),

@@ -200,7 +200,7 @@ fn a_bad_query_is_refused_and_loses_nothing() {
 
 #[test]
 fn a_store_that_cannot_compute_runs_queries_here() {
-    let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+    let far = Far::new(Arc::new(tidepool_store::LocalStore::new()));
     let (region, qty, price) = columns(&far);
     let want = plain(
         &region.to_vec().unwrap(),

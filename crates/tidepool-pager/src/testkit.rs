@@ -25,7 +25,7 @@ pub struct Recorder {
 impl Recorder {
     pub fn new() -> Arc<Recorder> {
         Arc::new(Recorder {
-            inner: LocalStore::new(false),
+            inner: LocalStore::new(),
             log: Mutex::new(Vec::new()),
         })
     }

@@ -9,7 +9,7 @@
 //!
 //! | URL | backend |
 //! |---|---|
-//! | `local:` / `local:?compress=lz4` | in-process map (the embedded default), optionally LZ4-compressed |
+//! | `local:[?compress=lz4\|zstd\|none]` | in-process, compressed (the embedded default: saves memory like zram) or, with `none`, pages kept whole (the pager alone: saves no memory) |
 //! | `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]]` | a `tidepool node` memory node |
 //! | `redis://[:password@]host:port[/DB][?prefix=P]` | one Redis server |
 //! | `redis+cluster://h1:p1,h2:p2,...[?prefix=P][&wait=N][&failover_ms=MS]` | a Redis Cluster: writes wait for N replicas; calls retry through a failover for MS (default 15000) |
@@ -19,7 +19,8 @@
 //! the system's root certificates are trusted. The server's certificate must name the URL's
 //! host (DNS name or IP address).
 //! | `memcached://host:port[?prefix=P]` | a memcached server |
-#![forbid(unsafe_code)]
+// The one exception: the packed store's slots (backends/slots.rs).
+#![deny(unsafe_code)]
 
 mod backends;
 #[cfg(feature = "conformance")]
@@ -37,6 +38,7 @@ pub use backends::local::LocalStore;
 pub use backends::memcached::MemcachedStore;
 pub use backends::node::{NodeClient, NodeOptions, NodeStore, DEFAULT_POLL as NODE_DEFAULT_POLL};
 pub use backends::nodes::NodeSet;
+pub use backends::packed::{Compression, PackedStore};
 pub use backends::redis::{ClusterOptions, RedisStore};
 pub use error::StoreError;
 pub use tls::{ClientTls, TlsOptions};
@@ -257,7 +259,10 @@ pub(crate) fn copy_into_chunk(
 /// Opens the backend a URL names (see the crate docs for the forms).
 pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
     Ok(match StoreUrl::parse(url)? {
-        StoreUrl::Local { compress } => Arc::new(LocalStore::new(compress)),
+        StoreUrl::Local {
+            compression: Compression::None,
+        } => Arc::new(LocalStore::new()),
+        StoreUrl::Local { compression } => Arc::new(PackedStore::new(compression)),
         node @ StoreUrl::Node { .. } => Arc::new(open_node(node, "")?),
         StoreUrl::Nodes { nodes, redundancy } => {
             let addrs: Vec<String> = nodes

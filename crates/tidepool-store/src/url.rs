@@ -2,7 +2,7 @@
 //! accepts, and the grammar is small.
 
 use crate::tls::TlsOptions;
-use crate::StoreError;
+use crate::{Compression, StoreError};
 use std::path::PathBuf;
 
 /// A parsed store URL. Its Debug form hides tokens and passwords.
@@ -75,9 +75,9 @@ impl std::fmt::Display for Redundancy {
 
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
-    Local {
-        compress: bool,
-    },
+    /// `local:[?compress=lz4|zstd|none]`: in this process, compressed (by default
+    /// [`Compression::DEFAULT`]) or, with `none`, whole.
+    Local { compression: Compression },
     /// `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]][&poll_us=N][&timeout_ms=N]`
     Node {
         addr: String,
@@ -119,7 +119,7 @@ pub enum StoreUrl {
 }
 
 const FORMS: &str =
-    "expected one of local:, local:?compress=lz4, node://[tenant[:token]@]host:port[?tls=1], \
+    "expected one of local:[?compress=lz4|zstd|none], node://[tenant[:token]@]host:port[?tls=1], \
                      redis://[:password@]host:port[/DB], rediss://... (TLS), \
                      redis+cluster://h1:p1,h2:p2,..., rediss+cluster://..., memcached://host:port";
 
@@ -172,16 +172,19 @@ impl StoreUrl {
                 if !rest.is_empty() && rest != "//" {
                     return Err(bad("local: takes no address".into()));
                 }
-                let compress = match take_param("compress").as_deref() {
-                    None | Some("none") => false,
-                    Some("lz4") => true,
+                let compression = match take_param("compress").as_deref() {
+                    None => Compression::DEFAULT,
+                    Some("none") => Compression::None,
+                    Some("lz4") => Compression::Lz4,
+                    Some("zstd") => Compression::Zstd,
                     Some(other) => {
                         return Err(bad(format!(
-                            "unknown compression '{other}'; use compress=lz4"
+                            "unknown compression '{other}'; use compress=lz4, compress=zstd or \
+                             compress=none (pages kept whole)"
                         )))
                     }
                 };
-                StoreUrl::Local { compress }
+                StoreUrl::Local { compression }
             }
             "node" => {
                 let h = host_part(rest)?;
@@ -421,9 +424,10 @@ pub fn redact(url: &str) -> String {
 impl std::fmt::Debug for StoreUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            StoreUrl::Local { compress } => {
-                f.debug_struct("Local").field("compress", compress).finish()
-            }
+            StoreUrl::Local { compression } => f
+                .debug_struct("Local")
+                .field("compression", compression)
+                .finish(),
             StoreUrl::Node {
                 addr,
                 tenant,
@@ -617,12 +621,16 @@ mod tests {
     fn parses_every_form() {
         assert_eq!(
             StoreUrl::parse("local:").unwrap(),
-            StoreUrl::Local { compress: false }
+            StoreUrl::Local {
+                compression: Compression::DEFAULT
+            }
         );
-        assert_eq!(
-            StoreUrl::parse("local:?compress=lz4").unwrap(),
-            StoreUrl::Local { compress: true }
-        );
+        for c in [Compression::None, Compression::Lz4, Compression::Zstd] {
+            assert_eq!(
+                StoreUrl::parse(&format!("local:?compress={}", c.name())).unwrap(),
+                StoreUrl::Local { compression: c }
+            );
+        }
         assert_eq!(
             StoreUrl::parse("node://web:s3cret@127.0.0.1:7070").unwrap(),
             StoreUrl::Node {
@@ -749,7 +757,7 @@ mod tests {
             ("ftp://x:1", "unknown scheme"),
             ("redis://localhost", "no port"),
             ("redis://localhost:http", "not a port"),
-            ("local:?compress=zstd", "unknown compression"),
+            ("local:?compress=brotli", "unknown compression"),
             ("redis://h:1?colour=blue", "unknown query parameter"),
             ("nothing", "no scheme"),
         ] {

@@ -162,7 +162,7 @@ fn the_node_runs_a_fused_filter_group_aggregate_scan_and_a_gather() {
     assert!(err.contains("integer column"), "{err}");
     assert!(store.scan(&scan).unwrap().is_some());
     // The in-process store does not compute: the caller does.
-    assert!(tidepool_store::LocalStore::new(false)
+    assert!(tidepool_store::LocalStore::new()
         .scan(&scan)
         .unwrap()
         .is_none());

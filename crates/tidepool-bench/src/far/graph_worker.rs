@@ -116,7 +116,7 @@ fn graph_far(
     config: Option<&Config>,
     profile: Option<std::path::PathBuf>,
 ) -> Result<(u64, f64, u64, String)> {
-    let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+    let far = Far::new(Arc::new(tidepool_store::LocalStore::new()));
     if profile.is_some() {
         far.enable_profiling();
     }

@@ -76,7 +76,7 @@ fn time(f: impl FnOnce() -> Result<usize>) -> Result<f64> {
 
 /// One round: ns/element of every workload on `system`; checksums must agree across systems.
 fn round(system: Access, idx: &[usize]) -> Result<[(f64, u64); 3]> {
-    let far = Far::new(Arc::new(tidepool_store::LocalStore::new(false)));
+    let far = Far::new(Arc::new(tidepool_store::LocalStore::new()));
     let section = Section::new(SectionConfig::new(Structure::Direct, 4096, ELEMS * 8))?;
     let v: FarVec<u64> = FarVec::new(&far, &section, ELEMS)?;
     let mut plain: Vec<u64> = Vec::new();

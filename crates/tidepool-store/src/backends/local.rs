@@ -1,7 +1,8 @@
-//! The in-process store: the embedded default, needing no server. Values live in sharded hash
-//! maps in this process's memory, optionally LZ4-compressed (worth it for pages of text or
-//! sparse data; incompressible data is stored as is). A value replaced by one of the same size
-//! is overwritten in place, so a page evicted again and again costs a copy, not an allocation.
+//! The plain in-process store (`local:?compress=none`): values kept whole in sharded hash maps
+//! in this process's memory. It saves the process no memory; it is there to measure the pager
+//! alone, and for tests. (`local:`, the embedded default, is [`crate::PackedStore`].) A value
+//! replaced by one of the same size is overwritten in place, so a page evicted again and again
+//! costs a copy, not an allocation.
 
 use crate::{FarStore, Key, StoreError, StoreStats};
 use bytes::Bytes;
@@ -11,84 +12,37 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 const SHARDS: usize = 64;
 
-/// How a value is kept.
-#[derive(Debug, Clone)]
-enum Stored {
-    Raw(Box<[u8]>),
-    Lz4 { compressed: Box<[u8]> },
-}
-
-impl Stored {
-    fn footprint(&self) -> u64 {
-        match self {
-            Stored::Raw(b) => b.len() as u64,
-            Stored::Lz4 { compressed } => compressed.len() as u64,
-        }
-    }
-}
+type Shard = FxHashMap<Key, Box<[u8]>>;
 
 #[derive(Debug)]
 pub struct LocalStore {
-    shards: Box<[Mutex<FxHashMap<Key, Stored>>]>,
-    compress: bool,
+    shards: Box<[Mutex<Shard>]>,
     bytes: AtomicU64,
     objects: AtomicU64,
 }
 
 impl LocalStore {
-    pub fn new(compress: bool) -> LocalStore {
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> LocalStore {
         LocalStore {
             shards: (0..SHARDS)
                 .map(|_| Mutex::new(FxHashMap::default()))
                 .collect(),
-            compress,
             bytes: AtomicU64::new(0),
             objects: AtomicU64::new(0),
         }
     }
 
-    fn shard(&self, key: Key) -> &Mutex<FxHashMap<Key, Stored>> {
+    fn shard(&self, key: Key) -> &Mutex<Shard> {
         // Fibonacci hashing spreads sequential page numbers over all shards.
         let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
         &self.shards[h as usize % SHARDS]
     }
 
-    fn encode(&self, value: &[u8]) -> Stored {
-        if self.compress {
-            let c = lz4_flex::compress_prepend_size(value);
-            if c.len() < value.len() {
-                return Stored::Lz4 {
-                    compressed: c.into_boxed_slice(),
-                };
-            }
-        }
-        Stored::Raw(value.into())
-    }
-
-    fn decode(stored: &Stored) -> Result<Bytes, StoreError> {
-        match stored {
-            Stored::Raw(b) => Ok(Bytes::copy_from_slice(b)),
-            Stored::Lz4 { compressed } => lz4_flex::decompress_size_prepended(compressed)
-                .map(Bytes::from)
-                .map_err(Self::corrupt),
-        }
-    }
-
-    fn corrupt(e: impl std::fmt::Display) -> StoreError {
-        StoreError::Backend {
-            backend: "local",
-            message: format!("stored value failed to decompress: {e}"),
-            source: None,
-        }
-    }
-
-    /// Overwrites an uncompressed value of the same size in place; false if there is none.
+    /// Overwrites a value of the same size in place; false if there is none.
     fn overwrite(&self, key: Key, value: &[u8]) -> bool {
-        if self.compress {
-            return false;
-        }
         match self.shard(key).lock().get_mut(&key) {
-            Some(Stored::Raw(old)) if old.len() == value.len() => {
+            Some(old) if old.len() == value.len() => {
                 old.copy_from_slice(value);
                 true
             }
@@ -96,9 +50,9 @@ impl LocalStore {
         }
     }
 
-    fn account_remove(&self, old: Option<Stored>) {
+    fn account_remove(&self, old: Option<Box<[u8]>>) {
         if let Some(old) = old {
-            self.bytes.fetch_sub(old.footprint(), Ordering::Relaxed);
+            self.bytes.fetch_sub(old.len() as u64, Ordering::Relaxed);
             self.objects.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -110,11 +64,7 @@ impl FarStore for LocalStore {
     }
 
     fn describe(&self) -> String {
-        if self.compress {
-            "local:?compress=lz4".into()
-        } else {
-            "local:".into()
-        }
+        "local:?compress=none".into()
     }
 
     fn write_many(&self, items: &[(Key, &[u8])]) -> Result<(), StoreError> {
@@ -122,9 +72,8 @@ impl FarStore for LocalStore {
             if self.overwrite(*key, value) {
                 continue;
             }
-            // Compress outside the lock.
-            let stored = self.encode(value);
-            self.bytes.fetch_add(stored.footprint(), Ordering::Relaxed);
+            let stored: Box<[u8]> = (*value).into();
+            self.bytes.fetch_add(stored.len() as u64, Ordering::Relaxed);
             self.objects.fetch_add(1, Ordering::Relaxed);
             let old = self.shard(*key).lock().insert(*key, stored);
             self.account_remove(old);
@@ -135,8 +84,11 @@ impl FarStore for LocalStore {
     fn read_many(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
         keys.iter()
             .map(|k| {
-                let stored = self.shard(*k).lock().get(k).cloned();
-                stored.as_ref().map(Self::decode).transpose()
+                Ok(self
+                    .shard(*k)
+                    .lock()
+                    .get(k)
+                    .map(|b| Bytes::copy_from_slice(b)))
             })
             .collect()
     }
@@ -167,22 +119,7 @@ impl FarStore for LocalStore {
         for (i, k) in keys.iter().enumerate() {
             let dst = &mut out[i * chunk..(i + 1) * chunk];
             let shard = self.shard(*k).lock();
-            lens[i] = match shard.get(k) {
-                None => None,
-                Some(Stored::Raw(b)) => crate::copy_into_chunk(Some(b), chunk, dst)?,
-                Some(Stored::Lz4 { compressed }) => {
-                    let (size, body) = compressed.split_at(4);
-                    let len = u32::from_le_bytes(size.try_into().expect("4 bytes")) as usize;
-                    if len > chunk {
-                        return Err(StoreError::ValueTooLarge {
-                            backend: "the reader's buffer",
-                            len,
-                            max: chunk,
-                        });
-                    }
-                    Some(lz4_flex::decompress_into(body, dst).map_err(Self::corrupt)?)
-                }
-            };
+            lens[i] = crate::copy_into_chunk(shard.get(k).map(|b| &b[..]), chunk, dst)?;
         }
         Ok(())
     }
@@ -191,9 +128,9 @@ impl FarStore for LocalStore {
         keys.iter()
             .map(|k| {
                 let stored = self.shard(*k).lock().remove(k);
-                let value = stored.as_ref().map(Self::decode).transpose();
+                let value = stored.as_deref().map(Bytes::copy_from_slice);
                 self.account_remove(stored);
-                value
+                Ok(value)
             })
             .collect()
     }

@@ -3,4 +3,6 @@ pub mod local;
 pub mod memcached;
 pub mod node;
 pub mod nodes;
+pub mod packed;
 pub mod redis;
+mod slots;
