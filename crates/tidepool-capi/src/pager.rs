@@ -59,8 +59,8 @@ impl From<PagerStats> for tp_pager_stats {
 }
 
 /// Starts a pager keeping at most `local_budget` bytes of its regions mapped, the rest in the
-/// far store `url` (as for `tp_far_open`; "local:" keeps it in this process, compressed with
-/// "local:?compress=lz4"). Null on failure: userfaultfd must be open to this process
+/// far store `url` (as for `tp_far_open`; "local:" keeps it in this process, compressed;
+/// "local:?compress=none" keeps it whole). Null on failure: userfaultfd must be open to this process
 /// (root, or `sysctl vm.unprivileged_userfaultfd=1`, or access to /dev/userfaultfd).
 ///
 /// # Safety

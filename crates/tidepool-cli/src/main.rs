@@ -99,8 +99,8 @@ enum Cmd {
     /// Without --backend it runs on the embedded in-process store and on a memory node it starts
     /// inside this process: nothing to set up.
     Demo {
-        /// A store URL: local:, local:?compress=lz4, node://..., redis://..., redis+cluster://...,
-        /// memcached://...
+        /// A store URL: local: (in process, compressed), local:?compress=zstd|none, node://...,
+        /// redis://..., redis+cluster://..., memcached://...
         #[arg(long)]
         backend: Option<String>,
         /// How much data to move.
@@ -127,7 +127,16 @@ enum Cmd {
     /// to `tidepool run` reach it, and SIGTERM or Ctrl-C end it and what it forked as they would
     /// without the pager.
     ///
-    /// With a store elsewhere (any backend but plain local:), part of --local holds evicted
+    /// Where evicted pages go, and what that saves this machine: the default, local:, keeps
+    /// them compressed in the program's own process (LZ4; zero and same-filled pages as one
+    /// word; pages that do not compress kept whole), as Linux keeps swapped pages in zram: the
+    /// program holds --local plus its evicted pages' compressed size, and needs no server.
+    /// local:?compress=zstd packs tighter and costs more time per page. A memory node
+    /// (node://) or Redis takes evicted pages off this machine: the program holds about
+    /// --local. local:?compress=none keeps them whole in the process and saves nothing: it
+    /// measures the pager alone.
+    ///
+    /// With any store but local:?compress=none, part of --local holds evicted
     /// pages on probation before they go to the store: a page the program still uses comes
     /// back for a fault, not a round trip. The part follows how often that happens, from a
     /// hundredth to a fifth; TIDEPOOL_RUN_PROBATION=0 turns it off.
@@ -151,7 +160,9 @@ enum Cmd {
         /// Local memory for the program's heap, e.g. 256M; the rest lives in far memory.
         #[arg(long, value_parser = parse_size_arg)]
         local: u64,
-        /// Far store URL: local: (in this process, the default), node://tenant[:token]@host:port
+        /// Far store URL: local: (in this process, compressed: the default; ?compress=zstd packs
+        /// tighter, ?compress=none keeps pages whole and saves no memory),
+        /// node://tenant[:token]@host:port
         /// (?tls=1[&ca=FILE] for TLS; several hosts, comma-separated, with ?replicas=R to keep
         /// each page on R of them), redis://host:port, rediss://host:port (TLS),
         /// redis+cluster://host:port,..., memcached://host:port.

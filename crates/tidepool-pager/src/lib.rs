@@ -77,5 +77,5 @@ pub use fork::{in_forked_child, install as install_fork_handlers};
 pub use marks::ForkAdvice;
 pub use pager::{Config, Pager, DEFAULT_FAULT_DEADLINE, FATAL_EXIT_CODE};
 pub use region::{AdoptedRegion, Region};
-pub use stats::PagerStats;
+pub use stats::{PagerStats, StoreMemory};
 pub use sys::PAGE;

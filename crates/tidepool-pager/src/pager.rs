@@ -25,7 +25,7 @@
 use crate::buffer::{JobQueue, Slots};
 use crate::prefetch::Detector;
 pub(crate) use crate::region_inner::RegionInner;
-use crate::stats::{snapshot, Counters, PagerStats};
+use crate::stats::{snapshot, Counters, PagerStats, StoreMemory};
 use crate::sys::{self, Mapping, Uffd, PAGE};
 use crate::table::*;
 use crate::tags::{self, Tags};
@@ -402,6 +402,18 @@ impl Pager {
             &i.tier,
         );
         s.store_health = i.store.health();
+        // An in-process store answers at once: what it holds is this process's memory.
+        if i.store.private_to_process() {
+            s.store_memory = i.store.stats().ok().and_then(|st| {
+                let extra = |name: &str| st.extra.iter().find(|(n, _)| n == name).map(|e| e.1);
+                Some(StoreMemory {
+                    held: st.far_bytes?,
+                    original: extra("original_bytes"),
+                    same_filled: extra("same_filled"),
+                    kept_whole: extra("kept_raw"),
+                })
+            });
+        }
         s
     }
 

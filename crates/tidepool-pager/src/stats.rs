@@ -296,6 +296,20 @@ pub struct PagerStats {
     /// What the far store says of its own health (memory nodes down, data not yet protected
     /// again), if it has anything to say.
     pub store_health: Option<String>,
+    /// What an in-process store holds in this process (none for stores elsewhere).
+    pub store_memory: Option<StoreMemory>,
+}
+
+/// What an in-process far store holds, in this process's memory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreMemory {
+    /// Bytes held, the store's own overhead included.
+    pub held: u64,
+    /// Bytes of the pages kept, before compression (a compressing store).
+    pub original: Option<u64>,
+    /// Pages kept as one word, and kept whole (they did not compress).
+    pub same_filled: Option<u64>,
+    pub kept_whole: Option<u64>,
 }
 
 impl PagerStats {
@@ -356,6 +370,7 @@ pub(crate) fn snapshot(
         resident_pages: resident,
         budget_pages: budget,
         store_health: None,
+        store_memory: None,
     }
 }
 
@@ -454,6 +469,21 @@ impl fmt::Display for PagerStats {
             mib(self.resident_pages * 4096),
             mib(self.budget_pages * 4096)
         )?;
+        if let Some(m) = &self.store_memory {
+            write!(
+                f,
+                "\nfar store    {:.1} MiB held in this process",
+                mib(m.held)
+            )?;
+            if let (Some(o), Some(s), Some(w)) = (m.original, m.same_filled, m.kept_whole) {
+                write!(
+                    f,
+                    " for {:.1} MiB of pages ({:.2}x); {s} pages kept as a word, {w} kept whole",
+                    mib(o),
+                    o as f64 / m.held.max(1) as f64
+                )?;
+            }
+        }
         if let Some(h) = &self.store_health {
             write!(f, "\nstore        {h}")?;
         }

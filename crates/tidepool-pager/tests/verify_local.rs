@@ -1,4 +1,4 @@
-//! The verification workload under the in-process store, with the working set eight times the
+//! The verification workload under the in-process stores, with the working set eight times the
 //! local budget and four threads.
 
 use tidepool_pager::{verify, Config, Pager, PagerStats, Region};
@@ -11,7 +11,12 @@ fn verify_64m_in_8m(config: Config) -> PagerStats {
 
 /// [`verify_64m_in_8m`] over `wss` bytes.
 fn verify_in(config: Config, wss: usize) -> PagerStats {
-    let store = tidepool_store::open("local:").unwrap();
+    verify_over("local:", config, wss)
+}
+
+/// [`verify_in`] over the store `url`.
+fn verify_over(url: &str, config: Config, wss: usize) -> PagerStats {
+    let store = tidepool_store::open(url).unwrap();
     let pager = Pager::start(config, store).unwrap();
     let mut region = Region::new(&pager, wss).unwrap();
     let report = verify::run(region.as_mut_slice(), 4, 3);
@@ -43,6 +48,28 @@ fn every_byte_survives_eviction_with_the_local_store() {
     assert!(stats.written_back > 0 && stats.far_fetches > 0, "{stats:?}");
     assert!(stats.evicted_zero > 0, "zero pages were stored: {stats:?}");
     assert!(stats.resident_pages <= stats.budget_pages + 4096);
+}
+
+/// The compressing store as `tidepool run` has it (a probation tier in front, refill), with
+/// each codec: every byte survives being packed and unpacked.
+#[test]
+fn every_byte_survives_eviction_through_the_compressing_store_and_its_probation_tier() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    for url in ["local:?compress=lz4", "local:?compress=zstd"] {
+        let mut config = Config::new(8 << 20);
+        config.probation = true;
+        config.refill = true;
+        let stats = verify_over(url, config, 64 << 20);
+        assert!(
+            stats.written_back > 0 && stats.far_fetches > 0,
+            "{url}: {stats:?}"
+        );
+        let held = stats
+            .store_memory
+            .as_ref()
+            .expect("an in-process store says what it holds");
+        assert!(held.original.is_some(), "{url}: {held:?}");
+    }
 }
 
 /// Far pages as frames moved with UFFDIO_MOVE. On Linux 6.18 under CPU contention the kernel

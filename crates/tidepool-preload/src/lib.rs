@@ -287,12 +287,14 @@ extern "C" fn start() {
     let mut config = Config::new(budget);
     config.thread_start = Some(|| tidepool_alloc::set_thread_unpaged(true));
     config.around_child_restart = Some(tidepool_alloc::set_arenas_aside);
-    // The uncompressed in-process store keeps far pages as frames moved with UFFDIO_MOVE
-    // (copying nothing); TIDEPOOL_RUN_FRAMES=0 turns that off, to compare.
+    // The plain in-process store (local:?compress=none) keeps far pages as frames moved with
+    // UFFDIO_MOVE (copying nothing); TIDEPOOL_RUN_FRAMES=0 turns that off, to compare.
     config.in_process_frames = env_var("TIDEPOOL_RUN_FRAMES").map_or(true, |v| v != "0")
         && matches!(
             tidepool_store::StoreUrl::parse(&backend),
-            Ok(tidepool_store::StoreUrl::Local { compress: false })
+            Ok(tidepool_store::StoreUrl::Local {
+                compression: tidepool_store::Compression::None
+            })
         );
     // Any other store gets a probation tier in front of it; TIDEPOOL_RUN_PROBATION=0 turns it
     // off, to compare.

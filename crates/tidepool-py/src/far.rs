@@ -139,7 +139,7 @@ fn pager_error(e: PagerError) -> PyErr {
 /// A one-dimensional array of `length` elements of `dtype` (a typecode such as 'd', 'f',
 /// 'q', 'B', or a numpy dtype), zero to start with, whose bytes live in far memory: at most
 /// `local` bytes of it are in this process at a time (default 64 MiB), the rest in the far
-/// store `store` ("local:" in this process, "local:?compress=lz4", "node://host:port",
+/// store `store` ("local:" in this process, compressed; "node://host:port",
 /// "redis://host:port", ...). Use it through numpy (`numpy.asarray(far)`) or `memoryview`.
 #[pyclass(frozen, module = "tidepool._tidepool")]
 #[derive(Debug)]
