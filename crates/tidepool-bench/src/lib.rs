@@ -23,6 +23,7 @@ pub mod env;
 pub mod far;
 pub mod harness;
 pub mod libs;
+pub mod meter;
 pub mod node;
 pub mod pager;
 pub mod report;

@@ -1,7 +1,9 @@
 """Draws SUITE.png from SUITE.json: one panel per (workload, metric).
 
 Bars per system at each parameter point; when a panel has one numeric parameter that varies
-(e.g. local_ratio), a line per system over it instead.
+(e.g. local_ratio), a line per system over it instead. Where a workload reports `machine_mib`
+(the paging suites), one more panel puts its figure against the bytes: a point per system and
+local ratio, so that who is faster at the same footprint reads at a glance.
 """
 import json
 import sys
@@ -17,6 +19,8 @@ LOWER_IS_BETTER = (
     "seconds",
     "far_bytes",
     "peak_rss_mib",
+    "machine_mib",
+    "far_mib",
     "far_bytes_per_live_byte",
     "miss_rate",
     "oom_killed",
@@ -43,7 +47,8 @@ def main(src, dst):
     panels = OrderedDict()
     for r in rows:
         panels.setdefault((r["workload"], r["metric"], r["unit"]), []).append(r)
-    n = len(panels)
+    tradeoffs = tradeoff_panels(rows)
+    n = len(panels) + len(tradeoffs)
     if n == 0:
         print("nothing to plot", file=sys.stderr)
         return
@@ -105,6 +110,20 @@ def main(src, dst):
         ax.set_title(f"{workload}\n{metric} ({unit}){direction(metric)}", fontsize=9)
         ax.legend(fontsize=7)
         ax.grid(axis="y", alpha=0.3)
+    for ax, (workload, metric, unit, points) in zip(list(axes.flat)[len(panels):], tradeoffs):
+        for s in OrderedDict.fromkeys(p[0] for p in points):
+            pts = sorted((x, y, ratio) for (sys_, x, y, ratio) in points if sys_ == s)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=s,
+                    color=colours[s])
+            for x, y, ratio in pts:
+                if ratio is not None:
+                    ax.annotate(f"{ratio:g}", (x, y), fontsize=6, xytext=(3, 3),
+                                textcoords="offset points")
+        ax.set_xlabel("machine_mib (MiB on this machine, lower is better)")
+        ax.set_title(f"{workload}\n{metric} ({unit}) against bytes held; labels: local_ratio",
+                     fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
     title = f"tidepool bench {data['suite']}" + (" (quick)" if data.get("quick") else "")
@@ -114,6 +133,32 @@ def main(src, dst):
         fig.text(0.5, 0.005, footer, ha="center", va="bottom", fontsize=7, color="#555")
     fig.tight_layout(rect=(0, 0.03 if footer else 0, 1, 0.97))
     fig.savefig(dst, dpi=110)
+
+
+FIGURES = ("seconds", "ops_per_s", "gb_per_s")
+
+
+def tradeoff_panels(rows):
+    """(workload, metric, unit, [(system, machine_mib, figure, local_ratio)]) for each workload
+    that reports machine_mib beside its figure."""
+    out = []
+    workloads = OrderedDict.fromkeys(r["workload"] for r in rows if r["metric"] == "machine_mib")
+    for w in workloads:
+        mib = {(r["system"], json.dumps(r["params"], sort_keys=True)): r["value"]
+               for r in rows if r["workload"] == w and r["metric"] == "machine_mib"}
+        for metric in FIGURES:
+            points, unit = [], ""
+            for r in rows:
+                if r["workload"] != w or r["metric"] != metric:
+                    continue
+                key = (r["system"], json.dumps(r["params"], sort_keys=True))
+                if key in mib:
+                    unit = r["unit"]
+                    points.append((r["system"], mib[key], r["value"],
+                                   r["params"].get("local_ratio")))
+            if points:
+                out.append((w, metric, unit, points))
+    return out
 
 
 def describe_env(env):

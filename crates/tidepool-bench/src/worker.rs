@@ -2,7 +2,7 @@
 //! processes (one JSON line) and the CPython program the paging suites share.
 
 use anyhow::{bail, Context, Result};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 /// Runs a worker; its throughput (GB/s for the scan, ops/s otherwise).
 pub fn run_worker(cmd: Command) -> Result<f64> {
@@ -13,7 +13,11 @@ pub fn run_worker(cmd: Command) -> Result<f64> {
 /// Runs a worker; its whole report (`value`, and for the random workloads `miss_us_p50`,
 /// `miss_us_p99` and `miss_us_mean`).
 pub fn run_worker_report(mut cmd: Command) -> Result<serde_json::Value> {
-    let out = cmd.stdin(Stdio::null()).output()?;
+    worker_report(cmd.stdin(Stdio::null()).output()?)
+}
+
+/// What a worker that ended with `out` reported.
+pub fn worker_report(out: Output) -> Result<serde_json::Value> {
     if !out.status.success() {
         bail!(
             "worker failed ({}): {}",
@@ -38,7 +42,11 @@ print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrs
 
 /// Runs the Python program; (seconds, peak RSS MiB).
 pub fn run_python(mut cmd: Command) -> Result<(f64, f64)> {
-    let out = cmd.stdin(Stdio::null()).output()?;
+    python_report(cmd.stdin(Stdio::null()).output()?)
+}
+
+/// What the Python program that ended with `out` reported: (seconds, peak RSS MiB).
+pub fn python_report(out: Output) -> Result<(f64, f64)> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!(

@@ -51,8 +51,19 @@ impl Zram {
         Ok(Zram { cgroup })
     }
 
+    /// How the bytes a program in the group holds are counted.
+    pub fn gauge(&self) -> crate::meter::Gauge {
+        crate::meter::Gauge::Zram {
+            cgroup: self.cgroup.clone(),
+            device: PathBuf::from("/sys/block/zram0"),
+        }
+    }
+
     /// A command that runs its arguments inside the group, limited to `limit` bytes.
     pub fn command(&self, limit: u64) -> Result<Command> {
+        // What the last program left charged to the group (its files' pages) goes, so that
+        // the group's usage is this program's.
+        let _ = write(self.cgroup.join("memory.force_empty"), "0");
         write(self.cgroup.join("memory.limit_in_bytes"), limit.to_string())?;
         let mut c = Command::new("sh");
         c.arg("-c")

@@ -46,10 +46,11 @@ fn pandas_under(system: System, node: Option<&NodeProc>) {
     let dir = work_dir("apps-pandas");
     let l = launcher(node);
     let rows = 40_000_000;
-    let (native, peak) = apps::pandas(&l, System::Native, 0, &python, rows, &dir).unwrap();
+    let native = apps::pandas(&l, System::Native, 0, &python, rows, &dir).unwrap();
+    let peak = native.peak_rss;
     assert!(peak > 4 * LOCAL, "the frame is only {} MiB", peak >> 20);
-    let (paged, _) = apps::pandas(&l, system, LOCAL, &python, rows, &dir).unwrap();
-    match (native, paged) {
+    let paged = apps::pandas(&l, system, LOCAL, &python, rows, &dir).unwrap();
+    match (native.outcome, paged.outcome) {
         (Outcome::Done { answer: want, .. }, Outcome::Done { answer, .. }) => {
             assert_eq!(answer, want, "{}", system.name())
         }
@@ -58,9 +59,49 @@ fn pandas_under(system: System, node: Option<&NodeProc>) {
 }
 
 #[test]
-fn pandas_groupby_under_the_local_store() {
+fn pandas_groupby_under_the_default_store() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
-    pandas_under(System::TidepoolLocal, None);
+    pandas_under(System::TidepoolDefault, None);
+}
+
+/// The default store saves memory: CPython's dict of strings (compressible, as a program's
+/// heap of text is) under `tidepool run --local 32M` peaks at under half its native RSS, every
+/// byte of it counted, with the native answer.
+#[test]
+fn a_compressible_program_under_the_default_store_holds_less_than_half_its_native_memory() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let (python, _) = apps::python().unwrap();
+    let dir = work_dir("apps-dict");
+    let l = launcher(None);
+    let strings = 1_000_000;
+    let native = apps::python_dict(&l, System::Native, 0, &python, strings, &dir).unwrap();
+    let paged = apps::python_dict(
+        &l,
+        System::TidepoolDefault,
+        32 << 20,
+        &python,
+        strings,
+        &dir,
+    )
+    .unwrap();
+    let answer = |o: &Outcome| match o {
+        Outcome::Done { answer, .. } => answer.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(answer(&paged.outcome), answer(&native.outcome));
+    let (n, p) = (native.peak_rss >> 20, paged.peak_rss >> 20);
+    assert!(n > 256, "the dict is only {n} MiB natively");
+    assert!(
+        paged.peak_rss < native.peak_rss / 2,
+        "under the default store the program peaked at {p} MiB, natively {n} MiB"
+    );
+    // The sampled bytes agree: the program's processes hold that much, no more.
+    assert!(
+        paged.held.machine <= paged.peak_rss + (8 << 20),
+        "{:?}",
+        paged.held
+    );
+    assert!(paged.held.machine > 32 << 20, "{:?}", paged.held);
 }
 
 #[test]
@@ -86,9 +127,9 @@ fn bgsave_under(system: System, node: Option<&NodeProc>) {
 }
 
 #[test]
-fn redis_bgsave_of_four_times_the_local_size_under_the_local_store() {
+fn redis_bgsave_of_four_times_the_local_size_under_the_default_store() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
-    bgsave_under(System::TidepoolLocal, None);
+    bgsave_under(System::TidepoolDefault, None);
 }
 
 #[test]
@@ -118,7 +159,7 @@ fn fork_under(backend: &str) {
 }
 
 #[test]
-fn fork_of_four_times_the_local_size_under_the_local_store() {
+fn fork_of_four_times_the_local_size_under_the_default_store() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     fork_under("local:");
 }

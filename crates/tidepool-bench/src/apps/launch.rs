@@ -1,7 +1,8 @@
-//! Running a program under each system: natively, under `tidepool run` (in-process store or a
-//! memory node) or in a memory cgroup swapping to zram; to its end, timed, its peak RSS
-//! followed.
+//! Running a program under each system: natively, under `tidepool run` (as a user types it, the
+//! plain in-process store, or a memory node) or in a memory cgroup swapping to zram; to its
+//! end, timed, its peak RSS and the bytes each system holds for it followed.
 
+use crate::meter::{FarGauge, Gauge, Held, Watch};
 use crate::zram::Zram;
 use anyhow::{anyhow, Context, Result};
 use std::ffi::OsString;
@@ -14,6 +15,9 @@ use std::time::{Duration, Instant};
 /// Where a program runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum System {
+    /// `tidepool run --local N -- PROGRAM`: the default store, pages compressed in process.
+    TidepoolDefault,
+    /// The plain in-process store (`local:?compress=none`): the pager alone, saving nothing.
     TidepoolLocal,
     TidepoolNode,
     LinuxZram,
@@ -23,6 +27,7 @@ pub enum System {
 impl System {
     pub fn name(self) -> &'static str {
         match self {
+            System::TidepoolDefault => "tidepool-default",
             System::TidepoolLocal => "tidepool-local",
             System::TidepoolNode => "tidepool-node",
             System::LinuxZram => "linux-zram",
@@ -31,7 +36,8 @@ impl System {
     }
 
     /// The systems with less local memory than the program uses.
-    pub const CONSTRAINED: [System; 3] = [
+    pub const CONSTRAINED: [System; 4] = [
+        System::TidepoolDefault,
         System::TidepoolLocal,
         System::TidepoolNode,
         System::LinuxZram,
@@ -73,26 +79,23 @@ impl Launcher {
                 c.args(args);
                 c
             }
-            System::TidepoolLocal | System::TidepoolNode => {
-                let backend = if system == System::TidepoolNode {
-                    self.node
-                        .clone()
-                        .context("tidepool-node needs a memory node")?
-                } else {
-                    "local:".into()
-                };
+            System::TidepoolDefault | System::TidepoolLocal | System::TidepoolNode => {
                 let mut c = Command::new(&self.tidepool);
-                c.args([
-                    "run",
-                    "--local",
-                    &local.to_string(),
-                    "--backend",
-                    &backend,
-                    "--",
-                ])
-                .arg(prog)
-                .args(args)
-                .env("TIDEPOOL_PRELOAD", &self.preload);
+                c.args(["run", "--local", &local.to_string()]);
+                match system {
+                    System::TidepoolNode => c.args([
+                        "--backend",
+                        self.node
+                            .as_deref()
+                            .context("tidepool-node needs a memory node")?,
+                    ]),
+                    System::TidepoolLocal => c.args(["--backend", "local:?compress=none"]),
+                    _ => &mut c,
+                };
+                c.arg("--")
+                    .arg(prog)
+                    .args(args)
+                    .env("TIDEPOOL_PRELOAD", &self.preload);
                 c
             }
             System::LinuxZram => {
@@ -108,6 +111,34 @@ impl Launcher {
     }
 }
 
+impl Launcher {
+    /// How the bytes `system` holds on this machine for a program are counted.
+    pub fn gauge(&self, system: System) -> Gauge {
+        match (system, &self.zram) {
+            (System::LinuxZram, Some(z)) => z.gauge(),
+            _ => Gauge::Processes,
+        }
+    }
+
+    /// The memory node holding the program's far bytes, under `tidepool-node`.
+    pub fn far_gauge(&self, system: System) -> Option<FarGauge> {
+        match system {
+            System::TidepoolNode => self.node.clone().map(|url| FarGauge { url }),
+            _ => None,
+        }
+    }
+
+    /// Starts following the bytes `system` holds for program `pid`.
+    pub fn watch(&self, system: System, pid: u32) -> Watch {
+        Watch::start(pid, &self.gauge(system), self.far_gauge(system).as_ref())
+    }
+
+    /// Runs `cmd` (made by [`Launcher::command`] for `system`) to its end.
+    pub fn run_to_end(&self, system: System, cmd: Command) -> Result<Ended> {
+        run_to_end(cmd, |pid| self.watch(system, pid))
+    }
+}
+
 /// How a program ended.
 #[derive(Debug)]
 pub struct Ended {
@@ -117,6 +148,8 @@ pub struct Ended {
     pub stderr: String,
     /// Peak resident set size, bytes (VmHWM, polled while it ran).
     pub peak_rss: u64,
+    /// The bytes its system held for it, at their peak.
+    pub held: Held,
 }
 
 impl Ended {
@@ -139,8 +172,8 @@ pub(super) fn peak_rss_of(pid: u32) -> Option<u64> {
     Some(kib << 10)
 }
 
-/// Runs `cmd` to its end, timing it and following its peak RSS.
-pub fn run_to_end(mut cmd: Command) -> Result<Ended> {
+/// Runs `cmd` to its end, timing it and following its peak RSS and what `watch` follows.
+pub fn run_to_end(mut cmd: Command, watch: impl FnOnce(u32) -> Watch) -> Result<Ended> {
     let start = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
@@ -149,6 +182,7 @@ pub fn run_to_end(mut cmd: Command) -> Result<Ended> {
         .spawn()
         .with_context(|| format!("cannot start {cmd:?}"))?;
     let pid = child.id();
+    let watch = watch(pid);
     let mut out = child.stdout.take().expect("piped");
     let mut err = child.stderr.take().expect("piped");
     let reader = std::thread::spawn(move || {
@@ -169,6 +203,7 @@ pub fn run_to_end(mut cmd: Command) -> Result<Ended> {
         std::thread::sleep(Duration::from_millis(20));
     };
     let seconds = start.elapsed().as_secs_f64();
+    let held = watch.finish();
     let (stdout, stderr) = reader.join().map_err(|_| anyhow!("output reader"))?;
     Ok(Ended {
         status,
@@ -176,5 +211,6 @@ pub fn run_to_end(mut cmd: Command) -> Result<Ended> {
         stdout,
         stderr,
         peak_rss: peak,
+        held,
     })
 }

@@ -15,9 +15,13 @@
 //! - `python-dict`: CPython building and summing a dict of strings (`seconds`); the sum must be
 //!   native's.
 //!
-//! Systems ([`System`]): `tidepool-local`, `tidepool-node` (`tidepool run` over the in-process
-//! store or a `tidepool node` on the other CPU), `linux-zram` (a cgroup v1 memory group limited
-//! to the same local size, swapping to zram) and `native`. Local memory is `local_ratio` (0.25
+//! Systems ([`System`]): `tidepool-default` (`tidepool run` as a user types it: pages
+//! compressed in process), `tidepool-local` (pages kept whole in process: the pager alone),
+//! `tidepool-node` (a `tidepool node` on the other CPU), `linux-zram` (a cgroup v1 memory group
+//! limited to the same local size, swapping to zram) and `native`. Every figure has a
+//! `machine_mib` row beside it, the bytes the system held on this machine for the program at
+//! their peak, and under `tidepool-node` a `far_mib` row, what the node held
+//! ([`crate::meter`]). Local memory is `local_ratio` (0.25
 //! and 0.5) of each program's peak RSS, measured natively first. A peer the kernel OOM-killed
 //! gets a row with metric `oom_killed` = 1.
 
@@ -27,11 +31,14 @@ mod redis;
 mod resp;
 
 use crate::harness::{BenchOpts, Ctx, Suite};
+use crate::meter::Held;
 use crate::node::NodeProcess;
 use crate::zram::Zram;
 use anyhow::{bail, Result};
 pub use launch::{run_to_end, Ended, Launcher, System};
-pub use programs::{pandas, python, python_dict, sort, sort_input, Outcome, Sizes, PANDAS_SCRIPT};
+pub use programs::{
+    pandas, python, python_dict, sort, sort_input, Outcome, Ran, Sizes, PANDAS_SCRIPT,
+};
 pub use redis::{redis, redis_value, verify_rdb, RedisResult, RedisRun};
 
 #[derive(Debug)]
@@ -47,8 +54,9 @@ impl Suite for AppsSuite {
 
     fn about(&self) -> &'static str {
         "unmodified programs with a quarter and a half of the memory they use: redis-server \
-         (GET, SET, BGSAVE), pandas, GNU sort, CPython; tidepool run (local and node stores) vs \
-         Linux swap to zram vs native"
+         (GET, SET, BGSAVE), pandas, GNU sort, CPython; tidepool run (default compressed, \
+         plain in-process and node stores) vs Linux swap to zram vs native, in time and in \
+         bytes held on this machine"
     }
 
     fn steps(&self, _opts: &BenchOpts) -> u64 {
@@ -150,20 +158,45 @@ impl Suite for AppsSuite {
 
 enum Measured {
     Redis(RedisResult),
-    Program((Outcome, u64)),
+    Program(Ran),
+}
+
+/// The bytes rows beside a workload's figure: `machine_mib`, and `far_mib` on a memory node.
+fn push_held(
+    ctx: &mut Ctx,
+    system: &str,
+    workload: &str,
+    held: &Held,
+    params: &[(&'static str, f64)],
+) {
+    ctx.report.push(
+        system,
+        workload,
+        "machine_mib",
+        held.machine_mib(),
+        "MiB",
+        params,
+    );
+    if let Some(far) = held.far_mib() {
+        ctx.report
+            .push(system, workload, "far_mib", far, "MiB", params);
+    }
 }
 
 impl Measured {
     fn peak_rss(&self) -> u64 {
         match self {
             Measured::Redis(r) => r.peak_rss,
-            Measured::Program((_, p)) => *p,
+            Measured::Program(r) => r.peak_rss,
         }
     }
 
     fn answer(&self) -> Option<String> {
         match self {
-            Measured::Program((Outcome::Done { answer, .. }, _)) => Some(answer.clone()),
+            Measured::Program(Ran {
+                outcome: Outcome::Done { answer, .. },
+                ..
+            }) => Some(answer.clone()),
             _ => None,
         }
     }
@@ -194,21 +227,31 @@ impl Measured {
                 if let Some(v) = r.get_ops {
                     ctx.report
                         .push(name, "redis-get", "ops_per_s", v, "ops/s", &params);
+                    push_held(ctx, name, "redis-get", &r.get_held, &params);
                 }
                 if let Some(v) = r.set_ops {
                     ctx.report
                         .push(name, "redis-set", "ops_per_s", v, "ops/s", &params);
+                    push_held(ctx, name, "redis-set", &r.set_held, &params);
                 }
                 if let Some(v) = r.bgsave_seconds {
                     ctx.report
                         .push(name, "redis-bgsave", "seconds", v, "s", &params);
+                    push_held(ctx, name, "redis-bgsave", &r.bgsave_held, &params);
                 }
             }
-            Measured::Program((Outcome::OomKilled, _)) => {
+            Measured::Program(Ran {
+                outcome: Outcome::OomKilled,
+                ..
+            }) => {
                 ctx.report
                     .push(name, workload, "oom_killed", 1.0, "", &params);
             }
-            Measured::Program((Outcome::Done { seconds, answer }, _)) => {
+            Measured::Program(Ran {
+                outcome: Outcome::Done { seconds, answer },
+                held,
+                ..
+            }) => {
                 if let Some(want) = want {
                     if answer != want {
                         bail!("{workload} under {name} at {:.0}% local answered '{answer}', natively '{want}'", ratio * 100.0);
@@ -216,14 +259,16 @@ impl Measured {
                 }
                 ctx.report
                     .push(name, workload, "seconds", *seconds, "s", &params);
+                push_held(ctx, name, workload, held, &params);
             }
         }
         Ok(())
     }
 }
 
-/// tidepool-local and tidepool-node against linux-zram on each workload and ratio, as notes
-/// (issue 28 asks tidepool-node for >= 0.8x at 50% local).
+/// Each tidepool system against linux-zram on each workload and ratio, as notes: its speed
+/// and its `machine_mib`, each as a ratio of zram's, and whether that is a win (faster at no
+/// more bytes, or smaller at no more time). Issue 54 asks it of `tidepool-default`.
 fn verdict(ctx: &mut Ctx) {
     let mut notes = Vec::new();
     for w in [
@@ -253,23 +298,32 @@ fn verdict(ctx: &mut Ctx) {
                     .map(|r| r.value)
             };
             let zram = at("linux-zram", metric);
-            for system in ["tidepool-local", "tidepool-node"] {
-                let Some(t) = at(system, metric) else {
+            let zram_mib = at("linux-zram", "machine_mib");
+            for system in ["tidepool-default", "tidepool-local", "tidepool-node"] {
+                let (Some(t), Some(t_mib)) = (at(system, metric), at(system, "machine_mib")) else {
                     continue;
                 };
-                let text = match zram {
-                    Some(z) => {
-                        let x = if higher_better { t / z } else { z / t };
+                let pct = ratio * 100.0;
+                let text = match (zram, zram_mib) {
+                    (Some(z), Some(z_mib)) => {
+                        let speed = if higher_better { t / z } else { z / t };
+                        let bytes = t_mib / z_mib;
+                        let verdict = match (speed >= 1.0, bytes <= 1.0) {
+                            (true, true) => "wins",
+                            (true, false) => "faster but larger",
+                            (false, true) => "smaller but slower",
+                            (false, false) => "loses",
+                        };
                         format!(
-                            "{w} at {:.0}% local: {system} {x:.2}x linux-zram",
-                            ratio * 100.0
+                            "{w} at {pct:.0}% local: {system} {speed:.2}x linux-zram's speed at \
+                             {bytes:.2}x its machine_mib ({t_mib:.0} vs {z_mib:.0} MiB): {verdict}"
                         )
                     }
-                    None if at("linux-zram", "oom_killed").is_some() => format!(
-                        "{w} at {:.0}% local: linux-zram was OOM-killed, {system} finished",
-                        ratio * 100.0
+                    _ if at("linux-zram", "oom_killed").is_some() => format!(
+                        "{w} at {pct:.0}% local: linux-zram was OOM-killed, {system} finished \
+                         holding {t_mib:.0} MiB"
                     ),
-                    None => continue,
+                    _ => continue,
                 };
                 notes.push(text);
             }

@@ -1,9 +1,10 @@
 //! The programs besides Redis: pandas, GNU sort and CPython, each checked against its native
 //! answer.
 
-use super::launch::{run_to_end, Ended, Launcher, System};
+use super::launch::{Ended, Launcher, System};
 use crate::data::splitmix64;
 use crate::harness::BenchOpts;
+use crate::meter::Held;
 use anyhow::{anyhow, bail, Context, Result};
 use std::ffi::OsString;
 use std::io::Write;
@@ -76,7 +77,15 @@ pub enum Outcome {
     OomKilled,
 }
 
-fn program_outcome(what: &str, ended: Ended) -> Result<Outcome> {
+/// A program's run under a system: how it ended, its peak RSS and the bytes its system held.
+#[derive(Debug)]
+pub struct Ran {
+    pub outcome: Outcome,
+    pub peak_rss: u64,
+    pub held: Held,
+}
+
+fn program_outcome(what: &str, ended: &Ended) -> Result<Outcome> {
     if ended.oom_killed() {
         return Ok(Outcome::OomKilled);
     }
@@ -102,7 +111,7 @@ pub fn pandas(
     python: &Path,
     rows: u64,
     dir: &Path,
-) -> Result<(Outcome, u64)> {
+) -> Result<Ran> {
     let ended = run_script(
         l,
         system,
@@ -113,8 +122,11 @@ pub fn pandas(
         PANDAS_SCRIPT,
         rows,
     )?;
-    let peak = ended.peak_rss;
-    Ok((program_outcome("pandas", ended)?, peak))
+    Ok(Ran {
+        outcome: program_outcome("pandas", &ended)?,
+        peak_rss: ended.peak_rss,
+        held: ended.held,
+    })
 }
 
 /// Writes `text` to `dir/name` and runs it with `python` and one number argument, to its end.
@@ -132,7 +144,7 @@ fn run_script(
     let script = dir.join(name);
     std::fs::write(&script, text)?;
     let argv = [python.into(), script.into(), arg.to_string().into()];
-    run_to_end(l.command(system, local, &argv)?)
+    l.run_to_end(system, l.command(system, local, &argv)?)
 }
 
 /// The python-dict workload (the pager suite's script).
@@ -143,7 +155,7 @@ pub fn python_dict(
     python: &Path,
     strings: u64,
     dir: &Path,
-) -> Result<(Outcome, u64)> {
+) -> Result<Ran> {
     let ended = run_script(
         l,
         system,
@@ -154,18 +166,18 @@ pub fn python_dict(
         crate::worker::DICT_SCRIPT,
         strings,
     )?;
-    let peak = ended.peak_rss;
     // The script prints seconds, its own peak RSS and the sum; the sum is the answer.
-    Ok((
-        match program_outcome("python-dict", ended)? {
+    Ok(Ran {
+        outcome: match program_outcome("python-dict", &ended)? {
             Outcome::Done { seconds, answer } => Outcome::Done {
                 seconds,
                 answer: answer.split_whitespace().last().unwrap_or("").to_string(),
             },
             o => o,
         },
-        peak,
-    ))
+        peak_rss: ended.peak_rss,
+        held: ended.held,
+    })
 }
 
 /// A deterministic text file of `lines` lines for sort (hex keys and varying tails).
@@ -189,13 +201,7 @@ pub fn sort_input(dir: &Path, lines: u64) -> Result<PathBuf> {
 }
 
 /// GNU sort of `input` into a file; the answer is the output's sha256 (sha256sum).
-pub fn sort(
-    l: &Launcher,
-    system: System,
-    local: u64,
-    input: &Path,
-    dir: &Path,
-) -> Result<(Outcome, u64)> {
+pub fn sort(l: &Launcher, system: System, local: u64, input: &Path, dir: &Path) -> Result<Ran> {
     let output = dir.join(format!("apps_sort_{}.out", system.name()));
     let argv: Vec<OsString> = vec![
         "sort".into(),
@@ -205,9 +211,13 @@ pub fn sort(
     ];
     let mut cmd = l.command(system, local, &argv)?;
     cmd.env("LC_ALL", "C").env("TMPDIR", dir);
-    let ended = run_to_end(cmd)?;
+    let ended = l.run_to_end(system, cmd)?;
     if ended.oom_killed() {
-        return Ok((Outcome::OomKilled, ended.peak_rss));
+        return Ok(Ran {
+            outcome: Outcome::OomKilled,
+            peak_rss: ended.peak_rss,
+            held: ended.held,
+        });
     }
     if !ended.status.success() {
         bail!("sort failed ({}): {}", ended.status, ended.stderr.trim());
@@ -219,11 +229,12 @@ pub fn sort(
         .unwrap_or("")
         .to_string();
     let _ = std::fs::remove_file(&output);
-    Ok((
-        Outcome::Done {
+    Ok(Ran {
+        outcome: Outcome::Done {
             seconds: ended.seconds,
             answer,
         },
-        ended.peak_rss,
-    ))
+        peak_rss: ended.peak_rss,
+        held: ended.held,
+    })
 }

@@ -5,6 +5,7 @@ use super::launch::{peak_rss_of, Launcher, System};
 use super::programs::Sizes;
 use super::resp::Resp;
 use crate::data::splitmix64;
+use crate::meter::Held;
 use anyhow::{anyhow, bail, Context, Result};
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -302,6 +303,11 @@ pub struct RedisResult {
     /// The server was OOM-killed before these could be measured.
     pub oom_killed: bool,
     pub peak_rss: u64,
+    /// The bytes the system held for the server at their peak: while it was filled and served
+    /// GETs, while it served SETs, and during BGSAVE (its child included).
+    pub get_held: Held,
+    pub set_held: Held,
+    pub bgsave_held: Held,
 }
 
 /// Fill, GET, SET, BGSAVE under SET load, and the checks, on one server.
@@ -316,11 +322,15 @@ pub fn redis(
     let mut server = RedisRun::start(l, system, local, port, dir)?;
     let mut r = RedisResult::default();
     let pid = server.pid();
+    let watch = l.watch(system, pid);
     let outcome = (|| -> Result<()> {
         server.fill(s.redis_keys)?;
         r.get_ops = Some(server.benchmark(l, "get", s.redis_requests, s.redis_keys)?);
+        r.get_held = watch.take();
         r.set_ops = Some(server.benchmark(l, "set", s.redis_requests, s.redis_keys)?);
+        r.set_held = watch.take();
         r.bgsave_seconds = Some(server.bgsave_under_load(l, s.redis_keys)?);
+        r.bgsave_held = watch.take();
         r.peak_rss = peak_rss_of(pid).unwrap_or(0);
         server.verify(s.redis_keys)?;
         Ok(())

@@ -8,11 +8,14 @@
 //! strings).
 //!
 //! Systems, at local-memory ratios 25, 50, 75 and 100% of the working set (each plus the same
-//! 16 MiB allowance for the rest of the process):
-//! `tidepool-local`, `tidepool-node` and `tidepool-node-x6-ec4+2` (the program under
-//! `tidepool run`, far store in process, on a `tidepool node` process, or erasure-coded 4+2
-//! over six node processes), `linux-zram` (the program in a cgroup v1 memory group
-//! limited to the same local size, swapping to zram), and `native` (everything local, once).
+//! 16 MiB allowance for the rest of the process): `tidepool-default` (`tidepool run` as a user
+//! types it: pages compressed in process), `tidepool-local` (pages kept whole in process: the
+//! pager alone, saving no memory), `tidepool-node` and `tidepool-node-x6-ec4+2` (on a
+//! `tidepool node` process, or erasure-coded 4+2 over six node processes), `linux-zram` (the
+//! program in a cgroup v1 memory group limited to the same local size, swapping to zram), and
+//! `native` (everything local, once). Every run reports `machine_mib`, the bytes its system
+//! held on this machine for it at their peak, and runs on memory nodes `far_mib`, what the
+//! nodes held ([`crate::meter`]).
 
 mod systems;
 mod verdict;
@@ -72,7 +75,7 @@ impl Suite for PagerSuite {
             .note_failures()
             .run(ctx, |_, _, w, &sys| {
                 let local = (w.footprint as f64 * w.ratio) as u64 + ALLOWANCE;
-                programs.measure(runner.command(sys, local)?, w)
+                programs.measure(runner.command(sys, local)?, w, |pid| runner.watch(sys, pid))
             })?;
         // Each program's figure by system, workload and ratio; then what its misses cost.
         samples.report_by(ctx, |r| {

@@ -3,6 +3,7 @@
 //! and the servers they need, started once for the suite.
 
 use crate::harness::{Ctx, System};
+use crate::meter::{FarGauge, Gauge, Watch};
 use crate::node::{NodeProcess, NODE_BUSY_POLL_US};
 use crate::zram::Zram;
 use anyhow::Result;
@@ -12,7 +13,9 @@ use std::process::Command;
 /// Where the program runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Pager {
-    /// Under `tidepool run`, far store in process.
+    /// `tidepool run` as a user types it: the default store, pages compressed in process.
+    TidepoolDefault,
+    /// Under `tidepool run`, far store in process, pages kept whole: the pager alone.
     TidepoolLocal,
     /// Under `tidepool run`, on a `tidepool node` process.
     TidepoolNode,
@@ -27,6 +30,7 @@ pub(super) enum Pager {
 impl System for Pager {
     fn name(&self) -> &'static str {
         match self {
+            Pager::TidepoolDefault => "tidepool-default",
             Pager::TidepoolLocal => "tidepool-local",
             Pager::TidepoolNode => "tidepool-node",
             Pager::TidepoolNodeEc => "tidepool-node-x6-ec4+2",
@@ -105,6 +109,7 @@ impl Runner {
     /// The systems that can run, in the report's order.
     pub(super) fn systems(&self) -> Vec<Pager> {
         let mut systems = vec![
+            Pager::TidepoolDefault,
             Pager::TidepoolLocal,
             Pager::TidepoolNode,
             Pager::TidepoolNodeEc,
@@ -127,14 +132,33 @@ impl Runner {
                     .expect("listed only if started")
                     .command(local)
             }
-            Pager::TidepoolNode => self.node_url("bench"),
-            Pager::TidepoolNodeEc => self.ec_url.clone(),
-            Pager::TidepoolLocal => "local:".into(),
+            Pager::TidepoolNode => Some(self.node_url("bench")),
+            Pager::TidepoolNodeEc => Some(self.ec_url.clone()),
+            Pager::TidepoolLocal => Some("local:?compress=none".into()),
+            Pager::TidepoolDefault => None,
         };
         let mut c = Command::new(&self.exe);
-        c.args(["run", "--local", &local.to_string()])
-            .args(["--backend", &backend, "--"])
-            .env("TIDEPOOL_PRELOAD", &self.preload);
+        c.args(["run", "--local", &local.to_string()]);
+        if let Some(b) = backend {
+            c.args(["--backend", &b]);
+        }
+        c.arg("--").env("TIDEPOOL_PRELOAD", &self.preload);
         Ok(c)
+    }
+
+    /// Starts following the bytes `system` holds for program `pid`: on this machine, and on
+    /// the memory nodes.
+    pub(super) fn watch(&self, system: Pager, pid: u32) -> Watch {
+        let gauge = match (system, &self.zram) {
+            (Pager::LinuxZram, Some(z)) => z.gauge(),
+            _ => Gauge::Processes,
+        };
+        let far = match system {
+            Pager::TidepoolNode => Some(self.node_url("bench")),
+            Pager::TidepoolNodeEc => Some(self.ec_url.clone()),
+            _ => None,
+        }
+        .map(|url| FarGauge { url });
+        Watch::start(pid, &gauge, far.as_ref())
     }
 }

@@ -28,6 +28,47 @@ pub(super) fn verdict(ctx: &mut Ctx) {
             ));
         }
     }
+    // Issue 54: the default (what a user gets) against zram, speed and bytes.
+    let mib = |system: &str, workload: &str, ratio: f64| {
+        r.results
+            .iter()
+            .find(|row| {
+                row.system == system
+                    && row.workload == workload
+                    && row.metric == "machine_mib"
+                    && row.params.get("local_ratio") == Some(&ratio)
+            })
+            .map(|row| row.value)
+    };
+    for workload in [
+        "seq-scan",
+        "uniform-rmw",
+        "uniform-rmw-4t",
+        "zipf-0.99",
+        "python-dict",
+    ] {
+        for ratio in [0.25, 0.5] {
+            let system = "tidepool-default";
+            if let (Some(t), Some(z), Some(tm), Some(zm)) = (
+                at(system, workload, ratio),
+                at("linux-zram", workload, ratio),
+                mib(system, workload, ratio),
+                mib("linux-zram", workload, ratio),
+            ) {
+                let speed = if workload == "python-dict" {
+                    z / t
+                } else {
+                    t / z
+                };
+                notes.push(format!(
+                    "{workload} at {:.0}% local: {system} {speed:.2}x linux-zram's speed at \
+                     {:.2}x its machine_mib ({tm:.0} vs {zm:.0} MiB)",
+                    ratio * 100.0,
+                    tm / zm
+                ));
+            }
+        }
+    }
     // Issue 28: a node-backed miss near the wire's floor, and the node against zram.
     let metric = |system: &str, workload: &str, metric: &str, ratio: Option<f64>| {
         r.results

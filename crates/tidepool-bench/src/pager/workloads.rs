@@ -2,7 +2,8 @@
 //! CPython building a dict, each at every local-memory ratio, and how a run of one is read.
 
 use crate::harness::{BenchOpts, Ctx, Sample, Workload};
-use crate::worker::{run_python, run_worker_report, DICT_SCRIPT};
+use crate::meter::{run_metered, Held, Watch};
+use crate::worker::{python_report, run_python, worker_report, DICT_SCRIPT};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -163,13 +164,28 @@ impl Programs {
 
     /// Runs program `w` with `cmd` (which runs its arguments under a system) and reads its
     /// figure, and for the random workloads what a miss cost.
-    pub(super) fn measure(&self, mut cmd: Command, w: &Paged) -> Result<Sample> {
+    /// `watch` follows the bytes its system holds for it (`machine_mib`, `far_mib`).
+    pub(super) fn measure(
+        &self,
+        mut cmd: Command,
+        w: &Paged,
+        watch: impl FnOnce(u32) -> Watch,
+    ) -> Result<Sample> {
         let (metric, unit) = w.metric();
+        let held_rows = |sample: Sample, held: Held| {
+            let sample = sample.median("machine_mib", "MiB", held.machine_mib());
+            match held.far_mib() {
+                Some(far) => sample.median("far_mib", "MiB", far),
+                None => sample,
+            }
+        };
         if w.is_python() {
             cmd.arg(self.python.expect("a python workload only with python"))
                 .arg(&self.script)
                 .arg(self.python_strings.to_string());
-            return Ok(Sample::new().median(metric, unit, run_python(cmd)?.0));
+            let (out, held) = run_metered(cmd, watch)?;
+            let seconds = python_report(out)?.0;
+            return Ok(held_rows(Sample::new().median(metric, unit, seconds), held));
         }
         cmd.arg(&self.exe).args([
             "bench-worker",
@@ -178,9 +194,10 @@ impl Programs {
             &self.wss.to_string(),
             &self.seconds.to_string(),
         ]);
-        let v = run_worker_report(cmd)?;
+        let (out, held) = run_metered(cmd, watch)?;
+        let v = worker_report(out)?;
         let value = v["value"].as_f64().context("worker report lacks value")?;
-        let mut sample = Sample::new().median(metric, unit, value);
+        let mut sample = held_rows(Sample::new().median(metric, unit, value), held);
         // What one miss costs the program (sampled accesses slower than a local one).
         for m in MISS_METRICS {
             if let Some(x) = v[m].as_f64() {
