@@ -136,7 +136,8 @@ pub trait FarStore: Send + Sync + fmt::Debug {
 
     /// [`FarStore::evict_fetch`] with [`FetchMode::Keep`], reading into `out` as
     /// [`FarStore::read_many_into`] does. The default makes one `evict_fetch` round trip and
-    /// copies; a backend with a cheaper path (the in-process store) overrides it.
+    /// copies; a store in this process ([`FarStore::private_to_process`]) has no round trip to
+    /// save, so it writes, then reads straight into `out`.
     fn evict_fetch_into(
         &self,
         evict: &[(Key, &[u8])],
@@ -146,7 +147,10 @@ pub trait FarStore: Send + Sync + fmt::Debug {
         lens: &mut [Option<usize>],
     ) -> Result<(), StoreError> {
         assert!(out.len() >= fetch.len() * chunk && lens.len() >= fetch.len());
-        if evict.is_empty() {
+        if evict.is_empty() || self.private_to_process() {
+            if !evict.is_empty() {
+                self.write_many(evict)?;
+            }
             return self.read_many_into(fetch, chunk, out, lens);
         }
         let values = self.evict_fetch(evict, fetch, FetchMode::Keep)?;

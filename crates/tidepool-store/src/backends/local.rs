@@ -93,21 +93,6 @@ impl FarStore for LocalStore {
             .collect()
     }
 
-    fn evict_fetch_into(
-        &self,
-        evict: &[(Key, &[u8])],
-        fetch: &[Key],
-        chunk: usize,
-        out: &mut [u8],
-        lens: &mut [Option<usize>],
-    ) -> Result<(), StoreError> {
-        // In process there is no round trip to save: write, then copy out without allocating.
-        if !evict.is_empty() {
-            self.write_many(evict)?;
-        }
-        self.read_many_into(fetch, chunk, out, lens)
-    }
-
     fn read_many_into(
         &self,
         keys: &[Key],

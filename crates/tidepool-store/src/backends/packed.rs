@@ -242,19 +242,6 @@ impl FarStore for PackedStore {
             .collect()
     }
 
-    fn evict_fetch_into(
-        &self,
-        evict: &[(Key, &[u8])],
-        fetch: &[Key],
-        chunk: usize,
-        out: &mut [u8],
-        lens: &mut [Option<usize>],
-    ) -> Result<(), StoreError> {
-        // In process there is no round trip to save.
-        self.write_many(evict)?;
-        self.read_many_into(fetch, chunk, out, lens)
-    }
-
     fn read_many_into(
         &self,
         keys: &[Key],
