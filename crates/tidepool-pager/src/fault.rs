@@ -142,6 +142,8 @@ impl Inner {
         let keys: Vec<Key> = batch.iter().map(|(r, p, ..)| r.key(*p)).collect();
         let t = Instant::now();
         self.read_pages(&keys, staging, "reading pages");
+        // The pages are locked: nobody reads or writes their keys until they are published.
+        self.drop_copies(&keys, "reading pages");
         let read = t.elapsed();
         for (i, (region, page, word, write)) in batch.iter().enumerate() {
             let t = Instant::now();
@@ -314,6 +316,11 @@ impl Inner {
         write: bool,
         data: &[u8],
     ) -> u64 {
+        if self.drop_far_copies {
+            // No copy is left to be clean against: writable, and written when evicted.
+            self.copy_in(region.addr(page), data, false);
+            return RESIDENT | if write { DIRTY } else { 0 } | (word & HISTORY);
+        }
         let predicted_write = write || word & WAS_DIRTY != 0;
         if predicted_write && !write {
             // Installed writable on a guess: eviction compares hashes to tell whether it was
@@ -391,6 +398,16 @@ impl Inner {
                     &format!("the store returned {n} bytes for a 4096-byte page"),
                 ),
                 None => self.fatal(what, &"the store lost a page"),
+            }
+        }
+    }
+
+    /// Removes the far copies of pages just read (locked), under
+    /// [`crate::Config::drop_far_copies`].
+    pub(crate) fn drop_copies(&self, keys: &[Key], what: &str) {
+        if self.drop_far_copies && !keys.is_empty() {
+            if let Err(e) = self.store.remove_many(keys) {
+                self.fatal(what, &e);
             }
         }
     }
@@ -585,6 +602,7 @@ impl Inner {
         }
         if far > 0 {
             self.read_pages(&keys[..far], staging, "prefetching pages");
+            self.drop_copies(&keys[..far], "prefetching pages");
             Counters::add(&self.counters.bytes_read, (far * PAGE) as u64);
         }
         let mut j = far;
@@ -616,7 +634,7 @@ impl Inner {
                 How::Move
             } else {
                 How::Copy {
-                    wp: in_store(w) && w & WAS_DIRTY == 0,
+                    wp: in_store(w) && w & WAS_DIRTY == 0 && !self.drop_far_copies,
                 }
             }
         };
@@ -632,6 +650,8 @@ impl Inner {
                     Counters::add(&self.counters.bytes_read, PAGE as u64);
                 }
                 self.unframed(region, p, w, false) | PREFETCHED
+            } else if kind(w) == FAR && self.drop_far_copies {
+                RESIDENT | PREFETCHED | (w & HISTORY)
             } else if kind(w) == FAR {
                 if !wp {
                     // Installed writable on a guess (see `install_demand`).

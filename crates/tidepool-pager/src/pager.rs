@@ -91,6 +91,12 @@ pub struct Config {
     /// them there) before they go to the store, so a page in use that CLOCK evicted comes back
     /// for a fault, not a round trip (see `tier.rs`). Ignored where the kernel lacks UFFDIO_MOVE.
     pub probation: bool,
+    /// Keep no far copy of a page once it is back: a page read from the store is removed from
+    /// it and installed writable, and written again when next evicted. For a store in this
+    /// process, where a copy costs the process memory (the compressed size of every resident
+    /// page that came from far), as zram frees a swapped page's copy when it comes back. Costs
+    /// a compression per eviction of a page that was only read.
+    pub drop_far_copies: bool,
     /// While the budget has room to spare (it grew), bring evicted pages back from far memory
     /// in batches, hottest first, before the program faults on them (see `refill.rs`).
     pub refill: bool,
@@ -123,6 +129,7 @@ impl Config {
             around_child_restart: None,
             in_process_frames: false,
             probation: false,
+            drop_far_copies: false,
             refill: false,
             fault_deadline: DEFAULT_FAULT_DEADLINE,
             before_fork: None,
@@ -162,6 +169,8 @@ pub(crate) struct Inner {
     pub(crate) frames: bool,
     /// Frames are a probation tier in front of the store ([`Config::probation`]).
     pub(crate) probation: bool,
+    /// [`Config::drop_far_copies`].
+    pub(crate) drop_far_copies: bool,
     pub(crate) tier: crate::tier::Tier,
     /// Pages the prefetcher is waiting to have room for.
     pub(crate) room_wanted: AtomicUsize,
@@ -343,6 +352,7 @@ impl Pager {
             stall_handlers_after: config.stall_handlers_after,
             frames: (config.in_process_frames || probation) && can_move,
             probation,
+            drop_far_copies: config.drop_far_copies,
             tier,
         });
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);

@@ -50,15 +50,21 @@ fn every_byte_survives_eviction_with_the_local_store() {
     assert!(stats.resident_pages <= stats.budget_pages + 4096);
 }
 
-/// The compressing store as `tidepool run` has it (a probation tier in front, refill), with
-/// each codec: every byte survives being packed and unpacked.
+/// The compressing store as `tidepool run` has it (a probation tier in front, refill, no far
+/// copies of pages that came back), with each codec, and with copies kept: every byte survives
+/// being packed and unpacked.
 #[test]
 fn every_byte_survives_eviction_through_the_compressing_store_and_its_probation_tier() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
-    for url in ["local:?compress=lz4", "local:?compress=zstd"] {
+    for (url, drop_far_copies) in [
+        ("local:?compress=lz4", true),
+        ("local:?compress=lz4", false),
+        ("local:?compress=zstd", true),
+    ] {
         let mut config = Config::new(8 << 20);
         config.probation = true;
         config.refill = true;
+        config.drop_far_copies = drop_far_copies;
         let stats = verify_over(url, config, 64 << 20);
         assert!(
             stats.written_back > 0 && stats.far_fetches > 0,

@@ -296,6 +296,15 @@ extern "C" fn start() {
                 compression: tidepool_store::Compression::None
             })
         );
+    // The compressing in-process store (the default) keeps no copy of a page that came back:
+    // it would cost this process the page's compressed size; TIDEPOOL_RUN_DROP_COPIES=0 keeps
+    // them, to compare.
+    config.drop_far_copies = env_var("TIDEPOOL_RUN_DROP_COPIES").map_or(true, |v| v != "0")
+        && matches!(
+            tidepool_store::StoreUrl::parse(&backend),
+            Ok(tidepool_store::StoreUrl::Local { compression })
+                if compression != tidepool_store::Compression::None
+        );
     // Any other store gets a probation tier in front of it; TIDEPOOL_RUN_PROBATION=0 turns it
     // off, to compare.
     config.probation = env_var("TIDEPOOL_RUN_PROBATION").map_or(true, |v| v != "0");
