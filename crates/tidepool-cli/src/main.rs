@@ -89,9 +89,11 @@ enum Cmd {
         #[arg(long, value_name = "ADDR")]
         metrics: Option<std::net::SocketAddr>,
     },
-    /// Print a memory node's counters for one tenant and for the node.
+    /// Print a far store's counters: the bytes it holds and the values it keeps, then its own
+    /// (a memory node's for one tenant and for the node; the in-process store's bytes before
+    /// compression, same-filled pages and pages kept whole).
     Stats {
-        /// node://tenant[:token]@host:port
+        /// A store URL, e.g. node://tenant[:token]@host:port
         url: String,
     },
     /// Write, read back and verify data through a far store, and report the speed.
@@ -423,14 +425,12 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Stats { url } => {
             let store = tidepool_store::open(&url)?;
             let stats = store.stats()?;
+            // What the store cannot count is said so, not printed as a Rust Option.
+            let shown = |v: Option<u64>| v.map_or("unknown".to_string(), |n| n.to_string());
+            println!("{:32} {}", "far_bytes", shown(stats.far_bytes));
+            println!("{:32} {}", "objects", shown(stats.objects));
             for (k, v) in &stats.extra {
                 println!("{k:32} {v}");
-            }
-            if stats.extra.is_empty() {
-                // What the store cannot count is said so, not printed as a Rust Option.
-                let shown = |v: Option<u64>| v.map_or("unknown".to_string(), |n| n.to_string());
-                println!("{:32} {}", "far_bytes", shown(stats.far_bytes));
-                println!("{:32} {}", "objects", shown(stats.objects));
             }
             Ok(())
         }
