@@ -67,7 +67,8 @@ impl Report {
             .map(|r| r.value)
     }
 
-    /// The value of `system` on `workload` at local-memory ratio `ratio`, if measured.
+    /// The figure of `system` on `workload` at local-memory ratio `ratio` (not the bytes held
+    /// beside it, `machine_mib` and `far_mib`), if measured.
     pub fn at_ratio(&self, system: &str, workload: &str, ratio: f64) -> Option<f64> {
         self.results
             .iter()
@@ -75,6 +76,7 @@ impl Report {
                 row.system == system
                     && row.workload == workload
                     && row.params.get("local_ratio").copied() == Some(ratio)
+                    && !matches!(row.metric.as_str(), "machine_mib" | "far_mib")
             })
             .map(|row| row.value)
     }
