@@ -83,7 +83,10 @@ impl Suite for AppsSuite {
         let node_url = |n: &NodeProcess| format!("node://apps@{}", n.addr);
         let mut l = Launcher::new(exe, preload, Some(node_url(&polling)));
         l.load_cpus = ctx.opts.placement.server_cpus();
-        let mut systems: Vec<System> = System::CONSTRAINED.to_vec();
+        let mut systems: Vec<System> = System::CONSTRAINED
+            .into_iter()
+            .filter(|s| crate::harness::wanted(s.name()))
+            .collect();
         match Zram::start(8 << 30) {
             Ok(z) => l.zram = Some(z),
             Err(e) => {
@@ -96,6 +99,12 @@ impl Suite for AppsSuite {
         let (python, has_pandas) = python()?;
         let sort_file = sort_input(&dir, s.sort_lines)?;
         for workload in WORKLOADS {
+            if !workload_wanted(workload) {
+                for _ in 0..self.steps(&ctx.opts) / WORKLOADS.len() as u64 {
+                    ctx.advance();
+                }
+                continue;
+            }
             if workload == "pandas-groupby" && !has_pandas {
                 ctx.note(format!(
                     "pandas-groupby skipped: {} has no pandas (scripts/setup installs it)",
@@ -153,6 +162,15 @@ impl Suite for AppsSuite {
         }
         verdict(ctx);
         Ok(())
+    }
+}
+
+/// `TIDEPOOL_BENCH_WORKLOADS=sort,python-dict` limits a run to some workloads (for profiling;
+/// `redis` stands for its three).
+fn workload_wanted(workload: &str) -> bool {
+    match std::env::var("TIDEPOOL_BENCH_WORKLOADS") {
+        Ok(list) => list.split(',').any(|w| w.trim() == workload),
+        Err(_) => true,
     }
 }
 
