@@ -48,19 +48,24 @@ pub fn c_program(name: &str, libs: &[&str]) -> PathBuf {
     if let Some(out) = built.get(name) {
         return out.clone();
     }
-    // One copy per test binary: another binary's run must not find it half written.
+    // One copy per test binary, compiled under a name of this process's and renamed into
+    // place: tests of one binary run as processes side by side (nextest), and none may find
+    // the program half written or still open for writing (ETXTBSY).
     let binary = std::env::current_exe().unwrap();
     let binary = binary.file_stem().unwrap().to_string_lossy();
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{binary}"));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let out = dir.join(format!("{name}-{binary}"));
+    let partial = dir.join(format!("{name}-{binary}.{}", std::process::id()));
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let status = Command::new("cc")
         .args(["-O2", "-o"])
-        .arg(&out)
+        .arg(&partial)
         .arg(&src)
         .args(libs)
         .status()
         .expect("cc (the C compiler scripts/setup installs)");
     assert!(status.success(), "compiling {}", src.display());
+    std::fs::rename(&partial, &out).unwrap();
     built.insert(name.to_string(), out.clone());
     out
 }
