@@ -170,18 +170,8 @@ enum Cmd {
         /// redis+cluster://host:port,..., memcached://host:port.
         #[arg(long, default_value = "local:")]
         backend: String,
-        /// Print faults, hits, prefetch accuracy and bytes moved when the program exits.
-        #[arg(long)]
-        stats: bool,
-        /// Run a program the pager cannot serve (static, set-user-ID) anyway, all of its
-        /// memory local.
-        #[arg(long)]
-        allow_unpaged: bool,
-        /// Seconds a page fault may wait before the program is stopped (status 70) with a
-        /// message saying why; 0 turns the watchdog off [default: $TIDEPOOL_RUN_FAULT_DEADLINE,
-        /// else 5].
-        #[arg(long, value_parser = parse_seconds)]
-        fault_deadline: Option<f64>,
+        #[command(flatten)]
+        opts: run::RunOpts,
         #[command(flatten)]
         join: run::JoinArgs,
         /// The program and its arguments, after `--`.
@@ -464,20 +454,10 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Run {
             local,
             backend,
-            stats,
-            allow_unpaged,
-            fault_deadline,
+            opts,
             join,
             program,
-        } => run::run(
-            local,
-            &backend,
-            stats,
-            allow_unpaged,
-            fault_deadline,
-            &join,
-            &program,
-        ),
+        } => run::run(local, &backend, &opts, &join, &program),
         Cmd::Resize { pid, local } => run::resize(pid, local),
         Cmd::AddNode { pid, addr } => run::add_node(pid, &addr),
         Cmd::Coord(args) => coord::run(args),

@@ -111,17 +111,43 @@ impl JoinArgs {
     }
 }
 
+/// How `tidepool run` treats the program, beside its budget and store.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct RunOpts {
+    /// Print faults, hits, prefetch accuracy and bytes moved when the program exits.
+    #[arg(long)]
+    pub stats: bool,
+    /// Run a program the pager cannot serve (static, set-user-ID) anyway, all of its
+    /// memory local.
+    #[arg(long)]
+    pub allow_unpaged: bool,
+    /// Seconds a page fault may wait before the program is stopped (status 70) with a
+    /// message saying why; 0 turns the watchdog off [default: $TIDEPOOL_RUN_FAULT_DEADLINE,
+    /// else 5].
+    #[arg(long, value_parser = crate::parse_seconds)]
+    pub fault_deadline: Option<f64>,
+    /// Local memory of each child the program forks without exec, for the pages the child
+    /// brings in or writes; the pages it still shares with its parent are counted in the
+    /// parent's --local [default: a quarter of the parent's budget at the fork].
+    #[arg(long, value_parser = crate::parse_size_arg)]
+    pub child_local: Option<u64>,
+}
+
 /// Replaces this process with `program`, its heap paged over `backend` with `local` bytes
 /// mapped. Returns only on failure.
 pub fn run(
     local: u64,
     backend: &str,
-    stats: bool,
-    allow_unpaged: bool,
-    fault_deadline: Option<f64>,
+    opts: &RunOpts,
     join: &JoinArgs,
     program: &[OsString],
 ) -> Result<()> {
+    let RunOpts {
+        stats,
+        allow_unpaged,
+        fault_deadline,
+        child_local,
+    } = *opts;
     let (name, args) = program.split_first().context("no program given")?;
     if local < 1 << 20 {
         bail!("--local {local} is too small: give the program at least 1M of local memory");
@@ -158,6 +184,10 @@ pub fn run(
     if let Some(seconds) = fault_deadline {
         cmd.env("TIDEPOOL_RUN_FAULT_DEADLINE", seconds.to_string());
     }
+    match child_local {
+        Some(bytes) => cmd.env("TIDEPOOL_RUN_CHILD_LOCAL", bytes.to_string()),
+        None => cmd.env_remove("TIDEPOOL_RUN_CHILD_LOCAL"),
+    };
     if stats {
         cmd.env("TIDEPOOL_RUN_STATS", "1");
     } else {

@@ -42,6 +42,7 @@ pub(crate) fn runs_of(victims: &[(Arc<RegionInner>, usize, u64)]) -> Vec<std::op
 impl Inner {
     pub(crate) fn evictor_loop(self: Arc<Self>) {
         let mut staging = crate::fault::Staging::new();
+        let mut adopted_at = std::time::Instant::now();
         loop {
             {
                 if self.evictor_kick.swap(0, AcqRel) == 0 {
@@ -63,6 +64,16 @@ impl Inner {
                     if self.evict_batch() == 0 {
                         break;
                     }
+                }
+            }
+            // A forked child: pages its parent let go of are its own to count and evict.
+            if adopted_at.elapsed() >= crate::restart::ADOPT_EVERY
+                && !self.inherited.lock().is_empty()
+            {
+                adopted_at = std::time::Instant::now();
+                self.adopt_unshared();
+                if self.local_pages() > self.budget_pages.load(Relaxed) {
+                    continue;
                 }
             }
             // A tier over its share (the budget shrank) gives back the difference.
@@ -88,7 +99,10 @@ impl Inner {
                     break;
                 };
                 let word = region.table.state(page).load(Acquire);
-                if region.dead.load(Acquire) || kind(word) != RESIDENT || word & REFERENCED != 0 {
+                if region.dead.load(Acquire)
+                    || kind(word) != RESIDENT
+                    || word & (REFERENCED | INHERITED) != 0
+                {
                     continue;
                 }
                 if !self.readable(&region, page) {
@@ -112,8 +126,10 @@ impl Inner {
                 }
                 let s = region.table.state(page);
                 let word = s.load(Acquire);
-                if kind(word) != RESIDENT {
-                    continue; // stale entry: evicted or discarded already
+                if kind(word) != RESIDENT || word & INHERITED != 0 {
+                    // A stale entry (evicted or discarded already), or a page a forked child
+                    // shares with its parent.
+                    continue;
                 }
                 // Second chances: a reference, then each chance the page's heat gave it.
                 let spared = if word & REFERENCED != 0 {

@@ -229,6 +229,7 @@ impl Inner {
                     self.jobs.send(StoreJob::Remove(removes));
                 }
             }
+            self.adopt_inherited(region, page, word);
             // Installed with a wake-up.
             let _ = region
                 .table
@@ -284,7 +285,7 @@ impl Inner {
             }
             _ if word & FRAMED != 0 && self.probation => {
                 // Touched in the probation tier: a local hit.
-                self.tier_touched();
+                self.tier_touched(word);
                 let new = self.unframed(region, page, word, write);
                 self.move_in(region, page, 1, true);
                 new
@@ -316,7 +317,7 @@ impl Inner {
         write: bool,
         data: &[u8],
     ) -> u64 {
-        if self.drop_far_copies {
+        if self.drops_far_copies() {
             // No copy is left to be clean against: writable, and written when evicted.
             self.copy_in(region.addr(page), data, false);
             return RESIDENT | if write { DIRTY } else { 0 } | (word & HISTORY);
@@ -405,7 +406,7 @@ impl Inner {
     /// Removes the far copies of pages just read (locked), under
     /// [`crate::Config::drop_far_copies`].
     pub(crate) fn drop_copies(&self, keys: &[Key], what: &str) {
-        if self.drop_far_copies && !keys.is_empty() {
+        if self.drops_far_copies() && !keys.is_empty() {
             if let Err(e) = self.store.remove_many(keys) {
                 self.fatal(what, &e);
             }
@@ -487,7 +488,7 @@ impl Inner {
         Counters::add(&self.counters.wp_faults, 1);
         let addr = region.addr(page);
         let mut spins = 0u32;
-        let word = loop {
+        let word_before = loop {
             if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
                 break w;
             }
@@ -512,10 +513,26 @@ impl Inner {
                 self.fatal("lifting a write protection", &e);
             }
         }
-        let word =
-            (word & !(WP_CLEAN | BUSY | KIND_MASK)) | RESIDENT | DIRTY | WAS_DIRTY | REFERENCED;
+        let word = (word_before & !(WP_CLEAN | BUSY | KIND_MASK | INHERITED))
+            | RESIDENT
+            | DIRTY
+            | WAS_DIRTY
+            | REFERENCED;
+        self.adopt_inherited(region, page, word_before);
         // Lifting the protection woke the page's waiters.
         let _ = region.table.unlock(page, word);
+    }
+
+    /// A page a forked child shared with its parent (`word`, [`INHERITED`]) and now has a
+    /// frame of its own: counted in its budget and on its clock from now on.
+    pub(crate) fn adopt_inherited(&self, region: &Arc<RegionInner>, page: usize, word: u64) {
+        if word & INHERITED != 0 {
+            self.resident.fetch_add(1, Relaxed);
+            self.clock.lock().push_back((region.clone(), page));
+            if self.local_pages() > self.budget_pages.load(Relaxed) {
+                self.kick_evictor();
+            }
+        }
     }
 
     pub(crate) fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan, staging: &mut Staging) {
@@ -634,7 +651,7 @@ impl Inner {
                 How::Move
             } else {
                 How::Copy {
-                    wp: in_store(w) && w & WAS_DIRTY == 0 && !self.drop_far_copies,
+                    wp: in_store(w) && w & WAS_DIRTY == 0 && !self.drops_far_copies(),
                 }
             }
         };
@@ -645,12 +662,12 @@ impl Inner {
             let wp = this == How::Copy { wp: true };
             let new = if this == How::Move {
                 if self.probation {
-                    self.tier_touched();
+                    self.tier_touched(w);
                 } else {
                     Counters::add(&self.counters.bytes_read, PAGE as u64);
                 }
                 self.unframed(region, p, w, false) | PREFETCHED
-            } else if kind(w) == FAR && self.drop_far_copies {
+            } else if kind(w) == FAR && self.drops_far_copies() {
                 RESIDENT | PREFETCHED | (w & HISTORY)
             } else if kind(w) == FAR {
                 if !wp {

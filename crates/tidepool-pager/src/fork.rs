@@ -32,10 +32,12 @@
 //!   store to open connections of its own. Only when every pager has done so are threads
 //!   started (glibc's thread start-up reads the program's locale data, wherever it lies), and
 //!   the thread starting them serves faults itself until each runs: nobody else could. The
-//!   child then pages on its own, with the same budget: its memory is exactly the parent's at
-//!   the fork, far pages included, and each side's later writes are its own (the in-process
-//!   store and the frames are copied with the address space; copies on a server are shared
-//!   and frozen, see `tags.rs`).
+//!   child then pages on its own: its memory is exactly the parent's at the fork, far pages
+//!   included, and each side's later writes are its own (the in-process store and the frames
+//!   are copied with the address space; copies on a server are shared and frozen, see
+//!   `tags.rs`). Its budget is for what it brings in or writes
+//!   ([`crate::Config::child_local_budget`]): the pages it still shares with the parent are
+//!   counted there ([`crate::table::INHERITED`]).
 //! - **parent**: freeze the tag (shared stores) and open the gate.
 //!
 //! vfork and posix_spawn share the parent's memory until exec and run no fork handlers: the

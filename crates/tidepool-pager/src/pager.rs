@@ -97,6 +97,10 @@ pub struct Config {
     /// page that came from far), as zram frees a swapped page's copy when it comes back. Costs
     /// a compression per eviction of a page that was only read.
     pub drop_far_copies: bool,
+    /// The budget of a forked child, for the pages it brings in or writes; the pages it
+    /// shares with its parent at the fork (copy-on-write) are the parent's and not counted
+    /// ([`crate::table::INHERITED`]). `None`: a quarter of the parent's budget at the fork.
+    pub child_local_budget: Option<usize>,
     /// While the budget has room to spare (it grew), bring evicted pages back from far memory
     /// in batches, hottest first, before the program faults on them (see `refill.rs`).
     pub refill: bool,
@@ -130,6 +134,7 @@ impl Config {
             in_process_frames: false,
             probation: false,
             drop_far_copies: false,
+            child_local_budget: None,
             refill: false,
             fault_deadline: DEFAULT_FAULT_DEADLINE,
             before_fork: None,
@@ -145,6 +150,9 @@ pub(crate) struct Inner {
     pub(crate) budget_pages: AtomicUsize,
     pub(crate) resident: AtomicUsize,
     pub(crate) clock: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
+    /// In a forked child, the pages it shares with its parent ([`crate::table::INHERITED`]):
+    /// a fork of its own write-protects them again.
+    pub(crate) inherited: Mutex<Vec<(Arc<RegionInner>, usize)>>,
     /// Pages streams walked past ([`Plan::behind_count`]), evicted first, newest first.
     pub(crate) done: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
     pub(crate) evict_seq: AtomicU32,
@@ -169,8 +177,11 @@ pub(crate) struct Inner {
     pub(crate) frames: bool,
     /// Frames are a probation tier in front of the store ([`Config::probation`]).
     pub(crate) probation: bool,
-    /// [`Config::drop_far_copies`].
-    pub(crate) drop_far_copies: bool,
+    /// [`Config::drop_far_copies`]; off in a forked child, whose store is a copy-on-write
+    /// copy of its parent's (removing from it would copy its memory).
+    pub(crate) drop_far_copies: AtomicBool,
+    /// [`Config::child_local_budget`].
+    pub(crate) child_budget: Option<usize>,
     pub(crate) tier: crate::tier::Tier,
     /// Pages the prefetcher is waiting to have room for.
     pub(crate) room_wanted: AtomicUsize,
@@ -328,6 +339,7 @@ impl Pager {
             budget_pages: AtomicUsize::new(budget),
             resident: AtomicUsize::new(0),
             clock: Mutex::new(VecDeque::new()),
+            inherited: Mutex::new(Vec::new()),
             done: Mutex::new(VecDeque::new()),
             evict_seq: AtomicU32::new(1),
             evictor_kick: AtomicU32::new(0),
@@ -352,7 +364,8 @@ impl Pager {
             stall_handlers_after: config.stall_handlers_after,
             frames: (config.in_process_frames || probation) && can_move,
             probation,
-            drop_far_copies: config.drop_far_copies,
+            drop_far_copies: AtomicBool::new(config.drop_far_copies),
+            child_budget: config.child_local_budget,
             tier,
         });
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
@@ -384,14 +397,7 @@ impl Pager {
 
     /// Changes the local-memory budget of a running pager; shrinking evicts at once.
     pub fn set_local_budget(&self, bytes: usize) {
-        let i = self.inner();
-        let pages = if i.probation {
-            i.tier.set_total(budget_pages(bytes))
-        } else {
-            budget_pages(bytes)
-        };
-        i.budget_pages.store(pages, Relaxed);
-        i.kick_evictor();
+        self.inner().set_budget(bytes);
     }
 
     /// The local-memory budget in bytes.
@@ -546,6 +552,22 @@ impl Inner {
         let i = regions.partition_point(|r| r.base <= addr);
         let r = regions.get(i.checked_sub(1)?)?;
         (addr < r.base + r.len).then(|| r.clone())
+    }
+
+    /// Changes the budget; shrinking evicts at once.
+    pub(crate) fn set_budget(&self, bytes: usize) {
+        let pages = if self.probation {
+            self.tier.set_total(budget_pages(bytes))
+        } else {
+            budget_pages(bytes)
+        };
+        self.budget_pages.store(pages, Relaxed);
+        self.kick_evictor();
+    }
+
+    /// [`Config::drop_far_copies`], as it stands in this process.
+    pub(crate) fn drops_far_copies(&self) -> bool {
+        self.drop_far_copies.load(Relaxed)
     }
 
     pub(crate) fn kick_evictor(&self) {

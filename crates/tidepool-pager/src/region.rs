@@ -244,14 +244,19 @@ impl Inner {
                 words.push(w);
                 match kind(w) {
                     RESIDENT => {
-                        resident += 1;
+                        // A page shared with the parent is not in this process's count.
+                        if w & INHERITED == 0 {
+                            resident += 1;
+                        }
                         if w & FAR_VALID != 0 {
                             self.tags.drop_copy(region.key(p), &mut removes);
                         }
                     }
                     // A frame in the probation tier, and perhaps the store's copy.
                     FAR if w & FRAMED != 0 && self.probation => {
-                        self.tier.held.fetch_sub(1, Relaxed);
+                        if w & INHERITED == 0 {
+                            self.tier.held.fetch_sub(1, Relaxed);
+                        }
                         if w & (FAR_VALID | STORE_OLD) != 0 {
                             self.tags.drop_copy(region.key(p), &mut removes);
                         }

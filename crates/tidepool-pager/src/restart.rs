@@ -3,9 +3,10 @@
 
 use crate::fork::ForkHooks;
 use crate::pager::*;
-use crate::sys::PAGE;
+use crate::sys::{self, PAGE};
 use crate::table::*;
 use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
 
 impl ForkHooks for Shared {
     fn prepare(&self) {
@@ -62,19 +63,24 @@ impl Shared {
             i.apply_inheritance_in_child(r);
         }
         // The kernel dropped the write protections with the parent's registration: the pages
-        // the table knows as mapped (all on the clock) take it again, in runs. Not every
-        // present page: those the owner touched before a region was adopted are not the
-        // pager's. Pages on their way to the store keep their keys: parent and child both
-        // write the same bytes there, and the child never removes what it did not tag.
-        let mut mapped: Vec<(u32, usize)> = i
-            .clock
-            .lock()
-            .iter()
-            .filter(|(r, p)| kind(r.table.state(*p).load(Relaxed)) == RESIDENT)
-            .map(|(r, p)| (r.id, *p))
-            .collect();
+        // the table knows as mapped (on the clock, or inherited by this process in turn and
+        // not written since) take it again, in runs. Not every present page: those the owner
+        // touched before a region was adopted are not the pager's. Pages on their way to the
+        // store keep their keys: parent and child both write the same bytes there, and the
+        // child never removes what it did not tag.
+        let mut mapped: Vec<(u32, usize)> = {
+            let clock = i.clock.lock();
+            let inherited = i.inherited.lock();
+            clock
+                .iter()
+                .chain(inherited.iter())
+                .filter(|(r, p)| kind(r.table.state(*p).load(Relaxed)) == RESIDENT)
+                .map(|(r, p)| (r.id, *p))
+                .collect()
+        };
         mapped.sort_unstable();
         mapped.dedup();
+        let mut inherited = Vec::with_capacity(mapped.len());
         let mut k = 0;
         while k < mapped.len() {
             let (id, first) = mapped[k];
@@ -84,9 +90,34 @@ impl Shared {
             }
             if let Some(r) = regions.iter().find(|r| r.id == id) {
                 let _ = i.uffd.write_protect(r.addr(first), n * PAGE, true);
+                for p in first..first + n {
+                    r.table.state(p).fetch_or(INHERITED, Relaxed);
+                    inherited.push((r.clone(), p));
+                }
             }
             k += n;
         }
+        // Those pages are the parent's as much as this process's: they leave the clock and the
+        // count, and this process's budget is for what it brings in or writes. Its store is a
+        // copy-on-write copy of the parent's, so it keeps the copies of what it reads.
+        let parent_budget = i.total_budget_pages() * PAGE;
+        i.clock.lock().clear();
+        i.done.lock().clear();
+        if i.probation {
+            let mut fifo = i.tier.fifo.lock();
+            for (r, p, _) in fifo.iter() {
+                let w = r.table.state(*p).load(Relaxed);
+                if kind(w) == FAR && w & FRAMED != 0 {
+                    r.table.state(*p).fetch_or(INHERITED, Relaxed);
+                }
+            }
+            fifo.clear();
+            i.tier.held.store(0, Relaxed);
+        }
+        *i.inherited.lock() = inherited;
+        i.resident.store(0, Relaxed);
+        i.set_budget(i.child_budget.unwrap_or(parent_budget / 4));
+        i.drop_far_copies.store(false, Relaxed);
         i.counters.reset();
         i.timings.reset();
         i.activity.reset();
@@ -116,3 +147,53 @@ impl Shared {
         }
     }
 }
+
+impl Inner {
+    /// In a forked child: the inherited pages ([`INHERITED`]) that the parent no longer maps
+    /// (it wrote them under copy-on-write, evicted them or exited) are this process's alone:
+    /// they join its count and its clock, so that its budget covers them and they can be
+    /// evicted. The evictor runs this every [`ADOPT_EVERY`] while inherited pages remain.
+    pub(crate) fn adopt_unshared(&self) {
+        // A section: a fork meanwhile would not find the pages taken out of the list.
+        let _section = crate::fork::section();
+        let list = std::mem::take(&mut *self.inherited.lock());
+        let mut keep = Vec::with_capacity(list.len());
+        let mut exclusive = Vec::new();
+        let mut k = 0;
+        while k < list.len() {
+            let (region, first) = (&list[k].0, list[k].1);
+            let mut n = 1;
+            while list
+                .get(k + n)
+                .is_some_and(|(r, p)| Arc::ptr_eq(r, region) && *p == first + n)
+            {
+                n += 1;
+            }
+            k += n;
+            if region.dead.load(Acquire) {
+                continue;
+            }
+            sys::pages_exclusive(region.addr(first), n, &mut exclusive);
+            for (page, &alone) in (first..first + n).zip(&exclusive) {
+                let w = region.table.state(page).load(Acquire);
+                if kind(w) != RESIDENT || w & INHERITED == 0 {
+                    continue; // written (adopted then), discarded or evicted since
+                }
+                if alone {
+                    if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
+                        if w & INHERITED != 0 {
+                            self.adopt_inherited(region, page, w);
+                        }
+                        let _ = region.table.unlock(page, w & !INHERITED);
+                        continue;
+                    }
+                }
+                keep.push((region.clone(), page));
+            }
+        }
+        *self.inherited.lock() = keep;
+    }
+}
+
+/// How often a forked child looks for inherited pages its parent no longer maps.
+pub(crate) const ADOPT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);

@@ -11,9 +11,12 @@ use crate::tier::*;
 use std::sync::atomic::Ordering::*;
 
 impl Inner {
-    /// A page left the tier because the program touched it.
-    pub(crate) fn tier_touched(&self) {
-        self.tier.held.fetch_sub(1, Relaxed);
+    /// A page (`word` its word in the tier) left the tier because the program touched it.
+    pub(crate) fn tier_touched(&self, word: u64) {
+        // A frame a forked child shares with its parent is not in the child's count.
+        if word & INHERITED == 0 {
+            self.tier.held.fetch_sub(1, Relaxed);
+        }
         Counters::add(&self.counters.tier_touched, 1);
         self.tier.window_touched.fetch_add(1, Relaxed);
     }

@@ -75,6 +75,13 @@ pub const CHANCES: u64 = 0b11 << CHANCE_SHIFT;
 pub const HISTORY: u64 = WAS_DIRTY | HEAT;
 /// BUSY: a thread faulted on the page and waits for the owner to wake it.
 pub const WAITERS: u64 = 1 << 14;
+/// RESIDENT, in a forked child: mapped at the fork and not written since, so the frame is the
+/// parent's too (copy-on-write). It is counted in the parent's budget, not on this process's
+/// clock: evicting it here would free nothing. The first write makes it this process's own
+/// (see `fault.rs`, `serve_write_protect`).
+/// FAR and FRAMED, in a forked child: a frame of the parent's probation tier, shared likewise;
+/// not in this process's tier count, and never spilled here.
+pub const INHERITED: u64 = 1 << 16;
 pub const SLOT_SHIFT: u32 = 32;
 
 #[inline]

@@ -14,6 +14,7 @@
 //! | `TIDEPOOL_RUN_STATS` | `1`: print the pager's statistics to standard error at exit |
 //! | `TIDEPOOL_RUN_COORD` | a coordinator's socket: join it, and let it size the budget (see `tidepool_pager::coord`) |
 //! | `TIDEPOOL_RUN_WEIGHT`, `TIDEPOOL_RUN_MIN`, `TIDEPOOL_RUN_MAX`, `TIDEPOOL_RUN_NAME` | the registration's weight, bounds on the budget (sizes like `64M`) and name |
+//! | `TIDEPOOL_RUN_CHILD_LOCAL` | budget of a child forked without exec, for the pages it brings in or writes (default: a quarter of the parent's) |
 //! | `TIDEPOOL_RUN_FAULT_DEADLINE` | seconds a page fault may wait before the watchdog stops the program with exit 70 and says why (default 5; 0: no watchdog) |
 //! | `TIDEPOOL_RUN_STALL_AFTER` | for tests of the watchdog: the fault handlers stop for good after this many faults |
 //!
@@ -305,6 +306,14 @@ extern "C" fn start() {
             Ok(tidepool_store::StoreUrl::Local { compression })
                 if compression != tidepool_store::Compression::None
         );
+    if let Ok(v) = env_var("TIDEPOOL_RUN_CHILD_LOCAL") {
+        match tidepool_alloc::parse_size(v.as_bytes()) {
+            Some(bytes) => config.child_local_budget = Some(bytes),
+            None => fail(&format!(
+                "TIDEPOOL_RUN_CHILD_LOCAL={v} is not a size (use e.g. 64M)"
+            )),
+        }
+    }
     // Any other store gets a probation tier in front of it; TIDEPOOL_RUN_PROBATION=0 turns it
     // off, to compare.
     config.probation = env_var("TIDEPOOL_RUN_PROBATION").map_or(true, |v| v != "0");

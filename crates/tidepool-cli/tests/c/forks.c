@@ -11,6 +11,9 @@
  *   exec        fork+exec, posix_spawn and vfork+exec, with exit statuses passed back
  *   shared      MAP_SHARED anonymous memory stays shared between parent and child
  *   advice      MADV_WIPEONFORK reads as zeros in the child, MADV_DONTFORK is absent there
+ *   scan        the child reads all of its parent's memory twice, as Redis's BGSAVE does, and
+ *               writes to stderr the memory it holds of its own ("child private KiB N": pages
+ *               not shared with its parent)
  *   storm       the parent forks twenty times while four threads fault all over memory, a
  *               fifth opens and closes streams and looks up users (faulting with glibc's
  *               locks held), a timer's signal runs on an alternate stack in the heap, and stdio
@@ -93,6 +96,35 @@ static int basic(size_t n) {
     if (check("parent, its words", m, n, 3, 1, 2) || check("parent, the rest", m, n, 1, 0, 2))
         return 1;
     return 0;
+}
+
+/* Private_Clean + Private_Dirty of this process, in KiB: what it holds that no other process
+ * maps. */
+static long private_kib(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1;
+    char line[256];
+    long sum = 0, v;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Private_Clean: %ld", &v) == 1 || sscanf(line, "Private_Dirty: %ld", &v) == 1)
+            sum += v;
+    fclose(f);
+    return sum;
+}
+
+static int scan(size_t n) {
+    uint64_t *m = alloc_words(n);
+    fill(m, n, 5, 0, 1);
+    pid_t pid = fork();
+    if (pid == 0) {
+        if (check("child, first pass", m, n, 5, 0, 1) || check("child, second pass", m, n, 5, 0, 1))
+            _exit(1);
+        fprintf(stderr, "child private KiB %ld\n", private_kib());
+        _exit(0);
+    }
+    int st = status_of(pid);
+    if (st != 0) { printf("child exited %d\n", st); return 1; }
+    return check("parent after the child", m, n, 5, 0, 1);
 }
 
 /* threads: each thread owns a slice of pages and rewrites it, word by word, round after round;
@@ -435,6 +467,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[1], "shared")) r = shared(n);
     else if (!strcmp(argv[1], "advice")) r = advice(n);
     else if (!strcmp(argv[1], "storm")) r = storm(n);
+    else if (!strcmp(argv[1], "scan")) r = scan(n);
     else { fprintf(stderr, "unknown case %s\n", argv[1]); return 2; }
     if (r == 0) printf("ok %s\n", argv[1]);
     fflush(stdout);
