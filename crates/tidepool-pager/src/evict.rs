@@ -42,7 +42,6 @@ pub(crate) fn runs_of(victims: &[(Arc<RegionInner>, usize, u64)]) -> Vec<std::op
 impl Inner {
     pub(crate) fn evictor_loop(self: Arc<Self>) {
         let mut staging = crate::fault::Staging::new();
-        let mut adopted_at = std::time::Instant::now();
         loop {
             {
                 if self.evictor_kick.swap(0, AcqRel) == 0 {
@@ -64,16 +63,6 @@ impl Inner {
                     if self.evict_batch() == 0 {
                         break;
                     }
-                }
-            }
-            // A forked child: pages its parent let go of are its own to count and evict.
-            if adopted_at.elapsed() >= crate::restart::ADOPT_EVERY
-                && !self.inherited.lock().is_empty()
-            {
-                adopted_at = std::time::Instant::now();
-                self.adopt_unshared();
-                if self.local_pages() > self.budget_pages.load(Relaxed) {
-                    continue;
                 }
             }
             // A tier over its share (the budget shrank) gives back the difference.

@@ -3,10 +3,9 @@
 
 use crate::fork::ForkHooks;
 use crate::pager::*;
-use crate::sys::{self, PAGE};
+use crate::sys::PAGE;
 use crate::table::*;
 use std::sync::atomic::Ordering::*;
-use std::sync::Arc;
 
 impl ForkHooks for Shared {
     fn prepare(&self) {
@@ -147,53 +146,3 @@ impl Shared {
         }
     }
 }
-
-impl Inner {
-    /// In a forked child: the inherited pages ([`INHERITED`]) that the parent no longer maps
-    /// (it wrote them under copy-on-write, evicted them or exited) are this process's alone:
-    /// they join its count and its clock, so that its budget covers them and they can be
-    /// evicted. The evictor runs this every [`ADOPT_EVERY`] while inherited pages remain.
-    pub(crate) fn adopt_unshared(&self) {
-        // A section: a fork meanwhile would not find the pages taken out of the list.
-        let _section = crate::fork::section();
-        let list = std::mem::take(&mut *self.inherited.lock());
-        let mut keep = Vec::with_capacity(list.len());
-        let mut exclusive = Vec::new();
-        let mut k = 0;
-        while k < list.len() {
-            let (region, first) = (&list[k].0, list[k].1);
-            let mut n = 1;
-            while list
-                .get(k + n)
-                .is_some_and(|(r, p)| Arc::ptr_eq(r, region) && *p == first + n)
-            {
-                n += 1;
-            }
-            k += n;
-            if region.dead.load(Acquire) {
-                continue;
-            }
-            sys::pages_exclusive(region.addr(first), n, &mut exclusive);
-            for (page, &alone) in (first..first + n).zip(&exclusive) {
-                let w = region.table.state(page).load(Acquire);
-                if kind(w) != RESIDENT || w & INHERITED == 0 {
-                    continue; // written (adopted then), discarded or evicted since
-                }
-                if alone {
-                    if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
-                        if w & INHERITED != 0 {
-                            self.adopt_inherited(region, page, w);
-                        }
-                        let _ = region.table.unlock(page, w & !INHERITED);
-                        continue;
-                    }
-                }
-                keep.push((region.clone(), page));
-            }
-        }
-        *self.inherited.lock() = keep;
-    }
-}
-
-/// How often a forked child looks for inherited pages its parent no longer maps.
-pub(crate) const ADOPT_EVERY: std::time::Duration = std::time::Duration::from_millis(200);

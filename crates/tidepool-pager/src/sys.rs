@@ -4,8 +4,8 @@
 
 pub use tidepool_sys::uffd::{Fault, Uffd};
 pub use tidepool_sys::vm::{
-    advise, discard, discard_many, is_mapped, map_fixed, page_bytes, pages_exclusive, pages_exist,
-    protect, shared_counter_page, Mapping,
+    advise, discard, discard_many, is_mapped, map_fixed, page_bytes, pages_exist, protect,
+    shared_counter_page, Mapping,
 };
 pub use tidepool_sys::{gettid, PAGE};
 

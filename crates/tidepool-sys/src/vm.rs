@@ -147,33 +147,6 @@ static PAGEMAP: parking_lot::Mutex<(i32, i32)> = parking_lot::Mutex::new((-1, -1
 pub fn pages_exist(addr: usize, pages: usize, out: &mut Vec<bool>) {
     out.clear();
     out.resize(pages, true);
-    let mut entries = Vec::new();
-    if pagemap(addr, pages, &mut entries) {
-        for (e, o) in entries.iter().zip(out.iter_mut()) {
-            // Bit 63: present; bit 62: swapped.
-            *o = e >> 62 != 0;
-        }
-    }
-}
-
-/// For each page of `[addr, addr + pages * PAGE)`: whether it is present and mapped by this
-/// process alone (a page shared copy-on-write with a forked child or parent is not). All false
-/// if pagemap cannot be read.
-pub fn pages_exclusive(addr: usize, pages: usize, out: &mut Vec<bool>) {
-    out.clear();
-    out.resize(pages, false);
-    let mut entries = Vec::new();
-    if pagemap(addr, pages, &mut entries) {
-        for (e, o) in entries.iter().zip(out.iter_mut()) {
-            // Bit 63: present; bit 56: exclusively mapped.
-            *o = e >> 63 != 0 && (e >> 56) & 1 != 0;
-        }
-    }
-}
-
-/// This process's /proc/self/pagemap entries for `[addr, addr + pages * PAGE)`, into
-/// `entries`; false if they cannot be read.
-fn pagemap(addr: usize, pages: usize, entries: &mut Vec<u64>) -> bool {
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     let fd = {
@@ -187,14 +160,13 @@ fn pagemap(addr: usize, pages: usize, entries: &mut Vec<u64>) -> bool {
                 )
             };
             if fd < 0 {
-                return false;
+                return;
             }
             *cached = (pid, fd);
         }
         cached.1
     };
-    entries.clear();
-    entries.resize(pages, 0);
+    let mut entries = vec![0u64; pages];
     // SAFETY: reads 8 bytes per page into `entries`, which is that long.
     let n = unsafe {
         libc::pread(
@@ -204,7 +176,13 @@ fn pagemap(addr: usize, pages: usize, entries: &mut Vec<u64>) -> bool {
             (addr / PAGE * 8) as libc::off_t,
         )
     };
-    n == (pages * 8) as isize
+    if n != (pages * 8) as isize {
+        return;
+    }
+    for (e, o) in entries.iter().zip(out.iter_mut()) {
+        // Bit 63: present; bit 62: swapped.
+        *o = e >> 62 != 0;
+    }
 }
 
 /// Whether process_madvise takes MADV_DONTNEED for this process (0 unknown, 1 yes, 2 no).
