@@ -8,6 +8,11 @@
 //!   program started (`mem_used_total` in mm_stat: compressed pages and their allocator).
 //! - On a memory node: the bytes the node has allocated to the program's tenant, beyond where
 //!   they stood at the start. In production they are another machine's.
+//! - Unpaged, for a program's processes, every [`UNPAGED_EVERY`]th sample and at each new peak
+//!   (at most every other sample): the Pss of their
+//!   mappings not registered with a userfaultfd (no `um` in smaps' VmFlags): code, libraries,
+//!   stacks, and the pager's own memory (its tables and buffers, an in-process store). What a
+//!   pager's budget does not cover.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -16,6 +21,10 @@ use std::time::Duration;
 
 /// How often the bytes are sampled.
 pub const EVERY: Duration = Duration::from_millis(50);
+
+/// Every how many samples the unpaged bytes are counted (smaps is longer to read than
+/// smaps_rollup, and they change slowly).
+pub const UNPAGED_EVERY: u32 = 10;
 
 /// How a system's bytes on this machine are counted.
 #[derive(Debug, Clone)]
@@ -79,7 +88,33 @@ fn pss_of(pid: u32) -> Option<u64> {
     field("smaps_rollup", "Pss:").or_else(|| field("status", "VmRSS:"))
 }
 
+/// The Pss of a process's mappings that no userfaultfd tracks, bytes.
+fn unpaged_of(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let (mut sum, mut pss) = (0, 0);
+    for line in text.lines() {
+        if let Some(v) = line.strip_prefix("Pss:") {
+            pss = v.split_whitespace().next()?.parse::<u64>().ok()? << 10;
+        } else if let Some(flags) = line.strip_prefix("VmFlags:") {
+            // VmFlags ends each mapping's block.
+            if !flags.split_whitespace().any(|f| f == "um") {
+                sum += pss;
+            }
+            pss = 0;
+        }
+    }
+    Some(sum)
+}
+
 impl Gauge {
+    /// The unpaged bytes now (see the module's notes), for a program's processes.
+    fn unpaged(&self, pid: u32) -> Option<u64> {
+        match self {
+            Gauge::Processes => Some(process_tree(pid).into_iter().filter_map(unpaged_of).sum()),
+            Gauge::Zram { .. } => None,
+        }
+    }
+
     /// The bytes now, for the program `pid` (`base`: the zram device's bytes at its start).
     fn sample(&self, pid: u32, base: u64) -> u64 {
         match self {
@@ -120,6 +155,7 @@ fn far_bytes(store: &Option<Arc<dyn tidepool_store::FarStore>>) -> Option<u64> {
 struct Peaks {
     machine: AtomicU64,
     far: AtomicU64,
+    unpaged: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -128,6 +164,8 @@ struct Peaks {
 pub struct Held {
     pub machine: u64,
     pub far: Option<u64>,
+    /// The peak of the bytes outside the pager's regions (programs' processes only).
+    pub unpaged: Option<u64>,
 }
 
 impl Held {
@@ -138,6 +176,10 @@ impl Held {
     pub fn far_mib(&self) -> Option<f64> {
         self.far.map(|f| f as f64 / (1u64 << 20) as f64)
     }
+
+    pub fn unpaged_mib(&self) -> Option<f64> {
+        self.unpaged.map(|u| u as f64 / (1u64 << 20) as f64)
+    }
 }
 
 /// A sampler following one program until [`Watch::finish`].
@@ -145,6 +187,7 @@ impl Held {
 pub struct Watch {
     peaks: Arc<Peaks>,
     far: bool,
+    unpaged: bool,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -154,12 +197,22 @@ impl Watch {
         let peaks = Arc::new(Peaks::default());
         let (gauge, far_gauge) = (gauge.clone(), far.cloned());
         let base = gauge.base();
+        let unpaged = matches!(gauge, Gauge::Processes);
         let p = peaks.clone();
         let thread = std::thread::spawn(move || {
             let store = far_gauge.as_ref().and_then(FarGauge::open);
             let far_base = far_bytes(&store).unwrap_or(0);
+            let (mut n, mut last) = (0u32, 0u32);
             loop {
-                p.machine.fetch_max(gauge.sample(pid, base), Relaxed);
+                let bytes = gauge.sample(pid, base);
+                let peak = p.machine.fetch_max(bytes, Relaxed) < bytes;
+                if n.wrapping_sub(last) >= UNPAGED_EVERY || (peak && n.wrapping_sub(last) >= 2) {
+                    last = n;
+                    if let Some(u) = gauge.unpaged(pid) {
+                        p.unpaged.fetch_max(u, Relaxed);
+                    }
+                }
+                n = n.wrapping_add(1);
                 if let Some(f) = far_bytes(&store) {
                     p.far.fetch_max(f.saturating_sub(far_base), Relaxed);
                 }
@@ -172,6 +225,7 @@ impl Watch {
         Watch {
             peaks,
             far: far.is_some(),
+            unpaged,
             thread: Some(thread),
         }
     }
@@ -182,6 +236,7 @@ impl Watch {
         Held {
             machine: self.peaks.machine.swap(0, Relaxed),
             far: self.far.then(|| self.peaks.far.swap(0, Relaxed)),
+            unpaged: self.unpaged.then(|| self.peaks.unpaged.swap(0, Relaxed)),
         }
     }
 

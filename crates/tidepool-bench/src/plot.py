@@ -21,6 +21,7 @@ LOWER_IS_BETTER = (
     "peak_rss_mib",
     "machine_mib",
     "far_mib",
+    "unpaged_mib",
     "far_bytes_per_live_byte",
     "miss_rate",
     "oom_killed",

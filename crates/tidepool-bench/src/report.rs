@@ -68,7 +68,7 @@ impl Report {
     }
 
     /// The figure of `system` on `workload` at local-memory ratio `ratio` (not the bytes held
-    /// beside it, `machine_mib` and `far_mib`), if measured.
+    /// beside it, `machine_mib`, `far_mib` and `unpaged_mib`), if measured.
     pub fn at_ratio(&self, system: &str, workload: &str, ratio: f64) -> Option<f64> {
         self.results
             .iter()
@@ -76,7 +76,10 @@ impl Report {
                 row.system == system
                     && row.workload == workload
                     && row.params.get("local_ratio").copied() == Some(ratio)
-                    && !matches!(row.metric.as_str(), "machine_mib" | "far_mib")
+                    && !matches!(
+                        row.metric.as_str(),
+                        "machine_mib" | "far_mib" | "unpaged_mib"
+                    )
             })
             .map(|row| row.value)
     }

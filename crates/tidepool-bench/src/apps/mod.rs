@@ -20,8 +20,10 @@
 //! `tidepool-node` (a `tidepool node` on the other CPU), `linux-zram` (a cgroup v1 memory group
 //! limited to the same local size, swapping to zram) and `native`. Every figure has a
 //! `machine_mib` row beside it, the bytes the system held on this machine for the program at
-//! their peak, and under `tidepool-node` a `far_mib` row, what the node held
-//! ([`crate::meter`]). Local memory is `local_ratio` (0.25
+//! their peak, under `tidepool-node` a `far_mib` row, what the node held, and under each
+//! `tidepool-*` system an `unpaged_mib` row, the program's memory outside the pager's regions
+//! (code, stacks, the pager's own tables, an in-process store) ([`crate::meter`]). A node's
+//! `machine_mib` should be its budget plus that, within 10%: the verdict says where it is not. Local memory is `local_ratio` (0.25
 //! and 0.5) of each program's peak RSS, measured natively first. A peer the kernel OOM-killed
 //! gets a row with metric `oom_killed` = 1.
 
@@ -179,7 +181,8 @@ enum Measured {
     Program(Ran),
 }
 
-/// The bytes rows beside a workload's figure: `machine_mib`, and `far_mib` on a memory node.
+/// The bytes rows beside a workload's figure: `machine_mib`, `far_mib` on a memory node, and
+/// `unpaged_mib` under the pager.
 fn push_held(
     ctx: &mut Ctx,
     system: &str,
@@ -198,6 +201,13 @@ fn push_held(
     if let Some(far) = held.far_mib() {
         ctx.report
             .push(system, workload, "far_mib", far, "MiB", params);
+    }
+    if let Some(unpaged) = held
+        .unpaged_mib()
+        .filter(|_| system.starts_with("tidepool-"))
+    {
+        ctx.report
+            .push(system, workload, "unpaged_mib", unpaged, "MiB", params);
     }
 }
 
@@ -344,6 +354,30 @@ fn verdict(ctx: &mut Ctx) {
                     _ => continue,
                 };
                 notes.push(text);
+            }
+            // A memory node takes the pages off this machine: what stays is the budget and
+            // what the pager does not page.
+            if let (Some(m), Some(u), Some(peak)) = (
+                at("tidepool-node", "machine_mib"),
+                at("tidepool-node", "unpaged_mib"),
+                ctx.report
+                    .results
+                    .iter()
+                    .find(|r| r.workload == w && r.params.get("local_ratio") == Some(&ratio))
+                    .and_then(|r| r.params.get("peak_rss_mib").copied()),
+            ) {
+                let budget = (peak * ratio).max(16.0);
+                let x = m / (budget + u);
+                notes.push(format!(
+                    "{w} at {:.0}% local: tidepool-node holds {m:.0} MiB on this machine, {x:.2}x \
+                     its budget ({budget:.0} MiB) plus its unpaged memory ({u:.0} MiB): {}",
+                    ratio * 100.0,
+                    if x <= 1.1 {
+                        "within 10%"
+                    } else {
+                        "over by more than 10%"
+                    }
+                ));
             }
         }
     }

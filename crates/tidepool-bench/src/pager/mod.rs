@@ -15,7 +15,8 @@
 //! program in a cgroup v1 memory group limited to the same local size, swapping to zram), and
 //! `native` (everything local, once). Every run reports `machine_mib`, the bytes its system
 //! held on this machine for it at their peak, and runs on memory nodes `far_mib`, what the
-//! nodes held ([`crate::meter`]).
+//! nodes held, and `unpaged_mib`, the program's memory the pager does not page
+//! ([`crate::meter`]): a node's `machine_mib` should be its budget plus that, within 10%.
 
 mod systems;
 mod verdict;

@@ -69,6 +69,43 @@ pub(super) fn verdict(ctx: &mut Ctx) {
             }
         }
     }
+    // Issue 54: a memory node takes the pages off this machine; what stays is the budget (the
+    // working set's share plus the allowance) and what the pager does not page, within 10%.
+    for row in r
+        .results
+        .iter()
+        .filter(|row| row.system.starts_with("tidepool-node") && row.metric == "machine_mib")
+    {
+        let unpaged = r.results.iter().find(|u| {
+            u.system == row.system
+                && u.workload == row.workload
+                && u.metric == "unpaged_mib"
+                && u.params == row.params
+        });
+        let (Some(u), Some(&ratio), Some(&ws)) = (
+            unpaged,
+            row.params.get("local_ratio"),
+            row.params.get("working_set_mib"),
+        ) else {
+            continue;
+        };
+        let budget = ws * ratio + (super::ALLOWANCE >> 20) as f64;
+        let x = row.value / (budget + u.value);
+        notes.push(format!(
+            "{} at {:.0}% local: {} holds {:.0} MiB on this machine, {x:.2}x its budget \
+             ({budget:.0} MiB) plus its unpaged memory ({:.0} MiB): {}",
+            row.workload,
+            ratio * 100.0,
+            row.system,
+            row.value,
+            u.value,
+            if x <= 1.1 {
+                "within 10%"
+            } else {
+                "over by more than 10%"
+            }
+        ));
+    }
     // Issue 28: a node-backed miss near the wire's floor, and the node against zram.
     let metric = |system: &str, workload: &str, metric: &str, ratio: Option<f64>| {
         r.results

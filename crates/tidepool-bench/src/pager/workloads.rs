@@ -174,9 +174,16 @@ impl Programs {
         let (metric, unit) = w.metric();
         let held_rows = |sample: Sample, held: Held| {
             let sample = sample.median("machine_mib", "MiB", held.machine_mib());
-            match held.far_mib() {
-                Some(far) => sample.median("far_mib", "MiB", far),
-                None => sample,
+            // On a memory node: the far bytes, and what the pager does not page (its budget
+            // plus that is what the node's run should hold here).
+            match (held.far_mib(), held.unpaged_mib()) {
+                (Some(far), Some(unpaged)) => {
+                    sample
+                        .median("far_mib", "MiB", far)
+                        .median("unpaged_mib", "MiB", unpaged)
+                }
+                (Some(far), None) => sample.median("far_mib", "MiB", far),
+                _ => sample,
             }
         };
         if w.is_python() {
