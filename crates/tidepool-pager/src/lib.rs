@@ -53,6 +53,7 @@ mod marks;
 mod pager;
 pub mod prefetch;
 mod prefetch_misses;
+mod protect;
 mod refill;
 mod region;
 mod region_inner;
