@@ -99,7 +99,7 @@ pub struct Config {
     pub drop_far_copies: bool,
     /// The budget of a forked child, for the pages it brings in or writes; the pages it
     /// shares with its parent at the fork (copy-on-write) are the parent's and not counted
-    /// ([`crate::table::INHERITED`]). `None`: a quarter of the parent's budget at the fork.
+    /// (the table calls them inherited). `None`: a quarter of the parent's budget at the fork.
     pub child_local_budget: Option<usize>,
     /// While the budget has room to spare (it grew), bring evicted pages back from far memory
     /// in batches, hottest first, before the program faults on them (see `refill.rs`).
