@@ -148,7 +148,7 @@ impl Suite for AppsSuite {
             native.report(ctx, System::Native, workload, 1.0, peak, None)?;
             ctx.advance();
             for &ratio in &RATIOS {
-                let local = ((peak as f64 * ratio) as u64).max(16 << 20);
+                let local = local_bytes(peak, ratio);
                 for &system in &systems {
                     ctx.step(format!(
                         "{workload}: {} at {:.0}% local",
@@ -165,6 +165,11 @@ impl Suite for AppsSuite {
         verdict(ctx);
         Ok(())
     }
+}
+
+/// The local memory a program of native peak RSS `peak` (bytes) gets at `ratio`.
+fn local_bytes(peak: u64, ratio: f64) -> u64 {
+    ((peak as f64 * ratio) as u64).max(16 << 20)
 }
 
 /// `TIDEPOOL_BENCH_WORKLOADS=sort,python-dict` limits a run to some workloads (for profiling;
@@ -366,7 +371,7 @@ fn verdict(ctx: &mut Ctx) {
                     .find(|r| r.workload == w && r.params.get("local_ratio") == Some(&ratio))
                     .and_then(|r| r.params.get("peak_rss_mib").copied()),
             ) {
-                let budget = (peak * ratio).max(16.0);
+                let budget = (local_bytes((peak as u64) << 20, ratio) >> 20) as f64;
                 let x = m / (budget + u);
                 notes.push(format!(
                     "{w} at {:.0}% local: tidepool-node holds {m:.0} MiB on this machine, {x:.2}x \
