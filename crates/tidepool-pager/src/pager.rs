@@ -425,6 +425,7 @@ impl Pager {
                 Some(StoreMemory {
                     held: st.far_bytes?,
                     original: extra("original_bytes"),
+                    packed: extra("packed_bytes"),
                     same_filled: extra("same_filled"),
                     kept_whole: extra("kept_raw"),
                 })

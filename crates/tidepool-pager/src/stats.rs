@@ -307,6 +307,8 @@ pub struct StoreMemory {
     pub held: u64,
     /// Bytes of the pages kept, before compression (a compressing store).
     pub original: Option<u64>,
+    /// Bytes of the compressed values themselves, before slot rounding and free slots.
+    pub packed: Option<u64>,
     /// Pages kept as one word, and kept whole (they did not compress).
     pub same_filled: Option<u64>,
     pub kept_whole: Option<u64>,
@@ -482,6 +484,9 @@ impl fmt::Display for PagerStats {
                     mib(o),
                     o as f64 / m.held.max(1) as f64
                 )?;
+                if let Some(p) = m.packed {
+                    write!(f, "; {:.1} MiB of compressed data", mib(p))?;
+                }
             }
         }
         if let Some(h) = &self.store_health {
