@@ -101,7 +101,7 @@ enum Cmd {
     /// Without --backend it runs on the embedded in-process store and on a memory node it starts
     /// inside this process: nothing to set up.
     Demo {
-        /// A store URL: local: (in process, compressed), local:?compress=lz4|none, node://...,
+        /// A store URL: local: (in process, compressed), local:?compress=zstd|none, node://...,
         /// redis://..., redis+cluster://..., memcached://...
         #[arg(long)]
         backend: Option<String>,
@@ -130,11 +130,11 @@ enum Cmd {
     /// without the pager.
     ///
     /// Where evicted pages go, and what that saves this machine: the default, local:, keeps
-    /// them compressed in the program's own process (zstd at its fast level -1; zero and
-    /// same-filled pages as one word; pages that do not compress kept whole), as Linux keeps
-    /// swapped pages in zram: the program holds --local plus its evicted pages' compressed
-    /// size, and needs no server. local:?compress=lz4 decompresses faster and keeps more
-    /// (CPython's strings: 1.7x the bytes). A memory node
+    /// them compressed in the program's own process (LZ4; zero and same-filled pages as one
+    /// word; pages that do not compress kept whole), as Linux keeps swapped pages in zram: the
+    /// program holds --local plus its evicted pages' compressed size, and needs no server.
+    /// local:?compress=zstd keeps less (CPython's strings: 0.6x the bytes) and can take twice
+    /// the time. A memory node
     /// (node://) or Redis takes evicted pages off this machine: the program holds about
     /// --local. local:?compress=none keeps them whole in the process and saves nothing: it
     /// measures the pager alone.
@@ -163,8 +163,8 @@ enum Cmd {
         /// Local memory for the program's heap, e.g. 256M; the rest lives in far memory.
         #[arg(long, value_parser = parse_size_arg)]
         local: u64,
-        /// Far store URL: local: (in this process, compressed with zstd: the default;
-        /// ?compress=lz4 is quicker and larger, ?compress=none keeps pages whole and saves no
+        /// Far store URL: local: (in this process, compressed with LZ4: the default;
+        /// ?compress=zstd is smaller and slower, ?compress=none keeps pages whole and saves no
         /// memory),
         /// node://tenant[:token]@host:port
         /// (?tls=1[&ca=FILE] for TLS; several hosts, comma-separated, with ?replicas=R to keep

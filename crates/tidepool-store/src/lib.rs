@@ -9,7 +9,7 @@
 //!
 //! | URL | backend |
 //! |---|---|
-//! | `local:[?compress=zstd\|lz4\|none]` | in-process, compressed (the embedded default: saves memory like zram) or, with `none`, pages kept whole (the pager alone: saves no memory) |
+//! | `local:[?compress=lz4\|zstd\|none]` | in-process, compressed (the embedded default: saves memory like zram) or, with `none`, pages kept whole (the pager alone: saves no memory) |
 //! | `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]]` | a `tidepool node` memory node |
 //! | `redis://[:password@]host:port[/DB][?prefix=P]` | one Redis server |
 //! | `redis+cluster://h1:p1,h2:p2,...[?prefix=P][&wait=N][&failover_ms=MS]` | a Redis Cluster: writes wait for N replicas; calls retry through a failover for MS (default 15000) |

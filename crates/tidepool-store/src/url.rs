@@ -75,7 +75,7 @@ impl std::fmt::Display for Redundancy {
 
 #[derive(Clone, PartialEq, Eq)]
 pub enum StoreUrl {
-    /// `local:[?compress=zstd|lz4|none]`: in this process, compressed (by default
+    /// `local:[?compress=lz4|zstd|none]`: in this process, compressed (by default
     /// [`Compression::DEFAULT`]) or, with `none`, whole.
     Local { compression: Compression },
     /// `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]][&poll_us=N][&timeout_ms=N]`
@@ -119,7 +119,7 @@ pub enum StoreUrl {
 }
 
 const FORMS: &str =
-    "expected one of local:[?compress=zstd|lz4|none], node://[tenant[:token]@]host:port[?tls=1], \
+    "expected one of local:[?compress=lz4|zstd|none], node://[tenant[:token]@]host:port[?tls=1], \
                      redis://[:password@]host:port[/DB], rediss://... (TLS), \
                      redis+cluster://h1:p1,h2:p2,..., rediss+cluster://..., memcached://host:port";
 
@@ -179,7 +179,7 @@ impl StoreUrl {
                     Some("zstd") => Compression::Zstd,
                     Some(other) => {
                         return Err(bad(format!(
-                            "unknown compression '{other}'; use compress=zstd, compress=lz4 or \
+                            "unknown compression '{other}'; use compress=lz4, compress=zstd or \
                              compress=none (pages kept whole)"
                         )))
                     }

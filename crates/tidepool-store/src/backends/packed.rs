@@ -3,7 +3,7 @@
 //!
 //! - A value of equal 8-byte words (a zero page, a page of one repeated pattern) is kept as
 //!   that word in its map entry: no slot, no codec.
-//! - Others of 128 bytes to 4 KiB are compressed ([`Compression`]: zstd at level -1, or LZ4)
+//! - Others of 128 bytes to 4 KiB are compressed ([`Compression`]: LZ4, or zstd at level -1)
 //!   and kept if that saves at least an eighth; otherwise as they are.
 //! - Slots come in 32-byte size classes ([`super::slots`]), so a page costs its compressed
 //!   length rounded up to 32 bytes plus a 16-byte entry: [`FarStore::stats`] counts all of it.
@@ -22,15 +22,15 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub enum Compression {
     /// Nothing compressed (the plain in-process store: [`crate::LocalStore`]).
     None,
-    /// LZ4: the quickest to decompress, and larger.
+    /// LZ4: the default.
     Lz4,
-    /// zstd at level -1 (its first fast level): the default.
+    /// zstd at level -1 (its first fast level): smaller, and slower.
     Zstd,
 }
 
 impl Compression {
     /// What `local:` compresses with.
-    pub const DEFAULT: Compression = Compression::Zstd;
+    pub const DEFAULT: Compression = Compression::Lz4;
 
     /// The name in a store URL (`local:?compress=NAME`).
     pub fn name(self) -> &'static str {
@@ -42,8 +42,8 @@ impl Compression {
     }
 }
 
-/// zstd's level: -1 kept CPython's and pandas' pages in 0.59x and 0.80x of LZ4's bytes at
-/// 1.7x its compression time; level 1 packed only 5-9% tighter at 1.5x level -1's time.
+/// zstd's level: -1 keeps CPython's and pandas' pages in 0.59x and 0.80x of LZ4's bytes at
+/// 1.7x its compression time; level 1 packs only 5-9% tighter at 1.5x level -1's time.
 const ZSTD_LEVEL: i32 = -1;
 
 /// How one value is kept (`Meta::tag`).
