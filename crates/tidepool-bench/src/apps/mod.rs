@@ -23,7 +23,8 @@
 //! their peak, under `tidepool-node` a `far_mib` row, what the node held, and under each
 //! `tidepool-*` system an `unpaged_mib` row, the program's memory outside the pager's regions
 //! (code, stacks, the pager's own tables, an in-process store) ([`crate::meter`]). A node's
-//! `machine_mib` should be its budget plus that, within 10%: the verdict says where it is not. Local memory is `local_ratio` (0.25
+//! `machine_mib` should be its budget (with a forked child's, under BGSAVE) plus that, within
+//! 10%: the verdict says where it is not. Local memory is `local_ratio` (0.25
 //! and 0.5) of each program's peak RSS, measured natively first. A peer the kernel OOM-killed
 //! gets a row with metric `oom_killed` = 1.
 
@@ -371,11 +372,19 @@ fn verdict(ctx: &mut Ctx) {
                     .find(|r| r.workload == w && r.params.get("local_ratio") == Some(&ratio))
                     .and_then(|r| r.params.get("peak_rss_mib").copied()),
             ) {
-                let budget = (local_bytes((peak as u64) << 20, ratio) >> 20) as f64;
+                let mut budget = (local_bytes((peak as u64) << 20, ratio) >> 20) as f64;
+                // BGSAVE's forked child has a budget of its own: a quarter of its parent's
+                // (`tidepool run --child-local`'s default).
+                let child = if w == "redis-bgsave" {
+                    budget *= 1.25;
+                    ", its forked child's quarter included"
+                } else {
+                    ""
+                };
                 let x = m / (budget + u);
                 notes.push(format!(
                     "{w} at {:.0}% local: tidepool-node holds {m:.0} MiB on this machine, {x:.2}x \
-                     its budget ({budget:.0} MiB) plus its unpaged memory ({u:.0} MiB): {}",
+                     its budget ({budget:.0} MiB{child}) plus its unpaged memory ({u:.0} MiB): {}",
                     ratio * 100.0,
                     if x <= 1.1 {
                         "within 10%"
