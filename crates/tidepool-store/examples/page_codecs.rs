@@ -75,14 +75,14 @@ fn main() {
             }),
         ),
         (
-            "zstd-fast1",
+            "zstd:-1",
             Box::new(|p| zfast.borrow_mut().compress(p).unwrap()),
             Box::new(|c, out| {
                 zd.borrow_mut().decompress_to_buffer(c, out).unwrap();
             }),
         ),
         (
-            "zstd-1",
+            "zstd:1",
             Box::new(|p| z1.borrow_mut().compress(p).unwrap()),
             Box::new(|c, out| {
                 zd.borrow_mut().decompress_to_buffer(c, out).unwrap();
