@@ -272,3 +272,28 @@ pub fn run_metered(
     let held = watch.finish();
     Ok((out?, held))
 }
+
+/// The verdict note on a pager whose pages live off this machine: `held` MiB on it should be
+/// its `budget` plus its `unpaged` memory, within 10%. `budget_is` says what the budget
+/// counts, if more than the program's `--local` (empty otherwise).
+pub fn budget_note(
+    workload: &str,
+    ratio: f64,
+    system: &str,
+    held: f64,
+    budget: f64,
+    budget_is: &str,
+    unpaged: f64,
+) -> String {
+    let x = held / (budget + unpaged);
+    format!(
+        "{workload} at {:.0}% local: {system} holds {held:.0} MiB on this machine, {x:.2}x its \
+         budget ({budget:.0} MiB{budget_is}) plus its unpaged memory ({unpaged:.0} MiB): {}",
+        ratio * 100.0,
+        if x <= 1.1 {
+            "within 10%"
+        } else {
+            "over by more than 10%"
+        }
+    )
+}

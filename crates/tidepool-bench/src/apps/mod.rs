@@ -381,16 +381,14 @@ fn verdict(ctx: &mut Ctx) {
                 } else {
                     ""
                 };
-                let x = m / (budget + u);
-                notes.push(format!(
-                    "{w} at {:.0}% local: tidepool-node holds {m:.0} MiB on this machine, {x:.2}x \
-                     its budget ({budget:.0} MiB{child}) plus its unpaged memory ({u:.0} MiB): {}",
-                    ratio * 100.0,
-                    if x <= 1.1 {
-                        "within 10%"
-                    } else {
-                        "over by more than 10%"
-                    }
+                notes.push(crate::meter::budget_note(
+                    w,
+                    ratio,
+                    "tidepool-node",
+                    m,
+                    budget,
+                    child,
+                    u,
                 ));
             }
         }

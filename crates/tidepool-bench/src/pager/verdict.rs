@@ -90,20 +90,14 @@ pub(super) fn verdict(ctx: &mut Ctx) {
             continue;
         };
         let budget = ws * ratio + (super::ALLOWANCE >> 20) as f64;
-        let x = row.value / (budget + u.value);
-        notes.push(format!(
-            "{} at {:.0}% local: {} holds {:.0} MiB on this machine, {x:.2}x its budget \
-             ({budget:.0} MiB) plus its unpaged memory ({:.0} MiB): {}",
-            row.workload,
-            ratio * 100.0,
-            row.system,
+        notes.push(crate::meter::budget_note(
+            &row.workload,
+            ratio,
+            &row.system,
             row.value,
+            budget,
+            "",
             u.value,
-            if x <= 1.1 {
-                "within 10%"
-            } else {
-                "over by more than 10%"
-            }
         ));
     }
     // Issue 28: a node-backed miss near the wire's floor, and the node against zram.
