@@ -115,6 +115,12 @@ impl Inner {
                 }
                 let s = region.table.state(page);
                 let word = s.load(Acquire);
+                if kind(word) == BUSY {
+                    // Another thread holds the page (a write fault lifting its protection, say):
+                    // it may stay mapped, and must stay on the clock.
+                    clock.push_back((region, page));
+                    continue;
+                }
                 if kind(word) != RESIDENT || word & INHERITED != 0 {
                     // A stale entry (evicted or discarded already), or a page a forked child
                     // shares with its parent.
@@ -388,6 +394,32 @@ mod tests {
         for p in 0..8 {
             assert_eq!(kind(word(&region, p)), FAR);
         }
+    }
+
+    /// A page another thread holds when the clock hand passes (a write fault lifting its
+    /// protection, say) stays on the clock: dropped, it would stay mapped for good, outside the
+    /// budget, and a forked child would not know it shares it.
+    #[test]
+    fn a_page_held_by_another_thread_stays_on_the_clock() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let (pager, mut region) = pager(Recorder::new(), false, 16);
+        fill(&mut region, 0, 1);
+        fill(&mut region, 1, 2);
+        let r = region_inner(&region);
+        let _ = word(&region, 0);
+        let held = r
+            .table
+            .try_lock(0, &[RESIDENT])
+            .expect("page 0 is resident");
+        {
+            let _s = crate::fork::section();
+            while inner(&pager).evict_batch() > 0 {}
+        }
+        assert_ne!(kind(word(&region, 1)), RESIDENT);
+        let _ = r.table.unlock(0, held);
+        evict_all(&pager, &region);
+        assert_ne!(kind(word(&region, 0)), RESIDENT, "page 0 left the clock");
+        assert!(holds(&region, 0, 1));
     }
 
     #[test]

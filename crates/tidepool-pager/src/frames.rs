@@ -168,6 +168,21 @@ impl Inner {
         adopted
     }
 
+    /// Counts a page that just became a probation frame in the tier, before its lock is
+    /// released: once it is, another thread may touch the frame and take it out of the count
+    /// (which must not go below zero, even for a moment: the tier's room is decided from it, and
+    /// a forked child's copy starts from it). Its place in the tier's list comes with the run's.
+    fn tier_counted(
+        &self,
+        framed: &mut Vec<(Arc<RegionInner>, usize, u32)>,
+        region: &Arc<RegionInner>,
+        page: usize,
+        seq: u32,
+    ) {
+        self.tier.held.fetch_add(1, Relaxed);
+        framed.push((region.clone(), page, seq));
+    }
+
     /// Evicts a run of consecutive locked pages of a framed region by moving them into its
     /// shadow; pages the kernel will not move (shared with a forked child) go to `refused`,
     /// for [`Inner::copy_out`].
@@ -219,7 +234,7 @@ impl Inner {
             for ((_, page, _), new) in done.iter().zip(new_words) {
                 crate::tr!(*page, "move_out", new);
                 if self.probation && new & FRAMED != 0 {
-                    framed.push((region.clone(), *page, seq));
+                    self.tier_counted(&mut framed, region, *page, seq);
                 }
                 waiters |= region.table.unlock(*page, new);
             }
@@ -249,7 +264,7 @@ impl Inner {
                         sys::discard(region.shadow_addr(*page), PAGE);
                         zero_count += 1;
                     } else if self.probation {
-                        framed.push((region.clone(), *page, seq));
+                        self.tier_counted(&mut framed, region, *page, seq);
                     }
                     moved += 1;
                     waiters |= region.table.unlock(*page, new);
@@ -274,7 +289,6 @@ impl Inner {
         }
         self.resident.fetch_sub(moved as usize, Relaxed);
         if !framed.is_empty() {
-            self.tier.held.fetch_add(framed.len(), Relaxed);
             self.tier.fifo.lock().extend(framed);
         }
         Counters::add(&self.counters.evicted_zero, zero_count);
