@@ -19,10 +19,11 @@
 //!   cannot reach the fork while it waits for them, and each is installed and accounted for
 //!   before it is woken (`Uffd::deferring_wakes`), with nothing evicted. Handlers never wait
 //!   at the gate holding faults: they hold other threads' faults and keep reading. A held fault
-//!   is served anyway after 10 ms if the forking thread waits for a lock meanwhile (glibc's fork
-//!   takes the stdio and NSS locks, which the held thread may own); such a late section is
-//!   counted, so a child forked during one knows its copy is torn and stops (exit 70) rather
-//!   than risk a wrong byte. (It cannot happen while the forking thread waits for that
+//!   whose thread may own a lock that glibc's fork takes after the handlers ran (the NSS lock,
+//!   the stream list's, the malloc arenas') is served anyway, one at a time, while the forking
+//!   thread waits on a lock (`late.rs` says which and when); such a late section is counted,
+//!   so a child forked during one would know its copy is torn and stop (exit 70) rather than
+//!   risk a wrong byte. (It cannot happen while the forking thread waits for the served
 //!   thread's lock, which is the case it is for.)
 //! - **child** (first of the child handlers, before anything touches paged memory): each
 //!   pager opens a userfaultfd object of its own in place of the parent's, registers its

@@ -11,17 +11,12 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long faults read while a fork holds the gate wait before they are served anyway, if the
-/// forking thread waits for a lock meanwhile: it may be a lock their thread holds (glibc's fork
-/// takes the stdio and NSS locks after the fork handlers ran). The forking thread cannot pass
-/// that lock before the fault is served, so it cannot fork in the middle of the service.
-const HELD_TOO_LONG: Duration = Duration::from_millis(10);
-
 impl Inner {
     pub(crate) fn handler_loop(self: Arc<Self>) {
         let mut faults = Vec::with_capacity(32);
         // Faults read while a fork holds the gate closed, with when they were read.
         let mut held: Vec<(Fault, Instant)> = Vec::new();
+        let mut picker = crate::late::Picker::new();
         let mut staging = Staging::new();
         let bell = self.doorbell.addr();
         loop {
@@ -54,7 +49,7 @@ impl Inner {
                     self.uffd.wake(bell, PAGE);
                 }
             }
-            self.serve_or_hold(&mut held, &mut staging);
+            self.serve_or_hold(&mut held, &mut picker, &mut staging);
             if stop {
                 return;
             }
@@ -80,9 +75,14 @@ impl Inner {
     }
 
     /// Serves the faults read so far, or, while a fork holds the gate closed, those of the
-    /// forking thread (it cannot fork while it waits for them) and those held so long that the
-    /// forking thread may be waiting for their threads; the rest stay in `held`.
-    fn serve_or_hold(&self, held: &mut Vec<(Fault, Instant)>, staging: &mut Staging) {
+    /// forking thread (it cannot fork while it waits for them) and, one at a time, those whose
+    /// threads the forking thread may be waiting for (`late.rs`); the rest stay in `held`.
+    fn serve_or_hold(
+        &self,
+        held: &mut Vec<(Fault, Instant)>,
+        picker: &mut crate::late::Picker,
+        staging: &mut Staging,
+    ) {
         use crate::activity::Doing;
         if held.is_empty() {
             return;
@@ -104,25 +104,21 @@ impl Inner {
             // The gate opened since: next time round.
             return;
         };
-        let mut late = None;
-        held.retain(|&(f, since)| {
-            if f.tid == forking {
-                Counters::add(&self.counters.fork_own_faults, 1);
-                self.serve_during_fork(f, staging);
-                return false;
-            }
-            if since.elapsed() < HELD_TOO_LONG {
+        held.retain(|&(f, _)| {
+            if f.tid != forking {
                 return true;
             }
-            // Once per pass: does the forking thread wait for a lock (which this fault's thread
-            // may hold)?
-            if *late.get_or_insert_with(|| crate::watchdog::waits_on_a_lock(forking)) {
-                Counters::add(&self.counters.fork_late_faults, 1);
-                self.serve_during_fork(f, staging);
-                return false;
-            }
-            true
+            Counters::add(&self.counters.fork_own_faults, 1);
+            self.serve_during_fork(f, staging);
+            false
         });
+        if let Some((i, turn)) = picker.pick(forking, held.iter().map(|(f, t)| (f.tid, *t))) {
+            let (f, _) = held.remove(i);
+            Counters::add(&self.counters.fork_late_faults, 1);
+            self.serve_during_fork(f, staging);
+            // Only now, after the thread's wake-up.
+            drop(turn);
+        }
         if !held.is_empty() {
             self.activity
                 .set(Doing::Holding, held.len() as u64, forking);

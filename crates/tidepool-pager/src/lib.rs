@@ -49,6 +49,7 @@ mod fault;
 mod fork;
 mod frames;
 mod handler;
+mod late;
 mod marks;
 mod pager;
 pub mod prefetch;
