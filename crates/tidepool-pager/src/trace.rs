@@ -111,8 +111,9 @@ pub fn dump_calls(lo: usize, hi: usize) -> String {
     .collect()
 }
 
-/// Logs a UFFDIO_MOVE call of `asked` pages from `first` (out: region to shadow) that moved
-/// `bytes`, and checks that the moved pages are where they should be.
+/// Logs a UFFDIO_MOVE call of `asked` pages from `first` (`into_region`: from the shadow into
+/// the region; else out of it) that moved `bytes`, and checks that the moved pages are where
+/// they should be.
 pub fn move_call(
     base: usize,
     shadow: usize,
@@ -120,11 +121,15 @@ pub fn move_call(
     asked: usize,
     bytes: usize,
     err: &Option<std::io::Error>,
-    out: bool,
+    into_region: bool,
 ) {
     let done = bytes / 4096;
-    event(first, "mv_call", call_arg(out, asked, done, err.as_ref()));
-    check_moved(base, shadow, first, done, !out);
+    event(
+        first,
+        "mv_call",
+        call_arg(!into_region, asked, done, err.as_ref()),
+    );
+    check_moved(base, shadow, first, done, into_region);
 }
 
 /// The argument of a `mv_call` or `copy_call` event.

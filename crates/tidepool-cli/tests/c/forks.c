@@ -38,6 +38,13 @@
 
 extern char **environ;
 
+/* Leaves a child at once (no atexit handlers, no parent's buffers twice), saying first what it
+ * printed: a failure's line must reach the test. */
+static void leave(int code) {
+    fflush(stdout);
+    _exit(code);
+}
+
 static uint64_t mix(uint64_t x) {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdULL;
@@ -84,11 +91,11 @@ static int basic(size_t n) {
     fill(m, n, 1, 0, 1);
     pid_t pid = fork();
     if (pid == 0) {
-        if (check("child before writing", m, n, 1, 0, 1)) _exit(1);
+        if (check("child before writing", m, n, 1, 0, 1)) leave(1);
         fill(m, n, 2, 0, 2); /* even words: the child's own */
         if (check("child, its words", m, n, 2, 0, 2) || check("child, the rest", m, n, 1, 1, 2))
-            _exit(1);
-        _exit(0);
+            leave(1);
+        leave(0);
     }
     fill(m, n, 3, 1, 2); /* odd words: the parent's own, meanwhile */
     int st = status_of(pid);
@@ -118,9 +125,9 @@ static int scan(size_t n) {
     pid_t pid = fork();
     if (pid == 0) {
         if (check("child, first pass", m, n, 5, 0, 1) || check("child, second pass", m, n, 5, 0, 1))
-            _exit(1);
+            leave(1);
         fprintf(stderr, "child private KiB %ld\n", private_kib());
-        _exit(0);
+        leave(0);
     }
     int st = status_of(pid);
     if (st != 0) { printf("child exited %d\n", st); return 1; }
@@ -160,12 +167,12 @@ static int threads(size_t n) {
                 if (m[i] != word(100 + r, i) && m[i] != word(100 + r + 1, i)) {
                     printf("child: slice %d word %zu matches neither round %llu nor the next\n", k,
                            i, (unsigned long long)r);
-                    _exit(1);
+                    leave(1);
                 }
         }
         /* Threads do not survive fork; the child can still use its memory and make threads. */
         fill(m, n, 7, 0, 1);
-        _exit(check("child after rewriting", m, n, 7, 0, 1));
+        leave(check("child after rewriting", m, n, 7, 0, 1));
     }
     int st = status_of(pid);
     for (int k = 0; k < 4; k++) s[k].stop = 1;
@@ -186,15 +193,15 @@ static int grandchild(size_t n) {
         if (g == 0) {
             if (check("grandchild, child's words", m, n, 2, 0, 3) ||
                 check("grandchild, original words", m, n, 1, 1, 3))
-                _exit(1);
+                leave(1);
             fill(m, n, 4, 1, 3);
-            _exit(check("grandchild, own words", m, n, 4, 1, 3) ||
+            leave(check("grandchild, own words", m, n, 4, 1, 3) ||
                   check("grandchild, child's words again", m, n, 2, 0, 3));
         }
         fill(m, n, 3, 2, 3);
         int st = status_of(g);
-        if (st != 0) { printf("grandchild exited %d\n", st); _exit(1); }
-        _exit(check("child, own words", m, n, 2, 0, 3) || check("child, later words", m, n, 3, 2, 3) ||
+        if (st != 0) { printf("grandchild exited %d\n", st); leave(1); }
+        leave(check("child, own words", m, n, 2, 0, 3) || check("child, later words", m, n, 3, 2, 3) ||
               check("child, original words", m, n, 1, 1, 3));
     }
     fill(m, n, 5, 1, 3);
@@ -212,12 +219,12 @@ static int orphan(size_t n) {
     if (pid == 0) {
         /* Wait until the parent has exited (we are re-parented). */
         while (getppid() == parent) usleep(10000);
-        if (check("orphan", m, n, 9, 0, 1)) _exit(1);
+        if (check("orphan", m, n, 9, 0, 1)) leave(1);
         fill(m, n, 10, 0, 1);
-        if (check("orphan after writing", m, n, 10, 0, 1)) _exit(1);
+        if (check("orphan after writing", m, n, 10, 0, 1)) leave(1);
         printf("ok orphan child\n");
         fflush(stdout);
-        _exit(0);
+        leave(0);
     }
     /* The parent goes first, leaving its memory to the child alone. */
     fill(m, n, 11, 0, 1);
@@ -230,7 +237,7 @@ static int exec_cases(size_t n) {
     pid_t pid = fork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", "exit 7", (char *)NULL);
-        _exit(100);
+        leave(100);
     }
     if (status_of(pid) != 7) { printf("fork+exec: wrong status\n"); return 1; }
     char *argv[] = {"sh", "-c", "exit 8", NULL};
@@ -239,7 +246,7 @@ static int exec_cases(size_t n) {
     pid = vfork();
     if (pid == 0) {
         execl("/bin/sh", "sh", "-c", "exit 9", (char *)NULL);
-        _exit(100);
+        leave(100);
     }
     if (status_of(pid) != 9) { printf("vfork+exec: wrong status\n"); return 1; }
     return check("parent after the children", m, n, 1, 0, 1);
@@ -254,10 +261,10 @@ static int shared(size_t n) {
     fill(sh, sn, 20, 0, 1);
     pid_t pid = fork();
     if (pid == 0) {
-        if (check("child, shared", sh, sn, 20, 0, 1) || check("child, private", m, n, 1, 0, 1)) _exit(1);
+        if (check("child, shared", sh, sn, 20, 0, 1) || check("child, private", m, n, 1, 0, 1)) leave(1);
         fill(sh, sn, 21, 0, 1);
         fill(m, n, 22, 0, 1);
-        _exit(0);
+        leave(0);
     }
     if (status_of(pid) != 0) { printf("child failed\n"); return 1; }
     return check("parent, shared (the child's writes)", sh, sn, 21, 0, 1) ||
@@ -291,7 +298,7 @@ static void *storm_thread(void *arg) {
             if (!storm_place_ok(s->m[i], i)) {
                 printf("parent thread: word %zu is %016llx\n", i, (unsigned long long)s->m[i]);
                 fflush(stdout);
-                _exit(1);
+                leave(1);
             }
             s->m[i] = storm_word(i, v);
         }
@@ -321,12 +328,12 @@ static void *stdio_thread(void *arg) {
         if (!open_streams[k] || fprintf(open_streams[k], "%llu\n", (unsigned long long)x) < 0) {
             printf("stdio thread: a stream fails\n");
             fflush(stdout);
-            _exit(1);
+            leave(1);
         }
         if (!getpwuid(getuid())) {
             printf("stdio thread: getpwuid fails\n");
             fflush(stdout);
-            _exit(1);
+            leave(1);
         }
     }
     return NULL;
@@ -380,12 +387,12 @@ static int storm(size_t n) {
             for (size_t i = 0; i < n; i++)
                 if (!storm_place_ok(m[i], i)) {
                     printf("child %d: word %zu is %016llx\n", round, i, (unsigned long long)m[i]);
-                    _exit(1);
+                    leave(1);
                 }
             for (int k = 0; k < 32; k++)
                 if (fprintf(streams[k], "child %d\n", round) < 0 || fflush(streams[k])) {
                     printf("child %d: stream %d fails\n", round, k);
-                    _exit(1);
+                    leave(1);
                 }
             uint64_t mine = 0x800000 + (uint64_t)round;
             for (size_t i = 0; i < n; i++) m[i] = storm_word(i, mine);
@@ -394,13 +401,13 @@ static int storm(size_t n) {
                 for (size_t i = 0; i < n; i++)
                     if (m[i] != storm_word(i, mine)) {
                         printf("grandchild %d: word %zu is %016llx\n", round, i, (unsigned long long)m[i]);
-                        _exit(1);
+                        leave(1);
                     }
-                _exit(0);
+                leave(0);
             }
             int st = status_of(g);
-            if (st != 0) { printf("grandchild %d exited %d\n", round, st); _exit(1); }
-            _exit(0);
+            if (st != 0) { printf("grandchild %d exited %d\n", round, st); leave(1); }
+            leave(0);
         }
         int st = status_of(pid);
         if (st != 0) { printf("child %d exited %d\n", round, st); return 1; }
@@ -440,15 +447,15 @@ static int advice(size_t n) {
     pid_t pid = fork();
     if (pid == 0) {
         for (size_t i = 0; i < wn; i++)
-            if (wipe[i] != 0) { printf("child: word %zu of a WIPEONFORK range is not zero\n", i); _exit(1); }
+            if (wipe[i] != 0) { printf("child: word %zu of a WIPEONFORK range is not zero\n", i); leave(1); }
         signal(SIGSEGV, on_segv);
         if (sigsetjmp(jump, 1) == 0) {
             volatile uint64_t v = gone[0];
             (void)v;
             printf("child: a DONTFORK range is readable\n");
-            _exit(1);
+            leave(1);
         }
-        _exit(0);
+        leave(0);
     }
     if (status_of(pid) != 0) { printf("child failed\n"); return 1; }
     return check("parent, WIPEONFORK range", wipe, wn, 30, 0, 1) ||
