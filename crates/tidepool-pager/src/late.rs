@@ -35,10 +35,10 @@ use std::time::{Duration, Instant};
 
 /// How long a held fault waits before it may be served late, and the least time between two
 /// late services.
-pub(crate) const HELD_TOO_LONG: Duration = Duration::from_millis(10);
+const HELD_TOO_LONG: Duration = Duration::from_millis(10);
 
 /// How long a held fault waits before it may be served late wherever its thread faulted.
-pub(crate) const HELD_LONGEST: Duration = Duration::from_secs(1);
+const HELD_LONGEST: Duration = Duration::from_secs(1);
 
 static BUSY: AtomicBool = AtomicBool::new(false);
 /// When the last late service ended, in milliseconds of the coarse monotonic clock.
