@@ -324,12 +324,24 @@ impl Inner {
         }
     }
 
-    /// Publishes the new states of a saved run whose pages are gone, wakes its waiters, and
-    /// only then queues its write-back (which expects the pages in their new states).
+    /// Queues the store work of a saved run whose pages are gone, then publishes their new
+    /// states and wakes their waiters.
+    ///
+    /// Queued first, while the pages are still locked: once one is released, another thread
+    /// may fault it in from its slot and evict it again, and that later write must queue after
+    /// this one, or the store would end with the older bytes (a lost write, seen in forked
+    /// children whose small budgets evict a page again within microseconds). The write-back
+    /// thread may so find a page still locked when its write lands; it finishes it later.
     pub(crate) fn release_run(&self, run: &[(Arc<RegionInner>, usize, u64)], saved: SavedRun) {
         let region = &run[0].0;
         let addr = region.addr(run[0].1);
         let len = run.len() * PAGE;
+        if !saved.removes.is_empty() {
+            self.jobs.send(StoreJob::Remove(saved.removes));
+        }
+        if !saved.writes.is_empty() {
+            self.jobs.send(StoreJob::Write(saved.writes));
+        }
         let mut waiters = false;
         for ((_, page, _), new) in run.iter().zip(saved.new_words) {
             waiters |= region.table.unlock(*page, new);
@@ -342,12 +354,6 @@ impl Inner {
             self.uffd.wake(addr, len);
         }
         Counters::add(&self.counters.evicted, run.len() as u64);
-        if !saved.removes.is_empty() {
-            self.jobs.send(StoreJob::Remove(saved.removes));
-        }
-        if !saved.writes.is_empty() {
-            self.jobs.send(StoreJob::Write(saved.writes));
-        }
     }
 }
 

@@ -198,6 +198,12 @@ impl Inner {
         let mut zero_count = 0;
         let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed).max(1);
         let mut waiters = false;
+        // Removes are queued before the pages they concern are released (see `release_run`).
+        let queue = |removes: &mut Vec<Key>| {
+            if !removes.is_empty() {
+                self.jobs.send(StoreJob::Remove(std::mem::take(removes)));
+            }
+        };
         // Probation frames made, for the tier's list.
         let mut framed = Vec::new();
         let (mut i, mut moved) = (0, 0u64);
@@ -231,6 +237,7 @@ impl Inner {
             }
             sys::discard_many(&zeros);
             zero_count += zeros.len() as u64;
+            queue(&mut removes);
             for ((_, page, _), new) in done.iter().zip(new_words) {
                 crate::tr!(*page, "move_out", new);
                 if self.probation && new & FRAMED != 0 {
@@ -252,6 +259,7 @@ impl Inner {
                 Some(libc::ENOENT) => {
                     if w & FAR_VALID != 0 {
                         removes.push(region.key(*page));
+                        queue(&mut removes);
                     }
                     self.resident.fetch_sub(1, Relaxed);
                     waiters |= region.table.unlock(*page, UNTOUCHED);
@@ -266,6 +274,7 @@ impl Inner {
                     } else if self.probation {
                         self.tier_counted(&mut framed, region, *page, seq);
                     }
+                    queue(&mut removes);
                     moved += 1;
                     waiters |= region.table.unlock(*page, new);
                 }
@@ -301,9 +310,6 @@ impl Inner {
         if !self.probation {
             // Into the in-process backend; a probation tier writes when it spills.
             Counters::add(&self.counters.bytes_written, moved * PAGE as u64);
-        }
-        if !removes.is_empty() {
-            self.jobs.send(StoreJob::Remove(removes));
         }
     }
 }

@@ -22,7 +22,7 @@
 //! mapping beside each region, and move between the two with UFFDIO_MOVE: a page-table change,
 //! no copy. Everything else (write protection, hashes, slots, the write-back thread) serves the
 //! copying path: other stores, and pages the kernel will not move.
-use crate::buffer::{JobQueue, Slots};
+use crate::buffer::{JobQueue, PageWrite, Slots};
 use crate::prefetch::Detector;
 pub(crate) use crate::region_inner::RegionInner;
 use crate::stats::{snapshot, Counters, PagerStats, StoreMemory};
@@ -166,6 +166,10 @@ pub(crate) struct Inner {
     pub(crate) slots: Slots,
     /// Jobs for the write-back thread.
     pub(crate) jobs: JobQueue,
+    /// Writes that landed while their page was locked, to finish later (see
+    /// `finish_writeback`). Here, not on the write-back thread's stack, so that a forked
+    /// child's own thread finishes them: the thread is not copied, this list is.
+    pub(crate) deferred: Mutex<Vec<PageWrite>>,
     /// How far copies are named, and which may be removed (see `tags.rs`).
     pub(crate) tags: Tags,
     pub(crate) counters: Counters,
@@ -351,6 +355,7 @@ impl Pager {
                 in_use: AtomicUsize::new(0),
             },
             jobs: JobQueue::default(),
+            deferred: Mutex::new(Vec::new()),
             tags,
             counters: Counters::default(),
             timings: crate::stats::Timings::new(),

@@ -284,6 +284,12 @@ impl Inner {
                     _ => {}
                 }
             }
+            // Queued before the pages are released: a page written and evicted again at once
+            // must not have its new copy removed by a remove queued after its write.
+            if !removes.is_empty() {
+                self.jobs
+                    .send(StoreJob::Remove(std::mem::take(&mut removes)));
+            }
             // Waiters are woken below, the whole chunk at once.
             for (p, w) in (page..chunk_end).zip(words) {
                 let _ = region
@@ -294,9 +300,6 @@ impl Inner {
             Counters::add(&self.counters.discarded, resident as u64);
             self.uffd.wake(region.addr(page), (chunk_end - page) * PAGE);
             page = chunk_end;
-        }
-        if !removes.is_empty() {
-            self.jobs.send(StoreJob::Remove(removes));
         }
     }
 }

@@ -110,6 +110,13 @@ impl Inner {
             .map(|(r, p, _)| (r.shadow_addr(*p), PAGE))
             .collect();
         sys::discard_many(&ranges);
+        // Queued before the pages are released, as an eviction's (see `release_run`).
+        if !removes.is_empty() {
+            self.jobs.send(StoreJob::Remove(removes));
+        }
+        if !writes.is_empty() {
+            self.jobs.send(StoreJob::Write(writes));
+        }
         for (region, page, new) in &out {
             if region.table.unlock(*page, *new) {
                 self.uffd.wake(region.addr(*page), PAGE);
@@ -120,12 +127,6 @@ impl Inner {
         Counters::add(&self.counters.tier_spilled, n as u64);
         self.tier.window_spilled.fetch_add(n as u64, Relaxed);
         self.tier_resize();
-        if !removes.is_empty() {
-            self.jobs.send(StoreJob::Remove(removes));
-        }
-        if !writes.is_empty() {
-            self.jobs.send(StoreJob::Write(writes));
-        }
         n
     }
 

@@ -15,20 +15,25 @@ impl Inner {
     /// Applies writes and removes in the order they were queued (so a page's far copy is
     /// never overtaken by an older one).
     pub(crate) fn store_loop(self: Arc<Self>) {
-        // Slots whose page was BUSY when its write finished (see `finish_writeback`).
-        let mut deferred: Vec<PageWrite> = Vec::new();
         let mut swept = std::time::Instant::now();
         loop {
-            let wait = if deferred.is_empty() { 100 } else { 1 };
+            let wait = if self.deferred.lock().is_empty() {
+                100
+            } else {
+                1
+            };
             self.jobs.wait(Duration::from_millis(wait));
             let _section = crate::fork::section();
+            // Only this thread takes the list, inside a section: a fork sees it whole.
+            let mut deferred = self.deferred.lock();
+            let deferred = &mut *deferred;
             let job = self.jobs.pop();
             if job.is_none() && self.shutdown.load(Acquire) {
                 return;
             }
             if !deferred.is_empty() {
-                for w in std::mem::take(&mut deferred) {
-                    self.finish_writeback(w, &mut deferred);
+                for w in std::mem::take(deferred) {
+                    self.finish_writeback(w, deferred);
                 }
             }
             if swept.elapsed() >= Duration::from_millis(100) {
@@ -45,13 +50,13 @@ impl Inner {
                         match self.jobs.pop() {
                             Some(StoreJob::Write(more)) => pages.extend(more),
                             Some(StoreJob::Remove(keys)) => {
-                                self.write_pages(std::mem::take(&mut pages), &mut deferred);
+                                self.write_pages(std::mem::take(&mut pages), deferred);
                                 self.remove_keys(&keys);
                             }
                             None => break,
                         }
                     }
-                    self.write_pages(pages, &mut deferred);
+                    self.write_pages(pages, deferred);
                 }
             }
         }
