@@ -30,7 +30,10 @@ impl Inner {
     /// write-back slots are all in use).
     pub(crate) fn tier_make_room(&self, n: usize) -> bool {
         while !self.tier_has_room(n) {
-            let over = self.tier.held.load(Relaxed) + n - self.tier.cap.load(Relaxed);
+            // Read again: other threads move frames in and out, and the tier resizes, since
+            // the test above.
+            let over =
+                (self.tier.held.load(Relaxed) + n).saturating_sub(self.tier.cap.load(Relaxed));
             if self.spill(over.max(EVICT_BATCH)) == 0 {
                 return false;
             }
