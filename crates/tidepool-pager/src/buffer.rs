@@ -106,6 +106,11 @@ impl JobQueue {
         }
     }
 
+    /// Whether no job is queued (inside a section).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.jobs.lock().is_empty()
+    }
+
     /// The next job, if any (inside a section).
     pub(crate) fn pop(&self) -> Option<StoreJob> {
         self.jobs.lock().pop_front()

@@ -11,24 +11,32 @@ use std::sync::Arc;
 use std::time::Duration;
 use tidepool_store::Key;
 
+/// Jobs the write-back thread takes per round, between looks at its deferred writes.
+const JOBS_PER_ROUND: usize = 64;
+
 impl Inner {
     /// Applies writes and removes in the order they were queued (so a page's far copy is
     /// never overtaken by an older one).
     pub(crate) fn store_loop(self: Arc<Self>) {
         let mut swept = std::time::Instant::now();
+        // At once at first: a forked child may start with its parent's deferred writes.
+        let mut pause = Duration::ZERO;
         loop {
-            let wait = if self.deferred.lock().is_empty() {
-                100
-            } else {
-                1
-            };
-            self.jobs.wait(Duration::from_millis(wait));
+            if !pause.is_zero() {
+                self.jobs.wait(pause);
+            }
             let _section = crate::fork::section();
             // Only this thread takes the list, inside a section: a fork sees it whole.
             let mut deferred = self.deferred.lock();
             let deferred = &mut *deferred;
-            let job = self.jobs.pop();
-            if job.is_none() && self.shutdown.load(Acquire) {
+            let mut jobs = Vec::new();
+            while jobs.len() < JOBS_PER_ROUND {
+                match self.jobs.pop() {
+                    Some(job) => jobs.push(job),
+                    None => break,
+                }
+            }
+            if jobs.is_empty() && self.shutdown.load(Acquire) {
                 return;
             }
             if !deferred.is_empty() {
@@ -41,24 +49,36 @@ impl Inner {
                 // Copies kept for forked children that are gone now.
                 self.remove_keys(&self.tags.sweep());
             }
-            match job {
-                None => {}
-                Some(StoreJob::Remove(keys)) => self.remove_keys(&keys),
-                Some(StoreJob::Write(mut pages)) => {
-                    // Gather whatever else is queued into the same round trip.
-                    while pages.len() < 256 {
-                        match self.jobs.pop() {
-                            Some(StoreJob::Write(more)) => pages.extend(more),
-                            Some(StoreJob::Remove(keys)) => {
-                                self.write_pages(std::mem::take(&mut pages), deferred);
-                                self.remove_keys(&keys);
-                            }
-                            None => break,
+            // Neighbouring jobs of a kind go in one call (one round trip), in queue order.
+            let (mut pages, mut keys) = (Vec::new(), Vec::new());
+            for job in jobs {
+                match job {
+                    StoreJob::Write(more) => {
+                        self.remove_keys(&std::mem::take(&mut keys));
+                        pages.extend(more);
+                        if pages.len() >= 256 {
+                            self.write_pages(std::mem::take(&mut pages), deferred);
                         }
                     }
-                    self.write_pages(pages, deferred);
+                    StoreJob::Remove(more) => {
+                        self.write_pages(std::mem::take(&mut pages), deferred);
+                        keys.extend(more);
+                    }
                 }
             }
+            self.write_pages(pages, deferred);
+            self.remove_keys(&keys);
+            // Sleep only with nothing queued: a burst of jobs kicks this thread once, and
+            // sleeping on a queue that is not empty held every write-back slot for seconds
+            // while the budget overran (CPython's dict at 25% local: 299 MiB resident of 142).
+            // With writes waiting for their pages, look again soon.
+            pause = if !self.jobs.is_empty() {
+                Duration::ZERO
+            } else if !deferred.is_empty() {
+                Duration::from_millis(1)
+            } else {
+                Duration::from_millis(100)
+            };
         }
     }
 
