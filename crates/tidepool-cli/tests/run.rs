@@ -166,6 +166,13 @@ fn verify_under(backend: &str) -> (String, String) {
             "{line}"
         );
     }
+    // What the misses cost the CPUs: the handlers' sleeps and the machine's interrupts.
+    let cpu = stderr
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .unwrap_or_else(|| panic!("{backend}: no cpu line: {stderr}"));
+    assert!(cpu.contains("handlers slept"), "{cpu}");
+    assert!(cpu.contains("TLB-shootdown"), "{cpu}");
     (stdout, stderr)
 }
 

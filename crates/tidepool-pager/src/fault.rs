@@ -20,6 +20,8 @@ use tidepool_store::Key;
 pub(crate) struct Staging {
     buf: Vec<u8>,
     lens: Vec<Option<usize>>,
+    /// This handler's sampling of misses' delivery and wake-up.
+    probe: crate::cpu::MissProbe,
 }
 
 impl Staging {
@@ -27,6 +29,7 @@ impl Staging {
         Staging {
             buf: vec![0; PREFETCH_BATCH * PAGE],
             lens: vec![None; PREFETCH_BATCH],
+            probe: Default::default(),
         }
     }
     pub(crate) fn page(&self, i: usize) -> &[u8] {
@@ -74,7 +77,14 @@ impl Inner {
             self.refill_resident(&region, page, word);
             return;
         }
+        let (sampled, measured) = staging.probe.taken(f.tid);
+        if let Some((delivery, wake)) = measured {
+            self.timings.delivery_and_wake(delivery, wake);
+        }
         self.install_demand(&region, page, word, f.write, staging, taken);
+        if let Some(s) = sampled {
+            staging.probe.woken(s);
+        }
         if follow_up == FollowUp::Full {
             self.after_demand(&region, page, staging);
         }
@@ -381,7 +391,7 @@ impl Inner {
     /// Reads whole pages from the store into the staging buffer; a missing or short page is
     /// fatal (the program would read garbage).
     pub(crate) fn read_pages(&self, keys: &[Key], staging: &mut Staging, what: &str) {
-        let Staging { buf, lens } = staging;
+        let Staging { buf, lens, .. } = staging;
         let read = self.activity.during(
             crate::activity::Doing::Store,
             keys.first().copied().unwrap_or(0),

@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Inner {
-    pub(crate) fn handler_loop(self: Arc<Self>) {
+    /// The loop of fault handler number `n`.
+    pub(crate) fn handler_loop(self: Arc<Self>, n: usize) {
+        self.handler_tids.register(n);
         let mut faults = Vec::with_capacity(32);
         // Faults read while a fork holds the gate closed, with when they were read.
         let mut held: Vec<(Fault, Instant)> = Vec::new();

@@ -43,6 +43,7 @@ mod advice;
 mod buffer;
 pub mod control;
 pub mod coord;
+pub mod cpu;
 mod error;
 mod evict;
 mod fault;

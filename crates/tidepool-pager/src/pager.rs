@@ -199,6 +199,9 @@ pub(crate) struct Inner {
     pub(crate) fault_deadline: Duration,
     /// [`Config::stall_handlers_after`].
     pub(crate) stall_handlers_after: Option<u64>,
+    /// The machine's interrupt counts when the pager started, and the handlers' threads.
+    pub(crate) interrupts: crate::cpu::Baseline,
+    pub(crate) handler_tids: crate::cpu::HandlerTids,
 }
 
 impl std::fmt::Debug for Inner {
@@ -270,13 +273,13 @@ pub(crate) fn spawn_threads(
         })
         .map_err(PagerError::Thread)
     };
-    for &cpu in cpus.iter().take(8) {
+    for (n, &cpu) in cpus.iter().take(8).enumerate() {
         let i = inner.clone();
         threads.push(spawn(
             format!("tp-fault-{cpu}"),
             Box::new(move || {
                 let _ = tidepool_sys::set_affinity(0, &[cpu]);
-                i.handler_loop();
+                i.handler_loop(n);
             }),
         )?);
     }
@@ -284,7 +287,7 @@ pub(crate) fn spawn_threads(
         let i = inner.clone();
         threads.push(spawn(
             "tp-fault".into(),
-            Box::new(move || i.handler_loop()),
+            Box::new(move || i.handler_loop(0)),
         )?);
     }
     let handlers = threads.len();
@@ -367,6 +370,8 @@ impl Pager {
             activity: Default::default(),
             fault_deadline: config.fault_deadline,
             stall_handlers_after: config.stall_handlers_after,
+            interrupts: Default::default(),
+            handler_tids: Default::default(),
             frames: (config.in_process_frames || probation) && can_move,
             probation,
             drop_far_copies: AtomicBool::new(config.drop_far_copies),
@@ -374,6 +379,7 @@ impl Pager {
             tier,
         });
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
+        inner.interrupts.set_now();
         crate::fork::install();
         let (threads, handlers) = spawn_threads(&inner, &cpus, config.thread_start)?;
         let shared = Arc::new(Shared {
@@ -423,6 +429,8 @@ impl Pager {
             &i.tier,
         );
         s.store_health = i.store.health();
+        s.handler_sleeps = i.handler_tids.sleeps();
+        s.interrupts = i.interrupts.taken();
         // An in-process store answers at once: what it holds is this process's memory.
         if i.store.private_to_process() {
             s.store_memory = i.store.stats().ok().and_then(|st| {

@@ -119,6 +119,8 @@ impl Shared {
         i.drop_far_copies.store(false, Relaxed);
         i.counters.reset();
         i.timings.reset();
+        i.interrupts.set_now();
+        i.handler_tids.clear();
         i.activity.reset();
         i.store.after_fork_in_child();
     }

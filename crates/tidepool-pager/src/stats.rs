@@ -25,6 +25,10 @@ struct Stages {
     install: Histogram<u64>,
     /// Evicting inline because the evictor fell behind, before the next fault is taken.
     evict: Histogram<u64>,
+    /// Sampled (`cpu::MissProbe`), on every kind of missing fault: from the faulting thread
+    /// stopping to a handler taking its fault, and from its wake-up to it running again.
+    delivery: Histogram<u64>,
+    wake: Histogram<u64>,
 }
 
 /// 100 ns .. 100 s at 2 significant digits: a few KiB, allocated once, never grown.
@@ -52,6 +56,8 @@ impl Timings {
             store: histogram(),
             install: histogram(),
             evict: histogram(),
+            delivery: histogram(),
+            wake: histogram(),
         }))
     }
 
@@ -65,13 +71,27 @@ impl Timings {
         record(&mut s.serve, serve);
     }
 
+    /// One sampled miss's delivery and wake-up, nanoseconds.
+    pub fn delivery_and_wake(&self, delivery: u64, wake: u64) {
+        let mut s = self.0.lock();
+        let _ = s.delivery.record(delivery.clamp(100, 100_000_000_000));
+        let _ = s.wake.record(wake.clamp(100, 100_000_000_000));
+    }
+
     pub fn evicted_inline(&self, d: Duration) {
         record(&mut self.0.lock().evict, d);
     }
 
     pub fn reset(&self) {
         let s = &mut *self.0.lock();
-        for h in [&mut s.serve, &mut s.store, &mut s.install, &mut s.evict] {
+        for h in [
+            &mut s.serve,
+            &mut s.store,
+            &mut s.install,
+            &mut s.evict,
+            &mut s.delivery,
+            &mut s.wake,
+        ] {
             h.reset();
         }
     }
@@ -83,6 +103,8 @@ impl Timings {
             store: quantiles(&s.store),
             install: quantiles(&s.install),
             evict: quantiles(&s.evict),
+            delivery: quantiles(&s.delivery),
+            wake: quantiles(&s.wake),
         }
     }
 }
@@ -106,6 +128,10 @@ pub struct MissTimes {
     pub install: StageTimes,
     /// Inline eviction, in the faults that had to.
     pub evict: StageTimes,
+    /// Sampled over all missing faults: from the faulting thread stopping to a handler taking
+    /// the fault, and from the thread's wake-up to it running again (see `cpu::MissProbe`).
+    pub delivery: StageTimes,
+    pub wake: StageTimes,
 }
 
 #[derive(Debug, Default)]
@@ -298,6 +324,12 @@ pub struct PagerStats {
     pub store_health: Option<String>,
     /// What an in-process store holds in this process (none for stores elsewhere).
     pub store_memory: Option<StoreMemory>,
+    /// How many times the fault handlers went to sleep (their voluntary context switches):
+    /// each sleep is a wake-up paid for, by a fault or by another thread.
+    pub handler_sleeps: u64,
+    /// Interrupts this machine took, on all its CPUs, since the pager started: the pager's
+    /// share shows against a run of the same program without it.
+    pub interrupts: Option<crate::cpu::Interrupts>,
 }
 
 /// What an in-process far store holds, in this process's memory.
@@ -373,6 +405,8 @@ pub(crate) fn snapshot(
         budget_pages: budget,
         store_health: None,
         store_memory: None,
+        handler_sleeps: 0,
+        interrupts: None,
     }
 }
 
@@ -444,8 +478,8 @@ impl fmt::Display for PagerStats {
             )?;
         }
         let m = &self.miss;
+        let us = |ns: u64| ns as f64 / 1e3;
         if m.serve.count > 0 {
-            let us = |ns: u64| ns as f64 / 1e3;
             writeln!(
                 f,
                 "far fetch    handler time p50 {:.1} us, mean {:.1}, p99 {:.1} us: store read p50 {:.1} us \
@@ -462,6 +496,43 @@ impl fmt::Display for PagerStats {
                 m.evict.count,
                 us(m.evict.p50_ns)
             )?;
+        }
+        if m.delivery.count > 0 {
+            writeln!(
+                f,
+                "miss path    delivery p50 {:.1} us (mean {:.1}), store {:.1}, install {:.1}, wake-up p50 {:.1} us \
+                 (mean {:.1}): delivery and wake-up from {} sampled faults",
+                us(m.delivery.p50_ns),
+                us(m.delivery.mean_ns),
+                us(m.store.p50_ns),
+                us(m.install.p50_ns),
+                us(m.wake.p50_ns),
+                us(m.wake.mean_ns),
+                m.delivery.count
+            )?;
+        }
+        if self.missing_faults + self.wp_faults > 0 {
+            let faults = (self.missing_faults + self.wp_faults) as f64;
+            write!(
+                f,
+                "cpu          handlers slept {:.2} times a fault ({} sleeps)",
+                self.handler_sleeps as f64 / faults,
+                self.handler_sleeps
+            )?;
+            if let Some(i) = self.interrupts {
+                write!(
+                    f,
+                    "; this machine took {} function-call ({:.2} a fault), {} TLB-shootdown ({:.2}) and \
+                     {} rescheduling ({:.2}) interrupts while the pager ran",
+                    i.function_call,
+                    i.function_call as f64 / faults,
+                    i.tlb_shootdown,
+                    i.tlb_shootdown as f64 / faults,
+                    i.reschedule,
+                    i.reschedule as f64 / faults
+                )?;
+            }
+            writeln!(f)?;
         }
         write!(
             f,
