@@ -172,7 +172,15 @@ impl Inner {
         staging: &mut Staging,
     ) {
         let budget = self.budget_pages.load(Relaxed);
-        if self.local_pages() > budget {
+        if self.local_pages() > budget && self.follow.one_reads() {
+            // One reader, on the program's CPU: it evicts itself, while the program runs on
+            // (a kicked evictor would share the reader's CPU at the same idle priority, and
+            // hold up its next fault for as long as a time slice).
+            let t = Instant::now();
+            if self.evict_batch() > 0 {
+                self.timings.evicted_inline(t.elapsed());
+            }
+        } else if self.local_pages() > budget {
             self.kick_evictor();
             // Far over budget (the evictor is behind): reclaim here before going on.
             if self.local_pages() > budget + self.margin() {

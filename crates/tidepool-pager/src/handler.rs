@@ -21,7 +21,18 @@ impl Inner {
         let mut picker = crate::late::Picker::new();
         let mut staging = Staging::new();
         let bell = self.doorbell.addr();
+        // Whether this thread runs at SCHED_IDLE (while it reads alone), and faults served
+        // since its last look at where the program runs.
+        let mut idle = false;
+        let mut served = 0u32;
         loop {
+            if held.is_empty() {
+                self.follow.wait_to_read(n, &self.shutdown);
+                let one = self.follow.one_reads();
+                if one != idle && tidepool_sys::set_idle_priority(0, one).is_ok() {
+                    idle = one;
+                }
+            }
             let read = if held.is_empty() {
                 // One system call a fault: the read blocks until there are some (a poll first
                 // would be a second).
@@ -40,8 +51,10 @@ impl Inner {
             self.stall_if_asked();
             let mut stop = false;
             let now = Instant::now();
+            let mut last_tid = None;
             for f in faults.drain(..) {
                 if f.page_addr != bell {
+                    last_tid = Some(f.tid);
                     held.push((f, now));
                 } else if self.shutdown.load(Acquire) && !stop {
                     // Mapping the page lets the ringer go on to the next handler.
@@ -54,6 +67,13 @@ impl Inner {
             self.serve_or_hold(&mut held, &mut picker, &mut staging);
             if stop {
                 return;
+            }
+            if let Some(tid) = last_tid {
+                served += 1;
+                if served >= crate::follow::CHECK_EVERY {
+                    served = 0;
+                    self.follow.look(tid, &self.shutdown);
+                }
             }
             if held.is_empty() {
                 self.activity.set(crate::activity::Doing::Idle, 0, 0);

@@ -47,6 +47,7 @@ pub mod cpu;
 mod error;
 mod evict;
 mod fault;
+mod follow;
 mod fork;
 mod frames;
 mod handler;

@@ -109,6 +109,11 @@ pub struct Config {
     /// is, rather than let it hang (see `watchdog.rs`). While the far store is being waited
     /// for, its own patience is added ([`FarStore::patience`]). Zero: no watchdog.
     pub fault_deadline: Duration,
+    /// While the program's faults come from one CPU, one handler reads them there and the
+    /// pager's other threads run there below the program (see `follow.rs`). Needs a watchdog
+    /// ([`Config::fault_deadline`] not zero), two handler CPUs or more, and the right to
+    /// leave SCHED_IDLE.
+    pub follow_program: bool,
     /// Runs in a forking thread just before the fork, once no pager work is under way and none
     /// can start: whatever memory it touches is mapped at the fork and stays so in the child
     /// until its pager runs. The preload library touches glibc's stdio locks there, which
@@ -137,6 +142,7 @@ impl Config {
             child_local_budget: None,
             refill: false,
             fault_deadline: DEFAULT_FAULT_DEADLINE,
+            follow_program: true,
             before_fork: None,
             stall_handlers_after: None,
         }
@@ -202,6 +208,8 @@ pub(crate) struct Inner {
     /// The machine's interrupt counts when the pager started, and the handlers' threads.
     pub(crate) interrupts: crate::cpu::Baseline,
     pub(crate) handler_tids: crate::cpu::HandlerTids,
+    /// Which handler reads faults, and where the pager's threads run.
+    pub(crate) follow: crate::follow::Follow,
 }
 
 impl std::fmt::Debug for Inner {
@@ -230,7 +238,9 @@ pub(crate) struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.inner.shutdown.store(true, Release);
+        self.inner.shutdown.store(true, SeqCst);
+        // Each handler reads the doorbell below.
+        self.inner.follow.all_read();
         self.inner.kick_evictor();
         self.inner.watchdog_stop.store(1, Release);
         sys::futex_wake(&self.inner.watchdog_stop);
@@ -294,12 +304,18 @@ pub(crate) fn spawn_threads(
     let i = inner.clone();
     threads.push(spawn(
         "tp-evict".into(),
-        Box::new(move || i.evictor_loop()),
+        Box::new(move || {
+            i.follow.register(true);
+            i.evictor_loop()
+        }),
     )?);
     let i = inner.clone();
     threads.push(spawn(
         "tp-writeback".into(),
-        Box::new(move || i.store_loop()),
+        Box::new(move || {
+            i.follow.register(false);
+            i.store_loop()
+        }),
     )?);
     if !inner.fault_deadline.is_zero() {
         let i = inner.clone();
@@ -334,6 +350,7 @@ impl Pager {
         let tags = Tags::new(!store.private_to_process());
         let probation = config.probation && !config.in_process_frames && can_move;
         let tier = crate::tier::Tier::default();
+        let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
         let budget = if probation {
             tier.set_total(budget_pages(config.local_budget))
         } else {
@@ -372,13 +389,16 @@ impl Pager {
             stall_handlers_after: config.stall_handlers_after,
             interrupts: Default::default(),
             handler_tids: Default::default(),
+            follow: crate::follow::Follow::new(
+                config.follow_program && !config.fault_deadline.is_zero(),
+                cpus.iter().take(8).copied().collect(),
+            ),
             frames: (config.in_process_frames || probation) && can_move,
             probation,
             drop_far_copies: AtomicBool::new(config.drop_far_copies),
             child_budget: config.child_local_budget,
             tier,
         });
-        let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
         inner.interrupts.set_now();
         crate::fork::install();
         let (threads, handlers) = spawn_threads(&inner, &cpus, config.thread_start)?;

@@ -121,6 +121,8 @@ impl Shared {
         i.timings.reset();
         i.interrupts.set_now();
         i.handler_tids.clear();
+        // The parent's threads are not here; the handler on this thread's CPU reads first.
+        i.follow.start_here();
         i.activity.reset();
         i.store.after_fork_in_child();
     }

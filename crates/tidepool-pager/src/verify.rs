@@ -93,7 +93,7 @@ pub fn run_rounds(mem: &mut [u8], threads: usize, done: u64, rounds: u64) -> Rep
             for t in 0..threads {
                 let check = &check;
                 s.spawn(move || {
-                    let mut x = ((t as u64 + 1) * 0x2545_F491_4F6C_DD1D) ^ round;
+                    let mut x = (t as u64 + 1).wrapping_mul(0x2545_F491_4F6C_DD1D) ^ round;
                     for _ in 0..pages / threads / 4 + 1 {
                         x ^= x << 13;
                         x ^= x >> 7;

@@ -133,8 +133,49 @@ impl Inner {
         let patience = self.store.patience();
         let mut waits = Waits::default();
         let mut last = Instant::now();
+        let mut starving = crate::follow::Starving::default();
         loop {
-            crate::sys::futex_wait(&self.watchdog_stop, 0, tick);
+            // While one handler reads at idle priority, a look every few milliseconds that it
+            // is not kept off its CPU (see `follow.rs`); the full look every tick.
+            let until = last + tick;
+            loop {
+                let now = Instant::now();
+                if now >= until {
+                    break;
+                }
+                let wait = if self.follow.one_reads() {
+                    crate::follow::STARVING_LOOK.min(until - now)
+                } else {
+                    until - now
+                };
+                crate::sys::futex_wait(&self.watchdog_stop, 0, wait);
+                if self.shutdown.load(Acquire) {
+                    return;
+                }
+                let Some(reader) = self.follow.reader() else {
+                    continue;
+                };
+                // Runnable, not sleeping in its read or on the store: it wants its CPU.
+                let runnable = read(&format!(
+                    "/proc/self/task/{}/stat",
+                    self.handler_tids.get(reader)
+                ))
+                .and_then(|s| parse_stat(&s))
+                .is_some_and(|(_, state, _)| state == 'R');
+                let served = self.counters.missing_faults.load(Relaxed)
+                    + self.counters.wp_faults.load(Relaxed);
+                if starving.suspect(&self.follow, runnable, served) {
+                    // A thread still waiting in the same fault as at the last suspect look.
+                    let waiting: Vec<(u32, u64)> = tasks()
+                        .iter()
+                        .filter(|t| t.wchan == "handle_userfault")
+                        .map(|t| (t.tid, t.faults))
+                        .collect();
+                    if starving.still_waiting(waiting) {
+                        self.follow.starved();
+                    }
+                }
+            }
             if self.shutdown.load(Acquire) {
                 return;
             }

@@ -320,6 +320,9 @@ extern "C" fn start() {
     // A budget that grows brings evicted pages back before they are asked for;
     // TIDEPOOL_RUN_REFILL=0 turns that off, to compare.
     config.refill = env_var("TIDEPOOL_RUN_REFILL").map_or(true, |v| v != "0");
+    // One fault handler follows the program's CPU (see the pager's `follow.rs`);
+    // TIDEPOOL_RUN_FOLLOW=0 has every handler read, to compare.
+    config.follow_program = env_var("TIDEPOOL_RUN_FOLLOW").map_or(true, |v| v != "0");
     // A fault that waits longer stops the program with a message (0: never).
     if let Ok(v) = env_var("TIDEPOOL_RUN_FAULT_DEADLINE") {
         config.fault_deadline = v

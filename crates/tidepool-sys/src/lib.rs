@@ -312,6 +312,41 @@ pub fn thread_cpu_ns() -> u64 {
     t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
+/// The CPU the calling thread runs on (none if the kernel will not say).
+pub fn current_cpu() -> Option<usize> {
+    // SAFETY: sched_getcpu takes nothing.
+    let c = unsafe { libc::sched_getcpu() };
+    (c >= 0).then_some(c as usize)
+}
+
+/// This process's RLIMIT_NICE (the lowest nice value it may set is 20 minus it).
+pub fn nice_limit() -> Option<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit, which `r` is.
+    (unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut r) } == 0).then_some(r.rlim_cur)
+}
+
+/// Puts thread `tid` (0: the calling thread) at SCHED_IDLE priority (`idle`), or back at the
+/// normal policy: an idle-priority thread runs only on a CPU nothing else wants, and the
+/// scheduler counts its CPU as idle when it places a thread it wakes.
+pub fn set_idle_priority(tid: i32, idle: bool) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = if idle {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    // SAFETY: sched_setscheduler reads one sched_param, which `param` is.
+    if unsafe { libc::sched_setscheduler(tid, policy, &param) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// Stack of a raw thread.
 const RAW_STACK: usize = 2 << 20;
 

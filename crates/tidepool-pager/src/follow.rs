@@ -1,0 +1,376 @@
+//! Following the program: while its faults come from one CPU, one fault handler, pinned there,
+//! reads them, and the evictor runs there too, below the program.
+//!
+//! Why (measured on 2-vCPU VMs, uniform read-modify-write at 50% local, issue 55): a blocking
+//! read of a userfaultfd wakes every handler waiting in it, so each fault woke the handler of
+//! the idle CPU too (a rescheduling interrupt, then that CPU running the program's address
+//! space); every page the evictor moved out while another CPU ran a thread of the process was
+//! a TLB shootdown waiting for that CPU (2.6 function-call interrupts a fault); and the woken
+//! program went to the idle CPU, so consecutive faults alternated CPUs. Everything on one CPU
+//! (`taskset -c 0`) ran 1.2-1.4x faster, with no interrupts at all.
+//!
+//! So, while one handler reads (the *reader*), the others wait on a futex, and the reader and
+//! the evictor run at `SCHED_IDLE` priority on the reader's CPU: the program, woken by the
+//! install, stays on that CPU (an idle-priority thread leaves it "idle" for the scheduler) and
+//! runs before them; they run while it waits for a page. The write-back thread runs on the
+//! other CPUs, at normal priority: compressing pages there costs some shootdowns but gains more
+//! (CPython's 1 GB dict at 50% local, compressing store: 5.5-7.0 s with it free, 7.4-9.0 s
+//! with it on the reader's CPU, 6.3-8.3 s with every handler reading), and on the reader's CPU
+//! it would keep the reader off it. Every
+//! [`CHECK_EVERY`] faults the reader looks at which CPU the faulting thread ran on; if it is
+//! another, the reader's place moves there. Faults of two threads on two CPUs make every
+//! handler read again at normal priority, and the evictor run anywhere, as before; after
+//! [`SETTLED`] looks in a row at one thread on one CPU, one reader again. At idle priority the
+//! reader runs only when nothing else wants its CPU: another thread of the program, or another
+//! process, busy there keeps it off (a stress-ng run with two busy workers took minutes). So the
+//! watchdog looks every [`STARVING_LOOK`]: the reader runnable at three looks in a row with
+//! fewer than [`CRAWLING`] faults served between each, and a thread waiting in the same fault
+//! at the last two, make every handler read, at normal priority, for [`STARVED_FOR`], doubled each time it happens again within a
+//! minute (up to a minute). (Runnable alone is no proof: the program preempts the reader at
+//! every wake-up, and runs on while it computes.)
+//!
+//! Needs the right to leave `SCHED_IDLE` again (root, CAP_SYS_NICE, or RLIMIT_NICE of 20):
+//! without it every handler reads, as before.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::time::{Duration, Instant};
+
+/// The reader value under which every handler reads.
+pub(crate) const ALL: u32 = u32::MAX;
+/// Faults a reader serves between looks at where the faulting thread runs (a look reads /proc,
+/// a few microseconds).
+pub(crate) const CHECK_EVERY: u32 = 64;
+/// Looks in a row at one thread's faults on one CPU before one handler reads again.
+const SETTLED: u32 = 32;
+/// How often the watchdog looks whether the one reader is kept off its CPU.
+pub(crate) const STARVING_LOOK: Duration = Duration::from_millis(2);
+/// How long every handler reads after the one reader was first found kept off its CPU.
+const STARVED_FOR: Duration = Duration::from_secs(1);
+/// Faults served between two looks below which a runnable reader counts as kept off its CPU
+/// (unhindered, it serves one every few microseconds while a thread waits).
+const CRAWLING: u64 = 16;
+
+#[derive(Debug)]
+pub(crate) struct Follow {
+    enabled: bool,
+    /// The index of the handler that reads faults, or [`ALL`]. A futex word: the others wait
+    /// on it.
+    reader: AtomicU32,
+    /// The CPU each handler is pinned to, by index.
+    cpus: Vec<usize>,
+    /// The last look: the faulting thread and its CPU, and how many looks in a row found the
+    /// same.
+    last_tid: AtomicU32,
+    last_cpu: AtomicU32,
+    streak: AtomicU32,
+    /// The evictor's and the write-back thread's ids (0: not started).
+    evictor: AtomicU32,
+    writeback: AtomicU32,
+    /// When the one reader was last found kept off its CPU (ms since `epoch`; 0: never), and
+    /// for how long every handler reads since (ms).
+    starved_at_ms: AtomicU64,
+    starved_for_ms: AtomicU64,
+    epoch: Instant,
+}
+
+/// The watchdog's looks at the one reader: whether it was runnable, and the faults served, at
+/// the last look, and when that was.
+#[derive(Debug, Default)]
+pub(crate) struct Starving {
+    last: Option<(bool, u64, Instant)>,
+    /// Threads waiting in a fault at the last suspect look, with their fault counts.
+    waiting: Vec<(u32, u64)>,
+}
+
+impl Starving {
+    /// A look: whether the reader is runnable (it wants its CPU: woken, or preempted), and how
+    /// many faults were served so far. True if it may be kept off its CPU: the caller then
+    /// looks for a thread waiting in a fault.
+    pub fn suspect(&mut self, follow: &Follow, runnable: bool, served: u64) -> bool {
+        let now = Instant::now();
+        let suspect = self.suspect_at(follow, runnable, served, now);
+        if !suspect {
+            self.waiting.clear();
+        }
+        suspect
+    }
+
+    /// After a suspect look, the threads waiting in a fault now (thread id, fault count):
+    /// whether one of them waited already at the last suspect look, in the same fault.
+    pub fn still_waiting(&mut self, now: Vec<(u32, u64)>) -> bool {
+        let stuck = now.iter().any(|w| self.waiting.contains(w));
+        self.waiting = now;
+        stuck
+    }
+
+    fn suspect_at(&mut self, follow: &Follow, runnable: bool, served: u64, now: Instant) -> bool {
+        match self.last {
+            // Looks closer together than a full interval (the last before a tick) say little.
+            Some((_, _, at)) if now - at < STARVING_LOOK => false,
+            before => {
+                self.last = Some((runnable, served, now));
+                matches!(before, Some((true, s, _))
+                    if runnable && served < s + CRAWLING && follow.one_reads())
+            }
+        }
+    }
+}
+
+/// A thread's CPU the last time it ran, from /proc/self/task/TID/stat (field 39).
+fn cpu_of(tid: u32) -> Option<usize> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    let after_name = stat.get(stat.rfind(')')? + 1..)?;
+    after_name.split_whitespace().nth(36)?.parse().ok()
+}
+
+/// Whether this process may leave SCHED_IDLE once in it: CAP_SYS_NICE, or RLIMIT_NICE of at
+/// least 20 (nice 0 within reach).
+fn may_leave_idle() -> bool {
+    let cap_sys_nice = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let hex = s
+                .lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))?
+                .trim()
+                .to_string();
+            u64::from_str_radix(&hex, 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << 23) != 0);
+    cap_sys_nice || tidepool_sys::nice_limit().is_some_and(|l| l >= 20)
+}
+
+impl Follow {
+    /// For handlers pinned to `cpus` (by index); following only if asked, with two CPUs or more
+    /// and the right to leave SCHED_IDLE.
+    pub fn new(asked: bool, cpus: Vec<usize>) -> Follow {
+        let enabled = asked && cpus.len() > 1 && may_leave_idle();
+        let f = Follow {
+            enabled,
+            reader: AtomicU32::new(ALL),
+            cpus,
+            last_tid: AtomicU32::new(0),
+            last_cpu: AtomicU32::new(u32::MAX),
+            streak: AtomicU32::new(0),
+            evictor: AtomicU32::new(0),
+            writeback: AtomicU32::new(0),
+            starved_at_ms: AtomicU64::new(0),
+            starved_for_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        };
+        f.start_here();
+        f
+    }
+
+    /// The handler on the calling thread's CPU reads (the program's thread starting the pager,
+    /// or a forked child's first thread).
+    pub fn start_here(&self) {
+        self.streak.store(0, Relaxed);
+        self.evictor.store(0, Relaxed);
+        self.writeback.store(0, Relaxed);
+        let here = tidepool_sys::current_cpu();
+        let reader = match self.cpus.iter().position(|&c| Some(c) == here) {
+            Some(i) if self.enabled => i as u32,
+            _ => ALL,
+        };
+        self.reader.store(reader, SeqCst);
+    }
+
+    /// Whether handler `n` reads faults now.
+    #[cfg(test)]
+    pub fn reads(&self, n: usize) -> bool {
+        let r = self.reader.load(SeqCst);
+        r == ALL || r == n as u32
+    }
+
+    /// Whether one handler reads (it and the evictor then run at SCHED_IDLE).
+    pub fn one_reads(&self) -> bool {
+        self.reader.load(SeqCst) != ALL
+    }
+
+    /// The index of the one handler that reads, if one does.
+    pub fn reader(&self) -> Option<usize> {
+        let r = self.reader.load(SeqCst);
+        (r != ALL).then_some(r as usize)
+    }
+
+    /// Waits while handler `n` is not to read (or until `stop`).
+    pub fn wait_to_read(&self, n: usize, stop: &AtomicBool) {
+        loop {
+            let r = self.reader.load(SeqCst);
+            if r == ALL || r == n as u32 || stop.load(Acquire) {
+                return;
+            }
+            crate::sys::futex_wait(&self.reader, r, Duration::from_millis(200));
+        }
+    }
+
+    /// The one reader was kept off its CPU: every handler reads for [`STARVED_FOR`].
+    pub fn starved(&self) {
+        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
+        let (at, was) = (
+            self.starved_at_ms.load(Relaxed),
+            self.starved_for_ms.load(Relaxed),
+        );
+        let again = at != 0 && now < at + was + 60_000;
+        let first = STARVED_FOR.as_millis() as u64;
+        let period = if again { (was * 2).min(60_000) } else { first };
+        self.starved_for_ms.store(period, Relaxed);
+        self.starved_at_ms.store(now, Relaxed);
+        self.all_read();
+    }
+
+    fn starved_lately(&self) -> bool {
+        let at = self.starved_at_ms.load(Relaxed);
+        at != 0 && self.epoch.elapsed().as_millis() as u64 <= at + self.starved_for_ms.load(Relaxed)
+    }
+
+    /// Every handler reads, and the evictor runs anywhere at normal priority.
+    pub fn all_read(&self) {
+        if self.reader.swap(ALL, SeqCst) != ALL {
+            crate::sys::futex_wake_all(&self.reader);
+            self.place_threads();
+        }
+    }
+
+    /// Handler `n` reads alone, if the reader is still `was` (and the pager is not stopping:
+    /// stopping needs every handler to read).
+    fn hand_to(&self, was: u32, n: usize, stop: &AtomicBool) {
+        if self
+            .reader
+            .compare_exchange(was, n as u32, SeqCst, SeqCst)
+            .is_err()
+        {
+            return;
+        }
+        if stop.load(SeqCst) {
+            self.reader.store(ALL, SeqCst);
+        }
+        crate::sys::futex_wake_all(&self.reader);
+        self.place_threads();
+    }
+
+    /// A handler served [`CHECK_EVERY`] faults since its last look, the last one thread `tid`'s:
+    /// where does that thread run?
+    pub fn look(&self, tid: u32, stop: &AtomicBool) {
+        if !self.enabled || stop.load(Acquire) {
+            return;
+        }
+        let Some(cpu) = cpu_of(tid) else {
+            return;
+        };
+        let Some(at) = self.cpus.iter().position(|&c| c == cpu) else {
+            return;
+        };
+        let (last_tid, last_cpu) = (
+            self.last_tid.swap(tid, Relaxed),
+            self.last_cpu.swap(cpu as u32, Relaxed),
+        );
+        let same = last_tid == tid && last_cpu == cpu as u32;
+        let streak = if same {
+            self.streak.fetch_add(1, Relaxed) + 1
+        } else {
+            self.streak.store(0, Relaxed);
+            0
+        };
+        let reader = self.reader.load(SeqCst);
+        if reader == ALL {
+            if streak >= SETTLED && !self.starved_lately() {
+                self.hand_to(ALL, at, stop);
+            }
+        } else if last_tid != tid && last_cpu != cpu as u32 && last_cpu != u32::MAX {
+            // Two threads faulting on two CPUs.
+            self.all_read();
+        } else if at != reader as usize && same {
+            // The program runs elsewhere now: follow it.
+            self.hand_to(reader, at, stop);
+        }
+    }
+
+    /// Records the calling thread as the evictor (else the write-back thread), and places it.
+    pub fn register(&self, evictor: bool) {
+        let slot = if evictor {
+            &self.evictor
+        } else {
+            &self.writeback
+        };
+        slot.store(crate::sys::gettid(), Relaxed);
+        self.place_threads();
+    }
+
+    /// With one reader, the evictor at SCHED_IDLE on its CPU and the write-back thread on the
+    /// others; else both anywhere the handlers run, at normal priority.
+    fn place_threads(&self) {
+        if !self.enabled {
+            return;
+        }
+        let r = self.reader.load(SeqCst);
+        let (evictor, others, idle) = match self.cpus.get(r as usize) {
+            Some(&c) if r != ALL => (
+                vec![c],
+                self.cpus.iter().copied().filter(|&o| o != c).collect(),
+                true,
+            ),
+            _ => (self.cpus.clone(), self.cpus.clone(), false),
+        };
+        let tid = self.evictor.load(Relaxed);
+        if tid != 0 {
+            let _ = tidepool_sys::set_affinity(tid as i32, &evictor);
+            let _ = tidepool_sys::set_idle_priority(tid as i32, idle);
+        }
+        let tid = self.writeback.load(Relaxed);
+        if tid != 0 {
+            let _ = tidepool_sys::set_affinity(tid as i32, &others);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_threads_cpu_is_read_from_proc() {
+        let cpu = cpu_of(crate::sys::gettid()).expect("this thread's CPU");
+        assert!(cpu < tidepool_sys::online_cpus().max(1) * 64);
+    }
+
+    #[test]
+    fn one_thread_seen_elsewhere_moves_the_reader_and_two_threads_make_all_read() {
+        let stop = AtomicBool::new(false);
+        let f = Follow {
+            enabled: true,
+            reader: AtomicU32::new(ALL),
+            cpus: vec![1000, 1001],
+            last_tid: AtomicU32::new(0),
+            last_cpu: AtomicU32::new(u32::MAX),
+            streak: AtomicU32::new(0),
+            evictor: AtomicU32::new(0),
+            writeback: AtomicU32::new(0),
+            starved_at_ms: AtomicU64::new(0),
+            starved_for_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+        };
+        // This thread runs on no CPU the handlers have: looks change nothing.
+        f.look(crate::sys::gettid(), &stop);
+        assert!(!f.one_reads());
+        // A reader is handed over only while the pager is not stopping.
+        f.hand_to(ALL, 1, &stop);
+        assert!(f.reads(1) && !f.reads(0));
+        stop.store(true, SeqCst);
+        f.hand_to(1, 0, &stop);
+        assert!(f.reads(0) && f.reads(1), "stopping: every handler reads");
+        stop.store(false, SeqCst);
+        f.hand_to(ALL, 0, &stop);
+        f.all_read();
+        assert!(f.reads(0) && f.reads(1));
+        // A waiter returns once it may read.
+        f.hand_to(ALL, 1, &stop);
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| f.wait_to_read(0, &stop));
+            std::thread::sleep(Duration::from_millis(20));
+            f.all_read();
+            waiter.join().unwrap();
+        });
+    }
+}
