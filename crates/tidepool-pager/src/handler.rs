@@ -1,4 +1,5 @@
-//! The fault handler threads (one pinned per CPU): they read fault events and serve them,
+//! The fault handler threads (one pinned per CPU; while one of them reads alone, the others wait
+//! their turn, see `follow.rs`): they read fault events and serve them,
 //! except while a fork holds the gate closed (`fork.rs`), when they serve the forking thread's
 //! own faults and hold the others; and the service a thread starting the pager's threads gives
 //! until they run.

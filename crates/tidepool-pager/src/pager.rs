@@ -12,7 +12,8 @@
 //! ```
 //!
 //! Fault handling runs on one thread per CPU, each pinned: on the VMs we run on, a wake-up across
-//! vCPUs costs 25-160 us against ~8 us for a handler on the faulting CPU. The handler also
+//! vCPUs costs 25-160 us against ~8 us for a handler on the faulting CPU. While the faults come
+//! from one CPU only that CPU's handler reads them, below the program's priority (`follow.rs`). The handler also
 //! prefetches, right after waking the faulting thread: on one CPU a separate prefetch thread
 //! lost the race to the program it fetched for, which then faulted page by page (measured on a
 //! 96 MiB scan at 2/3 local: 45,000 demand faults a second against 1,500 inline). For the same
