@@ -145,7 +145,14 @@ impl Follow {
     /// and the right to leave SCHED_IDLE.
     pub fn new(asked: bool, cpus: Vec<usize>) -> Follow {
         let enabled = asked && cpus.len() > 1 && may_leave_idle();
-        let f = Follow {
+        let f = Follow::with(enabled, cpus);
+        f.start_here();
+        f
+    }
+
+    /// Every handler reading, nothing seen yet.
+    fn with(enabled: bool, cpus: Vec<usize>) -> Follow {
+        Follow {
             enabled,
             reader: AtomicU32::new(ALL),
             cpus,
@@ -157,9 +164,7 @@ impl Follow {
             starved_at_ms: AtomicU64::new(0),
             starved_for_ms: AtomicU64::new(0),
             epoch: Instant::now(),
-        };
-        f.start_here();
-        f
+        }
     }
 
     /// The handler on the calling thread's CPU reads (the program's thread starting the pager,
@@ -338,19 +343,7 @@ mod tests {
     #[test]
     fn one_thread_seen_elsewhere_moves_the_reader_and_two_threads_make_all_read() {
         let stop = AtomicBool::new(false);
-        let f = Follow {
-            enabled: true,
-            reader: AtomicU32::new(ALL),
-            cpus: vec![1000, 1001],
-            last_tid: AtomicU32::new(0),
-            last_cpu: AtomicU32::new(u32::MAX),
-            streak: AtomicU32::new(0),
-            evictor: AtomicU32::new(0),
-            writeback: AtomicU32::new(0),
-            starved_at_ms: AtomicU64::new(0),
-            starved_for_ms: AtomicU64::new(0),
-            epoch: Instant::now(),
-        };
+        let f = Follow::with(true, vec![1000, 1001]);
         // This thread runs on no CPU the handlers have: looks change nothing.
         f.look(crate::sys::gettid(), &stop);
         assert!(!f.one_reads());
