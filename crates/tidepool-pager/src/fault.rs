@@ -181,6 +181,7 @@ impl Inner {
                 self.timings.evicted_inline(t.elapsed());
             }
         } else if self.local_pages() > budget {
+            // Every handler reads: the evictor thread does the work.
             self.kick_evictor();
             // Far over budget (the evictor is behind): reclaim here before going on.
             if self.local_pages() > budget + self.margin() {

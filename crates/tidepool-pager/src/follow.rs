@@ -16,18 +16,21 @@
 //! other CPUs, at normal priority: compressing pages there costs some shootdowns but gains more
 //! (CPython's 1 GB dict at 50% local, compressing store: 5.5-7.0 s with it free, 7.4-9.0 s
 //! with it on the reader's CPU, 6.3-8.3 s with every handler reading), and on the reader's CPU
-//! it would keep the reader off it. Every
-//! [`CHECK_EVERY`] faults the reader looks at which CPU the faulting thread ran on; if it is
-//! another, the reader's place moves there. Faults of two threads on two CPUs make every
+//! it would keep the reader off it.
+//!
+//! Every [`CHECK_EVERY`] faults the reader looks at which CPU the faulting thread ran on; if it
+//! is another, the reader's place moves there. Faults of two threads on two CPUs make every
 //! handler read again at normal priority, and the evictor run anywhere, as before; after
-//! [`SETTLED`] looks in a row at one thread on one CPU, one reader again. At idle priority the
-//! reader runs only when nothing else wants its CPU: another thread of the program, or another
-//! process, busy there keeps it off (a stress-ng run with two busy workers took minutes). So the
-//! watchdog looks every [`STARVING_LOOK`]: the reader runnable at three looks in a row with
-//! fewer than [`CRAWLING`] faults served between each, and a thread waiting in the same fault
-//! at the last two, make every handler read, at normal priority, for [`STARVED_FOR`], doubled each time it happens again within a
-//! minute (up to a minute). (Runnable alone is no proof: the program preempts the reader at
-//! every wake-up, and runs on while it computes.)
+//! [`SETTLED`] looks in a row at one thread on one CPU, one reader again.
+//!
+//! At idle priority the reader runs only when nothing else wants its CPU: another thread of the
+//! program, or another process, busy there keeps it off (stress-ng's vm methods beside two CPU
+//! hogs: 209 s against 77 s with every handler reading). So the watchdog looks every
+//! [`STARVING_LOOK`]: the reader runnable at three looks in a row with fewer than [`CRAWLING`]
+//! faults served between each, and a thread waiting in the same fault at the last two, make
+//! every handler read, at normal priority, for [`STARVED_FOR`], doubled each time it happens
+//! again within a minute (up to a minute). Runnable alone is no proof: the program preempts the
+//! reader at every wake-up, and runs on while it computes.
 //!
 //! Needs the right to leave `SCHED_IDLE` again (root, CAP_SYS_NICE, or RLIMIT_NICE of 20):
 //! without it every handler reads, as before.
