@@ -32,6 +32,10 @@ impl Arena {
             ));
         }
         let p = tidepool_sys::map_noreserve(len)?;
+        // Objects are read at random: with 4 KiB pages nearly every get misses the TLB, and
+        // under a hypervisor that miss walks two page tables. Huge pages where the kernel has
+        // them (advice only: without THP the mapping works as before).
+        let _ = tidepool_sys::vm::advise(p, len, libc::MADV_HUGEPAGE);
         let base = NonNull::new(p as *mut u8).ok_or_else(|| io::Error::other("mmap gave null"))?;
         Ok(Arena { base, len })
     }

@@ -136,6 +136,15 @@ impl<'a> Conn<'a> {
         std::mem::take(&mut self.splices)
     }
 
+    /// Gives back the vector [`Conn::take_splices`] handed out once its guards are released,
+    /// so the next answer reuses its room instead of allocating.
+    pub fn return_splices(&mut self, mut spent: Vec<Splice<'a>>) {
+        spent.clear();
+        if self.splices.is_empty() {
+            self.splices = spent;
+        }
+    }
+
     /// Serves the complete frames in `rbuf`, appending the answers to `wbuf`, until
     /// `wbuf.len()` plus the object bytes still to be spliced in reach `limit` (checked before
     /// each frame: one answer can take them past it). On a malformed frame it appends an
