@@ -6,7 +6,8 @@
 //! / pipelined SET, memcached pipelined meta `mg` / `ms`), at the same number of requests in
 //! flight:
 //!
-//! - `get-unpipelined`, `put-unpipelined`: one client, one request at a time: p50/p99 latency.
+//! - `get-unpipelined`, `put-unpipelined`: one client, one request at a time: p50/p99 latency,
+//!   every system timed in the same stretch, 32 requests each in turn.
 //! - `get-batched`, `put-batched`: `threads` clients with `batch` requests in flight each:
 //!   throughput (`kv`).
 //! - `node-loss`: a node of a replicated or erasure-coded store killed under load (`loss`).
