@@ -135,14 +135,14 @@ impl HandlerTids {
 /// A thread's scheduler accounting (/proc/self/task/TID/schedstat): time on a CPU, time
 /// runnable but waiting for one, and how many times it was put on one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct SchedStat {
-    ran_ns: u64,
-    waited_ns: u64,
-    runs: u64,
+pub(crate) struct SchedStat {
+    pub(crate) ran_ns: u64,
+    pub(crate) waited_ns: u64,
+    pub(crate) runs: u64,
 }
 
 impl SchedStat {
-    fn of(tid: u32) -> Option<SchedStat> {
+    pub(crate) fn of(tid: u32) -> Option<SchedStat> {
         let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
         let mut f = text.split_whitespace().map(|w| w.parse::<u64>().ok());
         Some(SchedStat {

@@ -53,9 +53,11 @@ impl Inner {
             let mut stop = false;
             let now = Instant::now();
             let mut last_tid = None;
+            let mut read = 0;
             for f in faults.drain(..) {
                 if f.page_addr != bell {
                     last_tid = Some(f.tid);
+                    read += 1;
                     held.push((f, now));
                 } else if self.shutdown.load(Acquire) && !stop {
                     // Mapping the page lets the ringer go on to the next handler.
@@ -66,6 +68,9 @@ impl Inner {
                 }
             }
             self.serve_or_hold(&mut held, &mut picker, &mut staging);
+            if idle {
+                self.follow.served_alone(read);
+            }
             if stop {
                 return;
             }

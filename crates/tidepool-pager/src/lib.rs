@@ -77,6 +77,7 @@ mod watchdog;
 mod writeback;
 
 pub use error::PagerError;
+pub use follow::FollowReport;
 pub use fork::{in_forked_child, install as install_fork_handlers};
 pub use marks::ForkAdvice;
 pub use pager::{Config, Pager, DEFAULT_FAULT_DEADLINE, FATAL_EXIT_CODE};

@@ -452,6 +452,7 @@ impl Pager {
         s.store_health = i.store.health();
         s.handler_sleeps = i.handler_tids.sleeps();
         s.interrupts = i.interrupts.taken();
+        s.follow = i.follow.report();
         // An in-process store answers at once: what it holds is this process's memory.
         if i.store.private_to_process() {
             s.store_memory = i.store.stats().ok().and_then(|st| {

@@ -330,6 +330,8 @@ pub struct PagerStats {
     /// Interrupts this machine took, on all its CPUs, since the pager started: the pager's
     /// share shows against a run of the same program without it.
     pub interrupts: Option<crate::cpu::Interrupts>,
+    /// How the handlers followed the program's CPU (`None`: they did not try; see `follow.rs`).
+    pub follow: Option<crate::follow::FollowReport>,
 }
 
 /// What an in-process far store holds, in this process's memory.
@@ -406,6 +408,7 @@ pub(crate) fn snapshot(
         store_health: None,
         store_memory: None,
         handler_sleeps: 0,
+        follow: None,
         interrupts: None,
     }
 }
@@ -533,6 +536,17 @@ impl fmt::Display for PagerStats {
                 )?;
             }
             writeln!(f)?;
+            if let Some(r) = self.follow {
+                writeln!(
+                    f,
+                    "follow       one handler on the program's CPU served {:.0}% of faults; every \
+                     handler read again {} times for a reader kept off its CPU and {} times for \
+                     threads faulting on two CPUs",
+                    100.0 * (r.alone as f64 / faults).min(1.0),
+                    r.starvations,
+                    r.two_cpus
+                )?;
+            }
         }
         write!(
             f,

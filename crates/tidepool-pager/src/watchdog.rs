@@ -155,16 +155,13 @@ impl Inner {
                 let Some(reader) = self.follow.reader() else {
                     continue;
                 };
-                // Runnable, not sleeping in its read or on the store: it wants its CPU.
-                let runnable = read(&format!(
-                    "/proc/self/task/{}/stat",
-                    self.handler_tids.get(reader)
-                ))
-                .and_then(|s| parse_stat(&s))
-                .is_some_and(|(_, state, _)| state == 'R');
+                // How long it waited for a CPU so far (runnable, not on one).
+                let Some(sched) = crate::cpu::SchedStat::of(self.handler_tids.get(reader)) else {
+                    continue;
+                };
                 let served = self.counters.missing_faults.load(Relaxed)
                     + self.counters.wp_faults.load(Relaxed);
-                if starving.suspect(&self.follow, runnable, served) {
+                if starving.suspect(&self.follow, sched.waited_ns, served) {
                     // A thread still waiting in the same fault as at the last suspect look.
                     let waiting: Vec<(u32, u64)> = tasks()
                         .iter()

@@ -33,6 +33,13 @@ fn a_run_of_faults_reports_sleeps_interrupts_and_sampled_delivery() {
     let report = s.to_string();
     assert!(report.contains("handlers slept"), "{report}");
     assert!(report.contains("miss path    delivery"), "{report}");
+    // Following the program (the default where it may: two CPUs, the right to leave
+    // SCHED_IDLE): one thread on one CPU, so one handler served faults alone.
+    if let Some(f) = s.follow {
+        assert!(f.alone > 0, "no fault served by a lone reader: {report}");
+        assert_eq!(f.two_cpus, 0, "one thread counted as two CPUs: {report}");
+        assert!(report.contains("follow       one handler"), "{report}");
+    }
 }
 
 /// Threads on every CPU, one reader following wherever it can: every byte comes back, with
