@@ -2,6 +2,7 @@
 //! plain in-process store, or a memory node) or in a memory cgroup swapping to zram; to its
 //! end, timed, its peak RSS and the bytes each system holds for it followed.
 
+use crate::harness::on_any_cpu;
 use crate::meter::{FarGauge, Gauge, Held, Watch};
 use crate::zram::Zram;
 use anyhow::{anyhow, Context, Result};
@@ -70,7 +71,23 @@ impl Launcher {
         }
     }
 
-    /// The command that runs `argv` under `system` with `local` bytes of local memory.
+    /// [`Launcher::command`] on any CPU (see [`on_any_cpu`]), except for a node-backed run,
+    /// which stays off the node's CPU.
+    pub fn command_anywhere(
+        &self,
+        system: System,
+        local: u64,
+        argv: &[OsString],
+    ) -> Result<Command> {
+        let c = self.command(system, local, argv)?;
+        Ok(match system {
+            System::TidepoolNode => c,
+            _ => on_any_cpu(&c),
+        })
+    }
+
+    /// The command that runs `argv` under `system` with `local` bytes of local memory, where
+    /// the bench's clients are pinned.
     pub fn command(&self, system: System, local: u64, argv: &[OsString]) -> Result<Command> {
         let (prog, args) = argv.split_first().context("no program")?;
         Ok(match system {

@@ -83,6 +83,10 @@ impl Suite for AppsSuite {
             "tidepool-node: the node polls {poll} us for requests before it sleeps, except \
              under Redis, whose load generator shares the node's CPU"
         ));
+        ctx.note(
+            "programs other than Redis run on any CPU, as a user's would, except node-backed \
+             ones, which stay off the node's CPU; Redis and its load generator keep their CPUs",
+        );
         let node_url = |n: &NodeProcess| format!("node://apps@{}", n.addr);
         let mut l = Launcher::new(exe, preload, Some(node_url(&polling)));
         l.load_cpus = ctx.opts.placement.server_cpus();

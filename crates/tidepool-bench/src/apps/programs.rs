@@ -144,7 +144,7 @@ fn run_script(
     let script = dir.join(name);
     std::fs::write(&script, text)?;
     let argv = [python.into(), script.into(), arg.to_string().into()];
-    l.run_to_end(system, l.command(system, local, &argv)?)
+    l.run_to_end(system, l.command_anywhere(system, local, &argv)?)
 }
 
 /// The python-dict workload (the pager suite's script).
@@ -209,7 +209,7 @@ pub fn sort(l: &Launcher, system: System, local: u64, input: &Path, dir: &Path) 
         output.clone().into(),
         input.into(),
     ];
-    let mut cmd = l.command(system, local, &argv)?;
+    let mut cmd = l.command_anywhere(system, local, &argv)?;
     cmd.env("LC_ALL", "C").env("TMPDIR", dir);
     let ended = l.run_to_end(system, cmd)?;
     if ended.oom_killed() {

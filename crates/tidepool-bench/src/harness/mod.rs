@@ -15,7 +15,7 @@ pub use ctx::{Ctx, Suite};
 pub use matrix::{
     geomean, matrix_steps, median, Matrix, Pass, Sample, Samples, System, Turns, Workload,
 };
-pub use placement::{BenchOpts, Placement};
+pub use placement::{on_any_cpu, BenchOpts, Placement};
 
 use crate::report::Report;
 use anyhow::{bail, Context, Result};

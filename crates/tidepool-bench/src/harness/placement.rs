@@ -90,6 +90,29 @@ impl Placement {
     }
 }
 
+/// `cmd` run on any CPU of the machine (through `taskset`), not only where the bench's own
+/// threads and the programs it starts are pinned. Programs under a pager or swap run where a
+/// user's would: the pager places its own threads (it follows the program's CPU, which needs
+/// more than one), and the kernel's reclaim for zram runs on any CPU anyway. Programs paged to
+/// a memory node stay off the node's CPU, as they would be on another machine.
+pub fn on_any_cpu(cmd: &std::process::Command) -> std::process::Command {
+    let mut c = std::process::Command::new("taskset");
+    c.arg("--cpu-list")
+        .arg(format!("0-{}", Placement::cpus().saturating_sub(1)))
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    if let Some(d) = cmd.get_current_dir() {
+        c.current_dir(d);
+    }
+    c
+}
+
 /// How a suite should run.
 #[derive(Debug, Clone)]
 pub struct BenchOpts {

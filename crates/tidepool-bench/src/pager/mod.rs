@@ -67,6 +67,10 @@ impl Suite for PagerSuite {
                 .push("tidepool-node", "get-4k-unpipelined", metric, v, "us", &[]);
         }
         runner.start_zram(ctx, s.wss * 2);
+        ctx.note(
+            "programs run on any CPU, as a user's would, except node-backed ones, which stay off \
+             the nodes' CPU",
+        );
         let programs = Programs::new(ctx, &s)?;
         let workloads = programs.workloads();
         let systems = runner.systems();

@@ -2,7 +2,7 @@
 //! memory node, or erasure-coded over six), in a memory cgroup swapping to zram, or native;
 //! and the servers they need, started once for the suite.
 
-use crate::harness::{Ctx, System};
+use crate::harness::{on_any_cpu, Ctx, System};
 use crate::meter::{FarGauge, Gauge, Watch};
 use crate::node::{NodeProcess, NODE_BUSY_POLL_US};
 use crate::zram::Zram;
@@ -121,16 +121,19 @@ impl Runner {
         systems
     }
 
-    /// A command that runs its arguments under `system` with `local` bytes of local memory.
+    /// A command that runs its arguments under `system` with `local` bytes of local memory: on
+    /// any CPU, except node-backed runs, which stay off the nodes' CPU (see [`on_any_cpu`]).
     pub(super) fn command(&self, system: Pager, local: u64) -> Result<Command> {
         let backend = match system {
-            Pager::Native => return Ok(Command::new("env")),
+            Pager::Native => return Ok(on_any_cpu(&Command::new("env"))),
             Pager::LinuxZram => {
-                return self
-                    .zram
-                    .as_ref()
-                    .expect("listed only if started")
-                    .command(local)
+                return Ok(on_any_cpu(
+                    &self
+                        .zram
+                        .as_ref()
+                        .expect("listed only if started")
+                        .command(local)?,
+                ))
             }
             Pager::TidepoolNode => Some(self.node_url("bench")),
             Pager::TidepoolNodeEc => Some(self.ec_url.clone()),
@@ -143,7 +146,10 @@ impl Runner {
             c.args(["--backend", &b]);
         }
         c.arg("--").env("TIDEPOOL_PRELOAD", &self.preload);
-        Ok(c)
+        Ok(match system {
+            Pager::TidepoolNode | Pager::TidepoolNodeEc => c,
+            _ => on_any_cpu(&c),
+        })
     }
 
     /// Starts following the bytes `system` holds for program `pid`: on this machine, and on
