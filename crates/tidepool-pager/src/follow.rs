@@ -44,8 +44,8 @@ use std::time::{Duration, Instant};
 
 /// The reader value under which every handler reads.
 pub(crate) const ALL: u32 = u32::MAX;
-/// Faults a reader serves between looks at where the faulting thread runs (a look reads /proc,
-/// a few microseconds).
+/// Reads with faults in them a reader serves between looks at where the faulting thread runs
+/// (a look reads /proc, a few microseconds); one fault a read while a single thread faults.
 pub(crate) const CHECK_EVERY: u32 = 64;
 /// Looks in a row at one thread's faults on one CPU before one handler reads again.
 const SETTLED: u32 = 32;

@@ -22,8 +22,8 @@ impl Inner {
         let mut picker = crate::late::Picker::new();
         let mut staging = Staging::new();
         let bell = self.doorbell.addr();
-        // Whether this thread runs at SCHED_IDLE (while it reads alone), and faults served
-        // since its last look at where the program runs.
+        // Whether this thread runs at SCHED_IDLE (while it reads alone), and reads that
+        // brought faults since its last look at where the program runs.
         let mut idle = false;
         let mut served = 0u32;
         loop {

@@ -112,7 +112,7 @@ pub(super) fn run(ctx: &mut Ctx, systems: &[StoreSystem]) -> Result<()> {
                 return interleaved(systems, w, n, d * systems.len() as u32, &noise);
             }
             let cpu0 = s.cpu_seconds();
-            let (_, ops, secs) = drive(&s.store, w, n, d, &noise, s.name())?;
+            let (ops, secs) = drive(&s.store, w, n, d, &noise, s.name())?;
             let rate = ops as f64 / secs;
             if let Pass::Round(r) = pass {
                 if std::env::var_os("TIDEPOOL_BENCH_TRACE").is_some() {
@@ -169,26 +169,15 @@ fn interleaved(
     let mut hists: Vec<Histogram<u64>> = systems.iter().map(|_| new_hist()).collect();
     let mut busy = vec![Duration::ZERO; systems.len()];
     let mut done = vec![0u64; systems.len()];
-    let mut buf = value(0, 0, noise);
+    let mut bufs = vec![value(0, 0, noise)];
     let deadline = Instant::now() + d;
     while Instant::now() < deadline {
         for (i, s) in systems.iter().enumerate() {
             let turn = Instant::now();
             for _ in 0..TURN {
-                let k = rng.gen_range(0..n);
-                let t0 = Instant::now();
-                match w.kind {
-                    Kind::Get => {
-                        let got = s.store.read_many(&[k])?;
-                        hists[i].record(t0.elapsed().as_nanos() as u64).ok();
-                        check(k, None, got[0].as_ref(), s.name())?;
-                    }
-                    Kind::Put => {
-                        buf[..8].copy_from_slice(&k.to_le_bytes());
-                        s.store.write_many(&[(k, buf.as_slice())])?;
-                        hists[i].record(t0.elapsed().as_nanos() as u64).ok();
-                    }
-                }
+                let k = [rng.gen_range(0..n)];
+                let ns = call(s.store.as_ref(), w.kind, &k, &mut bufs, s.name())?;
+                hists[i].record(ns).ok();
             }
             busy[i] += turn.elapsed();
             done[i] += TURN as u64;
@@ -210,8 +199,43 @@ fn new_hist() -> Histogram<u64> {
     Histogram::new_with_bounds(100, 10_000_000_000, 3).expect("valid bounds")
 }
 
-/// Runs `w.threads` clients for `d`, each with `w.batch` requests per call. Returns the pooled
-/// per-call latency (ns), keys done, and seconds taken.
+/// One timed call of `kind` on `keys` (puts write `bufs`, one per key, each tagged with its
+/// key first); gets are checked. Returns the call's nanoseconds.
+fn call(
+    store: &dyn FarStore,
+    kind: Kind,
+    keys: &[Key],
+    bufs: &mut [Vec<u8>],
+    who: &str,
+) -> Result<u64> {
+    match kind {
+        Kind::Get => {
+            let t0 = Instant::now();
+            let got = store.read_many(keys)?;
+            let ns = t0.elapsed().as_nanos() as u64;
+            for (k, g) in keys.iter().zip(&got) {
+                check(*k, None, g.as_ref(), who)?;
+            }
+            Ok(ns)
+        }
+        Kind::Put => {
+            for (b, k) in bufs.iter_mut().zip(keys) {
+                b[..8].copy_from_slice(&k.to_le_bytes());
+            }
+            let items: Vec<(Key, &[u8])> = keys
+                .iter()
+                .copied()
+                .zip(bufs.iter().map(Vec::as_slice))
+                .collect();
+            let t0 = Instant::now();
+            store.write_many(&items)?;
+            Ok(t0.elapsed().as_nanos() as u64)
+        }
+    }
+}
+
+/// Runs `w.threads` clients for `d`, each with `w.batch` requests per call. Returns keys done
+/// and seconds taken.
 fn drive(
     store: &Arc<dyn FarStore>,
     w: &Kv,
@@ -219,20 +243,18 @@ fn drive(
     d: Duration,
     noise: &[u8],
     who: &str,
-) -> Result<(Histogram<u64>, u64, f64)> {
+) -> Result<(u64, f64)> {
     let (kind, threads, batch) = (w.kind, w.threads, w.batch);
     let start = Instant::now();
-    let results: Vec<Result<(Histogram<u64>, u64)>> = std::thread::scope(|s| {
+    let results: Vec<Result<u64>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let store = Arc::clone(store);
-                s.spawn(move || -> Result<(Histogram<u64>, u64)> {
+                s.spawn(move || -> Result<u64> {
                     let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64 + 7);
-                    let mut hist = new_hist();
                     let mut done = 0u64;
                     let mut keys = vec![0u64; batch];
-                    // Values for puts are built before timing starts; each is re-tagged with
-                    // its key (8 bytes) before it is sent.
+                    // Values for puts are built before timing starts.
                     let mut bufs: Vec<Vec<u8>> = if kind == Kind::Put {
                         (0..batch).map(|_| value(0, 0, noise)).collect()
                     } else {
@@ -243,31 +265,10 @@ fn drive(
                         for k in keys.iter_mut() {
                             *k = rng.gen_range(0..n);
                         }
-                        let t0 = Instant::now();
-                        match kind {
-                            Kind::Get => {
-                                let got = store.read_many(&keys)?;
-                                hist.record(t0.elapsed().as_nanos() as u64).ok();
-                                for (k, g) in keys.iter().zip(&got) {
-                                    check(*k, None, g.as_ref(), who)?;
-                                }
-                            }
-                            Kind::Put => {
-                                for (b, k) in bufs.iter_mut().zip(&keys) {
-                                    b[..8].copy_from_slice(&k.to_le_bytes());
-                                }
-                                let items: Vec<(Key, &[u8])> = keys
-                                    .iter()
-                                    .copied()
-                                    .zip(bufs.iter().map(Vec::as_slice))
-                                    .collect();
-                                store.write_many(&items)?;
-                                hist.record(t0.elapsed().as_nanos() as u64).ok();
-                            }
-                        }
+                        call(store.as_ref(), kind, &keys, &mut bufs, who)?;
                         done += batch as u64;
                     }
-                    Ok((hist, done))
+                    Ok(done)
                 })
             })
             .collect();
@@ -280,12 +281,9 @@ fn drive(
             .collect()
     });
     let secs = start.elapsed().as_secs_f64();
-    let mut hist = new_hist();
     let mut ops = 0;
     for r in results {
-        let (h, n) = r?;
-        hist.add(&h).expect("same bounds");
-        ops += n;
+        ops += r?;
     }
-    Ok((hist, ops, secs))
+    Ok((ops, secs))
 }
