@@ -22,6 +22,7 @@
 //! slices of this buffer). The standard library offers no stable way to read into
 //! uninitialised memory.
 
+pub mod interrupts;
 pub mod memfd;
 pub mod probe;
 pub mod seqpacket;

@@ -1,6 +1,7 @@
 //! Running a program under each system: natively, under `tidepool run` (as a user types it, the
 //! plain in-process store, or a memory node) or in a memory cgroup swapping to zram; to its
-//! end, timed, its peak RSS and the bytes each system holds for it followed.
+//! end, timed, its peak RSS, the bytes each system holds for it and the cross-CPU interrupts
+//! the machine took meanwhile followed.
 
 use crate::harness::on_any_cpu;
 use crate::meter::{FarGauge, Gauge, Held, Watch};
@@ -12,6 +13,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+use tidepool_sys::interrupts::Interrupts;
 
 /// Where a program runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +169,9 @@ pub struct Ended {
     pub peak_rss: u64,
     /// The bytes its system held for it, at their peak.
     pub held: Held,
+    /// The cross-CPU interrupts this machine took while it ran (none where /proc/interrupts
+    /// cannot be read): what its paging cost the other CPU too.
+    pub interrupts: Option<Interrupts>,
 }
 
 impl Ended {
@@ -191,6 +196,7 @@ pub(super) fn peak_rss_of(pid: u32) -> Option<u64> {
 
 /// Runs `cmd` to its end, timing it and following its peak RSS and what `watch` follows.
 pub fn run_to_end(mut cmd: Command, watch: impl FnOnce(u32) -> Watch) -> Result<Ended> {
+    let before = Interrupts::now();
     let start = Instant::now();
     let mut child = cmd
         .stdin(Stdio::null())
@@ -220,6 +226,7 @@ pub fn run_to_end(mut cmd: Command, watch: impl FnOnce(u32) -> Watch) -> Result<
         std::thread::sleep(Duration::from_millis(20));
     };
     let seconds = start.elapsed().as_secs_f64();
+    let interrupts = Interrupts::now().zip(before).map(|(now, b)| now.since(b));
     let held = watch.finish();
     let (stdout, stderr) = reader.join().map_err(|_| anyhow!("output reader"))?;
     Ok(Ended {
@@ -229,5 +236,6 @@ pub fn run_to_end(mut cmd: Command, watch: impl FnOnce(u32) -> Watch) -> Result<
         stderr,
         peak_rss: peak,
         held,
+        interrupts,
     })
 }

@@ -24,7 +24,10 @@
 //! `tidepool-*` system an `unpaged_mib` row, the program's memory outside the pager's regions
 //! (code, stacks, the pager's own tables, an in-process store) ([`crate::meter`]). A node's
 //! `machine_mib` should be its budget (with a forked child's, under BGSAVE) plus that, within
-//! 10%: the verdict says where it is not. Local memory is `local_ratio` (0.25
+//! 10%: the verdict says where it is not. Beside every program's time but Redis's (whose load
+//! generator's own wake-ups would drown them), an `interrupts` row counts the cross-CPU
+//! interrupts (function calls and rescheduling, /proc/interrupts) this machine took during the
+//! run, and `tlb_shootdowns` the TLB shootdowns among them: what paging cost the other CPU. Local memory is `local_ratio` (0.25
 //! and 0.5) of each program's peak RSS, measured natively first. A peer the kernel OOM-killed
 //! gets a row with metric `oom_killed` = 1.
 
@@ -288,6 +291,7 @@ impl Measured {
             Measured::Program(Ran {
                 outcome: Outcome::Done { seconds, answer },
                 held,
+                interrupts,
                 ..
             }) => {
                 if let Some(want) = want {
@@ -298,6 +302,24 @@ impl Measured {
                 ctx.report
                     .push(name, workload, "seconds", *seconds, "s", &params);
                 push_held(ctx, name, workload, held, &params);
+                if let Some(i) = interrupts {
+                    ctx.report.push(
+                        name,
+                        workload,
+                        "interrupts",
+                        i.cross_cpu() as f64,
+                        "",
+                        &params,
+                    );
+                    ctx.report.push(
+                        name,
+                        workload,
+                        "tlb_shootdowns",
+                        i.tlb_shootdown as f64,
+                        "",
+                        &params,
+                    );
+                }
             }
         }
         Ok(())
@@ -352,9 +374,18 @@ fn verdict(ctx: &mut Ctx) {
                             (false, true) => "smaller but slower",
                             (false, false) => "loses",
                         };
+                        let irqs = match (at(system, "interrupts"), at("linux-zram", "interrupts"))
+                        {
+                            (Some(t), Some(z)) => format!(
+                                "; {t:.0} cross-CPU interrupts, {:.1}x linux-zram's {z:.0}",
+                                t / z.max(1.0)
+                            ),
+                            _ => String::new(),
+                        };
                         format!(
                             "{w} at {pct:.0}% local: {system} {speed:.2}x linux-zram's speed at \
-                             {bytes:.2}x its machine_mib ({t_mib:.0} vs {z_mib:.0} MiB): {verdict}"
+                             {bytes:.2}x its machine_mib ({t_mib:.0} vs {z_mib:.0} MiB): \
+                             {verdict}{irqs}"
                         )
                     }
                     _ if at("linux-zram", "oom_killed").is_some() => format!(

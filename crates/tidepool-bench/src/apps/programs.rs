@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tidepool_sys::interrupts::Interrupts;
 
 /// Sizes of one run of the suite.
 #[derive(Debug, Clone, Copy)]
@@ -77,12 +78,26 @@ pub enum Outcome {
     OomKilled,
 }
 
-/// A program's run under a system: how it ended, its peak RSS and the bytes its system held.
+/// A program's run under a system: how it ended, its peak RSS, the bytes its system held and
+/// the cross-CPU interrupts the machine took meanwhile.
 #[derive(Debug)]
 pub struct Ran {
     pub outcome: Outcome,
     pub peak_rss: u64,
     pub held: Held,
+    pub interrupts: Option<Interrupts>,
+}
+
+impl Ran {
+    /// The run as `outcome`, its figures from `ended`.
+    fn of(outcome: Outcome, ended: Ended) -> Ran {
+        Ran {
+            outcome,
+            peak_rss: ended.peak_rss,
+            held: ended.held,
+            interrupts: ended.interrupts,
+        }
+    }
 }
 
 fn program_outcome(what: &str, ended: &Ended) -> Result<Outcome> {
@@ -122,11 +137,7 @@ pub fn pandas(
         PANDAS_SCRIPT,
         rows,
     )?;
-    Ok(Ran {
-        outcome: program_outcome("pandas", &ended)?,
-        peak_rss: ended.peak_rss,
-        held: ended.held,
-    })
+    Ok(Ran::of(program_outcome("pandas", &ended)?, ended))
 }
 
 /// Writes `text` to `dir/name` and runs it with `python` and one number argument, to its end.
@@ -167,17 +178,14 @@ pub fn python_dict(
         strings,
     )?;
     // The script prints seconds, its own peak RSS and the sum; the sum is the answer.
-    Ok(Ran {
-        outcome: match program_outcome("python-dict", &ended)? {
-            Outcome::Done { seconds, answer } => Outcome::Done {
-                seconds,
-                answer: answer.split_whitespace().last().unwrap_or("").to_string(),
-            },
-            o => o,
+    let outcome = match program_outcome("python-dict", &ended)? {
+        Outcome::Done { seconds, answer } => Outcome::Done {
+            seconds,
+            answer: answer.split_whitespace().last().unwrap_or("").to_string(),
         },
-        peak_rss: ended.peak_rss,
-        held: ended.held,
-    })
+        o => o,
+    };
+    Ok(Ran::of(outcome, ended))
 }
 
 /// A deterministic text file of `lines` lines for sort (hex keys and varying tails).
@@ -213,11 +221,7 @@ pub fn sort(l: &Launcher, system: System, local: u64, input: &Path, dir: &Path) 
     cmd.env("LC_ALL", "C").env("TMPDIR", dir);
     let ended = l.run_to_end(system, cmd)?;
     if ended.oom_killed() {
-        return Ok(Ran {
-            outcome: Outcome::OomKilled,
-            peak_rss: ended.peak_rss,
-            held: ended.held,
-        });
+        return Ok(Ran::of(Outcome::OomKilled, ended));
     }
     if !ended.status.success() {
         bail!("sort failed ({}): {}", ended.status, ended.stderr.trim());
@@ -229,12 +233,6 @@ pub fn sort(l: &Launcher, system: System, local: u64, input: &Path, dir: &Path) 
         .unwrap_or("")
         .to_string();
     let _ = std::fs::remove_file(&output);
-    Ok(Ran {
-        outcome: Outcome::Done {
-            seconds: ended.seconds,
-            answer,
-        },
-        peak_rss: ended.peak_rss,
-        held: ended.held,
-    })
+    let seconds = ended.seconds;
+    Ok(Ran::of(Outcome::Done { seconds, answer }, ended))
 }
