@@ -65,6 +65,11 @@ impl Inner {
                     }
                 }
             }
+            // Stale frames left since the last eviction: memory held twice.
+            if self.frames {
+                let _section = crate::fork::section();
+                self.drop_stale_frames(&[]);
+            }
             // A tier over its share (the budget shrank) gives back the difference.
             if self.probation && !self.tier_has_room(0) {
                 self.tier_make_room(0);
@@ -160,6 +165,11 @@ impl Inner {
             region.note_evicted(*page);
         }
         victims.sort_by_key(|(r, p, _)| (r.id, *p));
+        // Frames pages were copied in from, the victims' own among them: a victim's must go
+        // before it moves out to the same place.
+        if self.frames {
+            self.drop_stale_frames(&victims);
+        }
         let mut evicted = 0;
         // With a probation tier, the victims go to frames if the tier has room for them (made
         // by spilling its oldest), else straight to the store.

@@ -305,16 +305,16 @@ impl Inner {
             _ if word & FRAMED != 0 && self.probation => {
                 // Touched in the probation tier: a local hit.
                 self.tier_touched(word);
-                let new = self.unframed(region, page, word, write);
-                self.move_in(region, page, 1, true);
+                let new = self.unframed(region, page, word, write) | STALE_FRAME;
+                self.copy_in_frames(region, page, 1, true);
                 new
             }
             _ if word & FRAMED != 0 => {
                 Counters::add(&self.counters.far_fetches, 1);
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
                 let t = Instant::now();
-                let new = self.unframed(region, page, word, write);
-                self.move_in(region, page, 1, true);
+                let new = self.unframed(region, page, word, write) | STALE_FRAME;
+                self.copy_in_frames(region, page, 1, true);
                 self.timings.far_fetch(None, t.elapsed(), taken.elapsed());
                 new
             }
@@ -607,15 +607,16 @@ impl Inner {
                 staging.buf[chunk].fill(0);
             }
         }
-        // How a page goes in: moved from its frame, or copied write-protected or writable.
+        // How a page goes in: copied from its frame, or from the staging buffer write-protected
+        // or writable.
         #[derive(PartialEq, Clone, Copy)]
         enum How {
-            Move,
+            Frame,
             Copy { wp: bool },
         }
         let how = |w: u64| {
             if w & FRAMED != 0 {
-                How::Move
+                How::Frame
             } else {
                 How::Copy {
                     wp: in_store(w) && w & WAS_DIRTY == 0 && !self.drops_far_copies(),
@@ -627,13 +628,13 @@ impl Inner {
         for (i, &(p, w)) in batch.iter().enumerate() {
             let this = how(w);
             let wp = this == How::Copy { wp: true };
-            let new = if this == How::Move {
+            let new = if this == How::Frame {
                 if self.probation {
                     self.tier_touched(w);
                 } else {
                     Counters::add(&self.counters.bytes_read, PAGE as u64);
                 }
-                self.unframed(region, p, w, false) | PREFETCHED
+                self.unframed(region, p, w, false) | PREFETCHED | STALE_FRAME
             } else if kind(w) == FAR && self.drops_far_copies() {
                 RESIDENT | PREFETCHED | (w & HISTORY)
             } else if kind(w) == FAR {
@@ -649,15 +650,14 @@ impl Inner {
                 RESIDENT | PREFETCHED | (w & HISTORY)
             };
             list.push((p, new));
-            // One UFFDIO_COPY or UFFDIO_MOVE per run of consecutive pages that go in the same
-            // way.
+            // One UFFDIO_COPY per run of consecutive pages that go in the same way.
             let run_ends = batch
                 .get(i + 1)
                 .is_none_or(|&(q, v)| q != p + 1 || how(v) != this);
             if run_ends {
                 let first = batch[run].0;
-                if this == How::Move {
-                    self.move_in(region, first, i + 1 - run, false);
+                if this == How::Frame {
+                    self.copy_in_frames(region, first, i + 1 - run, false);
                 } else {
                     self.install(
                         region.addr(first),

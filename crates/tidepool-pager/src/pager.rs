@@ -162,6 +162,9 @@ pub(crate) struct Inner {
     pub(crate) inherited: Mutex<Vec<(Arc<RegionInner>, usize)>>,
     /// Pages streams walked past ([`Plan::behind_count`]), evicted first, newest first.
     pub(crate) done: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
+    /// Pages copied in from their frames ([`crate::table::STALE_FRAME`]): the frames left in
+    /// the shadows, dropped together by the next eviction or the evictor's next round.
+    pub(crate) stale: Mutex<Vec<(Arc<RegionInner>, usize)>>,
     pub(crate) evict_seq: AtomicU32,
     /// Non-zero: the evictor should look at the budget now (a futex word: no lock, so a fork
     /// can never leave it held).
@@ -366,6 +369,7 @@ impl Pager {
             clock: Mutex::new(VecDeque::new()),
             inherited: Mutex::new(Vec::new()),
             done: Mutex::new(VecDeque::new()),
+            stale: Mutex::new(Vec::new()),
             evict_seq: AtomicU32::new(1),
             evictor_kick: AtomicU32::new(0),
             watchdog_stop: AtomicU32::new(0),

@@ -151,6 +151,7 @@ pub(crate) struct Counters {
     pub evicted_zero: AtomicU64,
     pub written_back: AtomicU64,
     pub moved_out: AtomicU64,
+    pub copied_in: AtomicU64,
     pub frames_repaired: AtomicU64,
     /// Faults of a forking thread served while its fork held the gate closed.
     pub fork_own_faults: AtomicU64,
@@ -197,6 +198,7 @@ impl Counters {
             evicted_zero,
             written_back,
             moved_out,
+            copied_in,
             frames_repaired,
             fork_own_faults,
             fork_late_faults,
@@ -227,6 +229,7 @@ impl Counters {
             evicted_zero,
             written_back,
             moved_out,
+            copied_in,
             frames_repaired,
             fork_own_faults,
             fork_late_faults,
@@ -281,6 +284,9 @@ pub struct PagerStats {
     pub written_back: u64,
     /// Pages moved, not copied, into frames (the in-process backend, or a probation tier).
     pub moved_out: u64,
+    /// Framed pages copied back in (UFFDIO_COPY) rather than moved: their frames are dropped
+    /// later, many in one call.
+    pub copied_in: u64,
     /// Framed pages the kernel moved between a region and its shadow without being asked,
     /// found and taken as they were (see `Inner::adopt_moved`).
     pub frames_repaired: u64,
@@ -388,6 +394,7 @@ pub(crate) fn snapshot(
         evicted_zero: c.evicted_zero.load(Relaxed),
         written_back: c.written_back.load(Relaxed),
         moved_out: c.moved_out.load(Relaxed),
+        copied_in: c.copied_in.load(Relaxed),
         frames_repaired: c.frames_repaired.load(Relaxed),
         fork_own_faults: c.fork_own_faults.load(Relaxed),
         fork_late_faults: c.fork_late_faults.load(Relaxed),
@@ -451,8 +458,8 @@ impl fmt::Display for PagerStats {
         }
         writeln!(
             f,
-            "evictions    {} pages ({} clean dropped, {} zero, {} written back, {} moved to frames), {} discarded by the program",
-            self.evicted, self.evicted_clean, self.evicted_zero, self.written_back, self.moved_out, self.discarded
+            "evictions    {} pages ({} clean dropped, {} zero, {} written back, {} moved to frames, {} copied back from them), {} discarded by the program",
+            self.evicted, self.evicted_clean, self.evicted_zero, self.written_back, self.moved_out, self.copied_in, self.discarded
         )?;
         if self.tier_cap_pages > 0 {
             writeln!(

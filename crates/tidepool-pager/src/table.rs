@@ -82,6 +82,10 @@ pub const WAITERS: u64 = 1 << 14;
 /// FAR and FRAMED, in a forked child: a frame of the parent's probation tier, shared likewise;
 /// not in this process's tier count, and never spilled here.
 pub const INHERITED: u64 = 1 << 16;
+/// RESIDENT: copied in from its frame, which stays in the shadow, stale, until the pager drops
+/// it with others (see `frames.rs`, [`crate::pager::Inner`]'s `stale` list), or before the
+/// page moves out to it again.
+pub const STALE_FRAME: u64 = 1 << 17;
 pub const SLOT_SHIFT: u32 = 32;
 
 #[inline]
