@@ -232,7 +232,11 @@ impl Inner {
     /// faulted on the page before it was installed) or the program dropped the page behind our
     /// back (a direct MADV_DONTNEED system call), which reads as zeros.
     pub(crate) fn refill_resident(&self, region: &Arc<RegionInner>, page: usize, word: u64) {
-        if region.shadow.is_some() && self.adopt_moved(region, page, false) {
+        if word & STALE_FRAME != 0 {
+            // The frame in the shadow is the copy the page came back from, older than what
+            // the program dropped: never the page. Dropped here; the page reads as zeros.
+            crate::sys::discard(region.shadow_addr(page), PAGE);
+        } else if region.shadow.is_some() && self.adopt_moved(region, page, false) {
             // The kernel moved the page out to its frame without a request: bring it back.
             self.move_in(region, page, 1, true);
             // Installed with a wake-up: anyone waiting on the page is awake.
