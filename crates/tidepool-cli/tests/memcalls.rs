@@ -2,7 +2,8 @@
 //! maps four times the local budget, makes each call (mremap grow, shrink, fixed and
 //! DONTUNMAP; madvise DONTNEED, FREE, REMOVE, HUGEPAGE; mprotect read-only and guard pages;
 //! reserve-then-commit; partial munmap; MAP_FIXED anonymous and file mappings over paged ranges;
-//! brk/sbrk; jemalloc's, tcmalloc's and mimalloc's own arenas; mlock) and checks every word
+//! brk/sbrk; jemalloc's, tcmalloc's and mimalloc's own arenas; mlock; madvise POPULATE_READ and
+//! POPULATE_WRITE, back to back for longer than a short watchdog deadline) and checks every word
 //! and every fault it should see. Each case runs natively first and must print the same under
 //! the pager, with the local store and with a memory node. numpy's aligned buffers and Arrow's
 //! allocator are checked the same way through python3 with pyarrow.
@@ -17,7 +18,7 @@ fn memcalls() -> PathBuf {
     c_program("memcalls", &["-ldl"])
 }
 
-const CASES: [&str; 16] = [
+const CASES: [&str; 17] = [
     "mremap-grow",
     "mremap-shrink",
     "mremap-fixed",
@@ -34,7 +35,13 @@ const CASES: [&str; 16] = [
     "brk",
     "allocators",
     "mlock",
+    "madvise-populate",
 ];
+
+/// The watchdog's deadline for the populate case: far shorter than its run of back-to-back
+/// populates (a thread that waits in page faults all along, served, completing none it is
+/// counted for), which must not be mistaken for one fault never served.
+const POPULATE_DEADLINE: &str = "1";
 
 /// jemalloc cannot be dlopen'ed (its thread-locals are initial-exec): the allocators case
 /// finds it preloaded, natively and under the pager alike.
@@ -60,6 +67,9 @@ fn run_all(backend: &str) {
             .env("TIDEPOOL_PRELOAD", preload());
         if let Some(j) = jemalloc().filter(|_| case == "allocators") {
             paged.env("LD_PRELOAD", j);
+        }
+        if case == "madvise-populate" {
+            paged.env("TIDEPOOL_RUN_FAULT_DEADLINE", POPULATE_DEADLINE);
         }
         let paged = paged.output().unwrap();
         let (got, stderr) = (

@@ -69,12 +69,33 @@ pub(crate) struct Seen {
     pub of: u32,
 }
 
+/// Slots of [`FaultsRead`].
+const READ_SLOTS: usize = 256;
+
+/// Fault events the handlers read for each program thread, counted in slots by thread id
+/// modulo [`READ_SLOTS`]: the watchdog's evidence that a thread waiting in a page fault is
+/// being served. Its own fault count is not enough: the kernel does not count the faults it
+/// takes inside a system call that faults a range in (madvise(MADV_POPULATE_READ/WRITE),
+/// mlock, MAP_POPULATE: get_user_pages), so a thread populating far more than the budget waits
+/// in fault after fault, each one served, without completing a fault of its own. Two threads
+/// sharing a slot can only make a hang of one of them look like progress while the other's
+/// faults are served; the hang is seen when they stop.
+#[derive(Debug)]
+struct FaultsRead([AtomicU32; READ_SLOTS]);
+
+impl Default for FaultsRead {
+    fn default() -> Self {
+        FaultsRead(std::array::from_fn(|_| AtomicU32::new(0)))
+    }
+}
+
 /// The slots of one pager's threads.
 #[derive(Debug, Default)]
 pub(crate) struct Activity {
     slots: [Slot; SLOTS],
     /// Slots handed out (the next free index).
     used: AtomicUsize,
+    read: FaultsRead,
 }
 
 thread_local! {
@@ -173,6 +194,17 @@ impl Activity {
             .collect()
     }
 
+    /// A handler read a fault event of program thread `tid`.
+    #[inline]
+    pub(crate) fn fault_read(&self, tid: u32) {
+        self.read.0[tid as usize % READ_SLOTS].fetch_add(1, Relaxed);
+    }
+
+    /// Fault events read so far for `tid` (and the threads sharing its slot), wrapping.
+    pub(crate) fn faults_read(&self, tid: u32) -> u32 {
+        self.read.0[tid as usize % READ_SLOTS].load(Relaxed)
+    }
+
     /// Whether `tid` is one of these threads.
     pub(crate) fn is_pager_thread(&self, tid: u32) -> bool {
         self.slots[..self.used.load(Relaxed).min(SLOTS)]
@@ -203,6 +235,11 @@ mod tests {
         });
         assert_eq!(a.seen()[0].doing, Doing::Idle);
         assert!(a.is_pager_thread(tidepool_sys::gettid()));
+        // Fault events read are counted per program thread.
+        a.fault_read(4000);
+        a.fault_read(4000);
+        assert_eq!(a.faults_read(4000), 2);
+        assert_eq!(a.faults_read(4001), 0);
         a.reset();
         assert!(a.seen().is_empty());
     }

@@ -56,6 +56,7 @@ impl Inner {
             let mut read = 0;
             for f in faults.drain(..) {
                 if f.page_addr != bell {
+                    self.activity.fault_read(f.tid);
                     last_tid = Some(f.tid);
                     read += 1;
                     held.push((f, now));
@@ -203,6 +204,7 @@ impl Inner {
                     self.uffd.wake(bell, PAGE);
                     continue;
                 }
+                self.activity.fault_read(f.tid);
                 let _section = crate::fork::section();
                 self.serve(f, staging, FollowUp::InstallOnly);
             }

@@ -10,7 +10,9 @@
 //!
 //! - **Threads waiting in `handle_userfault`** (their kernel wait channel, from
 //!   /proc/self/task): a thread seen there on consecutive ticks without completing a fault in
-//!   between (its fault counts unchanged) has waited since it was first seen. This finds every
+//!   between (its fault counts unchanged) and without a handler reading a fault of it (a thread
+//!   inside madvise(MADV_POPULATE_WRITE) or mlock faults page after page, each served, and
+//!   completes none the kernel counts) has waited since it was first seen. This finds every
 //!   kind of hang (an unread fault, a fault held at a fork, a lost wake-up, a pager thread
 //!   waiting for itself) without knowing its cause.
 //! - **What the pager's threads say they do** (`activity.rs`): a handler holding faults at a
@@ -41,7 +43,8 @@ struct Task {
     name: String,
     /// R, S, D, T...
     state: char,
-    /// Minor plus major faults completed so far.
+    /// Minor plus major faults completed so far, plus the fault events the handlers read for
+    /// it (see `activity.rs`, `FaultsRead`): a change says it was served meanwhile.
     faults: u64,
     /// Where it sleeps in the kernel ("handle_userfault", "futex_wait_queue"...), if asleep.
     wchan: String,
@@ -126,6 +129,15 @@ struct Verdict {
 }
 
 impl Inner {
+    /// This process's threads, each fault count with the fault events read for the thread.
+    fn program_tasks(&self) -> Vec<Task> {
+        let mut tasks = tasks();
+        for t in &mut tasks {
+            t.faults += u64::from(self.activity.faults_read(t.tid));
+        }
+        tasks
+    }
+
     /// The watchdog thread's loop; returns when the pager shuts down.
     pub(crate) fn watchdog_loop(self: Arc<Self>) {
         let deadline = self.fault_deadline;
@@ -163,7 +175,8 @@ impl Inner {
                     + self.counters.wp_faults.load(Relaxed);
                 if starving.suspect(&self.follow, sched.waited_ns, served) {
                     // A thread still waiting in the same fault as at the last suspect look.
-                    let waiting: Vec<(u32, u64)> = tasks()
+                    let waiting: Vec<(u32, u64)> = self
+                        .program_tasks()
                         .iter()
                         .filter(|t| t.wchan == "handle_userfault")
                         .map(|t| (t.tid, t.faults))
@@ -189,7 +202,7 @@ impl Inner {
             } else {
                 deadline
             };
-            let tasks = tasks();
+            let tasks = self.program_tasks();
             let waiting = waits.update(&tasks, now);
             let longest = waiting.iter().copied().max_by_key(|&(_, d)| d);
             let waited_too_long = longest.is_some_and(|(_, d)| d > limit);
