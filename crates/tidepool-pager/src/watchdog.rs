@@ -173,7 +173,13 @@ impl Inner {
                 };
                 let served = self.counters.missing_faults.load(Relaxed)
                     + self.counters.wp_faults.load(Relaxed);
-                if starving.suspect(&self.follow, sched.waited_ns, served) {
+                let tid = self.handler_tids.get(reader);
+                let runnable = || {
+                    read(&format!("/proc/self/task/{tid}/stat"))
+                        .and_then(|s| parse_stat(&s))
+                        .is_some_and(|(_, state, _)| state == 'R')
+                };
+                if starving.suspect(&self.follow, sched, runnable, served) {
                     // A thread still waiting in the same fault as at the last suspect look.
                     let waiting: Vec<(u32, u64)> = self
                         .program_tasks()
