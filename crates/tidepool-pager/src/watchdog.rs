@@ -67,13 +67,18 @@ fn parse_stat(stat: &str) -> Option<(String, char, u64)> {
     Some((name, state, minflt + majflt))
 }
 
+/// Thread `tid`'s state (R, S, D...), from /proc/self/task/TID/stat.
+fn state_of(tid: u32) -> Option<char> {
+    read(&format!("/proc/self/task/{tid}/stat"))
+        .and_then(|s| parse_stat(&s))
+        .map(|(_, state, _)| state)
+}
+
 /// Whether thread `tid` of this process sleeps on a lock (a futex): not running, and not
 /// waiting for a page fault either (a fault of the forking thread is served, and then it runs).
 pub(crate) fn waits_on_a_lock(tid: u32) -> bool {
-    let asleep = read(&format!("/proc/self/task/{tid}/stat"))
-        .and_then(|s| parse_stat(&s))
-        .is_some_and(|(_, state, _)| state == 'S');
-    asleep && read(&format!("/proc/self/task/{tid}/wchan")).is_some_and(|w| w.contains("futex"))
+    state_of(tid) == Some('S')
+        && read(&format!("/proc/self/task/{tid}/wchan")).is_some_and(|w| w.contains("futex"))
 }
 
 fn tasks() -> Vec<Task> {
@@ -174,11 +179,7 @@ impl Inner {
                 let served = self.counters.missing_faults.load(Relaxed)
                     + self.counters.wp_faults.load(Relaxed);
                 let tid = self.handler_tids.get(reader);
-                let runnable = || {
-                    read(&format!("/proc/self/task/{tid}/stat"))
-                        .and_then(|s| parse_stat(&s))
-                        .is_some_and(|(_, state, _)| state == 'R')
-                };
+                let runnable = || state_of(tid) == Some('R');
                 if starving.suspect(&self.follow, sched, runnable, served) {
                     // A thread still waiting in the same fault as at the last suspect look.
                     let waiting: Vec<(u32, u64)> = self
