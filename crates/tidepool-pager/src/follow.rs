@@ -19,7 +19,13 @@
 //! it would keep the reader off it.
 //!
 //! Every [`CHECK_EVERY`] faults the reader looks at which CPU the faulting thread ran on; if it
-//! is another, the reader's place moves there. Faults of two threads on two CPUs make every
+//! is another, the reader's place moves there. For the process's first thread the pager reads
+//! that CPU at every fault, from the thread's rseq area (one load, see
+//! `tidepool_sys::rseq`), and follows at the first fault from elsewhere: the scheduler moves a
+//! lone program between the CPUs of a 2-vCPU VM every 100 ms or so (the idle CPU's balancer
+//! pulls it, since the reader beside it is pinned), and looking every 64 faults left ~128
+//! faults each time read and woken across CPUs: CPython's 1 GB dict at 50% local took 12k
+//! such faults a run, 24k function-call interrupts of its 31k. Faults of two threads on two CPUs make every
 //! handler read again at normal priority, and the evictor run anywhere, as before; after
 //! [`SETTLED`] looks in a row at one thread on one CPU, one reader again.
 //!
@@ -61,6 +67,17 @@ const STARVED_FOR: Duration = Duration::from_secs(1);
 /// at idle priority, a few a second).
 const CRAWLING: u64 = 16;
 
+/// The pager's threads besides the handlers, placed by [`Follow`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// On the reader's CPU, at SCHED_IDLE while one handler reads.
+    Evictor,
+    /// On the other CPUs.
+    WriteBack,
+    /// On the reader's CPU, at normal priority.
+    Watchdog,
+}
+
 #[derive(Debug)]
 pub(crate) struct Follow {
     enabled: bool,
@@ -74,9 +91,12 @@ pub(crate) struct Follow {
     last_tid: AtomicU32,
     last_cpu: AtomicU32,
     streak: AtomicU32,
-    /// The evictor's and the write-back thread's ids (0: not started).
+    /// The process's first thread, whose CPU a fault of it tells at once.
+    watched: tidepool_sys::rseq::WatchedThread,
+    /// The evictor's, the write-back thread's and the watchdog's ids (0: not started).
     evictor: AtomicU32,
     writeback: AtomicU32,
+    watchdog: AtomicU32,
     /// When the one reader was last found kept off its CPU (ms since `epoch`; 0: never), and
     /// for how long every handler reads since (ms).
     starved_at_ms: AtomicU64,
@@ -87,6 +107,7 @@ pub(crate) struct Follow {
     alone: AtomicU64,
     starvations: AtomicU64,
     two_cpus: AtomicU64,
+    moves: AtomicU64,
 }
 
 /// How a run followed the program, for `--stats`.
@@ -98,6 +119,8 @@ pub struct FollowReport {
     pub starvations: u64,
     /// Times threads faulting on two CPUs made every handler read.
     pub two_cpus: u64,
+    /// Times the one reader moved to the CPU the program moved to.
+    pub moves: u64,
 }
 
 /// The watchdog's looks at the one reader: its time waiting for a CPU (ns) and the faults
@@ -109,9 +132,27 @@ pub(crate) struct Starving {
     last: Option<(u64, u64, u64, Instant)>,
     /// Threads waiting in a fault at the last suspect look, with their fault counts.
     waiting: Vec<(u32, u64)>,
+    /// Faults served at the last look, whether or not it read the accounting.
+    served: u64,
 }
 
 impl Starving {
+    /// Whether a look needs the reader's scheduler accounting: not while faults are served
+    /// at a good pace ([`CRAWLING`] or more since the last look), when nothing can be kept off
+    /// its CPU. Reading /proc every few milliseconds ran the watchdog on the other CPU, with the
+    /// program's address space live there, long enough to take one TLB shootdown in every 70
+    /// pages the reader moved out (CPython's 1 GB dict at 50% local: 1.4k of the 2.7k a run).
+    /// A look that skips forgets the last, so the next that reads starts afresh.
+    pub fn needs_a_look(&mut self, served: u64) -> bool {
+        let pace = served.saturating_sub(std::mem::replace(&mut self.served, served));
+        if pace >= CRAWLING {
+            self.last = None;
+            self.waiting.clear();
+            return false;
+        }
+        true
+    }
+
     /// A look: the reader's scheduler accounting (time so far runnable but off a CPU, times
     /// put on one), whether it is runnable now (asked only if needed), and how many faults were
     /// served so far. True if it may be kept off its CPU: the caller then looks for a thread
@@ -212,14 +253,17 @@ impl Follow {
             last_tid: AtomicU32::new(0),
             last_cpu: AtomicU32::new(u32::MAX),
             streak: AtomicU32::new(0),
+            watched: Default::default(),
             evictor: AtomicU32::new(0),
             writeback: AtomicU32::new(0),
+            watchdog: AtomicU32::new(0),
             starved_at_ms: AtomicU64::new(0),
             starved_for_ms: AtomicU64::new(0),
             epoch: Instant::now(),
             alone: AtomicU64::new(0),
             starvations: AtomicU64::new(0),
             two_cpus: AtomicU64::new(0),
+            moves: AtomicU64::new(0),
         }
     }
 
@@ -229,6 +273,8 @@ impl Follow {
         self.streak.store(0, Relaxed);
         self.evictor.store(0, Relaxed);
         self.writeback.store(0, Relaxed);
+        self.watchdog.store(0, Relaxed);
+        self.watched.watch_this_thread();
         let here = tidepool_sys::current_cpu();
         let reader = match self.cpus.iter().position(|&c| Some(c) == here) {
             Some(i) if self.enabled => i as u32,
@@ -255,6 +301,7 @@ impl Follow {
             alone: self.alone.load(Relaxed),
             starvations: self.starvations.load(Relaxed),
             two_cpus: self.two_cpus.load(Relaxed),
+            moves: self.moves.load(Relaxed),
         })
     }
 
@@ -324,6 +371,32 @@ impl Follow {
         }
         crate::sys::futex_wake_all(&self.reader);
         self.place_threads();
+        if was != ALL {
+            self.moves.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Thread `tid` faulted and waits for its page: if it is the watched thread and ran on
+    /// another CPU than the one reader's, the reader's place moves there now.
+    pub fn fault_from(&self, tid: u32, stop: &AtomicBool) {
+        if !self.enabled {
+            return;
+        }
+        let Some(cpu) = self.watched.cpu_of(tid) else {
+            return;
+        };
+        let reader = self.reader.load(SeqCst);
+        if reader == ALL || self.cpus.get(reader as usize) == Some(&cpu) || stop.load(Acquire) {
+            return;
+        }
+        let Some(at) = self.cpus.iter().position(|&c| c == cpu) else {
+            return;
+        };
+        // What a look would have seen; the next looks go on from it.
+        self.last_tid.store(tid, Relaxed);
+        self.last_cpu.store(cpu as u32, Relaxed);
+        self.streak.store(0, Relaxed);
+        self.hand_to(reader, at, stop);
     }
 
     /// A handler served [`CHECK_EVERY`] faults since its last look, the last one thread `tid`'s:
@@ -332,7 +405,7 @@ impl Follow {
         if !self.enabled || stop.load(Acquire) {
             return;
         }
-        let Some(cpu) = cpu_of(tid) else {
+        let Some(cpu) = self.watched.cpu_of(tid).or_else(|| cpu_of(tid)) else {
             return;
         };
         let Some(at) = self.cpus.iter().position(|&c| c == cpu) else {
@@ -364,12 +437,12 @@ impl Follow {
         }
     }
 
-    /// Records the calling thread as the evictor (else the write-back thread), and places it.
-    pub fn register(&self, evictor: bool) {
-        let slot = if evictor {
-            &self.evictor
-        } else {
-            &self.writeback
+    /// Records the calling thread as the pager's thread `role`, and places it.
+    pub fn register(&self, role: Role) {
+        let slot = match role {
+            Role::Evictor => &self.evictor,
+            Role::WriteBack => &self.writeback,
+            Role::Watchdog => &self.watchdog,
         };
         slot.store(crate::sys::gettid(), Relaxed);
         self.place_threads();
@@ -398,6 +471,10 @@ impl Follow {
         let tid = self.writeback.load(Relaxed);
         if tid != 0 {
             let _ = tidepool_sys::set_affinity(tid as i32, &others);
+        }
+        let tid = self.watchdog.load(Relaxed);
+        if tid != 0 {
+            let _ = tidepool_sys::set_affinity(tid as i32, &evictor);
         }
     }
 }
@@ -436,6 +513,34 @@ mod tests {
         // Every handler reads: nothing to suspect.
         f.all_read();
         assert!(!s.suspect_at(&f, sched(3_000_000, 12), || true, 401, later(18)));
+    }
+
+    #[test]
+    fn a_reader_serving_at_pace_is_not_looked_at_and_the_next_look_starts_afresh() {
+        let stop = AtomicBool::new(false);
+        let f = Follow::with(true, vec![1000, 1001]);
+        f.hand_to(ALL, 0, &stop);
+        let kept_off = crate::cpu::SchedStat {
+            ran_ns: 0,
+            waited_ns: 0,
+            runs: 5,
+        };
+        let t0 = Instant::now();
+        let later = |ms| t0 + Duration::from_millis(ms);
+        let mut s = Starving::default();
+        assert!(s.needs_a_look(0));
+        assert!(!s.suspect_at(&f, kept_off, || true, 0, t0));
+        assert!(s.needs_a_look(1));
+        assert!(s.suspect_at(&f, kept_off, || true, 1, later(3)));
+        // Plenty served since: no look, and the one before is forgotten.
+        assert!(!s.needs_a_look(1 + CRAWLING));
+        assert!(s.needs_a_look(2 + CRAWLING));
+        assert!(
+            !s.suspect_at(&f, kept_off, || true, 2 + CRAWLING, later(9)),
+            "a first look after a skip only sets the baseline"
+        );
+        assert!(s.needs_a_look(3 + CRAWLING));
+        assert!(s.suspect_at(&f, kept_off, || true, 3 + CRAWLING, later(12)));
     }
 
     #[test]

@@ -68,6 +68,10 @@ impl Inner {
                     self.uffd.wake(bell, PAGE);
                 }
             }
+            if let Some(tid) = last_tid {
+                // Before the install wakes it: where it faulted, not where it runs next.
+                self.follow.fault_from(tid, &self.shutdown);
+            }
             self.serve_or_hold(&mut held, &mut picker, &mut staging);
             if idle {
                 self.follow.served_alone(read);

@@ -309,7 +309,7 @@ pub(crate) fn spawn_threads(
     threads.push(spawn(
         "tp-evict".into(),
         Box::new(move || {
-            i.follow.register(true);
+            i.follow.register(crate::follow::Role::Evictor);
             i.evictor_loop()
         }),
     )?);
@@ -317,7 +317,7 @@ pub(crate) fn spawn_threads(
     threads.push(spawn(
         "tp-writeback".into(),
         Box::new(move || {
-            i.follow.register(false);
+            i.follow.register(crate::follow::Role::WriteBack);
             i.store_loop()
         }),
     )?);
@@ -325,7 +325,10 @@ pub(crate) fn spawn_threads(
         let i = inner.clone();
         threads.push(spawn(
             "tp-watchdog".into(),
-            Box::new(move || i.watchdog_loop()),
+            Box::new(move || {
+                i.follow.register(crate::follow::Role::Watchdog);
+                i.watchdog_loop()
+            }),
         )?);
     }
     inner.serve_while_starting(&started, threads.len() as u32);

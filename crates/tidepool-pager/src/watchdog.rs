@@ -172,12 +172,15 @@ impl Inner {
                 let Some(reader) = self.follow.reader() else {
                     continue;
                 };
+                let served = self.counters.missing_faults.load(Relaxed)
+                    + self.counters.wp_faults.load(Relaxed);
+                if !starving.needs_a_look(served) {
+                    continue;
+                }
                 // How long it waited for a CPU so far (runnable, not on one).
                 let Some(sched) = crate::cpu::SchedStat::of(self.handler_tids.get(reader)) else {
                     continue;
                 };
-                let served = self.counters.missing_faults.load(Relaxed)
-                    + self.counters.wp_faults.load(Relaxed);
                 let tid = self.handler_tids.get(reader);
                 let runnable = || state_of(tid) == Some('R');
                 if starving.suspect(&self.follow, sched, runnable, served) {

@@ -25,6 +25,7 @@
 pub mod interrupts;
 pub mod memfd;
 pub mod probe;
+pub mod rseq;
 pub mod seqpacket;
 pub mod uffd;
 pub mod vm;
