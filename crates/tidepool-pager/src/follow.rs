@@ -38,8 +38,9 @@
 //! uniform-rmw ran at 0.3-18.6k ops/s with no fallback before this, 88.9-95.7k after) for most
 //! of the time between three looks in a row,
 //! with fewer than [`CRAWLING`] faults served between each, and a thread waiting in the same
-//! fault at the last two, make every handler read, at normal priority, for [`STARVED_FOR`],
-//! doubled each time it happens again within a minute (up to a minute). Waiting alone is no
+//! fault at the last two, move the reader to the next CPU, or, kept off there too, make every
+//! handler read, at normal priority, for [`STARVED_FOR`], doubled each time it happens again
+//! within a minute (up to a minute; see [`Follow::starved`]). Waiting alone is no
 //! proof: the program preempts the reader at every wake-up, and runs on while it computes.
 //! Judged by its state ('R') instead, a reader busy with a long eviction under the compressing
 //! store counted as kept off: CPython's 1 GB dict at 25% local had one reader for 18% of its
@@ -62,6 +63,9 @@ const SETTLED: u32 = 32;
 pub(crate) const STARVING_LOOK: Duration = Duration::from_millis(2);
 /// How long every handler reads after the one reader was first found kept off its CPU.
 const STARVED_FOR: Duration = Duration::from_secs(1);
+/// A reader kept off its CPU again this soon after it moved off a busy one finds every CPU
+/// busy: every handler reads.
+const ELSEWHERE_WITHIN: Duration = Duration::from_millis(50);
 /// Faults served between two looks below which a waiting reader counts as kept off its CPU
 /// (unhindered, it serves one every few microseconds while a thread waits; beside a CPU hog
 /// at idle priority, a few a second).
@@ -101,6 +105,10 @@ pub(crate) struct Follow {
     /// for how long every handler reads since (ms).
     starved_at_ms: AtomicU64,
     starved_for_ms: AtomicU64,
+    /// When the reader last moved off a CPU it was kept off (ms since `epoch`; 0: never), and
+    /// the handler it moved from.
+    moved_off_at_ms: AtomicU64,
+    moved_off_from: AtomicU32,
     epoch: Instant,
     /// Faults served by a handler reading alone, and how many times every handler had to read
     /// again: the one reader kept off its CPU, or threads faulting on two CPUs.
@@ -108,6 +116,7 @@ pub(crate) struct Follow {
     starvations: AtomicU64,
     two_cpus: AtomicU64,
     moves: AtomicU64,
+    moved_off: AtomicU64,
 }
 
 /// How a run followed the program, for `--stats`.
@@ -121,6 +130,8 @@ pub struct FollowReport {
     pub two_cpus: u64,
     /// Times the one reader moved to the CPU the program moved to.
     pub moves: u64,
+    /// Times the one reader moved off a CPU it was kept off.
+    pub moved_off: u64,
 }
 
 /// The watchdog's looks at the one reader: its time waiting for a CPU (ns) and the faults
@@ -259,11 +270,14 @@ impl Follow {
             watchdog: AtomicU32::new(0),
             starved_at_ms: AtomicU64::new(0),
             starved_for_ms: AtomicU64::new(0),
+            moved_off_at_ms: AtomicU64::new(0),
+            moved_off_from: AtomicU32::new(ALL),
             epoch: Instant::now(),
             alone: AtomicU64::new(0),
             starvations: AtomicU64::new(0),
             two_cpus: AtomicU64::new(0),
             moves: AtomicU64::new(0),
+            moved_off: AtomicU64::new(0),
         }
     }
 
@@ -302,6 +316,7 @@ impl Follow {
             starvations: self.starvations.load(Relaxed),
             two_cpus: self.two_cpus.load(Relaxed),
             moves: self.moves.load(Relaxed),
+            moved_off: self.moved_off.load(Relaxed),
         })
     }
 
@@ -327,9 +342,31 @@ impl Follow {
         }
     }
 
-    /// The one reader was kept off its CPU: every handler reads for [`STARVED_FOR`].
-    pub fn starved(&self) {
+    /// The one reader was kept off its CPU. The first time in [`ELSEWHERE_WITHIN`], its place
+    /// moves to the next CPU: kept off by another process's burst (the bench's own sampler
+    /// reading smaps on the program's CPU for a few ms, say), it reads where there is room, and
+    /// the program, woken from there, follows, since an idle-priority reader leaves that CPU
+    /// "idle". Kept off there too, every handler reads for [`STARVED_FOR`], doubled each time
+    /// within a minute (beside two CPU hogs, shorter periods cost more returns to a lone reader
+    /// kept off: 82-84k ops/s of uniform-rmw starting at 100 ms, 89-105k at 1 s). (CPython's 1 GB dict at 50% local beside such a sampler: three
+    /// fallbacks, 56% of faults served by a lone reader, 99k function-call interrupts.)
+    pub fn starved(&self, stop: &AtomicBool) {
         let now = (self.epoch.elapsed().as_millis() as u64).max(1);
+        let reader = self.reader.load(SeqCst);
+        let moved_at = self.moved_off_at_ms.load(Relaxed);
+        // Kept off again soon after moving off, on the CPU it moved to: every CPU is busy. Back
+        // on the one it left (the program went back there, and the reader followed it), the
+        // burst there is not over: off again.
+        let room_elsewhere = moved_at == 0
+            || now > moved_at + ELSEWHERE_WITHIN.as_millis() as u64
+            || reader == self.moved_off_from.load(Relaxed);
+        if reader != ALL && self.cpus.len() > 1 && room_elsewhere {
+            self.moved_off_at_ms.store(now, Relaxed);
+            self.moved_off_from.store(reader, Relaxed);
+            self.moved_off.fetch_add(1, Relaxed);
+            self.hand_to(reader, (reader as usize + 1) % self.cpus.len(), stop);
+            return;
+        }
         let (at, was) = (
             self.starved_at_ms.load(Relaxed),
             self.starved_for_ms.load(Relaxed),
@@ -371,9 +408,6 @@ impl Follow {
         }
         crate::sys::futex_wake_all(&self.reader);
         self.place_threads();
-        if was != ALL {
-            self.moves.fetch_add(1, Relaxed);
-        }
     }
 
     /// Thread `tid` faulted and waits for its page: if it is the watched thread and ran on
@@ -396,6 +430,7 @@ impl Follow {
         self.last_tid.store(tid, Relaxed);
         self.last_cpu.store(cpu as u32, Relaxed);
         self.streak.store(0, Relaxed);
+        self.moves.fetch_add(1, Relaxed);
         self.hand_to(reader, at, stop);
     }
 
@@ -433,6 +468,7 @@ impl Follow {
             self.all_read();
         } else if at != reader as usize && same {
             // The program runs elsewhere now: follow it.
+            self.moves.fetch_add(1, Relaxed);
             self.hand_to(reader, at, stop);
         }
     }
@@ -541,6 +577,38 @@ mod tests {
         );
         assert!(s.needs_a_look(3 + CRAWLING));
         assert!(s.suspect_at(&f, kept_off, || true, 3 + CRAWLING, later(12)));
+    }
+
+    #[test]
+    fn a_reader_kept_off_moves_to_the_next_cpu_first_and_all_read_if_kept_off_there_too() {
+        let stop = AtomicBool::new(false);
+        let mut f = Follow::with(true, vec![1000, 1001]);
+        f.epoch -= Duration::from_secs(10);
+        f.hand_to(ALL, 1, &stop);
+        f.starved(&stop);
+        assert_eq!(
+            f.reader(),
+            Some(0),
+            "moved to the next CPU, wrapping around"
+        );
+        assert_eq!(f.report().unwrap().moved_off, 1);
+        // The program went back to the CPU left, the reader with it: kept off there again, it
+        // moves off again.
+        f.hand_to(0, 1, &stop);
+        f.starved(&stop);
+        assert_eq!(f.reader(), Some(0));
+        assert_eq!(f.report().unwrap().moved_off, 2);
+        // Kept off there too, at once: every handler reads, for a while.
+        f.starved(&stop);
+        assert!(!f.one_reads());
+        assert!(f.starved_lately());
+        let r = f.report().unwrap();
+        assert_eq!((r.moved_off, r.starvations, r.moves), (2, 1, 0));
+        // Long after, a reader kept off moves again.
+        f.moved_off_at_ms.store(1, Relaxed);
+        f.hand_to(ALL, 0, &stop);
+        f.starved(&stop);
+        assert_eq!(f.reader(), Some(1));
     }
 
     #[test]

@@ -547,10 +547,12 @@ impl fmt::Display for PagerStats {
                 writeln!(
                     f,
                     "follow       one handler on the program's CPU served {:.0}% of faults, moving \
-                     {} times with the program; every handler read again {} times for a reader \
-                     kept off its CPU and {} times for threads faulting on two CPUs",
+                     {} times with the program and {} times off a busy CPU; every handler read \
+                     again {} times for a reader kept off its CPU and {} times for threads \
+                     faulting on two CPUs",
                     100.0 * (r.alone as f64 / faults).min(1.0),
                     r.moves,
+                    r.moved_off,
                     r.starvations,
                     r.two_cpus
                 )?;

@@ -151,6 +151,7 @@ impl Inner {
         let mut waits = Waits::default();
         let mut last = Instant::now();
         let mut starving = crate::follow::Starving::default();
+        let mut looked_at = None;
         loop {
             // While one handler reads at idle priority, a look every few milliseconds that it
             // is not kept off its CPU (see `follow.rs`); the full look every tick.
@@ -172,6 +173,11 @@ impl Inner {
                 let Some(reader) = self.follow.reader() else {
                     continue;
                 };
+                if looked_at != Some(reader) {
+                    // Another thread's accounting: nothing to compare with yet.
+                    starving = crate::follow::Starving::default();
+                    looked_at = Some(reader);
+                }
                 let served = self.counters.missing_faults.load(Relaxed)
                     + self.counters.wp_faults.load(Relaxed);
                 if !starving.needs_a_look(served) {
@@ -192,7 +198,7 @@ impl Inner {
                         .map(|t| (t.tid, t.faults))
                         .collect();
                     if starving.still_waiting(waiting) {
-                        self.follow.starved();
+                        self.follow.starved(&self.shutdown);
                     }
                 }
             }
