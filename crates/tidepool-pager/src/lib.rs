@@ -23,7 +23,7 @@
 //!   page still waiting to be written is served from the buffer.
 //! - **Prefetch**: a Leap-style majority vote over recent fault strides, with an adaptive
 //!   window, mapping pages straight into the region from the fault handler, one wake-up per
-//!   batch (see [`prefetch`](crate::prefetch)).
+//!   batch (see [`prefetch`]).
 //! - **fork**: a forked child gets a pager of its own over a copy of the parent's memory at the
 //!   fork, far pages included (see `fork.rs` and `tags.rs`).
 //! - **Failure**: if the far store fails, the program is stopped with a message and exit status
