@@ -755,3 +755,48 @@ fn a_silent_node_stops_the_program_at_its_deadline() {
     assert!(!stdout.contains("wrong words"), "it went on: {stdout}");
     assert!(node.alive());
 }
+
+/// The number after `word` in the pager's `follow` line, if the pager followed the program.
+fn follow_count(stats: &str, before: &str) -> Option<u64> {
+    let line = stats.lines().find(|l| l.starts_with("follow"))?;
+    let at = line.find(before)?;
+    line[..at].split_whitespace().last()?.parse().ok()
+}
+
+/// A single-threaded C program that hops between CPUs every few faults: the pager reads its
+/// CPU at each fault (its rseq area) and moves the one reader with it at once, not after the
+/// /proc looks every 64 faults (which would move it a few times in the whole run).
+#[test]
+fn the_one_reader_follows_a_program_hopping_between_cpus_at_its_first_fault() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let cpus = tidepool_sys::online_cpus().min(2);
+    if cpus < 2 {
+        eprintln!("one CPU: nothing to follow");
+        return;
+    }
+    let hops = common::c_program("hops", &[]);
+    let args = ["64", "40", "8", &cpus.to_string()];
+    let native = Command::new(&hops).args(args).output().unwrap();
+    assert!(native.status.success());
+    let mut paged = tidepool_run("16M", "local:?compress=none", &[]);
+    paged.arg(&hops).args(args);
+    let paged = common::output_within(&mut paged, std::time::Duration::from_secs(120));
+    let (stdout, stderr) = text(&paged);
+    assert!(paged.status.success(), "{}: {stderr}", paged.status);
+    assert_eq!(stdout, String::from_utf8_lossy(&native.stdout), "{stderr}");
+    // Following needs the right to leave SCHED_IDLE; without it there is no follow line.
+    let Some(moves) = follow_count(&stderr, "times with the program") else {
+        return;
+    };
+    // A busy machine (other tests beside) may make every handler read for a while, and then
+    // nobody follows: only a run without fallbacks says how the reader follows.
+    let fallbacks = follow_count(&stderr, "times for a reader kept off").unwrap_or(0)
+        + follow_count(&stderr, "times for threads faulting").unwrap_or(0)
+        + follow_count(&stderr, "times off a busy CPU").unwrap_or(0);
+    if fallbacks == 0 {
+        assert!(
+            moves >= 20,
+            "40 hops, the reader moved {moves} times: {stderr}"
+        );
+    }
+}
