@@ -14,6 +14,9 @@
 //! [`memfd`]: a memfd mapped shared whose holes raise SIGBUS ([`memfd::SigbusMap`], soft
 //! memory's arenas), populated and punched with fallocate.
 //!
+//! [`rseq`]: where another thread of the process runs, read from its restartable-sequences
+//! area with one load (the pager follows the program's CPU fault by fault).
+//!
 //! Every userfaultfd, memfd and mmap wrapper of the workspace is here: the pager and soft
 //! memory share them.
 //!
