@@ -183,11 +183,11 @@ impl Inner {
                 if !starving.needs_a_look(served) {
                     continue;
                 }
+                let tid = self.handler_tids.get(reader);
                 // How long it waited for a CPU so far (runnable, not on one).
-                let Some(sched) = crate::cpu::SchedStat::of(self.handler_tids.get(reader)) else {
+                let Some(sched) = crate::cpu::SchedStat::of(tid) else {
                     continue;
                 };
-                let tid = self.handler_tids.get(reader);
                 let runnable = || state_of(tid) == Some('R');
                 if starving.suspect(&self.follow, sched, runnable, served) {
                     // A thread still waiting in the same fault as at the last suspect look.
