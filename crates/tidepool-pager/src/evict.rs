@@ -20,6 +20,21 @@ pub(crate) struct SavedRun {
     removes: Vec<Key>,
 }
 
+/// The clock entry of `page`, which joins now.
+pub(crate) fn clock_entry(region: &Arc<RegionInner>, page: usize) -> ClockEntry {
+    (
+        region.clone(),
+        page,
+        region.table.evicted_at(page).load(Relaxed),
+    )
+}
+
+/// Whether a clock entry is left over: its region is gone, or its page went out since it
+/// joined (and may be back, with an entry of its own).
+pub(crate) fn stale((region, page, joined): &ClockEntry) -> bool {
+    region.dead.load(Acquire) || region.table.evicted_at(*page).load(Relaxed) != *joined
+}
+
 /// Splits sorted victims into runs of consecutive pages of one region.
 pub(crate) fn runs_of(victims: &[(Arc<RegionInner>, usize, u64)]) -> Vec<std::ops::Range<usize>> {
     let n = victims.len();
@@ -112,18 +127,21 @@ impl Inner {
             let mut budget = clock.len().min(EVICT_BATCH * 8);
             while victims.len() < EVICT_BATCH && budget > 0 {
                 budget -= 1;
-                let Some((region, page)) = clock.pop_front() else {
+                let Some(entry) = clock.pop_front() else {
                     break;
                 };
-                if region.dead.load(Acquire) {
+                if stale(&entry) {
+                    // Gone, or an entry left by an eviction that took the page out of turn
+                    // (a stream's, a neighbour's): the page is on the clock elsewhere if at all.
                     continue;
                 }
+                let (region, page) = (entry.0.clone(), entry.1);
                 let s = region.table.state(page);
                 let word = s.load(Acquire);
                 if kind(word) == BUSY {
                     // Another thread holds the page (a write fault lifting its protection, say):
                     // it may stay mapped, and must stay on the clock.
-                    clock.push_back((region, page));
+                    clock.push_back(entry);
                     continue;
                 }
                 if kind(word) != RESIDENT || word & INHERITED != 0 {
@@ -141,20 +159,22 @@ impl Inner {
                 };
                 if let Some(spared) = spared {
                     if s.compare_exchange(word, spared, AcqRel, Relaxed).is_ok() {
-                        clock.push_back((region, page));
+                        clock.push_back(entry);
                         continue;
                     }
                 }
                 if !self.readable(&region, page) {
                     // Inaccessible (PROT_NONE): it cannot be read to be saved; it stays until
                     // the program opens it again.
-                    clock.push_back((region, page));
+                    clock.push_back(entry);
                     continue;
                 }
                 if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
+                    let more = EVICT_BATCH.saturating_sub(victims.len() + 1);
+                    self.take_cold_neighbours(&region, page, more, &mut victims);
                     victims.push((region, page, w));
                 } else {
-                    clock.push_back((region, page));
+                    clock.push_back(entry);
                 }
             }
         }
@@ -187,6 +207,40 @@ impl Inner {
         evicted
     }
 
+    /// Locks up to `max` resident neighbours of clock victim `page` that show no use (no
+    /// reference, no chance, no heat: a page whose chances the hand has just used up is still
+    /// warm, and went to the back of the line), on both sides while they last, and adds them to
+    /// `victims`: victims then come in runs, one move (or write-protect) a run, where scattered
+    /// victims cost a system call each. Their clock entries stay behind, stale (see [`stale`]).
+    fn take_cold_neighbours(
+        &self,
+        region: &Arc<RegionInner>,
+        page: usize,
+        max: usize,
+        victims: &mut Vec<(Arc<RegionInner>, usize, u64)>,
+    ) {
+        let cold = |p: usize| {
+            let w = region.table.state(p).load(Acquire);
+            kind(w) == RESIDENT
+                && w & (REFERENCED | CHANCES | HEAT | INHERITED) == 0
+                && self.readable(region, p)
+        };
+        let mut taken = 0;
+        let max = max.min(EVICT_NEIGHBOURS);
+        let pages = region.table.pages();
+        for step in [1isize, -1] {
+            let mut p = page as isize + step;
+            while taken < max && p >= 0 && (p as usize) < pages && cold(p as usize) {
+                match region.table.try_lock(p as usize, &[RESIDENT]) {
+                    Some(w) => victims.push((region.clone(), p as usize, w)),
+                    None => break,
+                }
+                taken += 1;
+                p += step;
+            }
+        }
+    }
+
     /// Evicts locked pages (sorted) by copying them out: the write-back path. Returns how many
     /// went: a page that may need a write-back slot when none is free stays (the write-back
     /// thread frees slots, and nothing inside a section may wait for another thread's section).
@@ -212,7 +266,7 @@ impl Inner {
             }
             self.clock
                 .lock()
-                .extend(victims[cut..].iter().map(|(r, p, _)| (r.clone(), *p)));
+                .extend(victims[cut..].iter().map(|(r, p, _)| clock_entry(r, *p)));
         }
         let victims = &victims[..cut];
         let runs = runs_of(victims);
@@ -369,9 +423,10 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use super::runs_of;
+    use super::{runs_of, stale};
     use crate::table::*;
     use crate::testkit::*;
+    use std::sync::atomic::Ordering::Relaxed;
     use std::sync::Arc;
 
     #[test]
@@ -463,5 +518,53 @@ mod tests {
         evict_all(&pager, &region);
         assert_ne!(kind(word(&region, 1)), RESIDENT);
         assert!(holds(&region, 1, 2));
+    }
+
+    /// A clock victim takes its cold neighbours along, not the hot ones (not even one whose
+    /// chances the hand just used up: it went to the back of the line), and the clock entries
+    /// they leave behind are known as stale once the pages are back: a page is never on the
+    /// clock twice.
+    #[test]
+    fn cold_neighbours_go_with_a_victim_and_leave_stale_entries() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let (pager, mut region) = pager(Recorder::new(), false, 16);
+        // On the clock in this order: 0, 2, 3, 1, 5; 2 and 5 have a chance each.
+        for (p, v) in [(0, 1), (2, 3), (3, 4), (1, 2), (5, 6)] {
+            fill(&mut region, p, v);
+        }
+        let r = region_inner(&region);
+        let i = inner(&pager);
+        // A page just installed reaches the clock a moment after its state.
+        while i.clock.lock().len() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Hot as a page fetched again soon after its eviction is: heat, and a chance from it.
+        for p in [2, 5] {
+            r.table
+                .state(p)
+                .fetch_add((1 << HEAT_SHIFT) | (1 << CHANCE_SHIFT), Relaxed);
+        }
+        {
+            let _s = crate::fork::section();
+            // 0 goes, and with it 1 (cold) but not 2 (hot); 2 and 5 are spared, and stay
+            // while 3 goes (not 2, its neighbour, spared a moment ago); 1 is held by then.
+            assert!(i.evict_batch() >= 3);
+        }
+        for p in [0, 1, 3] {
+            assert_ne!(kind(word(&region, p)), RESIDENT, "page {p}");
+        }
+        for p in [2, 5] {
+            assert_eq!(kind(word(&region, p)), RESIDENT, "page {p}");
+        }
+        assert!(holds(&region, 1, 2));
+        while kind(word(&region, 1)) != RESIDENT {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let clock = i.clock.lock();
+        let live = |p: usize| clock.iter().filter(|e| e.1 == p && !stale(e)).count();
+        assert_eq!(live(1), 1, "page 1's entries");
+        assert_eq!(live(0), 0, "page 0's entries");
+        assert_eq!(live(2), 1, "page 2's entries");
     }
 }

@@ -3,6 +3,7 @@
 //! the faulting thread. The handler threads that call it are in `handler.rs`.
 
 use crate::buffer::StoreJob;
+use crate::evict::clock_entry;
 use crate::pager::*;
 use crate::prefetch::Plan;
 use crate::stats::Counters;
@@ -398,7 +399,7 @@ impl Inner {
         region.note_touched(page);
         // Installed with a wake-up (before this): anyone waiting on the page is awake.
         let _ = region.table.unlock(page, new);
-        self.clock.lock().push_back((region.clone(), page));
+        self.clock.lock().push_back(clock_entry(region, page));
     }
 
     /// Reads whole pages from the store into the staging buffer; a missing or short page is
@@ -692,7 +693,7 @@ impl Inner {
         }
         self.clock
             .lock()
-            .extend(list.into_iter().map(|(p, _)| (region.clone(), p)));
+            .extend(list.into_iter().map(|(p, _)| clock_entry(region, p)));
     }
 }
 

@@ -41,8 +41,17 @@ use tidepool_sys::RawThread;
 
 /// The exit status of a program whose far memory became unreachable.
 pub const FATAL_EXIT_CODE: i32 = 70;
+/// A page on the clock: region, page, and the page's `evicted_at` when it joined, which
+/// tells a stale entry (the page went out and came back since, by another way than this entry)
+/// from the live one.
+pub(crate) type ClockEntry = (Arc<RegionInner>, usize, u32);
+
 /// Pages evicted in one batch.
 pub(crate) const EVICT_BATCH: usize = 64;
+/// Cold resident neighbours a clock victim takes along (see `Inner::take_cold_neighbours`):
+/// measured, uniform-rmw 256 MiB at 50% local +10% (`local:?compress=none`) and +19% (the
+/// compressing store), zipf-0.99 and CPython's dict unchanged within the noise.
+pub(crate) const EVICT_NEIGHBOURS: usize = 7;
 /// Pages prefetched in one store round trip.
 pub(crate) const PREFETCH_BATCH: usize = 64;
 /// Pages of write-back buffer (counted in the local budget).
@@ -156,7 +165,7 @@ pub(crate) struct Inner {
     pub(crate) regions: RwLock<Vec<Arc<RegionInner>>>,
     pub(crate) budget_pages: AtomicUsize,
     pub(crate) resident: AtomicUsize,
-    pub(crate) clock: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
+    pub(crate) clock: Mutex<VecDeque<ClockEntry>>,
     /// In a forked child, the pages it shares with its parent ([`crate::table::INHERITED`]):
     /// a fork of its own write-protects them again.
     pub(crate) inherited: Mutex<Vec<(Arc<RegionInner>, usize)>>,

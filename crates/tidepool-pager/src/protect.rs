@@ -2,6 +2,7 @@
 //! makes it dirty, and in a forked child the first write to a page it shares with its parent,
 //! which makes it the child's own.
 
+use crate::evict::clock_entry;
 use crate::pager::*;
 use crate::stats::Counters;
 use crate::sys::PAGE;
@@ -56,7 +57,7 @@ impl Inner {
     pub(crate) fn adopt_inherited(&self, region: &Arc<RegionInner>, page: usize, word: u64) {
         if word & INHERITED != 0 {
             self.resident.fetch_add(1, Relaxed);
-            self.clock.lock().push_back((region.clone(), page));
+            self.clock.lock().push_back(clock_entry(region, page));
             if self.local_pages() > self.budget_pages.load(Relaxed) {
                 self.kick_evictor();
             }

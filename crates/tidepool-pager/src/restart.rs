@@ -72,9 +72,10 @@ impl Shared {
             let inherited = i.inherited.lock();
             clock
                 .iter()
-                .chain(inherited.iter())
+                .map(|(r, p, _)| (r, *p))
+                .chain(inherited.iter().map(|(r, p)| (r, *p)))
                 .filter(|(r, p)| kind(r.table.state(*p).load(Relaxed)) == RESIDENT)
-                .map(|(r, p)| (r.id, *p))
+                .map(|(r, p)| (r.id, p))
                 .collect()
         };
         mapped.sort_unstable();
