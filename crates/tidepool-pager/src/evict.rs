@@ -5,6 +5,7 @@
 
 use crate::buffer::{PageWrite, StoreJob};
 use crate::pager::*;
+use crate::region_inner::{clock_entry, stale};
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
 use crate::table::*;
@@ -18,21 +19,6 @@ pub(crate) struct SavedRun {
     new_words: Vec<u64>,
     writes: Vec<PageWrite>,
     removes: Vec<Key>,
-}
-
-/// The clock entry of `page`, which joins now.
-pub(crate) fn clock_entry(region: &Arc<RegionInner>, page: usize) -> ClockEntry {
-    (
-        region.clone(),
-        page,
-        region.table.evicted_at(page).load(Relaxed),
-    )
-}
-
-/// Whether a clock entry is left over: its region is gone, or its page went out since it
-/// joined (and may be back, with an entry of its own).
-pub(crate) fn stale((region, page, joined): &ClockEntry) -> bool {
-    region.dead.load(Acquire) || region.table.evicted_at(*page).load(Relaxed) != *joined
 }
 
 /// Splits sorted victims into runs of consecutive pages of one region.
@@ -423,7 +409,8 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use super::{runs_of, stale};
+    use super::runs_of;
+    use crate::region_inner::stale;
     use crate::table::*;
     use crate::testkit::*;
     use std::sync::atomic::Ordering::Relaxed;

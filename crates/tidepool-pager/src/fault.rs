@@ -3,9 +3,9 @@
 //! the faulting thread. The handler threads that call it are in `handler.rs`.
 
 use crate::buffer::StoreJob;
-use crate::evict::clock_entry;
 use crate::pager::*;
 use crate::prefetch::Plan;
+use crate::region_inner::clock_entry;
 use crate::stats::Counters;
 use crate::sys::{Fault, PAGE};
 use crate::table::*;

@@ -25,7 +25,7 @@
 //! copying path: other stores, and pages the kernel will not move.
 use crate::buffer::{JobQueue, PageWrite, Slots};
 use crate::prefetch::Detector;
-pub(crate) use crate::region_inner::RegionInner;
+pub(crate) use crate::region_inner::{ClockEntry, RegionInner};
 use crate::stats::{snapshot, Counters, PagerStats, StoreMemory};
 use crate::sys::{self, Mapping, Uffd, PAGE};
 use crate::table::*;
@@ -41,11 +41,6 @@ use tidepool_sys::RawThread;
 
 /// The exit status of a program whose far memory became unreachable.
 pub const FATAL_EXIT_CODE: i32 = 70;
-/// A page on the clock: region, page, and the page's `evicted_at` when it joined, which
-/// tells a stale entry (the page went out and came back since, by another way than this entry)
-/// from the live one.
-pub(crate) type ClockEntry = (Arc<RegionInner>, usize, u32);
-
 /// Pages evicted in one batch.
 pub(crate) const EVICT_BATCH: usize = 64;
 /// Cold resident neighbours a clock victim takes along (see `Inner::take_cold_neighbours`):

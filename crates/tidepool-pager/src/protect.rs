@@ -2,8 +2,8 @@
 //! makes it dirty, and in a forked child the first write to a page it shares with its parent,
 //! which makes it the child's own.
 
-use crate::evict::clock_entry;
 use crate::pager::*;
+use crate::region_inner::clock_entry;
 use crate::stats::Counters;
 use crate::sys::PAGE;
 use crate::table::*;
