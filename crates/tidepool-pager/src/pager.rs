@@ -44,8 +44,9 @@ pub const FATAL_EXIT_CODE: i32 = 70;
 /// Pages evicted in one batch.
 pub(crate) const EVICT_BATCH: usize = 64;
 /// Cold resident neighbours a clock victim takes along (see `Inner::take_cold_neighbours`):
-/// measured, uniform-rmw 256 MiB at 50% local +10% (`local:?compress=none`) and +19% (the
-/// compressing store), zipf-0.99 and CPython's dict unchanged within the noise.
+/// measured against none, CPython's 3M-entry dict at 50% local 7% faster
+/// (`local:?compress=none`) and 11% (the compressing store), zipf-0.99 3%, uniform-rmw within
+/// the noise (ARCHITECTURE.md, "Victims in runs").
 pub(crate) const EVICT_NEIGHBOURS: usize = 7;
 /// Pages prefetched in one store round trip.
 pub(crate) const PREFETCH_BATCH: usize = 64;

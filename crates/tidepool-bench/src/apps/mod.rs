@@ -167,9 +167,9 @@ impl Suite for AppsSuite {
                     let mut m = run(&l, system, local, port)?;
                     port += 1;
                     // The kernel's memory-cgroup reclaim into zram gives up now and then
-                    // while a program allocates (dmesg: "Memory cgroup out of memory"), a run
-                    // in five here: such a run says little about zram's speed, so it gets a
-                    // second one, as a user would give it.
+                    // while a program allocates (dmesg: "Memory cgroup out of memory"; CPython's
+                    // dict at 25% local in most runs, at 50% in some): one such run says little
+                    // about zram's speed, so it gets a second one, as a user would give it.
                     if system == System::LinuxZram && m.oom_killed() {
                         ctx.note(format!(
                             "{workload}: linux-zram at {:.0}% local was OOM-killed; running it again",
