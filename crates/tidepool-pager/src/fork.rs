@@ -54,6 +54,11 @@ use std::time::Duration;
 /// Sections in flight, and who holds new ones back.
 struct Gate {
     active: AtomicUsize,
+    /// Of those, the ones entered regardless (`Entry::Regardless`): the only sections that may
+    /// be doing work when the clone happens. `active` alone cannot tell the child: a thread
+    /// that found the gate closed counts itself there for an instant before it backs out, and
+    /// a fork in that instant is not torn.
+    regardless: AtomicUsize,
     /// 0 while the gate is open; else the kernel id of the thread that closed it to fork (its
     /// *owner*). A futex word: sections wait on it.
     owner: AtomicU32,
@@ -61,6 +66,7 @@ struct Gate {
 
 static GATE: Gate = Gate {
     active: AtomicUsize::new(0),
+    regardless: AtomicUsize::new(0),
     owner: AtomicU32::new(0),
 };
 
@@ -72,6 +78,8 @@ thread_local! {
 /// Pager work that a fork must not cut in half; see the module documentation.
 #[must_use]
 pub(crate) struct Section {
+    /// Whether this section counted itself in [`Gate::regardless`].
+    regardless: bool,
     _not_send: std::marker::PhantomData<*const ()>,
 }
 
@@ -88,8 +96,18 @@ enum Entry {
 
 fn enter(how: Entry) -> Option<Section> {
     DEPTH.with(|d| {
-        if d.get() == 0 {
+        let outermost = d.get() == 0;
+        if outermost {
+            if how == Entry::Regardless {
+                GATE.regardless.fetch_add(1, SeqCst);
+            }
             loop {
+                // A closed gate seen before counting costs the forking thread nothing (a
+                // handler holding faults through a fork tries again and again).
+                let owner = GATE.owner.load(SeqCst);
+                if how == Entry::Try && owner != 0 && owner != gettid() {
+                    return None;
+                }
                 GATE.active.fetch_add(1, SeqCst);
                 let owner = GATE.owner.load(SeqCst);
                 // The forking thread itself may do pager work (its own faults are served while
@@ -106,6 +124,7 @@ fn enter(how: Entry) -> Option<Section> {
         }
         d.set(d.get() + 1);
         Some(Section {
+            regardless: outermost && how == Entry::Regardless,
             _not_send: std::marker::PhantomData,
         })
     })
@@ -146,6 +165,9 @@ impl Drop for Section {
                 GATE.active.fetch_sub(1, SeqCst);
             }
         });
+        if self.regardless {
+            GATE.regardless.fetch_sub(1, SeqCst);
+        }
     }
 }
 
@@ -258,7 +280,10 @@ extern "C" fn child() {
     // No thread of the parent exists here; whatever they had entered is over, but if one was
     // inside a section at the moment of the fork (a fault held so long that it was served
     // while the gate was closed), this copy of the pager's state may be half changed.
-    let torn = GATE.active.swap(0, SeqCst) != 0;
+    // Only a section entered regardless can have been doing work at the clone: the others
+    // were waited for, or backed out without doing any.
+    GATE.active.store(0, SeqCst);
+    let torn = GATE.regardless.swap(0, SeqCst) != 0;
     if torn {
         crate::sys::die(
             "tidepool pager: this process was forked while a page was being moved for another \
@@ -303,6 +328,18 @@ mod tests {
         drop(inside);
         rx.recv().unwrap();
         closer.join().unwrap();
+        // A thread that may not wait backs out, and leaves nothing a child would take for a
+        // torn copy; a section entered regardless is counted until it ends.
+        std::thread::spawn(|| {
+            assert!(try_section().is_none());
+            assert_eq!(GATE.regardless.load(SeqCst), 0);
+            let late = section_regardless();
+            assert_eq!(GATE.regardless.load(SeqCst), 1);
+            drop(late);
+            assert_eq!(GATE.regardless.load(SeqCst), 0);
+        })
+        .join()
+        .unwrap();
         // Now a new section waits until the gate opens.
         let (tx, rx) = std::sync::mpsc::channel();
         let entrant = std::thread::spawn(move || {
