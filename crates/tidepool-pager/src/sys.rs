@@ -31,7 +31,7 @@ pub fn futex_wait(
     // SAFETY: FUTEX_WAIT reads the aligned u32 behind `word`, which outlives the call, and the
     // timespec; it returns at once if the word is not `expected`.
     unsafe {
-        libc::syscall(
+        tidepool_sys::syscall!(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
@@ -54,7 +54,7 @@ pub fn futex_wake_all(word: &std::sync::atomic::AtomicU32) {
 fn wake_waiters(word: &std::sync::atomic::AtomicU32, count: i32) {
     // SAFETY: FUTEX_WAKE only uses the address as a key.
     unsafe {
-        libc::syscall(
+        tidepool_sys::syscall!(
             libc::SYS_futex,
             word.as_ptr(),
             libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,

@@ -28,6 +28,7 @@ mod libc_alloc;
 mod mmap;
 mod ranges;
 mod stdio;
+mod syscall;
 
 use core::ffi::c_int;
 use rangemap::RangeSet;

@@ -27,7 +27,7 @@
 //! | brk, sbrk | a break of its own in the large region, paged like the rest |
 
 use crate::{owning, paged_region, paging, Runtime};
-use core::ffi::{c_int, c_void};
+use core::ffi::{c_int, c_long, c_void};
 use libc::{off_t, MAP_FAILED};
 use std::sync::Mutex;
 use tidepool_pager::{ForkAdvice, PAGE};
@@ -66,7 +66,9 @@ unsafe fn sys_mmap(
     offset: off_t,
 ) -> *mut c_void {
     // SAFETY: the caller's arguments, passed to the system call unchanged.
-    unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, offset) as *mut c_void }
+    unsafe {
+        tidepool_sys::syscall!(libc::SYS_mmap, addr, len, prot, flags, fd, offset) as *mut c_void
+    }
 }
 
 /// Memory the pager can serve: private, anonymous, plain, and not executable.
@@ -190,7 +192,7 @@ fn split(rt: &Runtime, addr: usize, len: usize) -> (Option<Span>, [Span; 2]) {
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let Some(rt) = crate::RUNTIME.get() else {
         // SAFETY: passed on.
-        return unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int };
+        return unsafe { tidepool_sys::syscall!(libc::SYS_munmap, addr, len) as c_int };
     };
     let at = addr as usize;
     if !at.is_multiple_of(PAGE) || len == 0 {
@@ -199,14 +201,14 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     let (inside, outside) = split(rt, at, len);
     let Some((a, l)) = inside else {
         // SAFETY: passed on.
-        return unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int };
+        return unsafe { tidepool_sys::syscall!(libc::SYS_munmap, addr, len) as c_int };
     };
     // SAFETY: the program gives the range up (munmap's contract).
     unsafe { rt.release(a, l) };
     for (a, l) in outside {
         if l > 0 {
             // SAFETY: the program's own range outside the region, passed on.
-            unsafe { libc::syscall(libc::SYS_munmap, a, l) };
+            unsafe { tidepool_sys::syscall!(libc::SYS_munmap, a, l) };
         }
     }
     0
@@ -246,7 +248,8 @@ pub unsafe extern "C" fn mremap(
         }
         // SAFETY: the caller's arguments, passed on.
         return unsafe {
-            libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void
+            tidepool_sys::syscall!(libc::SYS_mremap, old, old_len, new_len, flags, new_addr)
+                as *mut c_void
         };
     };
     let known = libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED | libc::MREMAP_DONTUNMAP;
@@ -337,7 +340,7 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     let at = addr as usize;
     let Some(region) = paged_region(at) else {
         // SAFETY: passed on.
-        return unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) as c_int };
+        return unsafe { tidepool_sys::syscall!(libc::SYS_mprotect, addr, len, prot) as c_int };
     };
     if !at.is_multiple_of(PAGE) {
         return fail_int(libc::EINVAL);
@@ -350,7 +353,8 @@ pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) ->
     if at + inside < end {
         // SAFETY: the part past the region, passed on.
         return unsafe {
-            libc::syscall(libc::SYS_mprotect, at + inside, end - at - inside, prot) as c_int
+            tidepool_sys::syscall!(libc::SYS_mprotect, at + inside, end - at - inside, prot)
+                as c_int
         };
     }
     0
@@ -363,7 +367,7 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
     let at = addr as usize;
     let Some(region) = paged_region(at) else {
         // SAFETY: the caller's arguments, passed on.
-        return unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) as c_int };
+        return unsafe { tidepool_sys::syscall!(libc::SYS_madvise, addr, len, advice) as c_int };
     };
     if !at.is_multiple_of(PAGE) {
         return fail_int(libc::EINVAL);
@@ -390,7 +394,9 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: usize, advice: c_int) -
                 Err(e) => fail_int(e.raw_os_error().unwrap_or(libc::EINVAL)),
             },
             // SAFETY: the caller's arguments, passed on: other advice changes no contents.
-            None => unsafe { libc::syscall(libc::SYS_madvise, addr, whole, advice) as c_int },
+            None => unsafe {
+                tidepool_sys::syscall!(libc::SYS_madvise, addr, whole, advice) as c_int
+            },
         },
     }
 }
@@ -405,7 +411,7 @@ pub unsafe extern "C" fn mlock(addr: *const c_void, len: usize) -> c_int {
         return 0;
     }
     // SAFETY: passed on.
-    unsafe { libc::syscall(libc::SYS_mlock, addr, len) as c_int }
+    unsafe { tidepool_sys::syscall!(libc::SYS_mlock, addr, len) as c_int }
 }
 
 /// # Safety
@@ -416,7 +422,7 @@ pub unsafe extern "C" fn mlock2(addr: *const c_void, len: usize, flags: libc::c_
         return 0;
     }
     // SAFETY: passed on.
-    unsafe { libc::syscall(libc::SYS_mlock2, addr, len, flags) as c_int }
+    unsafe { tidepool_sys::syscall!(libc::SYS_mlock2, addr, len, flags) as c_int }
 }
 
 /// # Safety
@@ -427,7 +433,7 @@ pub unsafe extern "C" fn munlock(addr: *const c_void, len: usize) -> c_int {
         return 0;
     }
     // SAFETY: passed on.
-    unsafe { libc::syscall(libc::SYS_munlock, addr, len) as c_int }
+    unsafe { tidepool_sys::syscall!(libc::SYS_munlock, addr, len) as c_int }
 }
 
 /// mlockall would fault in every page of the pager's reservations (a terabyte of address
@@ -441,7 +447,7 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
         return 0;
     }
     // SAFETY: passed on.
-    unsafe { libc::syscall(libc::SYS_mlockall, flags) as c_int }
+    unsafe { tidepool_sys::syscall!(libc::SYS_mlockall, flags) as c_int }
 }
 
 /// # Safety
@@ -452,7 +458,7 @@ pub unsafe extern "C" fn munlockall() -> c_int {
         return 0;
     }
     // SAFETY: no arguments.
-    unsafe { libc::syscall(libc::SYS_munlockall) as c_int }
+    unsafe { tidepool_sys::syscall!(libc::SYS_munlockall) as c_int }
 }
 
 /// The program's break, kept in the large region: (start, current break, limit). Programs and
@@ -492,13 +498,29 @@ fn move_break(want: impl FnOnce(usize) -> Option<usize>) -> Result<(usize, usize
     Ok((cur, new))
 }
 
+/// The brk system call's own convention, for `syscall(SYS_brk, addr)`: the break after the
+/// call (unchanged if it could not move; `addr` 0 asks for it).
+///
+/// # Safety
+/// The brk(2) contract.
+pub(crate) unsafe fn brk_syscall(addr: usize) -> c_long {
+    if paging().is_none() {
+        // SAFETY: passed on.
+        return unsafe { tidepool_sys::syscall!(libc::SYS_brk, addr) };
+    }
+    match move_break(|_| (addr != 0).then_some(addr)) {
+        Ok((_, now)) => now as c_long,
+        Err(_) => move_break(|_| None).map_or(0, |(now, _)| now as c_long),
+    }
+}
+
 /// # Safety
 /// The brk(2) contract.
 #[no_mangle]
 pub unsafe extern "C" fn brk(addr: *mut c_void) -> c_int {
     if paging().is_none() {
         // SAFETY: passed on.
-        let now = unsafe { libc::syscall(libc::SYS_brk, addr) } as usize;
+        let now = unsafe { tidepool_sys::syscall!(libc::SYS_brk, addr) } as usize;
         return if now == addr as usize {
             0
         } else {
@@ -518,12 +540,12 @@ pub unsafe extern "C" fn sbrk(increment: libc::intptr_t) -> *mut c_void {
     if paging().is_none() {
         // SAFETY: the kernel's brk, as glibc's sbrk does it.
         unsafe {
-            let cur = libc::syscall(libc::SYS_brk, 0) as usize;
+            let cur = tidepool_sys::syscall!(libc::SYS_brk, 0) as usize;
             if increment == 0 {
                 return cur as *mut c_void;
             }
             let want = cur.wrapping_add_signed(increment);
-            let now = libc::syscall(libc::SYS_brk, want) as usize;
+            let now = tidepool_sys::syscall!(libc::SYS_brk, want) as usize;
             return if now == want {
                 cur as *mut c_void
             } else {

@@ -20,6 +20,9 @@
 //! Every userfaultfd, memfd and mmap wrapper of the workspace is here: the pager and soft
 //! memory share them.
 //!
+//! [`raw`]: system calls made with the instruction inline ([`syscall!`]), never through libc's
+//! `syscall()`, which `tidepool run` interposes.
+//!
 //! [`recv_into`]: socket reads straight into the unused capacity of a receive buffer, so
 //! received bytes are neither zero-filled first nor copied afterwards (decoded payloads are
 //! slices of this buffer). The standard library offers no stable way to read into
@@ -28,6 +31,7 @@
 pub mod interrupts;
 pub mod memfd;
 pub mod probe;
+pub mod raw;
 pub mod rseq;
 pub mod seqpacket;
 pub mod uffd;
@@ -373,7 +377,7 @@ pub fn spawn_raw(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<Ra
     // SAFETY: a fresh private mapping from the kernel (the raw system call: a preloaded
     // library may interpose mmap), with a guard page at its low end.
     let stack = unsafe {
-        let p = libc::syscall(
+        let p = crate::syscall!(
             libc::SYS_mmap,
             std::ptr::null_mut::<libc::c_void>(),
             RAW_STACK,
@@ -385,12 +389,12 @@ pub fn spawn_raw(name: &str, f: impl FnOnce() + Send + 'static) -> io::Result<Ra
         if p < 0 {
             return Err(io::Error::last_os_error());
         }
-        libc::syscall(libc::SYS_mprotect, p, 4096, libc::PROT_NONE);
+        crate::syscall!(libc::SYS_mprotect, p, 4096, libc::PROT_NONE);
         p as usize
     };
     let unmap_stack = || {
         // SAFETY: the mapping made above, which no thread runs on.
-        unsafe { libc::syscall(libc::SYS_munmap, stack, RAW_STACK) };
+        unsafe { crate::syscall!(libc::SYS_munmap, stack, RAW_STACK) };
     };
     // SAFETY: plain data, initialised by pthread_attr_init before any other use.
     let mut attr: libc::pthread_attr_t = unsafe { std::mem::zeroed() };
@@ -444,7 +448,7 @@ impl RawThread {
         // SAFETY: a joinable thread of ours, joined once (`joined` keeps Drop from detaching).
         unsafe { libc::pthread_join(self.id, std::ptr::null_mut()) };
         // SAFETY: the thread has ended; glibc does not free stacks it was given.
-        unsafe { libc::syscall(libc::SYS_munmap, self.stack.0, self.stack.1) };
+        unsafe { crate::syscall!(libc::SYS_munmap, self.stack.0, self.stack.1) };
     }
 }
 

@@ -31,7 +31,7 @@ pub enum FaultsFrom {
 pub fn userfaultfd(features: u64, from: FaultsFrom) -> io::Result<OwnedFd> {
     let syscall = |flags: libc::c_int| {
         // SAFETY: the userfaultfd system call takes only flags.
-        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags as libc::c_long) };
+        let fd = unsafe { crate::syscall!(libc::SYS_userfaultfd, flags as libc::c_long) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -64,7 +64,7 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: the range is a mapping this value owns; nothing references it past drop.
         // A raw system call: a preloaded library may interpose munmap (tidepool run does).
-        unsafe { libc::syscall(libc::SYS_munmap, self.addr, self.len) };
+        unsafe { crate::syscall!(libc::SYS_munmap, self.addr, self.len) };
     }
 }
 
@@ -83,7 +83,7 @@ pub fn discard(addr: usize, len: usize) {
     // SAFETY: MADV_DONTNEED on a range is defined for any range; callers pass ranges of
     // regions the pager owns, whose contents they have saved or no longer need. A raw system
     // call: the preload library interposes madvise and sends discards in its regions here.
-    unsafe { libc::syscall(libc::SYS_madvise, addr, len, libc::MADV_DONTNEED) };
+    unsafe { crate::syscall!(libc::SYS_madvise, addr, len, libc::MADV_DONTNEED) };
 }
 
 /// Changes the protection of `[addr, addr + len)` (a raw system call: the preload library
@@ -91,7 +91,7 @@ pub fn discard(addr: usize, len: usize) {
 pub fn protect(addr: usize, len: usize, prot: i32) -> io::Result<()> {
     // SAFETY: mprotect changes only protections; callers pass ranges of regions the pager owns
     // on the program's behalf (mprotect's contract is the program's).
-    if unsafe { libc::syscall(libc::SYS_mprotect, addr, len, prot) } != 0 {
+    if unsafe { crate::syscall!(libc::SYS_mprotect, addr, len, prot) } != 0 {
         return Err(last_err());
     }
     Ok(())
@@ -100,7 +100,7 @@ pub fn protect(addr: usize, len: usize, prot: i32) -> io::Result<()> {
 /// madvise with any advice, as a raw system call (see [`protect`]).
 pub fn advise(addr: usize, len: usize, advice: i32) -> io::Result<()> {
     // SAFETY: the advice callers pass (fork inheritance) changes no contents.
-    if unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) } != 0 {
+    if unsafe { crate::syscall!(libc::SYS_madvise, addr, len, advice) } != 0 {
         return Err(last_err());
     }
     Ok(())
@@ -112,7 +112,7 @@ pub fn map_fixed(addr: usize, len: usize, prot: i32) -> io::Result<()> {
     // SAFETY: callers pass ranges of their own regions whose old contents nobody needs (a
     // mapping the program unmapped, or a hole a forked child lacks).
     let p = unsafe {
-        libc::syscall(
+        crate::syscall!(
             libc::SYS_mmap,
             addr,
             len,
@@ -197,7 +197,7 @@ fn self_pidfd() -> Option<i32> {
     let mut cached = SELF_PIDFD.lock();
     if cached.0 != pid {
         // SAFETY: pidfd_open of our own pid; the fd is kept for the life of the process.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as i32;
+        let fd = unsafe { crate::syscall!(libc::SYS_pidfd_open, pid, 0) } as i32;
         if fd < 0 {
             return None;
         }
@@ -228,7 +228,7 @@ pub fn discard_many(ranges: &[(usize, usize)]) {
         // SAFETY: `iov` describes ranges of regions the pager owns whose contents are saved or
         // no longer needed (as for `discard`); the kernel only reads the vector.
         let n = unsafe {
-            libc::syscall(
+            crate::syscall!(
                 libc::SYS_process_madvise,
                 pidfd,
                 iov.as_ptr(),

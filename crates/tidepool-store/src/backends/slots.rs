@@ -100,7 +100,7 @@ fn reserve(len: usize) -> usize {
     // raw system call: an `mmap` the program (or a preload library) interposes must not
     // see the store's memory.
     let addr = unsafe {
-        libc::syscall(
+        tidepool_sys::syscall!(
             libc::SYS_mmap,
             0usize,
             len,
@@ -203,7 +203,7 @@ impl Slab {
         }
         let addr = self.mem().base + c as usize * CHUNK;
         // SAFETY: the chunk is ours and unused: its contents may go.
-        unsafe { libc::syscall(libc::SYS_madvise, addr, CHUNK, libc::MADV_DONTNEED) };
+        unsafe { tidepool_sys::syscall!(libc::SYS_madvise, addr, CHUNK, libc::MADV_DONTNEED) };
         chunks.given_back.push(c);
     }
 
@@ -545,8 +545,8 @@ impl Drop for Slab {
             // SAFETY: the mappings made in `mem`, with these lengths; the slab, and every slot
             // in it, is going away.
             unsafe {
-                libc::syscall(libc::SYS_munmap, mem.base, RESERVE);
-                libc::syscall(
+                tidepool_sys::syscall!(libc::SYS_munmap, mem.base, RESERVE);
+                tidepool_sys::syscall!(
                     libc::SYS_munmap,
                     mem.states as usize,
                     MAX_CHUNKS * std::mem::size_of::<ChunkState>(),
