@@ -5,6 +5,7 @@ mod cache;
 mod coord;
 mod demo;
 mod run;
+mod run_static;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -148,7 +149,12 @@ enum Cmd {
     /// evicted earlier come back from the store in batches, hottest first, until the budget is
     /// nearly full, rather than one fault at a time; TIDEPOOL_RUN_REFILL=0 turns that off.
     ///
-    /// A program the pager cannot serve (statically linked, or set-user-ID/set-group-ID, for
+    /// A statically linked program (Go's default build, a static C or Rust binary) never
+    /// loads that library: `tidepool` loads it into a process of its own that has one, and
+    /// stays as its parent, passing on its exit status and the signals sent to `tidepool run`
+    /// (Ctrl-C reaches the program from the terminal). Its memory system calls reach the pager
+    /// through a seccomp filter; a fork without exec fails with ENOSYS (vfork and
+    /// posix_spawn work). A program the pager cannot serve (set-user-ID/set-group-ID, for
     /// which the loader ignores LD_PRELOAD) is refused before it starts, unless
     /// --allow-unpaged.
     ///
@@ -324,6 +330,8 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
 }
 
 fn main() {
+    // `tidepool __exec-static ...`: becomes a statically linked program (never returns).
+    run_static::enter_if_asked();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -117,8 +117,8 @@ pub struct RunOpts {
     /// Print faults, hits, prefetch accuracy and bytes moved when the program exits.
     #[arg(long)]
     pub stats: bool,
-    /// Run a program the pager cannot serve (static, set-user-ID) anyway, all of its
-    /// memory local.
+    /// Run a program the pager cannot serve (set-user-ID, a script whose interpreter is
+    /// statically linked) anyway, all of its memory local.
     #[arg(long)]
     pub allow_unpaged: bool,
     /// Seconds a page fault may wait before the program is stopped (status 70) with a
@@ -154,7 +154,7 @@ pub fn run(
     }
     join.check(local)?;
     if !allow_unpaged {
-        if let Some(why) = find_program(name).and_then(|p| unpageable(&p)) {
+        if let Some(why) = find_program(name).and_then(|p| unpageable(&p, false)) {
             bail!(
                 "{} cannot be paged: {why}. It would run with all of its memory local; \
                  pass --allow-unpaged to run it anyway",
@@ -176,7 +176,12 @@ pub fn run(
         preload.push(":");
         preload.push(existing);
     }
-    let mut cmd = Command::new(name);
+    // A statically linked program is started by `tidepool` itself, which watches over it.
+    let loaded = find_program(name).filter(|p| tidepool_sys::exec_static::is_static(p));
+    let mut cmd = match &loaded {
+        Some(path) => crate::run_static::loader_command(path, name)?,
+        None => Command::new(name),
+    };
     cmd.args(args)
         .env("LD_PRELOAD", preload)
         .env("TIDEPOOL_RUN_LOCAL", local.to_string())
@@ -215,6 +220,9 @@ pub fn run(
             cmd.env("TIDEPOOL_RUN_NAME", name);
         }
     }
+    if loaded.is_some() {
+        return crate::run_static::supervise(cmd, name);
+    }
     // exec: the program takes this process's place, so its exit status and signals are the
     // caller's directly.
     let err = cmd.exec();
@@ -233,9 +241,10 @@ fn find_program(name: &OsString) -> Option<PathBuf> {
 }
 
 /// Why the pager cannot serve the program in `path`, if it cannot: it comes in through
-/// LD_PRELOAD, which a statically linked program never reads and the loader ignores for a
-/// set-user-ID or set-group-ID one run by someone else. A script is judged by its interpreter.
-fn unpageable(path: &std::path::Path) -> Option<String> {
+/// LD_PRELOAD, which the loader ignores for a set-user-ID or set-group-ID program run by
+/// someone else. A statically linked program is loaded by `tidepool` itself
+/// (`run_static.rs`); a script is judged by its interpreter, which must load the library.
+fn unpageable(path: &std::path::Path, interpreter: bool) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
     let (euid, egid) = effective_ids();
@@ -261,15 +270,17 @@ fn unpageable(path: &std::path::Path) -> Option<String> {
         let line = line.split(|&b| b == b'\n').next().unwrap_or_default();
         let interp = String::from_utf8_lossy(line);
         let interp = interp.split_whitespace().next()?;
-        return unpageable(std::path::Path::new(interp));
+        return unpageable(std::path::Path::new(interp), true);
     }
-    match elf_has_interpreter(&head) {
-        Some(false) => Some(format!(
-            "{} is statically linked, so it never loads the library that pages its memory",
+    (interpreter && tidepool_sys::exec_static::is_static(path)).then(|| {
+        format!(
+            "its interpreter {} is statically linked, so it never loads the library that \
+             pages its memory (run the interpreter itself: tidepool run --local SIZE -- {} \
+             SCRIPT)",
+            path.display(),
             path.display()
-        )),
-        _ => None,
-    }
+        )
+    })
 }
 
 /// The effective user and group ids of this process.
@@ -284,27 +295,6 @@ fn effective_ids() -> (u32, u32) {
             .unwrap_or(u32::MAX)
     };
     (field("Uid:"), field("Gid:"))
-}
-
-/// Whether a 64-bit little-endian ELF executable names a program interpreter (PT_INTERP:
-/// dynamically linked); `None` if `head` (its first bytes) is not one this can read.
-fn elf_has_interpreter(head: &[u8]) -> Option<bool> {
-    const PT_INTERP: u32 = 3;
-    if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
-        return None;
-    }
-    let u16_at = |o: usize| Some(u16::from_le_bytes(head.get(o..o + 2)?.try_into().ok()?));
-    let u64_at = |o: usize| Some(u64::from_le_bytes(head.get(o..o + 8)?.try_into().ok()?));
-    let phoff = u64_at(32)? as usize;
-    let phentsize = u16_at(54)? as usize;
-    let phnum = u16_at(56)? as usize;
-    let mut found = false;
-    for i in 0..phnum {
-        let at = phoff + i * phentsize;
-        let ty = u32::from_le_bytes(head.get(at..at + 4)?.try_into().ok()?);
-        found |= ty == PT_INTERP;
-    }
-    Some(found)
 }
 
 /// Changes the local budget of the program `pid` runs under `tidepool run`.

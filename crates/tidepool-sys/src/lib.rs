@@ -23,17 +23,26 @@
 //! [`raw`]: system calls made with the instruction inline ([`syscall!`]), never through libc's
 //! `syscall()`, which `tidepool run` interposes.
 //!
+//! [`exec_static`]: a statically linked program mapped into this process and entered, as
+//! `execve` would start it, so that it runs beside the pager.
+//!
+//! [`seccomp`]: a filter that holds a program's own memory system calls for a listening thread
+//! (statically linked programs under `tidepool run`).
+//!
 //! [`recv_into`]: socket reads straight into the unused capacity of a receive buffer, so
 //! received bytes are neither zero-filled first nor copied afterwards (decoded payloads are
 //! slices of this buffer). The standard library offers no stable way to read into
 //! uninitialised memory.
 
+pub mod exec_static;
 pub mod interrupts;
 pub mod memfd;
 pub mod probe;
 pub mod raw;
 pub mod rseq;
+pub mod seccomp;
 pub mod seqpacket;
+pub mod supervise;
 pub mod uffd;
 pub mod vm;
 

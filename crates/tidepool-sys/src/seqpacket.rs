@@ -20,6 +20,27 @@ pub struct Channel {
 }
 
 impl Channel {
+    /// Two connected ends, close-on-exec (clear it on one to hand it to a program).
+    pub fn pair() -> io::Result<(Channel, Channel)> {
+        let (a, b) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )?;
+        Ok((Channel { fd: a }, Channel { fd: b }))
+    }
+
+    /// An end received from elsewhere (inherited by a program, say).
+    pub fn from_fd(fd: OwnedFd) -> Channel {
+        Channel { fd }
+    }
+
+    /// The socket itself.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// Connects to the coordinator listening at `path`.
     pub fn connect(path: &Path) -> io::Result<Channel> {
         let fd = socket()?;

@@ -1,0 +1,2 @@
+module gomap
+go 1.22

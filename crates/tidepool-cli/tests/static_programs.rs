@@ -1,0 +1,133 @@
+//! Statically linked programs under `tidepool run` (issue 56): a static C program mapping
+//! memory through its C library's own system calls (`tests/c/rawcalls.c` built with
+//! `-static`) and a Go program built with default flags (`tests/go/gomap`: static, and Go's
+//! runtime maps its heap with system calls of its own) run at a quarter of their native peak
+//! with their native answers, and hold at most the budget beyond what a tiny program of the
+//! same kind holds under the pager. Exit statuses pass through the supervising `tidepool run`;
+//! a fork without exec fails with a message rather than leave a child with unpaged zeros.
+
+mod common;
+
+use common::{c_program, preload, NodeProc};
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::Command;
+use tidepool_bench::apps::{Ended, Launcher, System};
+
+fn launcher(node: &NodeProc) -> Launcher {
+    Launcher::new(
+        PathBuf::from(env!("CARGO_BIN_EXE_tidepool")),
+        preload(),
+        Some(format!("node://static@{}", node.addr)),
+    )
+}
+
+fn run(l: &Launcher, system: System, local: u64, argv: &[OsString]) -> Ended {
+    let cmd = l.command(system, local, argv).unwrap();
+    let ended = l.run_to_end(system, cmd).unwrap();
+    assert!(
+        ended.status.success(),
+        "{} {argv:?}: {}\n{}\n{}",
+        system.name(),
+        ended.status,
+        ended.stdout,
+        ended.stderr
+    );
+    ended
+}
+
+/// Runs `argv` natively, then paged at a quarter of its native peak over a memory node; checks
+/// the answer and that the paged peak is at most `small`'s paged peak (the pager's, the
+/// binaries' and the runtime's own memory) plus the budget and a little.
+fn quarter_of_the_peak(argv: &[OsString], small: &[OsString]) {
+    let node = NodeProc::start(&["--capacity", "2G"]);
+    let l = launcher(&node);
+    let native = run(&l, System::Native, 0, argv);
+    let local = (native.peak_rss / 4).max(4 << 20);
+    let paged = run(&l, System::TidepoolNode, local, argv);
+    assert_eq!(paged.stdout, native.stdout, "{}", paged.stderr);
+    let base = run(&l, System::TidepoolNode, local, small).peak_rss;
+    let mib = |b: u64| b >> 20;
+    // Slack: the write-back buffer (4 MiB) and the page tables of what was paged.
+    let most = base + local + (8 << 20);
+    assert!(
+        paged.peak_rss <= most,
+        "paged at {} MiB the program peaked at {} MiB; a tiny one at {} MiB; native {} MiB",
+        mib(local),
+        mib(paged.peak_rss),
+        mib(base),
+        mib(native.peak_rss)
+    );
+    assert!(
+        paged.peak_rss < native.peak_rss / 2,
+        "{}",
+        mib(paged.peak_rss)
+    );
+}
+
+#[test]
+fn a_static_c_program_runs_paged_at_a_quarter_of_its_peak() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let prog = c_program("rawcalls", &["-static"]).into_os_string();
+    quarter_of_the_peak(&[prog.clone(), "128".into()], &[prog, "1".into()]);
+}
+
+/// `tests/go/gomap`, built once into this test binary's scratch directory.
+fn gomap() -> PathBuf {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go/gomap");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gomap");
+    let go = ["go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"]
+        .into_iter()
+        .find(|g| Command::new(g).arg("version").output().is_ok())
+        .expect("Go (scripts/setup installs it)");
+    let built = Command::new(go)
+        .args(["build", "-o"])
+        .arg(&out)
+        .arg(".")
+        .current_dir(&src)
+        .status()
+        .unwrap();
+    assert!(built.success(), "go build of {}", src.display());
+    assert!(
+        tidepool_sys::exec_static::is_static(&out),
+        "Go built a dynamically linked program"
+    );
+    out
+}
+
+#[test]
+fn a_go_program_built_with_default_flags_runs_paged_at_a_quarter_of_its_peak() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let prog = gomap().into_os_string();
+    quarter_of_the_peak(&[prog.clone(), "1000000".into()], &[prog, "10".into()]);
+}
+
+/// What `tests/c/static_life.c` does, natively and under the pager alike: its exit status,
+/// its arguments and environment, a fork refused with a message.
+#[test]
+fn a_static_programs_status_arguments_and_forks() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let prog = c_program("static_life", &["-static", "-pthread"]);
+    let paged = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+        .args(["run", "--local", "8M", "--"])
+        .arg(&prog)
+        .args(["one", "two words"])
+        .env("TIDEPOOL_PRELOAD", preload())
+        .env("STATIC_LIFE", "here")
+        .output()
+        .unwrap();
+    let (out, err) = (
+        String::from_utf8_lossy(&paged.stdout),
+        String::from_utf8_lossy(&paged.stderr),
+    );
+    assert_eq!(paged.status.code(), Some(3), "{out}\n{err}");
+    assert!(out.contains("argc 3 one|two words"), "{out}");
+    assert!(out.contains("env here"), "{out}");
+    assert!(out.contains("thread 42"), "{out}");
+    assert!(out.contains("fork: Function not implemented"), "{out}");
+    assert!(err.contains("forked without exec"), "{err}");
+    assert!(
+        !out.contains("TIDEPOOL_SUPERVISOR_FD"),
+        "the supervisor's descriptor leaked into the program: {out}"
+    );
+}
