@@ -1,6 +1,6 @@
 //! Statically linked programs under `tidepool run` (issue 56): a static C program mapping
 //! memory through its C library's own system calls (`tests/c/rawcalls.c` built with
-//! `-static`) and a Go program built with default flags (`tests/go/gomap`: static, and Go's
+//! `-static`) and a Go program built with default flags (the apps suite's `go-map`: static, and Go's
 //! runtime maps its heap with system calls of its own) run at a quarter of their native peak
 //! with their native answers, and hold at most the budget beyond what a tiny program of the
 //! same kind holds under the pager. Exit statuses pass through the supervising `tidepool run`;
@@ -72,22 +72,12 @@ fn a_static_c_program_runs_paged_at_a_quarter_of_its_peak() {
     quarter_of_the_peak(&[prog.clone(), "128".into()], &[prog, "1".into()]);
 }
 
-/// `tests/go/gomap`, built once into this test binary's scratch directory.
+/// The apps suite's go-map program, built with default flags into this test binary's scratch
+/// directory.
 fn gomap() -> PathBuf {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go/gomap");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gomap");
-    let go = ["go", "/usr/local/go/bin/go", "/usr/lib/go/bin/go"]
-        .into_iter()
-        .find(|g| Command::new(g).arg("version").output().is_ok())
-        .expect("Go (scripts/setup installs it)");
-    let built = Command::new(go)
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(".")
-        .current_dir(&src)
-        .status()
-        .unwrap();
-    assert!(built.success(), "go build of {}", src.display());
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("static-programs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = tidepool_bench::apps::runtimes::build_go_map(&dir).unwrap();
     assert!(
         tidepool_sys::exec_static::is_static(&out),
         "Go built a dynamically linked program"

@@ -14,6 +14,11 @@
 //!   output's sha256 must be native's.
 //! - `python-dict`: CPython building and summing a dict of strings (`seconds`); the sum must be
 //!   native's.
+//! - `go-map`, `jvm-hashmap`, `node-map`: garbage-collected runtimes (`runtimes.rs`): a Go map
+//!   of strings (default build, statically linked), a Java 17 HashMap with long arrays
+//!   (`-Xmx2g -XX:+UseParallelGC`), a Node.js Map with Buffers (`seconds`, the whole run); each
+//!   answer (count and checksum) must be native's. Skipped, with a note, where the toolchain
+//!   is missing.
 //!
 //! Systems ([`System`]): `tidepool-default` (`tidepool run` as a user types it: pages
 //! compressed in process), `tidepool-local` (pages kept whole in process: the pager alone),
@@ -36,6 +41,7 @@ mod launch;
 mod programs;
 mod redis;
 mod resp;
+pub mod runtimes;
 
 use crate::harness::{BenchOpts, Ctx, Suite};
 use crate::meter::Held;
@@ -52,7 +58,15 @@ pub use redis::{redis, redis_value, verify_rdb, RedisResult, RedisRun};
 pub struct AppsSuite;
 
 const RATIOS: [f64; 2] = [0.25, 0.5];
-const WORKLOADS: [&str; 4] = ["redis", "pandas-groupby", "sort", "python-dict"];
+const WORKLOADS: [&str; 7] = [
+    "redis",
+    "pandas-groupby",
+    "sort",
+    "python-dict",
+    "go-map",
+    "jvm-hashmap",
+    "node-map",
+];
 
 impl Suite for AppsSuite {
     fn name(&self) -> &'static str {
@@ -61,7 +75,7 @@ impl Suite for AppsSuite {
 
     fn about(&self) -> &'static str {
         "unmodified programs with a quarter and a half of the memory they use: redis-server \
-         (GET, SET, BGSAVE), pandas, GNU sort, CPython; tidepool run (default compressed, \
+         (GET, SET, BGSAVE), pandas, GNU sort, CPython, Go, a JVM, Node.js; tidepool run (default compressed, \
          plain in-process and node stores) vs Linux swap to zram vs native, in time and in \
          bytes held on this machine"
     }
@@ -126,6 +140,21 @@ impl Suite for AppsSuite {
                 }
                 continue;
             }
+            let runtime_argv = match workload {
+                "go-map" | "jvm-hashmap" | "node-map" => {
+                    match runtimes::argv(workload, &dir, s.runtime_entries(workload)) {
+                        Ok(argv) => Some(argv),
+                        Err(e) => {
+                            ctx.note(format!("{workload} skipped: {e:#}"));
+                            for _ in 0..self.steps(&ctx.opts) / WORKLOADS.len() as u64 {
+                                ctx.advance();
+                            }
+                            continue;
+                        }
+                    }
+                }
+                _ => None,
+            };
             ctx.step(format!("{workload}: native"));
             l.node = Some(node_url(if workload == "redis" {
                 &sleeping
@@ -140,6 +169,13 @@ impl Suite for AppsSuite {
                         Measured::Program(pandas(l, system, local, &python, s.pandas_rows, &dir)?)
                     }
                     "sort" => Measured::Program(sort(l, system, local, &sort_file, &dir)?),
+                    "go-map" | "jvm-hashmap" | "node-map" => Measured::Program(runtimes::run(
+                        l,
+                        system,
+                        local,
+                        workload,
+                        runtime_argv.as_deref().unwrap_or_default(),
+                    )?),
                     _ => Measured::Program(python_dict(
                         l,
                         system,
@@ -360,6 +396,9 @@ fn verdict(ctx: &mut Ctx) {
         "pandas-groupby",
         "sort",
         "python-dict",
+        "go-map",
+        "jvm-hashmap",
+        "node-map",
     ] {
         for ratio in RATIOS {
             let (metric, higher_better) = if w == "redis-get" || w == "redis-set" {

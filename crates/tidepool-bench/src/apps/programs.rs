@@ -20,6 +20,19 @@ pub struct Sizes {
     pub pandas_rows: u64,
     pub sort_lines: u64,
     pub dict_strings: u64,
+    /// Entries of go-map's and node-map's maps; jvm-hashmap's is a third more.
+    pub map_entries: u64,
+}
+
+impl Sizes {
+    /// Entries of a runtime workload's map (the programs: 3M for Go and Node.js, 4M
+    /// for the JVM).
+    pub fn runtime_entries(&self, workload: &str) -> u64 {
+        match workload {
+            "jvm-hashmap" => self.map_entries * 4 / 3,
+            _ => self.map_entries,
+        }
+    }
 }
 
 impl Sizes {
@@ -31,6 +44,7 @@ impl Sizes {
                 pandas_rows: 4_000_000,
                 sort_lines: 600_000,
                 dict_strings: 300_000,
+                map_entries: 300_000,
             }
         } else {
             // 262144 values of 4 KiB: 1 GiB.
@@ -40,6 +54,7 @@ impl Sizes {
                 pandas_rows: 40_000_000,
                 sort_lines: 6_000_000,
                 dict_strings: 3_000_000,
+                map_entries: 3_000_000,
             }
         }
     }
@@ -90,7 +105,7 @@ pub struct Ran {
 
 impl Ran {
     /// The run as `outcome`, its figures from `ended`.
-    fn of(outcome: Outcome, ended: Ended) -> Ran {
+    pub(super) fn of(outcome: Outcome, ended: Ended) -> Ran {
         Ran {
             outcome,
             peak_rss: ended.peak_rss,

@@ -1,2 +1,0 @@
-module gomap
-go 1.22
