@@ -108,6 +108,8 @@ fn load(path: &Path, argv: &[OsString]) -> Result<()> {
         let thread = supervise::pidfd_open(tid, true).context("a descriptor for the thread")?;
         channel.send_with_fd(b"listener", listener.fd().as_fd())?;
         channel.send_with_fd(b"thread", thread.as_fd())?;
+        // Closed here: the program must not inherit it (entering never returns to drop it).
+        drop(channel);
     }
     give.send(listener)
         .ok()

@@ -92,8 +92,8 @@ fn a_go_program_built_with_default_flags_runs_paged_at_a_quarter_of_its_peak() {
     quarter_of_the_peak(&[prog.clone(), "1000000".into()], &[prog, "10".into()]);
 }
 
-/// What `tests/c/static_life.c` does, natively and under the pager alike: its exit status,
-/// its arguments and environment, a fork refused with a message.
+/// What `tests/c/static_life.c` sees under the pager: its exit status, its arguments and
+/// environment, a thread, a fork refused with a message, and no socket of the supervisor's.
 #[test]
 fn a_static_programs_status_arguments_and_forks() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
@@ -118,6 +118,9 @@ fn a_static_programs_status_arguments_and_forks() {
     assert!(err.contains("forked without exec"), "{err}");
     assert!(
         !out.contains("TIDEPOOL_SUPERVISOR_FD"),
-        "the supervisor's descriptor leaked into the program: {out}"
+        "the supervisor's descriptor variable leaked into the program: {out}"
     );
+    // The pager's control socket, and no other: the local store opens none, and the
+    // supervisor's is closed before the program starts.
+    assert!(out.contains("sockets 1\n"), "{out}");
 }

@@ -32,5 +32,17 @@ int main(int argc, char **argv) {
     else waitpid(pid, NULL, 0), printf("fork: ok\n");
     for (char **e = environ; *e; e++)
         if (strncmp(*e, "TIDEPOOL_SUPERVISOR_FD", 22) == 0) printf("%s\n", *e);
+    /* Sockets open: under the pager its control socket (`tidepool resize`), and no socket of
+     * the supervisor's. */
+    char path[64], target[256];
+    int sockets = 0;
+    for (int fd = 3; fd < 64; fd++) {
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, target, sizeof target - 1);
+        if (n <= 0) continue;
+        target[n] = 0;
+        if (strncmp(target, "socket:", 7) == 0) sockets++;
+    }
+    printf("sockets %d\n", sockets);
     return 3;
 }
