@@ -47,7 +47,7 @@ pub fn build_go_map(dir: &Path) -> Result<PathBuf> {
     let src = dir.join("gomap-src");
     std::fs::create_dir_all(&src)?;
     std::fs::write(src.join("main.go"), GO_MAP)?;
-    std::fs::write(src.join("go.mod"), "module gomap\n\ngo 1.21\n")?;
+    std::fs::write(src.join("go.mod"), "module gomap\n\ngo 1.18\n")?;
     let out = dir.join("gomap");
     let built = Command::new(go)
         .args(["build", "-o"])
