@@ -1,7 +1,8 @@
 //! The garbage-collected runtimes (issue 56): Go's map, a JVM's HashMap, V8's Map, each a
 //! program whose collector walks a heap larger than its local memory. Each prints its answer
 //! (an entry count and a checksum), which must be native's; its time is the whole run's, as a
-//! user waits for it (the JVM's start included).
+//! user waits for it (the JVM's start included). Under linux-zram a runtime that stops itself
+//! for want of memory (V8 sizes its heap from the memory cgroup's limit) counts as OOM-killed.
 
 use super::launch::{Launcher, System};
 use super::programs::{Outcome, Ran};
@@ -120,7 +121,7 @@ pub fn run(
     argv: &[OsString],
 ) -> Result<Ran> {
     let ended = l.run_to_end(system, l.command_anywhere(system, local, argv)?)?;
-    if ended.oom_killed() {
+    if ended.oom_killed() || out_of_memory_under_zram(system, &ended.stderr) {
         return Ok(Ran::of(Outcome::OomKilled, ended));
     }
     if !ended.status.success() {
@@ -136,4 +137,13 @@ pub fn run(
         answer: ended.stdout.trim().to_string(),
     };
     Ok(Ran::of(outcome, ended))
+}
+
+/// Whether a runtime under linux-zram stopped itself for want of memory: V8 sizes its heap
+/// from the memory cgroup's limit (the local size), and a JVM may throw before the kernel
+/// kills it. Counted as killed for want of memory, as the kernel's OOM kill is.
+fn out_of_memory_under_zram(system: System, stderr: &str) -> bool {
+    system == System::LinuxZram
+        && (stderr.contains("JavaScript heap out of memory")
+            || stderr.contains("java.lang.OutOfMemoryError"))
 }
