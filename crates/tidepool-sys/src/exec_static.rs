@@ -182,6 +182,10 @@ pub fn map(path: &Path) -> io::Result<Image> {
         )
     };
     let base = check_map(r, "the program's address range")? - lo;
+    if kind != ET_DYN && base != 0 {
+        // A kernel without MAP_FIXED_NOREPLACE (before 4.17) takes the address as a hint.
+        return Err(bad("the program's own addresses are taken in this process"));
+    }
     use std::os::fd::AsRawFd;
     let mut phdr = segs.iter().find(|s| s.kind == PT_PHDR).map(|s| s.vaddr);
     let mut text = (u64::MAX, 0u64);
