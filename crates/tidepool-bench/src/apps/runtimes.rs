@@ -50,20 +50,25 @@ pub fn build_go_map(dir: &Path) -> Result<PathBuf> {
     std::fs::write(src.join("main.go"), GO_MAP)?;
     std::fs::write(src.join("go.mod"), "module gomap\n\ngo 1.18\n")?;
     let out = dir.join("gomap");
-    let built = Command::new(go)
-        .args(["build", "-o"])
+    let mut go = Command::new(go);
+    go.args(["build", "-o"])
         .arg(&out)
         .arg(".")
-        .current_dir(&src)
-        .output()
-        .context("running go build")?;
+        .current_dir(&src);
+    build(go, "go build of the go-map program")?;
+    Ok(out)
+}
+
+/// Runs the build command `cmd`; its error output if it fails.
+fn build(mut cmd: Command, what: &str) -> Result<()> {
+    let built = cmd.output().with_context(|| format!("running {what}"))?;
     if !built.status.success() {
         bail!(
-            "go build of the go-map program failed: {}",
+            "{what} failed: {}",
             String::from_utf8_lossy(&built.stderr).trim()
         );
     }
-    Ok(out)
+    Ok(())
 }
 
 /// `JVM_MAP` compiled into `dir`; the class path.
@@ -73,18 +78,9 @@ pub fn build_jvm_map(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(&classes)?;
     let src = classes.join("JvmMap.java");
     std::fs::write(&src, JVM_MAP)?;
-    let built = Command::new(javac)
-        .arg("-d")
-        .arg(&classes)
-        .arg(&src)
-        .output()
-        .context("running javac")?;
-    if !built.status.success() {
-        bail!(
-            "javac of the jvm-hashmap program failed: {}",
-            String::from_utf8_lossy(&built.stderr).trim()
-        );
-    }
+    let mut javac = Command::new(javac);
+    javac.arg("-d").arg(&classes).arg(&src);
+    build(javac, "javac of the jvm-hashmap program")?;
     Ok(classes)
 }
 
