@@ -89,7 +89,7 @@ fn gomap() -> PathBuf {
 fn a_go_program_built_with_default_flags_runs_paged_at_a_quarter_of_its_peak() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let prog = gomap().into_os_string();
-    quarter_of_the_peak(&[prog.clone(), "1000000".into()], &[prog, "10".into()]);
+    quarter_of_the_peak(&[prog.clone(), "600000".into()], &[prog, "10".into()]);
 }
 
 /// What `tests/c/static_life.c` sees under the pager: its exit status, its arguments and
