@@ -153,8 +153,10 @@ pub fn run(
         bail!("--local {local} is too small: give the program at least 1M of local memory");
     }
     join.check(local)?;
+    // The file the program runs from, looked up on PATH once.
+    let found = find_program(name);
     if !allow_unpaged {
-        if let Some(why) = find_program(name).and_then(|p| unpageable(&p, false)) {
+        if let Some(why) = found.as_deref().and_then(|p| unpageable(p, false)) {
             bail!(
                 "{} cannot be paged: {why}. It would run with all of its memory local; \
                  pass --allow-unpaged to run it anyway",
@@ -177,7 +179,7 @@ pub fn run(
         preload.push(existing);
     }
     // A statically linked program is started by `tidepool` itself, which watches over it.
-    let loaded = find_program(name).filter(|p| tidepool_sys::exec_static::is_static(p));
+    let loaded = found.filter(|p| tidepool_sys::exec_static::is_static(p));
     let mut cmd = match &loaded {
         Some(path) => crate::run_static::loader_command(path, name)?,
         None => Command::new(name),
