@@ -18,7 +18,9 @@
 //! started before it and are not filtered. It stays on across exec, and a program exec'd
 //! there has no listener thread of its own: the supervisor's copy of the listener answers
 //! for it (lets its calls run, unpaged), so a call is never left waiting or failed with
-//! ENOSYS for want of a listener.
+//! ENOSYS for want of a listener. One window is left: a call of another process (a vfork
+//! child) that `tp-memcalls` has received but not answered when the program exec's is lost
+//! with the thread, and its caller waits.
 
 use anyhow::{Context, Result};
 use std::ffi::{CString, OsStr, OsString};
