@@ -125,8 +125,11 @@ fn ours(tid: u32) -> bool {
 }
 
 /// Answers the program's held memory calls with the preload's `syscall()` (paged memory);
-/// lets those of other processes (children exec'd under the filter) run as they are.
+/// lets those of other processes (children exec'd under the filter) run as they are. The
+/// program's `exit_group` becomes `exit` here when `--stats` asked for the preload's figures
+/// (printed by its exit handler, which a static program's own exit never runs).
 fn serve(listener: &Listener, name: &str) {
+    let stats = std::env::var_os("TIDEPOOL_RUN_STATS").is_some_and(|v| !v.is_empty() && v != "0");
     let mut told = false;
     loop {
         let n = match listener.recv() {
@@ -138,6 +141,13 @@ fn serve(listener: &Listener, name: &str) {
             }
         };
         let answered = if !ours(n.tid) {
+            listener.let_run(n.id)
+        } else if let Some(status) = n.exit_status() {
+            if stats {
+                // The exit a dynamic program takes, with the preload's statistics at its end;
+                // the program's thread stays held until the process is gone.
+                std::process::exit(status);
+            }
             listener.let_run(n.id)
         } else if n.is_fork() {
             if !told {

@@ -93,7 +93,8 @@ fn a_go_program_built_with_default_flags_runs_paged_at_a_quarter_of_its_peak() {
 }
 
 /// What `tests/c/static_life.c` sees under the pager: its exit status, its arguments and
-/// environment, a thread, a fork refused with a message, and no socket of the supervisor's.
+/// environment, a thread, a fork refused with a message, and no socket of the supervisor's;
+/// with `--stats`, the pager's figures.
 #[test]
 fn a_static_programs_status_arguments_and_forks() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
@@ -123,4 +124,15 @@ fn a_static_programs_status_arguments_and_forks() {
     // The pager's control socket, and no other: the local store opens none, and the
     // supervisor's is closed before the program starts.
     assert!(out.contains("sockets 1\n"), "{out}");
+    // --stats: the pager's figures at its exit, which the program makes with exit_group.
+    let stats = Command::new(env!("CARGO_BIN_EXE_tidepool"))
+        .args(["run", "--local", "8M", "--stats", "--"])
+        .arg(&prog)
+        .env("TIDEPOOL_PRELOAD", preload())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&stats.stderr);
+    assert_eq!(stats.status.code(), Some(3), "{err}");
+    assert!(err.contains("far store local:"), "{err}");
+    assert!(err.contains("missing ("), "{err}");
 }

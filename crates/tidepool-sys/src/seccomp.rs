@@ -3,7 +3,8 @@
 //!
 //! [`install_memory_filter`] puts a filter on the calling thread (and every thread and child it
 //! makes after): mmap, munmap, mremap, mprotect, madvise and brk made from the program's code
-//! (`text`, its executable segments), and fork-like clones, wait until a [`Listener`] answers
+//! (`text`, its executable segments), its `exit_group` (so that the process's own exit path
+//! can run first, which prints the pager's statistics), and fork-like clones, wait until a [`Listener`] answers
 //! them; clone3 fails with ENOSYS, so that C libraries fall back to clone, whose flags the
 //! filter can read; everything else runs. A thread made before the filter (the pager's, the
 //! listener) is not filtered. The filter stays on across exec: a new program whose code lies
@@ -119,6 +120,7 @@ fn memory_filter(text: (u64, u64)) -> Vec<libc::sock_filter> {
         libc::SYS_mprotect,
         libc::SYS_madvise,
         libc::SYS_brk,
+        libc::SYS_exit_group,
         #[cfg(target_arch = "x86_64")]
         libc::SYS_fork,
     ] {
@@ -214,6 +216,11 @@ impl Notice {
             return true;
         }
         self.nr == libc::SYS_clone
+    }
+
+    /// The exit status if the call ends the whole process (`exit_group`).
+    pub fn exit_status(&self) -> Option<i32> {
+        (self.nr == libc::SYS_exit_group).then_some(self.args[0] as i32)
     }
 }
 
@@ -371,6 +378,7 @@ mod tests {
                 libc::SYS_munmap,
                 libc::SYS_madvise,
                 libc::SYS_brk,
+                libc::SYS_exit_group,
             ] {
                 assert_eq!(run(&f, nr, inside, 0), RET_NOTIFY);
                 assert_eq!(run(&f, nr, text.0, 0), RET_NOTIFY, "the first byte");
