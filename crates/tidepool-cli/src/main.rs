@@ -143,7 +143,8 @@ enum Cmd {
     /// With any store but local:?compress=none, part of --local holds evicted
     /// pages on probation before they go to the store: a page the program still uses comes
     /// back for a fault, not a round trip. The part follows how often that happens, from a
-    /// hundredth to a fifth; TIDEPOOL_RUN_PROBATION=0 turns it off.
+    /// hundredth to a fifth (with local:, whose far reads cost little more than that fault, it
+    /// stays at a hundredth); TIDEPOOL_RUN_PROBATION=0 turns it off.
     ///
     /// When the budget grows (the coordinator, `tidepool resize`, pressure ending), pages
     /// evicted earlier come back from the store in batches, hottest first, until the budget is

@@ -361,7 +361,7 @@ impl Pager {
         let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
         let tags = Tags::new(!store.private_to_process());
         let probation = config.probation && !config.in_process_frames && can_move;
-        let tier = crate::tier::Tier::default();
+        let tier = crate::tier::Tier::new(!store.private_to_process());
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
         let budget = if probation {
             tier.set_total(budget_pages(config.local_budget))

@@ -148,7 +148,7 @@ impl Inner {
         let ratio = touched as f64 / (touched + spilled) as f64;
         let total = t.total.load(Relaxed);
         let step = Tier::step(total);
-        let (min, max) = Tier::bounds(total);
+        let (min, max) = t.bounds(total);
         let cap = t.cap.load(Relaxed);
         let cap = if ratio > 0.3 {
             (cap + step).min(max)
@@ -166,6 +166,7 @@ impl Inner {
 mod tests {
     use crate::table::*;
     use crate::testkit::*;
+    use crate::tier::Tier;
 
     /// Spills every frame of the tier and waits for the writes to land.
     fn spill_all(pager: &crate::Pager, region: &crate::Region, pages: std::ops::Range<usize>) {
@@ -260,6 +261,15 @@ mod tests {
     }
 
     #[test]
+    fn only_a_tier_in_front_of_a_store_elsewhere_grows() {
+        let total = 10_000;
+        assert_eq!(Tier::new(true).bounds(total), (100, 2000));
+        assert_eq!(Tier::new(false).bounds(total), (100, 100));
+        // Tiny budgets: the least share is 16 pages, never above the largest.
+        assert_eq!(Tier::new(true).bounds(50), (10, 10));
+    }
+
+    #[test]
     fn the_tier_is_part_of_the_budget_and_follows_a_resize() {
         tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let Some((pager, _region)) = probation_pager(Recorder::new(), 4) else {
@@ -267,12 +277,13 @@ mod tests {
         };
         let s = pager.stats();
         assert_eq!(s.budget_pages, (1 << 30) / 4096);
-        assert_eq!(s.tier_cap_pages, s.budget_pages / 20);
+        // In front of a store in this process, the tier keeps its least share.
+        assert_eq!(s.tier_cap_pages, s.budget_pages / 100);
         assert_eq!(pager.local_budget(), 1 << 30);
         pager.set_local_budget(64 << 20);
         let s = pager.stats();
         assert_eq!((s.budget_pages, pager.local_budget()), (16384, 64 << 20));
-        assert!(s.tier_cap_pages <= 16384 / 5, "{s:?}");
+        assert_eq!(s.tier_cap_pages, 16384 / 100, "{s:?}");
         let i = inner(&pager);
         assert_eq!(
             i.budget_pages.load(std::sync::atomic::Ordering::Relaxed) as u64 + s.tier_cap_pages,
