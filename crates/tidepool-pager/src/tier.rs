@@ -23,9 +23,9 @@
 //! than the fault and copy of a tier hit, while every page of the tier is one fewer mapped
 //! page, whose touches cost nothing. Growing on touches feeds itself (a larger tier leaves
 //! fewer pages mapped, so more of them are evicted in use and touched in the tier): Go's
-//! map of 3M strings at 50% local held the tier at its fifth and took 17.8-27.0 s (six runs),
-//! against 15.7-19.4 s (five runs) with the least share; CPython's dict, the JVM's HashMap and
-//! V8's Map shrank it to the least share by themselves.
+//! map of 3M strings at 50% local held the tier at its fifth and took 16.6-27.0 s (seven runs,
+//! median 19.3), against 14.6-19.4 s (eight runs, median 15.9) with the least share;
+//! CPython's dict, the JVM's HashMap and V8's Map shrank it to the least share by themselves.
 
 use crate::region_inner::RegionInner;
 use parking_lot::Mutex;

@@ -4,10 +4,10 @@
 //! [`install_memory_filter`] puts a filter on the calling thread (and every thread and child it
 //! makes after): mmap, munmap, mremap, mprotect, madvise and brk made from the program's code
 //! (`text`, its executable segments), its `exit_group` (so that the process's own exit path
-//! can run first, which prints the pager's statistics), and fork-like clones, wait until a [`Listener`] answers
-//! them; clone3 fails with ENOSYS, so that C libraries fall back to clone, whose flags the
-//! filter can read; everything else runs. A thread made before the filter (the pager's, the
-//! listener) is not filtered. The filter stays on across exec: a new program whose code lies
+//! can run first, which prints the pager's statistics), and fork-like clones, wait until a
+//! [`Listener`] answers them; clone3 fails with ENOSYS, so that C libraries fall back to
+//! clone, whose flags the filter can read; everything else runs. A thread made before the
+//! filter (the pager's, the listener) is not filtered. The filter stays on across exec: a new program whose code lies
 //! where the old one's did has its calls held for the listener too, so whoever holds the
 //! listener must answer (let them run) until nobody is left to call.
 
