@@ -17,10 +17,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn memcalls() -> PathBuf {
-    c_program("memcalls", &["-ldl"])
+    c_program("memcalls", &["-ldl", "-pthread"])
 }
 
-const CASES: [&str; 17] = [
+const CASES: [&str; 18] = [
     "mremap-grow",
     "mremap-shrink",
     "mremap-fixed",
@@ -38,6 +38,7 @@ const CASES: [&str; 17] = [
     "allocators",
     "mlock",
     "madvise-populate",
+    "mprotect-storm",
 ];
 
 /// The watchdog's deadline for the populate case: far shorter than its run of back-to-back
@@ -72,6 +73,11 @@ fn run_all(backend: &str) {
         }
         if case == "madvise-populate" {
             paged.env("TIDEPOOL_RUN_FAULT_DEADLINE", POPULATE_DEADLINE);
+        }
+        if case == "mprotect-storm" {
+            // Every eviction through the copying path, which reads the pages it evicts (a
+            // probation tier moves them instead).
+            paged.env("TIDEPOOL_RUN_PROBATION", "0");
         }
         let paged = paged.output().unwrap();
         let (got, stderr) = (

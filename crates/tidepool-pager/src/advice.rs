@@ -19,6 +19,8 @@ impl Inner {
         prot: i32,
     ) -> io::Result<()> {
         let _section = crate::fork::section();
+        // Not while an eviction batch may read these pages (see `Inner::protecting`).
+        let _protecting = self.protecting.write();
         sys::protect(region.addr(pages.start), pages.len() * PAGE, prot)?;
         let mut marks = region.marks.lock();
         if prot == libc::PROT_READ | libc::PROT_WRITE {

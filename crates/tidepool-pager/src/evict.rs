@@ -85,6 +85,11 @@ impl Inner {
     /// Returns how many pages were evicted.
     pub(crate) fn evict_batch(&self) -> usize {
         let _section = crate::fork::section();
+        // No protection changes until the victims are read (see `Inner::protecting`). Never
+        // waited for: the thread changing one may itself wait for a fault this one serves.
+        let Some(_protecting) = self.protecting.try_read_recursive() else {
+            return 0;
+        };
         let mut victims: Vec<(Arc<RegionInner>, usize, u64)> = Vec::with_capacity(EVICT_BATCH);
         {
             // Pages a stream is done with go first.
@@ -323,7 +328,8 @@ impl Inner {
                 }
             } else {
                 // SAFETY: the page is RESIDENT and locked by us, so mapped (only lock holders
-                // unmap pages), and write-protected above, so nobody writes it meanwhile.
+                // unmap pages), readable (checked when chosen, and `protecting` holds off
+                // mprotect since), and write-protected above, so nobody writes it meanwhile.
                 let bytes = unsafe { page_bytes(region.addr(page)) };
                 let was_written = w & DIRTY != 0;
                 if is_zero_page(bytes) {

@@ -97,6 +97,10 @@ pub struct Config {
     /// them there) before they go to the store, so a page in use that CLOCK evicted comes back
     /// for a fault, not a round trip (see `tier.rs`). Ignored where the kernel lacks UFFDIO_MOVE.
     pub probation: bool,
+    /// Whether the probation tier's share may grow past its least (a hundredth of the budget).
+    /// `None`: it grows in front of a store elsewhere and keeps its least share in front of
+    /// one in this process (see `tier.rs`).
+    pub probation_grows: Option<bool>,
     /// Keep no far copy of a page once it is back: a page read from the store is removed from
     /// it and installed writable, and written again when next evicted. For a store in this
     /// process, where a copy costs the process memory (the compressed size of every resident
@@ -144,6 +148,7 @@ impl Config {
             around_child_restart: None,
             in_process_frames: false,
             probation: false,
+            probation_grows: None,
             drop_far_copies: false,
             child_local_budget: None,
             refill: false,
@@ -202,6 +207,13 @@ pub(crate) struct Inner {
     /// [`Config::child_local_budget`].
     pub(crate) child_budget: Option<usize>,
     pub(crate) tier: crate::tier::Tier,
+    /// Held (shared) by an eviction batch from choosing its victims to having read them, and
+    /// (exclusive) by `mprotect` on a region: a page the batch found readable cannot become
+    /// inaccessible before the batch reads it (the read would kill the process with SIGSEGV;
+    /// V8 changes its heap's protection while the pager evicts). A batch only tries it (and
+    /// evicts nothing if `mprotect` holds it): the program thread in `mprotect` may wait in a
+    /// fault that the batch's thread must serve.
+    pub(crate) protecting: RwLock<()>,
     /// Pages the prefetcher is waiting to have room for.
     pub(crate) room_wanted: AtomicUsize,
     /// [`Config::refill`].
@@ -361,7 +373,11 @@ impl Pager {
         let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
         let tags = Tags::new(!store.private_to_process());
         let probation = config.probation && !config.in_process_frames && can_move;
-        let tier = crate::tier::Tier::new(!store.private_to_process());
+        let tier = crate::tier::Tier::new(
+            config
+                .probation_grows
+                .unwrap_or(!store.private_to_process()),
+        );
         let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
         let budget = if probation {
             tier.set_total(budget_pages(config.local_budget))
@@ -411,6 +427,7 @@ impl Pager {
             drop_far_copies: AtomicBool::new(config.drop_far_copies),
             child_budget: config.child_local_budget,
             tier,
+            protecting: RwLock::new(()),
         });
         inner.interrupts.set_now();
         crate::fork::install();

@@ -9,6 +9,8 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -360,6 +362,45 @@ static int c_madvise_populate(void) {
     return 0;
 }
 
+/* Protection changing while the pager evicts: a thread walks a mapping a 64 KiB chunk at a
+ * time, bringing each in and turning protection off and on again, many times, on the chunk it
+ * brought in a budget's worth of chunks earlier (the one the pager is about to evict), while
+ * the main thread fills a second mapping, which forces evictions. An eviction that read a page
+ * made inaccessible meanwhile would kill the process. */
+static char *storm_area;
+static volatile int storm_done;
+
+static void *storm(void *arg) {
+    (void)arg;
+    const size_t chunk = 65536, chunks = 64 * MB / chunk, behind = chunks / 4;
+    for (int lap = 0; lap < 3; lap++)
+        for (size_t k = 0; k < chunks; k++) {
+            volatile char *c = storm_area + k * chunk;
+            for (size_t i = 0; i < chunk; i += 4096) (void)c[i];
+            char *old = storm_area + ((k + chunks - behind) % chunks) * chunk;
+            for (int i = 0; i < 8; i++) {
+                if (mprotect(old, chunk, PROT_NONE)) { perror("mprotect"); exit(1); }
+                sched_yield();
+                if (mprotect(old, chunk, PROT_READ | PROT_WRITE)) { perror("mprotect"); exit(1); }
+            }
+        }
+    storm_done = 1;
+    return NULL;
+}
+
+static int c_mprotect_storm(void) {
+    storm_area = map(64 * MB, PROT_READ | PROT_WRITE);
+    fill(storm_area, 64 * MB, 90);
+    char *other = map(64 * MB, PROT_READ | PROT_WRITE);
+    pthread_t t;
+    if (pthread_create(&t, NULL, storm, NULL)) { printf("pthread_create failed\n"); return 1; }
+    uint64_t seed = 91;
+    while (!storm_done) fill(other, 64 * MB, ++seed);
+    pthread_join(t, NULL);
+    CHECK(check("the other mapping", other, 64 * MB, seed));
+    return check("the stormed mapping", storm_area, 64 * MB, 90);
+}
+
 int main(int argc, char **argv) {
     if (argc != 3) { fprintf(stderr, "usage: memcalls CASE MIB\n"); return 2; }
     /* The cases speak in units of MIB/64 MiB: "64 * MB" is MIB MiB. */
@@ -374,6 +415,7 @@ int main(int argc, char **argv) {
         {"reserve-commit", c_reserve_commit}, {"munmap-partial", c_munmap_partial},
         {"map-fixed", c_map_fixed}, {"brk", c_brk}, {"allocators", c_allocators},
         {"mlock", c_mlock}, {"madvise-populate", c_madvise_populate},
+        {"mprotect-storm", c_mprotect_storm},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (!strcmp(argv[1], cases[i].name) || !strcmp(argv[1], "all")) {
