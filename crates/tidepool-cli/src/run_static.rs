@@ -9,6 +9,8 @@
 //!   │                                                  program's mmap/munmap/mremap/mprotect/
 //!   │                                                  madvise/brk ─► held ─► tp-memcalls ─►
 //!   │                                                  syscall() (the preload's: paged)
+//!   │                                                  its exit_group ─► held ─► with --stats
+//!   │                                                  exit() (the preload's figures)
 //!   waits for the program; once tp-memcalls is gone (the program exec'd) it lets every held
 //!   call run, and after the program ends it stays in the background while anyone is left
 //!   under the filter

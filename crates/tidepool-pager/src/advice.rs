@@ -19,16 +19,22 @@ impl Inner {
         prot: i32,
     ) -> io::Result<()> {
         let _section = crate::fork::section();
-        // Not while an eviction batch may read these pages (see `Inner::protecting`).
-        let _protecting = self.protecting.write();
-        sys::protect(region.addr(pages.start), pages.len() * PAGE, prot)?;
-        let mut marks = region.marks.lock();
-        if prot == libc::PROT_READ | libc::PROT_WRITE {
-            marks.prot.remove(pages);
-        } else {
-            marks.prot.insert(pages, prot);
+        {
+            // Not while an eviction batch may read these pages (see `Inner::protecting`).
+            let _protecting = self.protecting.write();
+            sys::protect(region.addr(pages.start), pages.len() * PAGE, prot)?;
+            let mut marks = region.marks.lock();
+            if prot == libc::PROT_READ | libc::PROT_WRITE {
+                marks.prot.remove(pages);
+            } else {
+                marks.prot.insert(pages, prot);
+            }
+            region.inaccessible.store(marks.any_inaccessible(), Release);
         }
-        region.inaccessible.store(marks.any_inaccessible(), Release);
+        // Batches evicted nothing while this held the lock.
+        if self.local_pages() > self.budget_pages.load(Relaxed) {
+            self.kick_evictor();
+        }
         Ok(())
     }
 

@@ -86,8 +86,9 @@ impl Inner {
     pub(crate) fn evict_batch(&self) -> usize {
         let _section = crate::fork::section();
         // No protection changes until the victims are read (see `Inner::protecting`). Never
-        // waited for: the thread changing one may itself wait for a fault this one serves.
-        let Some(_protecting) = self.protecting.try_read_recursive() else {
+        // waited for: the thread changing one may itself wait for a fault this one serves;
+        // and not taken past a waiting `mprotect`, which overlapping batches would starve.
+        let Some(_protecting) = self.protecting.try_read() else {
             return 0;
         };
         let mut victims: Vec<(Arc<RegionInner>, usize, u64)> = Vec::with_capacity(EVICT_BATCH);

@@ -34,14 +34,20 @@ pub(crate) struct Marks {
     pub(crate) inherit: RangeMap<usize, Inherit>,
 }
 
+/// Whether pages with protection `prot` cannot be read: PROT_NONE, or PROT_EXEC alone (which
+/// CPUs with protection keys make execute-only).
+fn unreadable(prot: i32) -> bool {
+    prot & (libc::PROT_READ | libc::PROT_WRITE) == 0
+}
+
 impl Marks {
     /// Whether some page of the region is inaccessible.
     pub(crate) fn any_inaccessible(&self) -> bool {
-        self.prot.iter().any(|(_, &p)| p == libc::PROT_NONE)
+        self.prot.iter().any(|(_, &p)| unreadable(p))
     }
 
     pub(crate) fn inaccessible(&self, page: usize) -> bool {
-        self.prot.get(&page) == Some(&libc::PROT_NONE)
+        self.prot.get(&page).is_some_and(|&p| unreadable(p))
     }
 
     /// The ranges marked `how`.

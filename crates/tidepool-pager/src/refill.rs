@@ -314,8 +314,8 @@ mod tests {
         }
         evict_all(&pager, &region);
         std::thread::sleep(Duration::from_millis(100));
-        // Local already: moving them in would count as the program touching the tier, and
-        // grow the tier.
+        // Local already: moving them in would count as the program touching the tier (and grow
+        // a tier that may grow).
         assert_eq!(pager.stats().refilled, 0);
         assert!((0..128).all(|p| holds(&region, p, 9)));
     }

@@ -64,9 +64,9 @@ pub fn pager(store: Arc<dyn FarStore>, frames: bool, pages: usize) -> (Pager, Re
     pager_with(config, store, pages)
 }
 
-/// [`pager`] with a probation tier in front of `store` (a twentieth of the budget: thousands of
-/// pages, so nothing leaves it unless a test spills it); None, with a note, on a kernel without
-/// UFFDIO_MOVE.
+/// [`pager`] with a probation tier in front of `store` (in this process, so a hundredth of the
+/// budget: thousands of pages, so nothing leaves it unless a test spills it); None, with a
+/// note, on a kernel without UFFDIO_MOVE.
 pub fn probation_pager(store: Arc<dyn FarStore>, pages: usize) -> Option<(Pager, Region)> {
     let mut config = Config::new(1 << 30);
     config.probation = true;

@@ -368,7 +368,7 @@ static int c_madvise_populate(void) {
  * the main thread fills a second mapping, which forces evictions. An eviction that read a page
  * made inaccessible meanwhile would kill the process. */
 static char *storm_area;
-static volatile int storm_done;
+static int storm_done; /* read and written with __atomic builtins */
 
 static void *storm(void *arg) {
     (void)arg;
@@ -384,7 +384,7 @@ static void *storm(void *arg) {
                 if (mprotect(old, chunk, PROT_READ | PROT_WRITE)) { perror("mprotect"); exit(1); }
             }
         }
-    storm_done = 1;
+    __atomic_store_n(&storm_done, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -395,7 +395,7 @@ static int c_mprotect_storm(void) {
     pthread_t t;
     if (pthread_create(&t, NULL, storm, NULL)) { printf("pthread_create failed\n"); return 1; }
     uint64_t seed = 91;
-    while (!storm_done) fill(other, 64 * MB, ++seed);
+    while (!__atomic_load_n(&storm_done, __ATOMIC_ACQUIRE)) fill(other, 64 * MB, ++seed);
     pthread_join(t, NULL);
     CHECK(check("the other mapping", other, 64 * MB, seed));
     return check("the stormed mapping", storm_area, 64 * MB, 90);
