@@ -492,6 +492,7 @@ impl Pager {
                     packed: extra("packed_bytes"),
                     same_filled: extra("same_filled"),
                     kept_whole: extra("kept_raw"),
+                    compacted: extra("compacted_bytes").zip(extra("compacted_values")),
                 })
             });
         }

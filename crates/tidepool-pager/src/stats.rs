@@ -352,6 +352,8 @@ pub struct StoreMemory {
     /// Pages kept as one word, and kept whole (they did not compress).
     pub same_filled: Option<u64>,
     pub kept_whole: Option<u64>,
+    /// Bytes of chunks compactions drained, and values they moved (a slab store).
+    pub compacted: Option<(u64, u64)>,
 }
 
 impl PagerStats {
@@ -581,6 +583,13 @@ impl fmt::Display for PagerStats {
                 )?;
                 if let Some(p) = m.packed {
                     write!(f, "; {:.1} MiB of compressed data", mib(p))?;
+                }
+                if let Some((bytes, values)) = m.compacted.filter(|c| c.0 > 0) {
+                    write!(
+                        f,
+                        "; compactions moved {values} values to give back {:.1} MiB",
+                        mib(bytes)
+                    )?;
                 }
             }
         }

@@ -7,6 +7,7 @@
 //!   and kept if that saves at least an eighth; otherwise as they are.
 //! - Slots come in 32-byte size classes ([`super::slots`]), so a page costs its compressed
 //!   length rounded up to 32 bytes plus a 16-byte entry: [`FarStore::stats`] counts all of it.
+//!   The holes values leave in chunks are compacted away as zsmalloc's are.
 //!
 //! Which codec is the default was measured on the pages of the programs the apps suite runs
 //! (`examples/page_codecs.rs`); see ARCHITECTURE.md.
@@ -308,6 +309,8 @@ impl FarStore for PackedStore {
                 ("packed_bytes".into(), self.map.used_bytes()),
                 ("same_filled".into(), self.same.load(Relaxed)),
                 ("kept_raw".into(), self.raw.load(Relaxed)),
+                ("compacted_bytes".into(), self.map.compactions().0),
+                ("compacted_values".into(), self.map.compactions().1),
             ],
         })
     }

@@ -10,15 +10,24 @@
 //! class next; a few are kept ready to avoid refaulting them. A class allocates from the
 //! chunk it freed into last, so slots gather in fewer chunks.
 //!
+//! Values come and go in any order, so chunks fill with holes: measured on go-map at half its
+//! peak local, 102.6 MiB of chunks held 77.8 MiB of slots. As zsmalloc does, the map compacts
+//! ([`SlotMap::compact`]) when the holes pass 4 MiB and a 32nd of what the slots hold: in each
+//! class, the sparsest chunks whose slots fit in the others' holes are drained (their values
+//! move, each under its shard's lock) and go back to the kernel.
+//!
 //! [`SlotMap`] maps keys to values kept that way, and is the store's only unsafe code: a slot
 //! is named by exactly one map entry; its bytes are read only under the lock of the shard
-//! holding that entry, and it is freed only after the entry left the map under that lock, so
-//! no read can overlap its reuse.
+//! holding that entry, and it is freed only after the entry left the map (or, when it moves,
+//! was pointed at its new slot) under that lock, so no read can overlap its reuse.
 #![allow(unsafe_code)]
 
 use parking_lot::Mutex;
-use rustc_hash::FxHashMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Acquire, Relaxed, Release},
+};
 
 /// Slot sizes are multiples of this.
 pub(crate) const GRAIN: usize = 32;
@@ -32,6 +41,11 @@ const RESERVE: usize = 256 << 30;
 const MAX_CHUNKS: usize = RESERVE / CHUNK;
 /// Empty chunks kept mapped for reuse rather than given back at once.
 const SPARE_CHUNKS: usize = 16;
+/// Holes in chunks worth a compaction: at least this many bytes, and a 32nd of the bytes
+/// in slots. A compaction leaves less than a chunk of holes per class (at most 4 MiB).
+const COMPACT_MIN_HOLES: u64 = 4 << 20;
+/// Inserts between two looks at the holes.
+const COMPACT_EVERY: u64 = 1024;
 /// No next free slot (the end of a chunk's free list).
 const NONE: u16 = u16::MAX;
 
@@ -73,6 +87,9 @@ struct ChunkState {
     free: u16,
     /// Its place in its class's list of chunks with room, plus one (0: not there).
     listed: u32,
+    /// Being emptied by a compaction: no slot is handed out from it, and it goes back to
+    /// the kernel when its last slot is freed.
+    draining: bool,
 }
 
 /// A class: the chunks of its slots that have room.
@@ -136,8 +153,10 @@ struct Slab {
     mem: std::sync::OnceLock<Reservation>,
     classes: Box<[Mutex<Class>]>,
     chunks: Mutex<Chunks>,
-    /// Bytes of chunks in use by a class or spare (mapped memory).
+    /// Bytes of chunks in use by a class (spare ones aside).
     held: AtomicU64,
+    /// Bytes of slots in use.
+    used: AtomicU64,
 }
 
 impl Default for Slab {
@@ -147,6 +166,7 @@ impl Default for Slab {
             classes: (0..CLASSES).map(|_| Mutex::default()).collect(),
             chunks: Mutex::default(),
             held: AtomicU64::new(0),
+            used: AtomicU64::new(0),
         }
     }
 }
@@ -223,6 +243,7 @@ impl Slab {
                         fresh: 0,
                         free: NONE,
                         listed: cl.with_room.len() as u32 + 1,
+                        draining: false,
                     };
                     cl.with_room.push(c);
                     c
@@ -245,6 +266,7 @@ impl Slab {
             }
             self.slot_addr(c, class, i)
         };
+        self.used.fetch_add(class_size(class) as u64, Relaxed);
         // SAFETY: `addr` starts a slot of at least bytes.len() bytes in a mapped chunk, handed
         // to nobody else until it is freed.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
@@ -252,6 +274,51 @@ impl Slab {
             addr,
             class: class as u8,
         }
+    }
+
+    /// The chunk holding `slot`.
+    fn chunk_of(&self, slot: Slot) -> u32 {
+        ((slot.addr - self.mem().base) / CHUNK) as u32
+    }
+
+    /// Bytes of holes in chunks (mapped, not in a slot, spare chunks aside).
+    fn holes(&self) -> u64 {
+        self.held
+            .load(Relaxed)
+            .saturating_sub(self.used.load(Relaxed))
+    }
+
+    /// Marks for draining the sparsest chunks of `class` whose slots fit in the holes of its
+    /// other chunks, adding them to `drained`; how many.
+    fn drain_sparsest(&self, class: usize, drained: &mut FxHashSet<u32>) -> usize {
+        let per = slots_per_chunk(class) as usize;
+        let mut cl = self.classes[class].lock();
+        let mut chunks: Vec<(u16, u32)> = cl
+            .with_room
+            .iter()
+            .map(|&c| (self.state(c).live, c))
+            .collect();
+        let mut room: usize = chunks.iter().map(|&(live, _)| per - live as usize).sum();
+        if room < per {
+            return 0;
+        }
+        chunks.sort_unstable();
+        let (mut moving, mut taken) = (0, 0);
+        for &(live, _) in &chunks {
+            // Draining this chunk takes its holes away from the room and adds its slots to
+            // what has to move.
+            let left = room - (per - live as usize);
+            if moving + live as usize > left {
+                break;
+            }
+            (room, moving, taken) = (left, moving + live as usize, taken + 1);
+        }
+        for &(_, c) in &chunks[..taken] {
+            Self::unlist(&mut cl, self, c);
+            self.state(c).draining = true;
+            drained.insert(c);
+        }
+        taken
     }
 
     /// Takes chunk `c` off its class's list of chunks with room.
@@ -287,6 +354,7 @@ impl Slab {
             (off / CHUNK) as u32,
             ((off % CHUNK) / class_size(class)) as u16,
         );
+        self.used.fetch_sub(class_size(class) as u64, Relaxed);
         let mut cl = self.classes[class].lock();
         let st = self.state(c);
         // SAFETY: the slot is this chunk's, no longer used by anyone (the caller's promise),
@@ -295,6 +363,15 @@ impl Slab {
         st.free = i;
         st.live -= 1;
         let emptied = st.live == 0;
+        if st.draining {
+            // Off every list until it is empty; then it goes back.
+            if emptied {
+                st.draining = false;
+                drop(cl);
+                self.give_chunk(c);
+            }
+            return;
+        }
         if st.listed == 0 {
             cl.with_room.push(c);
             self.state(c).listed = cl.with_room.len() as u32;
@@ -381,6 +458,13 @@ pub(crate) struct SlotMap {
     /// Bytes of slots in use, and of values kept as they are.
     used: AtomicU64,
     objects: AtomicU64,
+    /// Inserts so far: every [`COMPACT_EVERY`]th looks at the holes.
+    inserts: AtomicU64,
+    /// Set while a compaction runs: one at a time.
+    compacting: std::sync::atomic::AtomicBool,
+    /// Bytes of chunks drained by compactions, and values moved.
+    compacted: AtomicU64,
+    moved: AtomicU64,
 }
 
 impl Default for SlotMap {
@@ -390,6 +474,10 @@ impl Default for SlotMap {
             slab: Slab::default(),
             used: AtomicU64::new(0),
             objects: AtomicU64::new(0),
+            inserts: AtomicU64::new(0),
+            compacting: std::sync::atomic::AtomicBool::new(false),
+            compacted: AtomicU64::new(0),
+            moved: AtomicU64::new(0),
         }
     }
 }
@@ -445,7 +533,59 @@ impl SlotMap {
             };
             old_entry.map(Removed::Entry).or(old_big.map(Removed::Big))
         };
-        old.map(|old| self.release(old))
+        let old = old.map(|old| self.release(old));
+        if self.inserts.fetch_add(1, Relaxed) % COMPACT_EVERY == COMPACT_EVERY - 1 {
+            let holes = self.slab.holes();
+            if holes > COMPACT_MIN_HOLES.max(self.slab.used.load(Relaxed) / 32) {
+                self.compact();
+            }
+        }
+        old
+    }
+
+    /// Moves values out of each class's sparsest chunks into the holes of its others, and
+    /// gives the emptied chunks back; how many chunks were drained (0 if another thread is
+    /// compacting). Readers wait only for the shard being walked.
+    pub(crate) fn compact(&self) -> usize {
+        if self.compacting.swap(true, Acquire) {
+            return 0;
+        }
+        let mut drained = FxHashSet::default();
+        let taken: usize = (0..CLASSES)
+            .map(|class| self.slab.drain_sparsest(class, &mut drained))
+            .sum();
+        if taken > 0 {
+            let mut moved = 0;
+            for shard in self.shards.iter() {
+                let mut shard = shard.lock();
+                for e in shard.entries.values_mut() {
+                    let Some(slot) = e.slot() else { continue };
+                    if !drained.contains(&self.slab.chunk_of(slot)) {
+                        continue;
+                    }
+                    // SAFETY: the entry names the slot and the shard's lock is held: nobody
+                    // frees it while it is copied.
+                    let new = self
+                        .slab
+                        .store(unsafe { self.slab.bytes(slot, e.used as usize) });
+                    debug_assert_eq!(new.class, slot.class);
+                    e.at = new.addr as u64;
+                    // SAFETY: the entry names the new slot now, under the shard's lock: any
+                    // read of the old one held that lock and is over, and none can start.
+                    unsafe { self.slab.free(slot) };
+                    moved += 1;
+                }
+            }
+            self.compacted.fetch_add((taken * CHUNK) as u64, Relaxed);
+            self.moved.fetch_add(moved, Relaxed);
+        }
+        self.compacting.store(false, Release);
+        taken
+    }
+
+    /// Bytes of chunks drained by compactions, and values they moved.
+    pub(crate) fn compactions(&self) -> (u64, u64) {
+        (self.compacted.load(Relaxed), self.moved.load(Relaxed))
     }
 
     /// Calls `f` with the meta and body of `key`'s value, if there is one.
@@ -583,7 +723,142 @@ mod tests {
         assert_eq!(class_size(class_of(MAX)), MAX);
     }
 
+    /// A value that names its key and version, so a read shows whether it got the right one.
+    fn value(key: u64, version: u64, len: usize) -> Vec<u8> {
+        let mut v: Vec<u8> = (0..len).map(|j| (key as usize * 7 + j) as u8).collect();
+        v[..8].copy_from_slice(&version.to_le_bytes());
+        v
+    }
+
+    fn read(map: &SlotMap, key: u64) -> Option<Vec<u8>> {
+        map.get(key, |_, body| match body {
+            Body::Bytes(b) => b.to_vec(),
+            Body::Word(_) => unreachable!("no words stored here"),
+        })
+    }
+
+    const META: Meta = Meta { tag: 0, len: 0 };
+
+    #[test]
+    fn compaction_gives_back_the_holes_and_keeps_every_value() {
+        let map = SlotMap::default();
+        let per = slots_per_chunk(class_of(1000)) as usize;
+        for k in 0..4000u64 {
+            map.insert(k, META, Body::Bytes(&value(k, 0, 1000)));
+        }
+        // Three keys in four go, spread over every chunk.
+        for k in (0..4000u64).filter(|k| k % 4 != 0) {
+            map.remove(k, |_, _| ());
+        }
+        let before = map.slab.held.load(Relaxed);
+        assert!(map.slab.holes() > before / 2, "holes {}", map.slab.holes());
+        assert!(map.compact() > 0);
+        let after = map.slab.held.load(Relaxed);
+        let needed = 1000usize.div_ceil(per) + 1;
+        assert!(
+            after <= (needed * CHUNK) as u64,
+            "{after} bytes of chunks hold 1000 slots ({needed} chunks would do)"
+        );
+        for k in 0..4000u64 {
+            let expect = (k % 4 == 0).then(|| value(k, 0, 1000));
+            assert_eq!(read(&map, k), expect, "key {k}");
+        }
+        assert_eq!(map.compactions().1, map.moved.load(Relaxed));
+        // A second pass finds nothing to drain.
+        assert_eq!(map.compact(), 0);
+    }
+
+    #[test]
+    fn compaction_races_with_readers_and_writers() {
+        let map = std::sync::Arc::new(SlotMap::default());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let compactor = {
+            let (map, stop) = (map.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut drained = 0;
+                while !stop.load(Acquire) {
+                    drained += map.compact();
+                }
+                drained
+            })
+        };
+        let workers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let map = map.clone();
+                std::thread::spawn(move || {
+                    // Each worker owns its keys: t, t + 2, ...; a model of their versions.
+                    let mut versions = FxHashMap::default();
+                    let mut rng = 0x2545_F491_4F6C_DD1Du64 ^ t;
+                    for step in 0..60_000u64 {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        let key = (rng % 3000) * 2 + t;
+                        let len = 300 + (key as usize % 5) * 200;
+                        match rng % 4 {
+                            0 => {
+                                map.remove(key, |_, _| ());
+                                versions.remove(&key);
+                            }
+                            1 | 2 => {
+                                map.insert(key, META, Body::Bytes(&value(key, step, len)));
+                                versions.insert(key, step);
+                            }
+                            _ => {
+                                let expect = versions.get(&key).map(|&v| value(key, v, len));
+                                assert_eq!(read(&map, key), expect, "key {key} at step {step}");
+                            }
+                        }
+                    }
+                    versions
+                })
+            })
+            .collect();
+        let models: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        stop.store(true, Release);
+        assert!(compactor.join().unwrap() > 0, "no chunk was ever drained");
+        for versions in models {
+            for (key, v) in versions {
+                let len = 300 + (key as usize % 5) * 200;
+                assert_eq!(read(&map, key), Some(value(key, v, len)));
+            }
+        }
+    }
+
     proptest! {
+        #[test]
+        fn compaction_keeps_values_under_any_mix(
+            ops in proptest::collection::vec((0u64..300, 1usize..=MAX, 0u8..4), 1..400),
+        ) {
+            let map = SlotMap::default();
+            let mut model: FxHashMap<u64, Vec<u8>> = FxHashMap::default();
+            for (i, &(key, len, op)) in ops.iter().enumerate() {
+                match op {
+                    0 => {
+                        map.remove(key, |_, _| ());
+                        model.remove(&key);
+                    }
+                    1 => {
+                        map.compact();
+                    }
+                    _ => {
+                        let v = value(key, i as u64, len.max(8));
+                        map.insert(key, META, Body::Bytes(&v));
+                        model.insert(key, v);
+                    }
+                }
+            }
+            map.compact();
+            for key in 0..300u64 {
+                prop_assert_eq!(read(&map, key), model.get(&key).cloned());
+            }
+            for key in 0..300u64 {
+                map.remove(key, |_, _| ());
+            }
+            prop_assert_eq!(map.slab.held.load(Relaxed), 0);
+            prop_assert_eq!(map.slab.used.load(Relaxed), 0);
+        }
+
         #[test]
         fn slots_keep_their_bytes_and_are_reused(
             lens in proptest::collection::vec(1usize..=MAX, 1..200),
