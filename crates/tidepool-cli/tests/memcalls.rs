@@ -1,6 +1,7 @@
 //! Every memory call real programs make, on paged memory: a C program (`tests/c/memcalls.c`)
 //! maps four times the local budget, makes each call (mremap grow, shrink, fixed and
 //! DONTUNMAP; madvise DONTNEED, FREE, REMOVE, HUGEPAGE; mprotect read-only and guard pages;
+//! pkey_mprotect, with keys the pager's threads were never given;
 //! reserve-then-commit; partial munmap; MAP_FIXED anonymous and file mappings over paged ranges;
 //! brk/sbrk; jemalloc's, tcmalloc's and mimalloc's own arenas; mlock; madvise POPULATE_READ and
 //! POPULATE_WRITE, back to back for longer than a short watchdog deadline) and checks every word
@@ -20,7 +21,7 @@ fn memcalls() -> PathBuf {
     c_program("memcalls", &["-ldl", "-pthread"])
 }
 
-const CASES: [&str; 18] = [
+const CASES: [&str; 19] = [
     "mremap-grow",
     "mremap-shrink",
     "mremap-fixed",
@@ -39,6 +40,7 @@ const CASES: [&str; 18] = [
     "mlock",
     "madvise-populate",
     "mprotect-storm",
+    "pkey-protect",
 ];
 
 /// The watchdog's deadline for the populate case: far shorter than its run of back-to-back
@@ -74,7 +76,7 @@ fn run_all(backend: &str) {
         if case == "madvise-populate" {
             paged.env("TIDEPOOL_RUN_FAULT_DEADLINE", POPULATE_DEADLINE);
         }
-        if case == "mprotect-storm" {
+        if case == "mprotect-storm" || case == "pkey-protect" {
             // Every eviction through the copying path, which reads the pages it evicts (a
             // probation tier moves them instead).
             paged.env("TIDEPOOL_RUN_PROBATION", "0");

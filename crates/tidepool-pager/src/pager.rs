@@ -298,6 +298,8 @@ pub(crate) fn spawn_threads(
             if let Some(hook) = thread_start {
                 hook();
             }
+            // Pages the program tagged with a protection key are read and written here too.
+            tidepool_sys::vm::open_protection_keys();
             i.activity.join();
             started.fetch_add(1, Release);
             f()

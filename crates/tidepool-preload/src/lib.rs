@@ -215,6 +215,18 @@ fn paged_region(addr: usize) -> Option<&'static AdoptedRegion> {
     rt.heap.as_ref().filter(|h| h.contains(addr))
 }
 
+/// The lowest start of a paged region strictly inside `(start, end)`: a range that begins
+/// outside the pager's regions and reaches into one.
+fn paged_region_start_in(start: usize, end: usize) -> Option<usize> {
+    let rt = RUNTIME.get()?;
+    [Some(&rt.large), rt.heap.as_ref()]
+        .into_iter()
+        .flatten()
+        .map(|r| r.base())
+        .filter(|&b| b > start && b < end)
+        .min()
+}
+
 static SOURCE: PageSource = PageSource {
     reserve: tidepool_alloc::KERNEL_PAGES.reserve,
     discard: discard_pages,

@@ -26,7 +26,7 @@
 //! | mlock, mlock2, munlock, mlockall, munlockall | accepted, no effect: far memory cannot be locked in (mlockall would fault in the whole reservation) |
 //! | brk, sbrk | a break of its own in the large region, paged like the rest |
 
-use crate::{owning, paged_region, paging, Runtime};
+use crate::{owning, paged_region, paged_region_start_in, paging, Runtime};
 use core::ffi::{c_int, c_long, c_void};
 use libc::{off_t, MAP_FAILED};
 use std::sync::Mutex;
@@ -337,25 +337,72 @@ pub unsafe extern "C" fn mremap(
 /// The mprotect(2) contract.
 #[no_mangle]
 pub unsafe extern "C" fn mprotect(addr: *mut c_void, len: usize, prot: c_int) -> c_int {
-    let at = addr as usize;
+    // SAFETY: the caller's contract, passed on.
+    unsafe { protect(addr as usize, len, prot, None) }
+}
+
+/// # Safety
+/// The pkey_mprotect(2) contract. glibc's wrapper makes the system call itself, so without
+/// this the pager would not learn that a paged page became inaccessible.
+#[no_mangle]
+pub unsafe extern "C" fn pkey_mprotect(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    pkey: c_int,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { protect(addr as usize, len, prot, Some(pkey)) }
+}
+
+/// mprotect(2), or pkey_mprotect(2) with a key: the pager records the protection of the
+/// paged part (it must never read a page the program made inaccessible), the kernel sets it
+/// everywhere, the key included.
+///
+/// # Safety
+/// The mprotect(2) contract.
+unsafe fn protect(at: usize, len: usize, prot: c_int, pkey: Option<c_int>) -> c_int {
+    let kernel = |start: usize, len: usize| -> c_int {
+        // SAFETY: the caller's range (or a part of it) and protection, passed on.
+        unsafe {
+            match pkey {
+                None => tidepool_sys::syscall!(libc::SYS_mprotect, start, len, prot) as c_int,
+                Some(k) => {
+                    tidepool_sys::syscall!(libc::SYS_pkey_mprotect, start, len, prot, k) as c_int
+                }
+            }
+        }
+    };
+    let end = at.saturating_add(len.next_multiple_of(PAGE));
     let Some(region) = paged_region(at) else {
-        // SAFETY: passed on.
-        return unsafe { tidepool_sys::syscall!(libc::SYS_mprotect, addr, len, prot) as c_int };
+        if let Some(base) = paged_region_start_in(at, end).filter(|_| at.is_multiple_of(PAGE)) {
+            // From outside into a region: the part below it, then the region's.
+            let r = kernel(at, base - at);
+            if r != 0 {
+                return r;
+            }
+            // SAFETY: the rest of the caller's range.
+            return unsafe { protect(base, end - base, prot, pkey) };
+        }
+        return kernel(at, len);
     };
     if !at.is_multiple_of(PAGE) {
         return fail_int(libc::EINVAL);
     }
-    let end = at.saturating_add(len.next_multiple_of(PAGE));
     let inside = end.min(region.base() + region.len()) - at;
     if let Err(e) = region.protect(at, inside, prot) {
         return fail_int(e.raw_os_error().unwrap_or(libc::EINVAL));
     }
+    if pkey.is_some() {
+        // The key, on top of the protection the pager set.
+        let r = kernel(at, inside);
+        if r != 0 {
+            return r;
+        }
+    }
     if at + inside < end {
-        // SAFETY: the part past the region, passed on.
-        return unsafe {
-            tidepool_sys::syscall!(libc::SYS_mprotect, at + inside, end - at - inside, prot)
-                as c_int
-        };
+        // SAFETY: the part past the region, passed on (it may begin another region).
+        return unsafe { protect(at + inside, end - at - inside, prot, pkey) };
     }
     0
 }

@@ -1,5 +1,5 @@
 //! `syscall()`, interposed: a program that maps memory with `syscall(SYS_mmap, ...)` (or
-//! munmap, mremap, mprotect, madvise, brk and the mlock family) gets what the same call
+//! munmap, mremap, mprotect, pkey_mprotect, madvise, brk and the mlock family) gets what the same call
 //! through its libc wrapper gets (`mmap.rs`), paged memory included; every other system call
 //! goes to the kernel as it is. Calls made with the instruction inline (Go's runtime) never
 //! come here; nor do the pager's own, which use [`tidepool_sys::syscall!`].
@@ -41,6 +41,9 @@ pub unsafe extern "C" fn syscall(
                 mmap::mremap(ptr(a0), a1 as usize, a2 as usize, a3 as c_int, ptr(a4)) as c_long
             }
             libc::SYS_mprotect => mmap::mprotect(ptr(a0), a1 as usize, a2 as c_int) as c_long,
+            libc::SYS_pkey_mprotect => {
+                mmap::pkey_mprotect(ptr(a0), a1 as usize, a2 as c_int, a3 as c_int) as c_long
+            }
             libc::SYS_madvise => mmap::madvise(ptr(a0), a1 as usize, a2 as c_int) as c_long,
             libc::SYS_mlock => mmap::mlock(ptr(a0), a1 as usize) as c_long,
             libc::SYS_mlock2 => mmap::mlock2(ptr(a0), a1 as usize, a2 as libc::c_uint) as c_long,

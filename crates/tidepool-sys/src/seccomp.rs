@@ -2,7 +2,8 @@
 //! inline (a statically linked C library, Go's runtime) handed to a thread of ours.
 //!
 //! [`install_memory_filter`] puts a filter on the calling thread (and every thread and child it
-//! makes after): mmap, munmap, mremap, mprotect, madvise and brk made from the program's code
+//! makes after): mmap, munmap, mremap, mprotect, pkey_mprotect, madvise and brk made from the
+//! program's code
 //! (`text`, its executable segments), its `exit_group` (so that the process's own exit path
 //! can run first, which prints the pager's statistics), and fork-like clones, wait until a
 //! [`Listener`] answers them; clone3 fails with ENOSYS, so that C libraries fall back to
@@ -118,6 +119,7 @@ fn memory_filter(text: (u64, u64)) -> Vec<libc::sock_filter> {
         libc::SYS_munmap,
         libc::SYS_mremap,
         libc::SYS_mprotect,
+        libc::SYS_pkey_mprotect,
         libc::SYS_madvise,
         libc::SYS_brk,
         libc::SYS_exit_group,
@@ -376,6 +378,8 @@ mod tests {
             for nr in [
                 libc::SYS_mmap,
                 libc::SYS_munmap,
+                libc::SYS_mprotect,
+                libc::SYS_pkey_mprotect,
                 libc::SYS_madvise,
                 libc::SYS_brk,
                 libc::SYS_exit_group,

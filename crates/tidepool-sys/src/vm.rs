@@ -312,3 +312,34 @@ pub fn reserve_inaccessible_at(addr: usize, len: usize) -> bool {
     };
     p != libc::MAP_FAILED
 }
+
+/// Lets the calling thread read and write memory of every protection key (x86-64 PKU: sets
+/// its PKRU register to 0). A new thread inherits its creator's PKRU, which denies the keys the
+/// program allocates later to every thread but the one that allocated them; a pager thread
+/// reads and writes the program's pages wherever they are, as the kernel would, and would
+/// otherwise die of SIGSEGV on a page the program tagged with `pkey_mprotect`. Does nothing on
+/// a CPU or kernel without protection keys, and on other architectures. Returns whether the
+/// register was written.
+pub fn open_protection_keys() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID leaf 7, ECX bit 4: OSPKE, the kernel enabled protection keys (CR4.PKE), which
+        // is what makes WRPKRU a valid instruction.
+        // Leaf 0's maximum first: leaf 7 may not exist.
+        let ospke = std::arch::x86_64::__cpuid(0).eax >= 7
+            && std::arch::x86_64::__cpuid_count(7, 0).ecx & (1 << 4) != 0;
+        if ospke {
+            // SAFETY: WRPKRU with ECX = EDX = 0 is defined when OSPKE is set (checked above);
+            // it changes only this thread's access rights to protection-keyed pages, widening
+            // them, which no code of this thread relies on being narrow.
+            unsafe {
+                std::arch::asm!("wrpkru", in("eax") 0u32, in("ecx") 0u32, in("edx") 0u32,
+                    options(nostack, preserves_flags));
+            }
+            return true;
+        }
+        false
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
