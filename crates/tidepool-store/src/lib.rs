@@ -19,7 +19,7 @@
 //! the system's root certificates are trusted. The server's certificate must name the URL's
 //! host (DNS name or IP address).
 //! | `memcached://host:port[?prefix=P]` | a memcached server |
-// The one exception: the packed store's slots (backends/slots.rs).
+// The one exception: the packed store's slots (backends/slots/).
 #![deny(unsafe_code)]
 
 mod backends;
