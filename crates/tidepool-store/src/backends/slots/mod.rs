@@ -75,6 +75,12 @@ fn slots_per_chunk(class: usize) -> u16 {
     (CHUNK / class_size(class)) as u16
 }
 
+/// The bytes at the end of a chunk of `class` that no slot fits in (3104 for the class of
+/// 3296-byte slots): not a hole a compaction could fill.
+fn chunk_tail(class: usize) -> u64 {
+    (CHUNK - slots_per_chunk(class) as usize * class_size(class)) as u64
+}
+
 /// One chunk's bookkeeping, kept apart from the chunk (a header inside would cost a slot of
 /// the largest classes): changed only under the lock of the class that owns the chunk.
 #[derive(Debug, Clone, Copy, Default)]
@@ -157,6 +163,8 @@ struct Slab {
     held: AtomicU64,
     /// Bytes of slots in use.
     used: AtomicU64,
+    /// Bytes of the classes' chunks past their last slot ([`chunk_tail`]).
+    tails: AtomicU64,
 }
 
 impl Default for Slab {
@@ -167,6 +175,7 @@ impl Default for Slab {
             chunks: Mutex::default(),
             held: AtomicU64::new(0),
             used: AtomicU64::new(0),
+            tails: AtomicU64::new(0),
         }
     }
 }
@@ -193,8 +202,9 @@ impl Slab {
         self.mem().base + c as usize * CHUNK + i as usize * class_size(class)
     }
 
-    /// An empty chunk for a class.
-    fn take_chunk(&self) -> u32 {
+    /// An empty chunk for `class`.
+    fn take_chunk(&self, class: usize) -> u32 {
+        self.tails.fetch_add(chunk_tail(class), Relaxed);
         let mut chunks = self.chunks.lock();
         if let Some(c) = chunks.spare.pop().or_else(|| chunks.given_back.pop()) {
             self.held.fetch_add(CHUNK as u64, Relaxed);
@@ -213,8 +223,9 @@ impl Slab {
         c
     }
 
-    /// Takes back a chunk no class uses any more.
-    fn give_chunk(&self, c: u32) {
+    /// Takes back a chunk `class` no longer uses.
+    fn give_chunk(&self, c: u32, class: usize) {
+        self.tails.fetch_sub(chunk_tail(class), Relaxed);
         self.held.fetch_sub(CHUNK as u64, Relaxed);
         let mut chunks = self.chunks.lock();
         if chunks.spare.len() < SPARE_CHUNKS {
@@ -237,7 +248,7 @@ impl Slab {
             let c = match cl.with_room.last() {
                 Some(&c) => c,
                 None => {
-                    let c = self.take_chunk();
+                    let c = self.take_chunk(class);
                     *self.state(c) = ChunkState {
                         live: 0,
                         fresh: 0,
@@ -281,11 +292,12 @@ impl Slab {
         ((slot.addr - self.mem().base) / CHUNK) as u32
     }
 
-    /// Bytes of holes in chunks (mapped, not in a slot, spare chunks aside).
+    /// Bytes of holes in chunks (mapped, not in a slot, spare chunks and chunks' tails
+    /// aside).
     fn holes(&self) -> u64 {
         self.held
             .load(Relaxed)
-            .saturating_sub(self.used.load(Relaxed))
+            .saturating_sub(self.used.load(Relaxed) + self.tails.load(Relaxed))
     }
 
     /// Marks for draining the sparsest chunks of `class` whose slots fit in the holes of its
@@ -368,7 +380,7 @@ impl Slab {
             if emptied {
                 st.draining = false;
                 drop(cl);
-                self.give_chunk(c);
+                self.give_chunk(c, class);
             }
             return;
         }
@@ -387,7 +399,7 @@ impl Slab {
         if emptied {
             Self::unlist(&mut cl, self, c);
             drop(cl);
-            self.give_chunk(c);
+            self.give_chunk(c, class);
         }
     }
 }

@@ -24,6 +24,8 @@ fn classes_round_up_to_the_grain() {
     assert_eq!(class_size(class_of(32)), 32);
     assert_eq!(class_size(class_of(33)), 64);
     assert_eq!(class_size(class_of(MAX)), MAX);
+    assert_eq!(chunk_tail(class_of(MAX)), 0);
+    assert_eq!(chunk_tail(class_of(3296)), 3104);
 }
 
 /// A value that names its key and version, so a read shows whether it got the right one.
@@ -160,6 +162,7 @@ proptest! {
         }
         prop_assert_eq!(map.slab.held.load(Relaxed), 0);
         prop_assert_eq!(map.slab.used.load(Relaxed), 0);
+        prop_assert_eq!(map.slab.tails.load(Relaxed), 0);
     }
 
     #[test]
