@@ -114,7 +114,10 @@ impl JoinArgs {
 /// How `tidepool run` treats the program, beside its budget and store.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct RunOpts {
-    /// Print faults, hits, prefetch accuracy and bytes moved when the program exits.
+    /// Print faults, hits, prefetch accuracy and bytes moved when the program exits. A
+    /// dynamically linked program that leaves with a raw exit_group system call, skipping its
+    /// C library's exit handlers (a Go program built with cgo), prints nothing: ask
+    /// `tidepool status PID` while it runs.
     #[arg(long)]
     pub stats: bool,
     /// Run a program the pager cannot serve (set-user-ID, a script whose interpreter is
