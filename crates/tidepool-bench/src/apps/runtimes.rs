@@ -44,18 +44,37 @@ pub fn go() -> Option<PathBuf> {
 
 /// `GO_MAP` built with default flags into `dir`; the binary.
 pub fn build_go_map(dir: &Path) -> Result<PathBuf> {
+    build_go(dir, "gomap", None)
+}
+
+/// A file that makes a Go program use cgo: it is then linked dynamically against the C
+/// library, and Go's runtime maps its heap through the C library's `mmap`.
+const CGO_FILE: &str =
+    "package main\n\n// #include <stdlib.h>\nimport \"C\"\n\nfunc init() { C.free(C.malloc(16)) }\n";
+
+/// `GO_MAP` built with cgo (as `go build` does for a program importing `net` where a C
+/// compiler is installed) into `dir`; the binary.
+pub fn build_go_map_cgo(dir: &Path) -> Result<PathBuf> {
+    build_go(dir, "gomap-cgo", Some(CGO_FILE))
+}
+
+fn build_go(dir: &Path, name: &str, cgo: Option<&str>) -> Result<PathBuf> {
     let go = go().context("Go is not installed (scripts/setup installs it)")?;
-    let src = dir.join("gomap-src");
+    let src = dir.join(format!("{name}-src"));
     std::fs::create_dir_all(&src)?;
     std::fs::write(src.join("main.go"), GO_MAP)?;
     std::fs::write(src.join("go.mod"), "module gomap\n\ngo 1.18\n")?;
-    let out = dir.join("gomap");
     let mut go = Command::new(go);
+    if let Some(file) = cgo {
+        std::fs::write(src.join("cgo.go"), file)?;
+        go.env("CGO_ENABLED", "1");
+    }
+    let out = dir.join(name);
     go.args(["build", "-o"])
         .arg(&out)
         .arg(".")
         .current_dir(&src);
-    build(go, "go build of the go-map program")?;
+    build(go, &format!("go build of {name}"))?;
     Ok(out)
 }
 
