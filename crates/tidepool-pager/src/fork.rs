@@ -20,11 +20,12 @@
 //!   before it is woken (`Uffd::deferring_wakes`), with nothing evicted. Handlers never wait
 //!   at the gate holding faults: they hold other threads' faults and keep reading. A held fault
 //!   whose thread may own a lock that glibc's fork takes after the handlers ran (the NSS lock,
-//!   the stream list's, the malloc arenas') is served anyway, one at a time, while the forking
-//!   thread waits on a lock (`late.rs` says which and when); such a late section is counted,
-//!   so a child forked during one would know its copy is torn and stop (exit 70) rather than
-//!   risk a wrong byte. (It cannot happen while the forking thread waits for the served
-//!   thread's lock, which is the case it is for.)
+//!   the stream list's, the malloc arenas') is served anyway while the forking thread waits on
+//!   a lock, with the forking thread *parked* in a signal handler so that it cannot clone
+//!   meanwhile (`late.rs` says which faults and when, `park.rs` how). Such a late section is
+//!   counted all the same, so a child forked during one would know its copy is torn and stop
+//!   (exit 70) rather than risk a wrong byte; that can happen only where the forking thread
+//!   cannot be parked (it blocks the signal, or the program handles it).
 //! - **child** (first of the child handlers, before anything touches paged memory): each
 //!   pager opens a userfaultfd object of its own in place of the parent's, registers its
 //!   regions and their shadows again, write-protects every mapped page again (the kernel

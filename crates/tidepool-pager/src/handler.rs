@@ -12,6 +12,11 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How long a handler waits for the forking thread to park (`park.rs`) before it gives up
+/// and looks again: a signal reaches a thread asleep on a lock in microseconds, but a thread
+/// that got its lock meanwhile and went on into the clone (every signal blocked) never parks.
+const PARK_WAIT: Duration = Duration::from_millis(20);
+
 impl Inner {
     /// The loop of fault handler number `n`.
     pub(crate) fn handler_loop(self: Arc<Self>, n: usize) {
@@ -145,12 +150,34 @@ impl Inner {
             self.serve_during_fork(f, staging);
             false
         });
-        if let Some((i, turn)) = picker.pick(forking, held.iter().map(|(f, t)| (f.tid, *t))) {
-            let (f, _) = held.remove(i);
-            Counters::add(&self.counters.fork_late_faults, 1);
-            self.serve_during_fork(f, staging);
-            // Only now, after the thread's wake-up.
-            drop(turn);
+        match picker.pick(forking, held.iter().map(|(f, t)| (f.tid, *t))) {
+            Some(crate::late::Late::Parked(turn)) => {
+                let request = crate::park::Request::send(forking);
+                if !request.wait_parked(PARK_WAIT) {
+                    // It runs on (into the clone, perhaps, with every signal blocked): serve
+                    // nothing, look again.
+                    drop(request);
+                    turn.cancel();
+                    return;
+                }
+                Counters::add(&self.counters.fork_parks, 1);
+                for (f, _) in held.drain(..) {
+                    Counters::add(&self.counters.fork_late_faults, 1);
+                    self.serve_during_fork(f, staging);
+                }
+                // The forking thread goes on only after every service ended and woke its
+                // thread; the next turn after that.
+                drop(request);
+                drop(turn);
+            }
+            Some(crate::late::Late::One(i, turn)) => {
+                let (f, _) = held.remove(i);
+                Counters::add(&self.counters.fork_late_faults, 1);
+                self.serve_during_fork(f, staging);
+                // Only now, after the thread's wake-up.
+                drop(turn);
+            }
+            None => {}
         }
         if !held.is_empty() {
             self.activity

@@ -5,13 +5,23 @@
 //! faulted while holding one of them is held at the gate, and the forking thread waits for its
 //! lock: neither moves unless its fault is served anyway. Such a *late* service must not be
 //! under way when the clone happens (the child would find the pager's state half changed, and
-//! stops rather than risk a wrong byte); it cannot be if the thread it serves is the one whose
-//! lock the forking thread waits for, since that thread runs only once its fault is served, and
-//! the service ends before the wake-up. So a held fault is served late only when all of these
-//! hold:
+//! stops rather than risk a wrong byte).
 //!
-//! - it has been held [`HELD_TOO_LONG`], and the forking thread sleeps on a futex (a lock),
-//!   not in a fault of its own and not running;
+//! So, once a fault has been held [`HELD_TOO_LONG`] while the forking thread sleeps on a futex
+//! (a lock; not in a fault of its own, not running), a handler takes the process's one turn
+//! and *parks* the forking thread (`park.rs`: a signal whose handler waits): while it is parked
+//! it cannot clone, so every held fault may be served, and the thread is let go only after the
+//! last service ended and woke its thread. A thread that does not park within `PARK_WAIT`
+//! (`handler.rs`) got its lock meanwhile and may be cloning, with every signal blocked: then
+//! nothing is served, and the handler looks again.
+//!
+//! Where the forking thread cannot be parked (it blocks the signal, or the program handles
+//! it), a held fault is served late, alone, only when all of these hold, so that the service
+//! cannot be under way at the clone as long as the thread served is the one whose lock the
+//! forking thread waits for (that thread runs only once its fault is served, and the service
+//! ends before the wake-up):
+//!
+//! - it has been held [`HELD_TOO_LONG`] and the forking thread sleeps on a futex, as above;
 //! - its thread faulted inside the C library, where those locks are taken (its program
 //!   counter, from `/proc/self/task/TID/syscall`): a thread faulting in the program's own code
 //!   holds none of them, and serving it would be a service the clone could cut in half when
@@ -22,11 +32,14 @@
 //!   [`HELD_TOO_LONG`] ago: the thread it woke has had time to let go of its lock and the
 //!   forking thread to take it and fork.
 //!
-//! Before this rule, any fault held 10 ms while the forking thread waited on a lock was
+//! Before these rules, any fault held 10 ms while the forking thread waited on a lock was
 //! served, and `tests/c/forks.c storm` (four threads faulting in the program's code, a fifth in
 //! glibc's stream and NSS code, twenty forks) stopped a torn child in about one run in eight
 //! on this project's 2-vCPU machines: a storm thread's service was under way when the stream
-//! thread, served just before it, let go of its lock and the fork went ahead.
+//! thread, served just before it, let go of its lock and the fork went ahead. The second rule
+//! made that rarer, not impossible: on a loaded CI machine a storm thread held past
+//! [`HELD_LONGEST`] was served while the stream thread let go, and a child stopped (exit 70).
+//! Parking makes it impossible.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
@@ -71,22 +84,18 @@ impl Picker {
         }
     }
 
-    /// Which of the held faults (their threads and when they were read) may be served now,
-    /// late, while thread `forking` forks, with the turn to do so; `None` if none may yet.
+    /// What may be served now, late, of the faults held (their threads and when they were read)
+    /// while thread `forking` forks; `None` if nothing may yet.
     pub(crate) fn pick(
         &mut self,
         forking: u32,
         held: impl Iterator<Item = (u32, Instant)>,
-    ) -> Option<(usize, Turn)> {
+    ) -> Option<Late> {
         let now = Instant::now();
         if now < self.next_look {
             return None;
         }
         self.next_look = now + LOOK_EVERY;
-        let ended = LAST_ENDED_MS.load(SeqCst);
-        if crate::sys::coarse_now_ms().saturating_sub(ended) < HELD_TOO_LONG.as_millis() as u64 {
-            return None;
-        }
         let mut aged = held
             .enumerate()
             .filter(|(_, (_, since))| now.duration_since(*since) >= HELD_TOO_LONG)
@@ -100,10 +109,18 @@ impl Picker {
             turn.cancel();
             return None;
         }
+        if crate::park::usable(forking) {
+            return Some(Late::Parked(turn));
+        }
+        let ended = LAST_ENDED_MS.load(SeqCst);
+        if crate::sys::coarse_now_ms().saturating_sub(ended) < HELD_TOO_LONG.as_millis() as u64 {
+            turn.cancel();
+            return None;
+        }
         match aged.find(|(_, (tid, since))| {
             now.duration_since(*since) >= HELD_LONGEST || faulted_in_libc(*tid)
         }) {
-            Some((i, _)) => Some((i, turn)),
+            Some((i, _)) => Some(Late::One(i, turn)),
             None => {
                 turn.cancel();
                 None
@@ -112,9 +129,18 @@ impl Picker {
     }
 }
 
+/// What [`Picker::pick`] allows.
+pub(crate) enum Late {
+    /// Park the forking thread (`park.rs`), then serve every held fault: no clone can overlap.
+    Parked(Turn),
+    /// The forking thread cannot be parked: serve the held fault at this index alone, by the
+    /// rules of the module documentation.
+    One(usize, Turn),
+}
+
 impl Turn {
     /// Gives the turn back unused: no service ended, so the next needs no pause.
-    fn cancel(self) {
+    pub(crate) fn cancel(self) {
         std::mem::forget(self);
         BUSY.store(false, SeqCst);
     }

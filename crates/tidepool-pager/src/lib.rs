@@ -54,6 +54,7 @@ mod handler;
 mod late;
 mod marks;
 mod pager;
+mod park;
 pub mod prefetch;
 mod prefetch_misses;
 mod protect;

@@ -158,6 +158,8 @@ pub(crate) struct Counters {
     /// Faults of other threads held during a fork and served before it ended, because the
     /// forking thread waited for a lock.
     pub fork_late_faults: AtomicU64,
+    /// Times the forking thread was parked (`park.rs`) so that held faults could be served.
+    pub fork_parks: AtomicU64,
     pub tier_touched: AtomicU64,
     pub tier_spilled: AtomicU64,
     pub bytes_read: AtomicU64,
@@ -202,6 +204,7 @@ impl Counters {
             frames_repaired,
             fork_own_faults,
             fork_late_faults,
+            fork_parks,
             tier_touched,
             tier_spilled,
             bytes_read,
@@ -233,6 +236,7 @@ impl Counters {
             frames_repaired,
             fork_own_faults,
             fork_late_faults,
+            fork_parks,
             tier_touched,
             tier_spilled,
             bytes_read,
@@ -292,9 +296,11 @@ pub struct PagerStats {
     pub frames_repaired: u64,
     /// Faults of a forking thread served during its fork (glibc's fork reads the program's
     /// memory after the fork handlers ran), and faults of other threads served during a fork
-    /// because the forking thread waited for a lock (see `fault.rs`).
+    /// because the forking thread waited for a lock (see `late.rs`), and the times the forking
+    /// thread was parked for them (`park.rs`).
     pub fork_own_faults: u64,
     pub fork_late_faults: u64,
+    pub fork_parks: u64,
     /// The probation tier ([`crate::Config::probation`]): pages the program touched there (a
     /// fault, no store read) and pages spilled to the store; frames held now, and the tier's
     /// share of the budget now (0 with no tier).
@@ -400,6 +406,7 @@ pub(crate) fn snapshot(
         frames_repaired: c.frames_repaired.load(Relaxed),
         fork_own_faults: c.fork_own_faults.load(Relaxed),
         fork_late_faults: c.fork_late_faults.load(Relaxed),
+        fork_parks: c.fork_parks.load(Relaxed),
         tier_touched: c.tier_touched.load(Relaxed),
         tier_spilled: c.tier_spilled.load(Relaxed),
         tier_pages: tier.held.load(Relaxed) as u64,
@@ -485,8 +492,9 @@ impl fmt::Display for PagerStats {
             writeln!(
                 f,
                 "forks        {} faults of forking threads served during their forks, {} of other \
-                 threads served then because the forking thread waited for a lock",
-                self.fork_own_faults, self.fork_late_faults
+                 threads served then because the forking thread waited for a lock ({} times \
+                 parked while they were)",
+                self.fork_own_faults, self.fork_late_faults, self.fork_parks
             )?;
         }
         let m = &self.miss;
