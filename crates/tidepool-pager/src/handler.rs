@@ -153,22 +153,22 @@ impl Inner {
         match picker.pick(forking, held.iter().map(|(f, t)| (f.tid, *t))) {
             Some(crate::late::Late::Parked(turn)) => {
                 let request = crate::park::Request::send(forking);
-                if !request.wait_parked(PARK_WAIT) {
+                if request.wait_parked(PARK_WAIT) {
+                    Counters::add(&self.counters.fork_parks, 1);
+                    for (f, _) in held.drain(..) {
+                        Counters::add(&self.counters.fork_late_faults, 1);
+                        self.serve_during_fork(f, staging);
+                    }
+                    // The forking thread goes on only after every service ended and woke its
+                    // thread; the next turn after that.
+                    drop(request);
+                    drop(turn);
+                } else {
                     // It runs on (into the clone, perhaps, with every signal blocked): serve
                     // nothing, look again.
                     drop(request);
                     turn.cancel();
-                    return;
                 }
-                Counters::add(&self.counters.fork_parks, 1);
-                for (f, _) in held.drain(..) {
-                    Counters::add(&self.counters.fork_late_faults, 1);
-                    self.serve_during_fork(f, staging);
-                }
-                // The forking thread goes on only after every service ended and woke its
-                // thread; the next turn after that.
-                drop(request);
-                drop(turn);
             }
             Some(crate::late::Late::One(i, turn)) => {
                 let (f, _) = held.remove(i);
