@@ -487,6 +487,23 @@ impl Follow {
         self.place_threads();
     }
 
+    /// Puts the evictor and the handlers `handlers` back at normal priority, for good: the
+    /// process is leaving. A thread that exits at SCHED_IDLE clears its /proc entries at that
+    /// priority while its parent, reaping the process, spins in the kernel over the same
+    /// entries at normal priority: on a busy machine the parent then spun for seconds to
+    /// minutes (stress-ng's vm workers, reaping their paged children; `scripts/stress-ng-pairs`).
+    /// No allocation and no lock: called from `_exit`.
+    pub fn leave_idle(&self, handlers: impl Iterator<Item = u32>) {
+        if !self.enabled {
+            return;
+        }
+        for tid in handlers.chain([self.evictor.load(Relaxed)]) {
+            if tid != 0 {
+                let _ = tidepool_sys::set_idle_priority(tid as i32, false);
+            }
+        }
+    }
+
     /// With one reader, the evictor at SCHED_IDLE on its CPU and the write-back thread on the
     /// others; else both anywhere the handlers run, at normal priority.
     fn place_threads(&self) {

@@ -468,6 +468,14 @@ impl Pager {
         self.inner().total_budget_pages() * PAGE
     }
 
+    /// Call as the process leaves (its exit handlers, `_exit`): the pager's threads that run at
+    /// SCHED_IDLE go back to normal priority, so that they end promptly when the process is
+    /// reaped (see `follow.rs`). Allocates nothing and takes no lock.
+    pub fn before_exit(&self) {
+        let i = self.inner();
+        i.follow.leave_idle((0..8).map(|n| i.handler_tids.get(n)));
+    }
+
     /// What the pager has done so far.
     pub fn stats(&self) -> PagerStats {
         let i = self.inner();

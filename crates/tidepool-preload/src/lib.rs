@@ -24,6 +24,7 @@
 //! While the program runs, `tidepool resize PID SIZE` changes its budget through a Unix socket
 //! in the abstract namespace, `tidepool-run-PID` (see `tidepool_pager::control`).
 
+mod exit;
 mod libc_alloc;
 mod mmap;
 mod ranges;
@@ -379,6 +380,7 @@ extern "C" fn start() {
         stats_at_exit,
     };
     if RUNTIME.set(rt).is_ok() {
+        exit::owned_by_this_process();
         serve_control();
         join_coordinator();
         // SAFETY: registering functions with no preconditions (after the pager's and the
@@ -454,6 +456,7 @@ extern "C" fn fork_parent() {
 
 extern "C" fn fork_child() {
     HELD.with(|h| h.borrow_mut().take());
+    exit::owned_by_this_process();
     // The control socket is named by process id; the parent's thread serving it is not here,
     // nor is its coordinator link: the child registers as a program of its own.
     serve_control();
@@ -466,6 +469,7 @@ pub fn pager() -> Option<&'static Pager> {
 }
 
 extern "C" fn at_exit() {
+    exit::before_exit();
     if let Some(rt) = RUNTIME.get() {
         if rt.stats_at_exit && !tidepool_pager::in_forked_child() {
             let name = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
