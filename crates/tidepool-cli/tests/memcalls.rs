@@ -188,10 +188,11 @@ fn memory_mapped_with_raw_syscalls_is_paged_within_the_budget() {
     assert_eq!(paged.stdout, native.stdout);
     let (n, p) = (native.peak_rss >> 20, paged.peak_rss >> 20);
     assert!(n >= 64, "natively the program peaked at only {n} MiB");
-    // 16 MiB of budget; the rest is the program's binaries, the pager's tables and its
-    // write-back buffer (32 MiB measured).
+    // 16 MiB of budget; the rest is the program's binaries, the pager's threads and tables
+    // (17 MiB for the same program over 1 MiB, debug build) and its write-back buffer (4 MiB):
+    // 30-32 MiB measured alone, 37-40 beside a CPU hog. Unpaged, it would be over 64.
     assert!(
-        p <= 40,
+        p <= 48,
         "paged, the program peaked at {p} MiB (natively {n} MiB)"
     );
 }

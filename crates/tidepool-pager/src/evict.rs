@@ -1,7 +1,8 @@
 //! Eviction: the evictor thread (and any handler short of room) takes the pages streams walked
-//! past, then GCLOCK victims, in runs of consecutive pages; framed regions move them to their
-//! shadow, everything else is saved (clean pages dropped, dirty ones copied to write-back
-//! slots) and dropped with one vectored `MADV_DONTNEED`.
+//! past, then GCLOCK victims with unused neighbours; runs of consecutive victims may move to the
+//! region's shadow (frames), everything else is saved in spans (one write-protection a span:
+//! clean pages dropped, dirty ones copied to write-back slots) and dropped with one vectored
+//! `MADV_DONTNEED`.
 
 use crate::buffer::{PageWrite, StoreJob};
 use crate::pager::*;
@@ -19,6 +20,43 @@ pub(crate) struct SavedRun {
     new_words: Vec<u64>,
     writes: Vec<PageWrite>,
     removes: Vec<Key>,
+}
+
+/// A page nothing maps in the program's view but through its lock (not mapped, and not the
+/// program's own mapping): a write-protection over it changes nothing, and one that lands on it
+/// after an install costs at most one write-protect fault (`serve_write_protect`).
+fn is_hole(word: u64) -> bool {
+    matches!(kind(word), FAR | UNTOUCHED | WRITEBACK)
+}
+
+/// Splits sorted victims into spans: victims of one region at most [`EVICT_REACH`] pages apart
+/// with only holes (see [`is_hole`]) between them. One write-protection freezes a span, where
+/// each run of consecutive pages would cost one, and each costs a TLB shootdown of every CPU
+/// the program runs on; the kernel's own reclaim batches its flushes the same way.
+pub(crate) fn spans_of(victims: &[(Arc<RegionInner>, usize, u64)]) -> Vec<std::ops::Range<usize>> {
+    let n = victims.len();
+    let mut spans = Vec::new();
+    let mut start = 0;
+    while start < n {
+        let region = &victims[start].0;
+        let mut end = start + 1;
+        while end < n
+            && victims[end].0.id == region.id
+            && victims[end].1 - victims[end - 1].1 <= EVICT_REACH
+            && (victims[end - 1].1 + 1..victims[end].1)
+                .all(|p| is_hole(region.table.state(p).load(Acquire)))
+        {
+            end += 1;
+        }
+        spans.push(start..end);
+        start = end;
+    }
+    spans
+}
+
+/// Whether sorted victims of one region are consecutive pages.
+fn is_run(victims: &[(Arc<RegionInner>, usize, u64)]) -> bool {
+    victims[victims.len() - 1].1 - victims[0].1 + 1 == victims.len()
 }
 
 /// Splits sorted victims into runs of consecutive pages of one region.
@@ -187,8 +225,22 @@ impl Inner {
         // by spilling its oldest), else straight to the store.
         if self.frames && (!self.probation || self.tier_make_room(victims.len())) {
             let mut refused = Vec::new();
-            for run in runs_of(&victims) {
-                self.move_out(&victims[run], &mut refused);
+            if self.evicts_in_spans() {
+                // A move costs a TLB shootdown a run; a span with holes is written out under
+                // one write-protection instead (the tier then misses those pages).
+                for span in spans_of(&victims) {
+                    let span = &victims[span];
+                    if is_run(span) {
+                        self.move_out(span, &mut refused);
+                    } else {
+                        refused.extend_from_slice(span);
+                    }
+                }
+                refused.sort_by_key(|(r, p, _)| (r.id, *p));
+            } else {
+                for run in runs_of(&victims) {
+                    self.move_out(&victims[run], &mut refused);
+                }
             }
             evicted = victims.len() - refused.len();
             victims = refused;
@@ -199,11 +251,19 @@ impl Inner {
         evicted
     }
 
-    /// Locks up to `max` resident neighbours of clock victim `page` that show no use (no
-    /// reference, no chance, no heat: a page whose chances the hand has just used up is still
-    /// warm, and went to the back of the line), on both sides while they last, and adds them to
-    /// `victims`: victims then come in runs, one move (or write-protect) a run, where scattered
-    /// victims cost a system call each. Their clock entries stay behind, stale (see [`stale`]).
+    /// Locks up to `max` resident neighbours of clock victim `page` that show no use and adds
+    /// them to `victims`: victims then come in runs or spans, frozen or moved by one system call
+    /// and one TLB shootdown where scattered victims cost one each (about a miss's worth, more
+    /// when the program runs on another CPU). Their clock entries stay behind, stale (see
+    /// [`stale`]).
+    ///
+    /// Written out in spans ([`Inner::evicts_in_spans`]), a neighbour is any resident page up
+    /// to [`EVICT_REACH`] pages away, across holes, not referenced since the hand last passed
+    /// (a write to a page installed clean, the one use the pager sees without a miss): its
+    /// chances and heat do not count, since they only say how soon the page came back after its
+    /// last eviction, and a neighbour left behind splits the span (measured, ARCHITECTURE.md). Moved as frames, only a
+    /// page with no reference, chance or heat goes, one page apart (a page whose chances the
+    /// hand has just used up is still warm, and went to the back of the line).
     fn take_cold_neighbours(
         &self,
         region: &Arc<RegionInner>,
@@ -211,24 +271,41 @@ impl Inner {
         max: usize,
         victims: &mut Vec<(Arc<RegionInner>, usize, u64)>,
     ) {
-        let cold = |p: usize| {
-            let w = region.table.state(p).load(Acquire);
-            kind(w) == RESIDENT
-                && w & (REFERENCED | CHANCES | HEAT | INHERITED) == 0
-                && self.readable(region, p)
+        let spans = self.evicts_in_spans();
+        let unused = if spans {
+            REFERENCED | INHERITED
+        } else {
+            REFERENCED | CHANCES | HEAT | INHERITED
         };
-        let mut taken = 0;
-        let max = max.min(EVICT_NEIGHBOURS);
+        let (max, reach) = if spans {
+            (max.min(EVICT_NEIGHBOURS), EVICT_REACH)
+        } else {
+            (max.min(RUN_NEIGHBOURS), RUN_NEIGHBOURS)
+        };
         let pages = region.table.pages();
+        let mut taken = 0;
         for step in [1isize, -1] {
-            let mut p = page as isize + step;
-            while taken < max && p >= 0 && (p as usize) < pages && cold(p as usize) {
-                match region.table.try_lock(p as usize, &[RESIDENT]) {
-                    Some(w) => victims.push((region.clone(), p as usize, w)),
+            let mut p = page;
+            for _ in 0..reach {
+                if taken == max {
+                    return;
+                }
+                match p.checked_add_signed(step) {
+                    Some(next) if next < pages => p = next,
+                    _ => break,
+                }
+                let w = region.table.state(p).load(Acquire);
+                if spans && is_hole(w) {
+                    continue;
+                }
+                if kind(w) != RESIDENT || w & unused != 0 || !self.readable(region, p) {
+                    break;
+                }
+                match region.table.try_lock(p, &[RESIDENT]) {
+                    Some(w) => victims.push((region.clone(), p, w)),
                     None => break,
                 }
                 taken += 1;
-                p += step;
             }
         }
     }
@@ -261,27 +338,27 @@ impl Inner {
                 .extend(victims[cut..].iter().map(|(r, p, _)| clock_entry(r, *p)));
         }
         let victims = &victims[..cut];
-        let runs = runs_of(victims);
-        // Save every run, drop all of their pages in one call, then release them.
-        let saved: Vec<SavedRun> = runs
+        // Save every span, drop all of their pages in one call, then release them.
+        let spans = spans_of(victims);
+        let saved: Vec<SavedRun> = spans
             .iter()
-            .map(|r| self.save_run(&victims[r.clone()], &mut slots))
+            .map(|s| self.save_span(&victims[s.clone()], &mut slots))
             .collect();
         self.slots.give_many(slots);
-        let ranges: Vec<(usize, usize)> = runs
-            .iter()
+        let ranges: Vec<(usize, usize)> = runs_of(victims)
+            .into_iter()
             .map(|r| (victims[r.start].0.addr(victims[r.start].1), r.len() * PAGE))
             .collect();
         sys::discard_many(&ranges);
-        for (r, saved) in runs.into_iter().zip(saved) {
-            self.release_run(&victims[r], saved);
+        for (s, saved) in spans.into_iter().zip(saved) {
+            self.release_span(&victims[s], saved);
         }
         victims.len()
     }
 
-    /// Saves consecutive locked pages of one region for eviction.
+    /// Saves a span of locked pages of one region (see [`spans_of`]) for eviction.
     /// Dirty pages take their write-back slot from `slots`, which holds enough.
-    pub(crate) fn save_run(
+    pub(crate) fn save_span(
         &self,
         run: &[(Arc<RegionInner>, usize, u64)],
         slots: &mut Vec<u32>,
@@ -289,7 +366,8 @@ impl Inner {
         let region = &run[0].0;
         let first = run[0].1;
         let addr = region.addr(first);
-        let len = run.len() * PAGE;
+        let span = run[run.len() - 1].1 - first + 1;
+        let len = span * PAGE;
         // Freeze the contents: a write from now on waits in a write-protect fault until the
         // page is gone, then faults it back in. Pages installed write-protected and never
         // written need nothing.
@@ -303,14 +381,15 @@ impl Inner {
         // A page the program dropped with a system call the pager did not see reads as zeros
         // now, and reading it here would wait for a fault only this pager can serve.
         let mut exists = Vec::new();
-        sys::pages_exist(addr, run.len(), &mut exists);
+        sys::pages_exist(addr, span, &mut exists);
         let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed);
         let mut new_words = Vec::with_capacity(run.len());
         let mut writes = Vec::new();
         let mut removes = Vec::new();
         let (mut clean, mut zero) = (0u64, 0u64);
-        for (k, (_, page, w)) in run.iter().enumerate() {
+        for (_, page, w) in run {
             let page = *page;
+            let k = page - first;
             let history = w & HISTORY;
             let far_valid = w & FAR_VALID != 0;
             let new = if !exists[k] {
@@ -381,7 +460,7 @@ impl Inner {
         }
     }
 
-    /// Queues the store work of a saved run whose pages are gone, then publishes their new
+    /// Queues the store work of a saved span whose pages are gone, then publishes their new
     /// states and wakes their waiters.
     ///
     /// Queued first, while the pages are still locked: once one is released, another thread
@@ -389,10 +468,8 @@ impl Inner {
     /// this one, or the store would end with the older bytes (a lost write, seen in forked
     /// children whose small budgets evict a page again within microseconds). The write-back
     /// thread may so find a page still locked when its write lands; it finishes it later.
-    pub(crate) fn release_run(&self, run: &[(Arc<RegionInner>, usize, u64)], saved: SavedRun) {
+    pub(crate) fn release_span(&self, run: &[(Arc<RegionInner>, usize, u64)], saved: SavedRun) {
         let region = &run[0].0;
-        let addr = region.addr(run[0].1);
-        let len = run.len() * PAGE;
         if !saved.removes.is_empty() {
             self.jobs.send(StoreJob::Remove(saved.removes));
         }
@@ -408,7 +485,9 @@ impl Inner {
             // Threads that faulted after the discard retry now and find the pages' new
             // states. (Writers that hit the write protection wait the eviction out in
             // `serve_write_protect` and wake themselves.)
-            self.uffd.wake(addr, len);
+            for r in runs_of(run) {
+                self.uffd.wake(region.addr(run[r.start].1), r.len() * PAGE);
+            }
         }
         Counters::add(&self.counters.evicted, run.len() as u64);
     }
@@ -416,7 +495,7 @@ impl Inner {
 
 #[cfg(test)]
 mod tests {
-    use super::runs_of;
+    use super::{runs_of, spans_of};
     use crate::region_inner::stale;
     use crate::table::*;
     use crate::testkit::*;
@@ -433,6 +512,21 @@ mod tests {
             .map(|&p| (Arc::clone(r), p, 0u64))
             .collect();
         assert_eq!(runs_of(&victims), vec![0..3, 3..5, 5..6]);
+    }
+
+    /// Victims join a span across pages nothing maps, not across a mapped page (a
+    /// write-protection would freeze it too) nor further than the reach.
+    #[test]
+    fn spans_join_victims_across_holes_only() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let (_pager, mut region) = pager(Recorder::new(), false, 64);
+        fill(&mut region, 10, 1);
+        let r = region_inner(&region);
+        let victims: Vec<_> = [1, 3, 4, 8, 12, 50]
+            .iter()
+            .map(|&p| (Arc::clone(r), p, 0u64))
+            .collect();
+        assert_eq!(spans_of(&victims), vec![0..4, 4..5, 5..6]);
     }
 
     #[test]
@@ -514,14 +608,18 @@ mod tests {
         assert!(holds(&region, 1, 2));
     }
 
-    /// A clock victim takes its cold neighbours along, not the hot ones (not even one whose
-    /// chances the hand just used up: it went to the back of the line), and the clock entries
-    /// they leave behind are known as stale once the pages are back: a page is never on the
-    /// clock twice.
+    /// Moved as frames, a clock victim takes its cold neighbours along, not the hot ones (not
+    /// even one whose chances the hand just used up: it went to the back of the line), and the
+    /// clock entries they leave behind are known as stale once the pages are back: a page is
+    /// never on the clock twice.
     #[test]
     fn cold_neighbours_go_with_a_victim_and_leave_stale_entries() {
         tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
-        let (pager, mut region) = pager(Recorder::new(), false, 16);
+        let (pager, mut region) = pager(Recorder::new(), true, 16);
+        if !inner(&pager).frames {
+            eprintln!("skipped: frames need UFFDIO_MOVE (Linux 6.8)");
+            return;
+        }
         // On the clock in this order: 0, 2, 3, 1, 5; 2 and 5 have a chance each.
         for (p, v) in [(0, 1), (2, 3), (3, 4), (1, 2), (5, 6)] {
             fill(&mut region, p, v);
@@ -560,5 +658,43 @@ mod tests {
         assert_eq!(live(1), 1, "page 1's entries");
         assert_eq!(live(0), 0, "page 0's entries");
         assert_eq!(live(2), 1, "page 2's entries");
+    }
+
+    /// Written out in spans, a clock victim takes every unreferenced neighbour within reach
+    /// along, hot or not, across pages nothing maps; the pages come back whole, and a page
+    /// installed in a hole afterwards is the program's as any other.
+    #[test]
+    fn a_victim_takes_its_neighbours_across_holes() {
+        tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+        let (pager, mut region) = pager(Recorder::new(), false, 64);
+        // On the clock in this order: 0, 2, 4, 5, 40; 2 and 40 are hot.
+        for (p, v) in [(0, 1), (2, 3), (4, 5), (5, 6), (40, 7)] {
+            fill(&mut region, p, v);
+        }
+        let r = region_inner(&region);
+        let i = inner(&pager);
+        while i.clock.lock().len() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        for p in [2, 40] {
+            r.table
+                .state(p)
+                .fetch_add((1 << HEAT_SHIFT) | (1 << CHANCE_SHIFT), Relaxed);
+        }
+        {
+            let _s = crate::fork::section();
+            // 0 goes, and with it 2, 4 and 5 across the holes; 40 is out of reach, and
+            // spared by the hand for its chance.
+            assert!(i.evict_batch() >= 4);
+        }
+        for p in [0, 2, 4, 5] {
+            assert_ne!(kind(word(&region, p)), RESIDENT, "page {p}");
+        }
+        assert_eq!(kind(word(&region, 40)), RESIDENT);
+        fill(&mut region, 1, 9);
+        fill(&mut region, 3, 8);
+        for (p, v) in [(0, 1), (1, 9), (2, 3), (3, 8), (4, 5), (5, 6), (40, 7)] {
+            assert!(holds(&region, p, v), "page {p}");
+        }
     }
 }

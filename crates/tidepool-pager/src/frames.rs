@@ -296,7 +296,7 @@ impl Inner {
         let mut zero_count = 0;
         let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed).max(1);
         let mut waiters = false;
-        // Removes are queued before the pages they concern are released (see `release_run`).
+        // Removes are queued before the pages they concern are released (see `release_span`).
         let queue = |removes: &mut Vec<Key>| {
             if !removes.is_empty() {
                 self.jobs.send(StoreJob::Remove(std::mem::take(removes)));

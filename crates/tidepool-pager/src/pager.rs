@@ -43,11 +43,18 @@ use tidepool_sys::RawThread;
 pub const FATAL_EXIT_CODE: i32 = 70;
 /// Pages evicted in one batch.
 pub(crate) const EVICT_BATCH: usize = 64;
-/// Cold resident neighbours a clock victim takes along (see `Inner::take_cold_neighbours`):
-/// measured against none, CPython's 3M-entry dict at 50% local 7% faster
-/// (`local:?compress=none`) and 11% (the compressing store), zipf-0.99 3%, uniform-rmw within
-/// the noise (ARCHITECTURE.md, "Victims in runs").
-pub(crate) const EVICT_NEIGHBOURS: usize = 7;
+/// Unused resident neighbours a clock victim takes along, one page apart, when eviction moves
+/// pages into the frames that are the store (see `Inner::take_cold_neighbours`): measured
+/// against none, CPython's 3M-entry dict at 50% local 7% faster (`local:?compress=none`),
+/// zipf-0.99 3%, uniform-rmw within the noise (ARCHITECTURE.md, "Victims in runs").
+pub(crate) const RUN_NEIGHBOURS: usize = 7;
+/// Unused resident neighbours a clock victim takes along when eviction writes pages out, from
+/// up to [`EVICT_REACH`] pages either side, across pages that are not mapped (ARCHITECTURE.md,
+/// "Victims in spans").
+pub(crate) const EVICT_NEIGHBOURS: usize = 31;
+/// How far apart two victims may be and still be frozen with one write-protection: every page
+/// between them must be unmapped (see `evict::spans_of`).
+pub(crate) const EVICT_REACH: usize = 32;
 /// Pages prefetched in one store round trip.
 pub(crate) const PREFETCH_BATCH: usize = 64;
 /// Pages of write-back buffer (counted in the local budget).
@@ -639,6 +646,12 @@ impl Inner {
         };
         self.budget_pages.store(pages, Relaxed);
         self.kick_evictor();
+    }
+
+    /// Whether eviction writes pages out in spans (see `evict::spans_of`): always but where
+    /// the frames are the store (frames without a probation tier), whose moves are its writes.
+    pub(crate) fn evicts_in_spans(&self) -> bool {
+        self.probation || !self.frames
     }
 
     /// [`Config::drop_far_copies`], as it stands in this process.

@@ -113,7 +113,7 @@ impl Inner {
             .map(|(r, p, _)| (r.shadow_addr(*p), PAGE))
             .collect();
         sys::discard_many(&ranges);
-        // Queued before the pages are released, as an eviction's (see `release_run`).
+        // Queued before the pages are released, as an eviction's (see `release_span`).
         if !removes.is_empty() {
             self.jobs.send(StoreJob::Remove(removes));
         }
