@@ -608,6 +608,30 @@ mod tests {
         assert!(holds(&region, 1, 2));
     }
 
+    /// Fills `pages` (page, byte) in order, waits until they are all on the clock, and makes
+    /// `hot` ones hot as a page fetched again soon after its eviction is: heat, and a chance
+    /// from it.
+    fn on_the_clock(
+        pager: &crate::Pager,
+        region: &mut crate::Region,
+        pages: &[(usize, u8)],
+        hot: &[usize],
+    ) {
+        for &(p, v) in pages {
+            fill(region, p, v);
+        }
+        // A page just installed reaches the clock a moment after its state.
+        while inner(pager).clock.lock().len() < pages.len() {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        for &p in hot {
+            region_inner(region)
+                .table
+                .state(p)
+                .fetch_add((1 << HEAT_SHIFT) | (1 << CHANCE_SHIFT), Relaxed);
+        }
+    }
+
     /// Moved as frames, a clock victim takes its cold neighbours along, not the hot ones (not
     /// even one whose chances the hand just used up: it went to the back of the line), and the
     /// clock entries they leave behind are known as stale once the pages are back: a page is
@@ -621,21 +645,13 @@ mod tests {
             return;
         }
         // On the clock in this order: 0, 2, 3, 1, 5; 2 and 5 have a chance each.
-        for (p, v) in [(0, 1), (2, 3), (3, 4), (1, 2), (5, 6)] {
-            fill(&mut region, p, v);
-        }
-        let r = region_inner(&region);
+        on_the_clock(
+            &pager,
+            &mut region,
+            &[(0, 1), (2, 3), (3, 4), (1, 2), (5, 6)],
+            &[2, 5],
+        );
         let i = inner(&pager);
-        // A page just installed reaches the clock a moment after its state.
-        while i.clock.lock().len() < 5 {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        // Hot as a page fetched again soon after its eviction is: heat, and a chance from it.
-        for p in [2, 5] {
-            r.table
-                .state(p)
-                .fetch_add((1 << HEAT_SHIFT) | (1 << CHANCE_SHIFT), Relaxed);
-        }
         {
             let _s = crate::fork::section();
             // 0 goes, and with it 1 (cold) but not 2 (hot); 2 and 5 are spared, and stay
@@ -668,19 +684,13 @@ mod tests {
         tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let (pager, mut region) = pager(Recorder::new(), false, 64);
         // On the clock in this order: 0, 2, 4, 5, 40; 2 and 40 are hot.
-        for (p, v) in [(0, 1), (2, 3), (4, 5), (5, 6), (40, 7)] {
-            fill(&mut region, p, v);
-        }
-        let r = region_inner(&region);
+        on_the_clock(
+            &pager,
+            &mut region,
+            &[(0, 1), (2, 3), (4, 5), (5, 6), (40, 7)],
+            &[2, 40],
+        );
         let i = inner(&pager);
-        while i.clock.lock().len() < 5 {
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        for p in [2, 40] {
-            r.table
-                .state(p)
-                .fetch_add((1 << HEAT_SHIFT) | (1 << CHANCE_SHIFT), Relaxed);
-        }
         {
             let _s = crate::fork::section();
             // 0 goes, and with it 2, 4 and 5 across the holes; 40 is out of reach, and
