@@ -50,7 +50,7 @@ mod tls;
 
 pub use os::{fatal, fatal_at};
 pub use region::{
-    parse_size, region, set_page_source, AlreadyInitialized, PageSource, KERNEL_PAGES,
+    parse_size, region, set_page_source, span_shift, AlreadyInitialized, PageSource, KERNEL_PAGES,
 };
 pub use stats::{snapshot as stats, ClassStats, Stats};
 

@@ -6,6 +6,7 @@ mod coord;
 mod demo;
 mod run;
 mod run_static;
+mod tune;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -181,6 +182,11 @@ enum Cmd {
         backend: String,
         #[command(flatten)]
         opts: run::RunOpts,
+        /// Serve the program's sections as this profile says (`tidepool tune` writes one; see
+        /// the section names `--stats` prints). A profile made for another program, or for
+        /// another build of this one, is ignored with a message.
+        #[arg(long, value_name = "FILE")]
+        profile: Option<PathBuf>,
         #[command(flatten)]
         join: run::JoinArgs,
         /// The program and its arguments, after `--`.
@@ -216,15 +222,42 @@ enum Cmd {
     /// curves at 64 B to 4 KiB lines. Prints the configuration as TOML (or writes it to
     /// --out) and, on stderr, why each site got what it got. Run the program with it,
     /// profile again and tune again until it stops getting faster.
+    ///
+    /// With a program after `--` (`tidepool tune --local SIZE -- PROGRAM ARGS`), tunes the
+    /// pager's sections for that unmodified program instead: it runs the program under
+    /// `tidepool run` a few times, each round trying a policy for every section that takes at
+    /// least 1% of the far reads or prefetches (a prefetcher of its own, none, a line of 2 or
+    /// 4 pages), keeps what cut that section's misses, and prints a profile for
+    /// `tidepool run --profile`. Tune on an input smaller than the one you will run; the
+    /// program's output must be the same every run.
     Tune {
-        /// Profile JSON from a profiling run.
-        profile: PathBuf,
-        /// Local memory for all sections together (line tables included), e.g. 32M.
+        /// Profile JSON from a profiling run (far data structures).
+        profile: Option<PathBuf>,
+        /// Local memory for all sections together (line tables included), e.g. 32M (far data
+        /// structures).
         #[arg(long, value_parser = parse_size_arg)]
-        budget: u64,
-        /// Write the TOML here instead of standard output.
+        budget: Option<u64>,
+        /// Local memory to tune the program at, e.g. 64M (a program).
+        #[arg(long, value_parser = parse_size_arg)]
+        local: Option<u64>,
+        /// Far store to tune the program over (as for `tidepool run`).
+        #[arg(long, default_value = "local:")]
+        backend: String,
+        /// Runs of the program, the first with the profile so far.
+        #[arg(long, default_value_t = 4)]
+        rounds: u32,
+        /// Go on from this profile (tune's own output) instead of the default policies.
+        #[arg(long, value_name = "FILE")]
+        from: Option<PathBuf>,
+        /// Do not require the program's output to be the same in every round.
+        #[arg(long)]
+        ignore_output: bool,
+        /// Write the result here instead of standard output.
         #[arg(long)]
         out: Option<PathBuf>,
+        /// The program to tune and its arguments, after `--`.
+        #[arg(last = true)]
+        program: Vec<OsString>,
     },
     /// Print the pager statistics of a program running under `tidepool run`.
     Status {
@@ -466,9 +499,10 @@ fn run(cli: Cli) -> Result<()> {
             local,
             backend,
             opts,
+            profile,
             join,
             program,
-        } => run::run(local, &backend, &opts, &join, &program),
+        } => run::run(local, &backend, &opts, profile.as_deref(), &join, &program),
         Cmd::Resize { pid, local } => run::resize(pid, local),
         Cmd::AddNode { pid, addr } => run::add_node(pid, &addr),
         Cmd::Coord(args) => coord::run(args),
@@ -497,8 +531,33 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Tune {
             profile,
             budget,
+            local,
+            backend,
+            rounds,
+            from,
+            ignore_output,
             out,
-        } => tune(&profile, budget, out.as_deref()),
+            program,
+        } => match (program.is_empty(), profile, budget, local) {
+            (false, None, None, Some(local)) => tune::tune_program(&tune::ProgramTune {
+                local,
+                backend,
+                out,
+                rounds: rounds.max(1),
+                from,
+                ignore_output,
+                program,
+            }),
+            (false, ..) => anyhow::bail!(
+                "to tune a program give --local SIZE and the program after --, and neither a far-structure profile nor --budget"
+            ),
+            (true, Some(profile), Some(budget), _) => {
+                tune::tune_far(&profile, budget, out.as_deref())
+            }
+            (true, ..) => anyhow::bail!(
+                "give a program to tune (tidepool tune --local SIZE -- PROGRAM ARGS) or a far-structure profile and --budget (tidepool tune PROFILE.json --budget SIZE)"
+            ),
+        },
         Cmd::Cache(args) => cache::run(args),
         Cmd::BenchWorker { kind, args } => match kind.as_str() {
             "verify" => run::verify_worker(&args),
@@ -514,33 +573,4 @@ fn run(cli: Cli) -> Result<()> {
             other => anyhow::bail!("unknown bench worker '{other}'"),
         },
     }
-}
-
-fn tune(profile: &std::path::Path, budget: u64, out: Option<&std::path::Path>) -> Result<()> {
-    let text = std::fs::read_to_string(profile)
-        .with_context(|| format!("cannot read the profile {}", profile.display()))?;
-    let p = tidepool_far::profile::Profile::from_json(&text).with_context(|| {
-        format!(
-            "{} is not a far-structure profile (JSON from Far::profile().to_json())",
-            profile.display()
-        )
-    })?;
-    if p.sites.is_empty() {
-        anyhow::bail!(
-            "{} holds no sites: profile a run with Far::enable_profiling() before making \
-             the vectors, and write the profile after they are dropped",
-            profile.display()
-        );
-    }
-    let t = tidepool_far::tune::tune(&p, budget);
-    for n in &t.notes {
-        eprintln!("{n}");
-    }
-    let toml = t.config.to_toml();
-    match out {
-        Some(path) => std::fs::write(path, toml)
-            .with_context(|| format!("cannot write {}", path.display()))?,
-        None => print!("{toml}"),
-    }
-    Ok(())
 }

@@ -4,7 +4,7 @@
 use anyhow::{bail, Context, Result};
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use tidepool_node::format_size;
 
@@ -142,6 +142,7 @@ pub fn run(
     local: u64,
     backend: &str,
     opts: &RunOpts,
+    profile: Option<&Path>,
     join: &JoinArgs,
     program: &[OsString],
 ) -> Result<()> {
@@ -182,7 +183,9 @@ pub fn run(
         preload.push(existing);
     }
     // A statically linked program is started by `tidepool` itself, which watches over it.
-    let loaded = found.filter(|p| tidepool_sys::exec_static::is_static(p));
+    let loaded = found
+        .clone()
+        .filter(|p| tidepool_sys::exec_static::is_static(p));
     let mut cmd = match &loaded {
         Some(path) => crate::run_static::loader_command(path, name)?,
         None => Command::new(name),
@@ -198,6 +201,17 @@ pub fn run(
         Some(bytes) => cmd.env("TIDEPOOL_RUN_CHILD_LOCAL", bytes.to_string()),
         None => cmd.env_remove("TIDEPOOL_RUN_CHILD_LOCAL"),
     };
+    cmd.env_remove("TIDEPOOL_RUN_PROFILE")
+        .env_remove("TIDEPOOL_RUN_PROFILE_PID");
+    if let Some(path) = profile {
+        if let Some(path) = profile_for(path, found.as_deref(), name)? {
+            // The program's process (exec keeps this pid; a static program's loader is a
+            // child, which reports for it) says at exit if the profile fitted none of its
+            // images.
+            cmd.env("TIDEPOOL_RUN_PROFILE", path)
+                .env("TIDEPOOL_RUN_PROFILE_PID", std::process::id().to_string());
+        }
+    }
     if stats {
         cmd.env("TIDEPOOL_RUN_STATS", "1");
     } else {
@@ -234,8 +248,75 @@ pub fn run(
     Err(err).with_context(|| format!("cannot run {}", name.to_string_lossy()))
 }
 
+/// The profile in `path`, checked (an unreadable or malformed one is an error), as the absolute
+/// path to hand the program if it may fit the program in `file`; `None`, with a message saying
+/// why, if it was made for another program or another build. A script (a pyenv shim, say) may
+/// exec anything: its profile is handed on, each process applies it only if it runs the build
+/// the profile is for, and the program's process says at exit if none did.
+fn profile_for(path: &Path, file: Option<&Path>, name: &OsString) -> Result<Option<PathBuf>> {
+    use tidepool_pager::profile::{Fit, Profile, Program};
+    let profile = Profile::read(path)?;
+    let path = std::fs::canonicalize(path)?;
+    if file.is_some_and(|f| runs_in(f) != f) {
+        return Ok(Some(path));
+    }
+    let me = file.and_then(|p| Program::of_file(p).ok());
+    let shown = |p: &Program| match &p.build_id {
+        Some(id) => format!("{} (build {id})", p.name),
+        None => format!("{} (no build id)", p.name),
+    };
+    match me.as_ref().map(|me| (me, profile.fit(me))) {
+        Some((_, Fit::Applies)) => return Ok(Some(path)),
+        Some((me, Fit::OtherBuild)) => eprintln!(
+            "tidepool run: the profile {} was tuned on {}, and this is {}: its call sites may have moved, so it is ignored (tune this build: tidepool tune)",
+            path.display(),
+            shown(&profile.program),
+            shown(me)
+        ),
+        Some((me, _)) => eprintln!(
+            "tidepool run: the profile {} is for {}, not {}: ignored",
+            path.display(),
+            shown(&profile.program),
+            shown(me)
+        ),
+        None => eprintln!(
+            "tidepool run: cannot tell which program {} runs, so the profile {} is ignored",
+            name.to_string_lossy(),
+            path.display()
+        ),
+    }
+    Ok(None)
+}
+
+/// The executable a process started from `path` runs: the interpreter of a `#!` script
+/// (`/usr/bin/env NAME` looked up on PATH), else the file itself.
+pub(crate) fn runs_in(path: &Path) -> PathBuf {
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .unwrap_or(0);
+    let Some(line) = head[..n].strip_prefix(b"#!") else {
+        return path.to_path_buf();
+    };
+    let line = String::from_utf8_lossy(line.split(|&b| b == b'\n').next().unwrap_or_default())
+        .into_owned();
+    let mut words = line.split_whitespace();
+    let Some(interp) = words.next() else {
+        return path.to_path_buf();
+    };
+    if Path::new(interp).file_name().is_some_and(|n| n == "env") {
+        if let Some(found) = words
+            .find(|w| !w.starts_with('-'))
+            .and_then(|w| find_program(&OsString::from(w)))
+        {
+            return found;
+        }
+    }
+    PathBuf::from(interp)
+}
+
 /// The file `name` runs: itself if it has a slash, else the first match on PATH.
-fn find_program(name: &OsString) -> Option<PathBuf> {
+pub(crate) fn find_program(name: &OsString) -> Option<PathBuf> {
     let name = PathBuf::from(name);
     if name.components().count() > 1 {
         return Some(name);

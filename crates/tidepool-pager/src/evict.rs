@@ -479,6 +479,7 @@ impl Inner {
         let mut waiters = false;
         for ((_, page, _), new) in run.iter().zip(saved.new_words) {
             waiters |= region.table.unlock(*page, new);
+            Counters::add(&self.section_counts(region, *page).evicted, 1);
         }
         self.resident.fetch_sub(run.len(), Relaxed);
         if waiters {

@@ -4,8 +4,9 @@
 
 use crate::buffer::StoreJob;
 use crate::pager::*;
-use crate::prefetch::Plan;
+use crate::prefetch::{Detector, Plan};
 use crate::region_inner::clock_entry;
+use crate::sections::Prefetch;
 use crate::stats::Counters;
 use crate::sys::{Fault, PAGE};
 use crate::table::*;
@@ -19,7 +20,7 @@ use tidepool_store::Key;
 /// the store copies into it ([`FarStore::read_many_into`]) and one UFFDIO_COPY installs a run
 /// of consecutive pages from it.
 pub(crate) struct Staging {
-    buf: Vec<u8>,
+    pub(crate) buf: Vec<u8>,
     lens: Vec<Option<usize>>,
     /// This handler's sampling of misses' delivery and wake-up.
     probe: crate::cpu::MissProbe,
@@ -62,6 +63,7 @@ impl Inner {
             return;
         }
         Counters::add(&self.counters.missing_faults, 1);
+        Counters::add(&self.section_counts(&region, page).faults, 1);
         let word = loop {
             if let Some(w) = region
                 .table
@@ -132,6 +134,9 @@ impl Inner {
             return;
         }
         Counters::add(&self.counters.missing_faults, batch.len() as u64);
+        for (region, page, ..) in &batch {
+            Counters::add(&self.section_counts(region, *page).faults, 1);
+        }
         self.fetch_from_store(&batch, staging, taken);
         for (region, page, ..) in &batch {
             self.after_demand(region, *page, staging);
@@ -157,6 +162,7 @@ impl Inner {
         self.drop_copies(&keys, "reading pages");
         let read = t.elapsed();
         for (i, (region, page, word, write)) in batch.iter().enumerate() {
+            Counters::add(&self.section_counts(region, *page).far_fetches, 1);
             let t = Instant::now();
             let new = self.install_from_store(region, *page, *word, *write, staging.page(i));
             self.timings
@@ -172,6 +178,9 @@ impl Inner {
         page: usize,
         staging: &mut Staging,
     ) {
+        let section = region.sections.of(page);
+        let counts = self.sections.counts(section);
+        let policy = self.sections.policy(section);
         let budget = self.budget_pages.load(Relaxed);
         if self.local_pages() > budget && self.follow.one_reads() {
             // One reader, on the program's CPU: it evicts itself, while the program runs on
@@ -191,10 +200,13 @@ impl Inner {
                 self.timings.evicted_inline(t.elapsed());
             }
         }
-        let (plan, credited) = {
-            let mut d = region.detector.lock();
+        if policy.line > 1 {
+            let n = self.fetch_line(region, page, policy.line as usize, staging);
+            Counters::add(&counts.line_pages, n as u64);
+        }
+        let table = &region.table;
+        let vote = |d: &mut Detector| {
             let before = d.credited;
-            let table = &region.table;
             let plan = d.on_fault(page as i64, |p| {
                 p >= 0
                     && (p as usize) < table.pages()
@@ -202,9 +214,19 @@ impl Inner {
             });
             (plan, d.credited - before)
         };
+        let (plan, credited) = match policy.prefetch {
+            Prefetch::Off => (None, 0),
+            Prefetch::Own => {
+                let mut own = region.section_detectors[section.index()].lock();
+                vote(own.get_or_insert_with(|| Detector::new(self.window_max)))
+            }
+            _ => vote(&mut region.detector.lock()),
+        };
         Counters::add(&self.counters.prefetch_credited, credited);
+        Counters::add(&counts.prefetch_credited, credited);
         if let Some(plan) = plan {
             Counters::add(&self.counters.prefetch_planned, plan.count as u64);
+            Counters::add(&counts.prefetch_planned, plan.count as u64);
             if plan.behind_count > 0 {
                 self.note_done(region, &plan);
             }
@@ -316,6 +338,7 @@ impl Inner {
             }
             _ if word & FRAMED != 0 => {
                 Counters::add(&self.counters.far_fetches, 1);
+                Counters::add(&self.section_counts(region, page).far_fetches, 1);
                 Counters::add(&self.counters.bytes_read, PAGE as u64);
                 let t = Instant::now();
                 let new = self.unframed(region, page, word, write) | STALE_FRAME;
@@ -507,46 +530,6 @@ impl Inner {
                 <= self.budget_pages.load(Relaxed) / part
     }
 
-    pub(crate) fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan, staging: &mut Staging) {
-        let pages = region.table.pages() as i64;
-        let mut batch: Vec<(usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
-        let mut i = 0;
-        while i < plan.count as i64 {
-            // Never prefetch past the budget: that would evict pages to make room for guesses.
-            batch.clear();
-            while i < plan.count as i64 && batch.len() < PREFETCH_BATCH {
-                let p = plan.start + i * plan.stride;
-                i += 1;
-                if p < 0 || p >= pages || p == plan.trigger {
-                    continue;
-                }
-                if let Some(w) = region.table.try_lock(p as usize, &[FAR, UNTOUCHED]) {
-                    batch.push((p as usize, w));
-                }
-            }
-            if batch.is_empty() {
-                continue;
-            }
-            if !self.make_room(batch.len()) {
-                // The evictor cannot keep up: drop the rest of the plan.
-                for &(p, w) in &batch {
-                    let _ = region.table.unlock(p, w);
-                    // A thread that faulted meanwhile found the page BUSY and waits for us.
-                    self.uffd.wake(region.addr(p), PAGE);
-                }
-                return;
-            }
-            let ghosts = self.prefetch_ghosts(region, &batch);
-            let t = Instant::now();
-            self.install_prefetched(region, &batch, staging);
-            self.count_prefetch_misses(&ghosts, t.elapsed());
-            Counters::add(&self.counters.prefetched, batch.len() as u64);
-            if self.local_pages() > self.budget_pages.load(Relaxed) {
-                self.kick_evictor();
-            }
-        }
-    }
-
     /// Makes room for `pages` more pages under the budget, evicting on this thread (a hand-off
     /// to the evictor costs two context switches and, if it runs on another CPU, a slow wake-up);
     /// false if there is none to be had.
@@ -569,131 +552,6 @@ impl Inner {
             }
         }
         false
-    }
-
-    pub(crate) fn install_prefetched(
-        &self,
-        region: &Arc<RegionInner>,
-        batch: &[(usize, u64)],
-        staging: &mut Staging,
-    ) {
-        debug_assert!(batch.len() <= PREFETCH_BATCH);
-        // Read the far pages in one call, then spread them so that page `i` of the batch sits
-        // in chunk `i` (the rest are fresh pages, zero-filled), ready to install in runs.
-        let in_store = |w: u64| kind(w) == FAR && w & FRAMED == 0;
-        let mut keys = [0 as Key; PREFETCH_BATCH];
-        let mut far = 0;
-        for &(p, w) in batch {
-            if in_store(w) {
-                keys[far] = region.key(p);
-                far += 1;
-            }
-        }
-        if far > 0 {
-            self.read_pages(&keys[..far], staging, "prefetching pages");
-            self.drop_copies(&keys[..far], "prefetching pages");
-            Counters::add(&self.counters.bytes_read, (far * PAGE) as u64);
-        }
-        let mut j = far;
-        for (i, &(_, w)) in batch.iter().enumerate().rev() {
-            let chunk = i * PAGE..(i + 1) * PAGE;
-            if w & FRAMED != 0 {
-                // Moved in, not copied.
-            } else if kind(w) == FAR {
-                j -= 1;
-                if j != i {
-                    staging
-                        .buf
-                        .copy_within(j * PAGE..(j + 1) * PAGE, chunk.start);
-                }
-            } else {
-                // A stream over fresh memory: map zero pages ahead so the program does not
-                // fault on each one.
-                staging.buf[chunk].fill(0);
-            }
-        }
-        // How a page goes in: copied from its frame, or from the staging buffer write-protected
-        // or writable.
-        #[derive(PartialEq, Clone, Copy)]
-        enum How {
-            Frame,
-            Copy { wp: bool },
-        }
-        let how = |w: u64| {
-            if w & FRAMED != 0 {
-                How::Frame
-            } else {
-                How::Copy {
-                    wp: in_store(w) && w & WAS_DIRTY == 0 && !self.drops_far_copies(),
-                }
-            }
-        };
-        let mut list = Vec::with_capacity(batch.len());
-        let mut run = 0;
-        for (i, &(p, w)) in batch.iter().enumerate() {
-            let this = how(w);
-            let wp = this == How::Copy { wp: true };
-            let new = if this == How::Frame {
-                if self.probation {
-                    self.tier_touched(w);
-                } else {
-                    Counters::add(&self.counters.bytes_read, PAGE as u64);
-                }
-                self.unframed(region, p, w, false) | PREFETCHED | STALE_FRAME
-            } else if kind(w) == FAR && self.drops_far_copies() {
-                RESIDENT | PREFETCHED | (w & HISTORY)
-            } else if kind(w) == FAR {
-                if !wp {
-                    // Installed writable on a guess (see `install_demand`).
-                    region
-                        .table
-                        .hash(p)
-                        .store(hash_page(staging.page(i)), Relaxed);
-                }
-                RESIDENT | FAR_VALID | PREFETCHED | if wp { WP_CLEAN } else { 0 } | (w & HISTORY)
-            } else {
-                RESIDENT | PREFETCHED | (w & HISTORY)
-            };
-            list.push((p, new));
-            // One UFFDIO_COPY per run of consecutive pages that go in the same way.
-            let run_ends = batch
-                .get(i + 1)
-                .is_none_or(|&(q, v)| q != p + 1 || how(v) != this);
-            if run_ends {
-                let first = batch[run].0;
-                if this == How::Frame {
-                    self.copy_in_frames(region, first, i + 1 - run, false);
-                } else {
-                    self.install(
-                        region.addr(first),
-                        &staging.buf[run * PAGE..(i + 1) * PAGE],
-                        wp,
-                        false,
-                    );
-                }
-                run = i + 1;
-            }
-        }
-        // Counted before the pages are published: once unlocked, another thread may evict or
-        // discard them and subtract them again.
-        self.resident.fetch_add(batch.len(), Relaxed);
-        let mut waiters = false;
-        for &(p, new) in &list {
-            region.note_touched(p);
-            waiters |= region.table.unlock(p, new);
-        }
-        // One wake-up for the batch, if a thread waits on one of its pages: woken page by page,
-        // a program walking the stream on this CPU would run, fault on the next page and sleep
-        // again for every page.
-        if let (true, Some(&(first, _)), Some(&(last, _))) =
-            (waiters, batch.iter().min(), batch.iter().max())
-        {
-            self.uffd
-                .wake(region.addr(first), (last + 1 - first) * PAGE);
-        }
-        self.clock
-            .lock()
-            .extend(list.into_iter().map(|(p, _)| clock_entry(region, p)));
     }
 }
 

@@ -338,6 +338,7 @@ impl Inner {
             queue(&mut removes);
             for ((_, page, _), new) in done.iter().zip(new_words) {
                 crate::tr!(*page, "move_out", new);
+                Counters::add(&self.section_counts(region, *page).evicted, 1);
                 if self.probation && new & FRAMED != 0 {
                     self.tier_counted(&mut framed, region, *page, seq);
                 }
@@ -374,6 +375,7 @@ impl Inner {
                     }
                     queue(&mut removes);
                     moved += 1;
+                    Counters::add(&self.section_counts(region, *page).evicted, 1);
                     waiters |= region.table.unlock(*page, new);
                 }
                 // Both hold a page: the shadow's is stale (the region's is the one the program

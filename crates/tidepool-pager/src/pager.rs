@@ -26,6 +26,7 @@
 use crate::buffer::{JobQueue, PageWrite, Slots};
 use crate::prefetch::Detector;
 pub(crate) use crate::region_inner::{ClockEntry, RegionInner};
+use crate::sections::{SectionCounts, SectionId, SectionMap, Sections};
 use crate::stats::{snapshot, Counters, PagerStats, StoreMemory};
 use crate::sys::{self, Mapping, Uffd, PAGE};
 use crate::table::*;
@@ -200,6 +201,8 @@ pub(crate) struct Inner {
     /// How far copies are named, and which may be removed (see `tags.rs`).
     pub(crate) tags: Tags,
     pub(crate) counters: Counters,
+    /// The named parts of the regions and their counters (see `sections.rs`).
+    pub(crate) sections: Sections,
     pub(crate) timings: crate::stats::Timings,
     pub(crate) shutdown: AtomicBool,
     pub(crate) window_max: u32,
@@ -416,6 +419,7 @@ impl Pager {
             deferred: Mutex::new(Vec::new()),
             tags,
             counters: Counters::default(),
+            sections: Sections::new(),
             timings: crate::stats::Timings::new(),
             shutdown: AtomicBool::new(false),
             room_wanted: AtomicUsize::new(0),
@@ -499,6 +503,7 @@ impl Pager {
         s.handler_sleeps = i.handler_tids.sleeps();
         s.interrupts = i.interrupts.taken();
         s.follow = i.follow.report();
+        s.sections = i.sections.snapshot();
         // An in-process store answers at once: what it holds is this process's memory.
         if i.store.private_to_process() {
             s.store_memory = i.store.stats().ok().and_then(|st| {
@@ -514,6 +519,20 @@ impl Pager {
             });
         }
         s
+    }
+
+    /// The section named `name` (made if new): a part of the regions with counters of its own
+    /// in [`PagerStats::sections`]. Past [`crate::SECTIONS_MAX`] names, every new one is
+    /// counted as `rest`. Name pages with [`crate::AdoptedRegion::set_section`].
+    pub fn section(&self, name: &str) -> SectionId {
+        let _section = crate::fork::section();
+        self.inner().sections.intern(name)
+    }
+
+    /// Serves section `id` by `policy` from now on (see [`Policy`]; every section starts with
+    /// the default, the pager's behaviour without a profile).
+    pub fn set_section_policy(&self, id: SectionId, policy: crate::Policy) {
+        self.inner().sections.set_policy(id, policy);
     }
 
     /// Adds a memory node to the far store while the program runs (a store over several
@@ -562,6 +581,7 @@ impl Pager {
             .find(|id| regions.iter().all(|r| r.id != *id))
             .ok_or(PagerError::TooManyRegions(tags::MAX_REGIONS))?;
         let table = PageTable::new(len / PAGE).map_err(PagerError::Reserve)?;
+        let sections = SectionMap::new(len / PAGE).map_err(PagerError::Reserve)?;
         let shadow = if i.frames {
             // Inherited by forked children like the region itself: a child reads the frames
             // the parent had at the fork (the kernel shares them copy-on-write; a shared
@@ -584,6 +604,8 @@ impl Pager {
             len,
             table,
             detector: Mutex::new(Detector::new(i.window_max)),
+            sections,
+            section_detectors: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
             touched_end: AtomicUsize::new(0),
             evicted_chunks: RegionInner::chunk_bits(len / PAGE),
             dead: AtomicBool::new(false),
@@ -635,6 +657,12 @@ impl Inner {
         let i = regions.partition_point(|r| r.base <= addr);
         let r = regions.get(i.checked_sub(1)?)?;
         (addr < r.base + r.len).then(|| r.clone())
+    }
+
+    /// The counters of the section page `page` of `region` is in.
+    #[inline]
+    pub(crate) fn section_counts(&self, region: &RegionInner, page: usize) -> &SectionCounts {
+        self.sections.counts(region.sections.of(page))
     }
 
     /// Changes the budget; shrinking evicts at once.

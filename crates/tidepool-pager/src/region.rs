@@ -8,6 +8,7 @@ use crate::sys::PAGE;
 use crate::table::*;
 use crate::ForkAdvice;
 use crate::PagerError;
+use crate::SectionId;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -71,6 +72,16 @@ impl Region {
     #[cfg(test)]
     pub(crate) fn inner(&self) -> &Arc<RegionInner> {
         &self.inner
+    }
+
+    /// Puts the pages of `[offset, offset + len)` (whole pages, cut at the region's end) in
+    /// section `id` ([`Pager::section`]).
+    pub fn set_section(&self, offset: usize, len: usize, id: SectionId) {
+        let end = offset
+            .saturating_add(len)
+            .min(self.inner.len)
+            .div_ceil(PAGE);
+        self.inner.sections.set(offset / PAGE..end, id);
     }
 
     /// Forgets the contents of `[offset, offset + len)` (whole pages inside it): they read as
@@ -153,6 +164,30 @@ impl AdoptedRegion {
             .min(self.inner.len)
             .div_ceil(PAGE);
         Some(offset / PAGE..end)
+    }
+
+    /// Puts the pages of `[addr, addr + len)` in section `id` ([`Pager::section`]): their
+    /// faults, far reads, prefetches and evictions are counted there from now on. `addr` must
+    /// be a page boundary inside the region.
+    pub fn set_section(&self, addr: usize, len: usize, id: SectionId) -> std::io::Result<()> {
+        let pages = self.pages_of(addr, len).ok_or_else(einval)?;
+        self.inner.sections.set(pages, id);
+        Ok(())
+    }
+
+    /// The section of the page holding `addr` ([`SectionId::REST`] outside the region).
+    pub fn section_at(&self, addr: usize) -> SectionId {
+        match addr.checked_sub(self.inner.base) {
+            Some(offset) if offset < self.inner.len => self.inner.sections.of(offset / PAGE),
+            _ => SectionId::REST,
+        }
+    }
+
+    /// Cuts the whole region into spans of `1 << shift` bytes from its base, span `i` in
+    /// section `ids[i]` and every span past the last in the last (an allocator whose size
+    /// classes each own a span names them so; at most 64 spans are told apart).
+    pub fn set_section_spans(&self, shift: u32, ids: &[SectionId]) {
+        self.inner.sections.set_spans(shift, ids);
     }
 
     /// mprotect on the pages of `[addr, addr + len)`, remembered by the pager: a page made

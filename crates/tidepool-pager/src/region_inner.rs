@@ -3,6 +3,7 @@
 
 use crate::marks::Marks;
 use crate::prefetch::Detector;
+use crate::sections::SectionMap;
 use crate::sys::{Mapping, PAGE};
 use crate::table::PageTable;
 use crate::tags;
@@ -20,6 +21,11 @@ pub(crate) struct RegionInner {
     pub(crate) len: usize,
     pub(crate) table: PageTable,
     pub(crate) detector: Mutex<Detector>,
+    /// Which section each page is in (see `sections.rs`).
+    pub(crate) sections: SectionMap,
+    /// The detectors of sections whose policy is [`crate::Prefetch::Own`], made at their
+    /// first fault here.
+    pub(crate) section_detectors: Box<[Mutex<Option<Detector>>]>,
     /// Highest page index ever mapped + 1 (bounds the walk when the region is dropped).
     pub(crate) touched_end: AtomicUsize,
     /// A bit per [`CHUNK_PAGES`] pages, set once a page of the chunk was evicted (never

@@ -344,6 +344,9 @@ pub struct PagerStats {
     pub interrupts: Option<crate::cpu::Interrupts>,
     /// How the handlers followed the program's CPU (`None`: they did not try; see `follow.rs`).
     pub follow: Option<crate::follow::FollowReport>,
+    /// The sections that saw faults or evictions, busiest first (see `sections.rs`); empty
+    /// when no part was named.
+    pub sections: Vec<crate::SectionStats>,
 }
 
 /// What an in-process far store holds, in this process's memory.
@@ -425,6 +428,7 @@ pub(crate) fn snapshot(
         store_memory: None,
         handler_sleeps: 0,
         follow: None,
+        sections: Vec::new(),
         interrupts: None,
     }
 }
@@ -604,6 +608,72 @@ impl fmt::Display for PagerStats {
         if let Some(h) = &self.store_health {
             write!(f, "\nstore        {h}")?;
         }
-        Ok(())
+        write_sections(f, &self.sections)
     }
+}
+
+/// Sections shown by name; the rest are summed on one line.
+const SECTIONS_SHOWN: usize = 12;
+
+/// The sections, a line each, busiest first.
+fn write_sections(f: &mut fmt::Formatter<'_>, sections: &[crate::SectionStats]) -> fmt::Result {
+    if sections.is_empty() {
+        return Ok(());
+    }
+    write!(
+        f,
+        "\nsections     {:<44} {:>10} {:>10} {:>10} {:>10} {:>8} {:>9}",
+        "name", "faults", "far reads", "evicted", "prefetched", "used", "policy"
+    )?;
+    let line = |f: &mut fmt::Formatter<'_>, name: &str, s: &crate::SectionStats| {
+        // Names come from the program (its symbols): shown as text. A long one keeps its end,
+        // the symbol, and its kind.
+        let chars: Vec<char> = name
+            .chars()
+            .map(|c| if c.is_control() { '?' } else { c })
+            .collect();
+        let name: String = if chars.len() > 44 {
+            let kind = chars
+                .iter()
+                .position(|&c| c == ' ')
+                .map_or(0, |k| k + 1)
+                .min(8);
+            let tail = &chars[chars.len() - (43 - kind)..];
+            chars[..kind]
+                .iter()
+                .chain(['…'].iter())
+                .chain(tail)
+                .collect()
+        } else {
+            chars.into_iter().collect()
+        };
+        let used = s
+            .prefetch_accuracy()
+            .map_or("-".to_string(), |a| format!("{:.0}%", a * 100.0));
+        write!(
+            f,
+            "\n             {name:<44} {:>10} {:>10} {:>10} {:>10} {used:>8} {:>9}",
+            s.faults,
+            s.far_fetches,
+            s.evicted,
+            s.prefetch_planned,
+            s.policy.to_string()
+        )
+    };
+    for s in sections.iter().take(SECTIONS_SHOWN) {
+        line(f, &s.name, s)?;
+    }
+    if sections.len() > SECTIONS_SHOWN {
+        let mut rest = crate::SectionStats::default();
+        for s in &sections[SECTIONS_SHOWN..] {
+            rest.faults += s.faults;
+            rest.far_fetches += s.far_fetches;
+            rest.evicted += s.evicted;
+            rest.prefetch_planned += s.prefetch_planned;
+            rest.prefetch_credited += s.prefetch_credited;
+        }
+        let name = format!("({} more)", sections.len() - SECTIONS_SHOWN);
+        line(f, &name, &rest)?;
+    }
+    Ok(())
 }

@@ -17,6 +17,9 @@
 //! | `TIDEPOOL_RUN_CHILD_LOCAL` | budget of a child forked without exec, for the pages it brings in or writes (default: a quarter of the parent's) |
 //! | `TIDEPOOL_RUN_FAULT_DEADLINE` | seconds a page fault may wait before the watchdog stops the program with exit 70 and says why (default 5; 0: no watchdog) |
 //! | `TIDEPOOL_RUN_STALL_AFTER` | for tests of the watchdog: the fault handlers stop for good after this many faults |
+//! | `TIDEPOOL_RUN_PROFILE` | a profile (`tidepool run --profile`): its section policies, applied in a process running the build it is for |
+//! | `TIDEPOOL_RUN_PROFILE_PID` | the program's pid: its process says at exit if the profile fitted none of its images |
+//! | `TIDEPOOL_RUN_SECTIONS_OUT` | a directory: each process writes what its sections did to `sections-PID.toml` at exit (`tidepool tune`) |
 //!
 //! The variables stay in the environment, so a wrapper script (a pyenv shim, say) passes them
 //! on to the program it runs, and programs the program starts get pagers of their own.
@@ -28,6 +31,7 @@ mod exit;
 mod libc_alloc;
 mod mmap;
 mod ranges;
+mod sites;
 mod stdio;
 mod syscall;
 
@@ -39,7 +43,7 @@ use std::env::var as env_var;
 use std::sync::OnceLock;
 use std::sync::{Mutex, MutexGuard};
 use tidepool_alloc::PageSource;
-use tidepool_pager::{AdoptedRegion, Config, Pager, PAGE};
+use tidepool_pager::{AdoptedRegion, Config, Pager, SectionId, PAGE};
 
 // The malloc family's C symbols.
 use tidepool_malloc as _;
@@ -85,11 +89,15 @@ impl Runtime {
     }
 
     /// Takes `len` bytes (rounded up to pages) of the large region: its address. The pages read
-    /// as zero (released ranges were reset).
-    fn take(&self, len: usize) -> Option<usize> {
+    /// as zero (released ranges were reset), and are counted in `section` if given.
+    fn take(&self, len: usize, section: Option<SectionId>) -> Option<usize> {
         let len = len.checked_next_multiple_of(PAGE)?;
         let offset = self.space().ranges.take(len)?;
-        Some(self.large.base() + offset)
+        let addr = self.large.base() + offset;
+        if let Some(id) = section {
+            let _ = self.large.set_section(addr, len, id);
+        }
+        Some(addr)
     }
 
     /// Gives back whatever part of `[addr, addr + len)` in the large region is in use: its
@@ -247,7 +255,7 @@ unsafe fn discard_pages(addr: usize, len: usize) {
 
 fn map_large(len: usize) -> Option<usize> {
     match paging() {
-        Some(rt) => rt.take(len),
+        Some(rt) => rt.take(len, Some(sites::caller_section(rt, "malloc"))),
         None => (tidepool_alloc::KERNEL_PAGES.map_large)(len),
     }
 }
@@ -364,6 +372,12 @@ extern "C" fn start() {
         unsafe { pager.adopt(base, len) }
             .unwrap_or_else(|e| fail(&format!("cannot register the heap: {e}")))
     });
+    if let Ok(path) = env_var("TIDEPOOL_RUN_PROFILE") {
+        apply_profile(&pager, std::path::Path::new(&path));
+    }
+    if let Some(heap) = &heap {
+        name_classes(&pager, heap);
+    }
     let large_base = (tidepool_alloc::KERNEL_PAGES.reserve)(LARGE_SPAN)
         .unwrap_or_else(|| fail("cannot reserve address space for large objects"));
     // SAFETY: a fresh private anonymous reservation that stays mapped for the process's life.
@@ -388,6 +402,92 @@ extern "C" fn start() {
         unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     }
     tidepool_alloc::set_thread_unpaged(false);
+}
+
+/// Applies the profile `tidepool run --profile` named, in a process running the program it is
+/// for. `tidepool run` checked it against the program it starts and said so if it did not fit;
+/// other programs that program runs ignore it silently.
+fn apply_profile(pager: &Pager, path: &std::path::Path) {
+    use tidepool_pager::profile::{Fit, Profile, Program};
+    let profile = match Profile::read(path) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("tidepool run: {e}; this process runs without it");
+            return;
+        }
+    };
+    let me = own_program().and_then(|exe| Program::of_file(&exe).ok());
+    if me
+        .as_ref()
+        .is_some_and(|me| profile.fit(me) == Fit::Applies)
+    {
+        profile.apply(pager);
+        return;
+    }
+    // The program `tidepool run` started, in an image the profile does not fit (a script's
+    // interpreter may exec the one it does, under this pid): said at exit if none did.
+    let started = env_var("TIDEPOOL_RUN_PROFILE_PID").ok() == Some(std::process::id().to_string());
+    if let (true, Some(me)) = (started, me) {
+        let _ = UNFIT_PROFILE.set(format!(
+            "tidepool run: the profile {} is for {}{}, and this program ran {}{}: it changed \
+             nothing",
+            path.display(),
+            profile.program.name,
+            build(&profile.program),
+            me.name,
+            build(&me)
+        ));
+    }
+}
+
+fn build(p: &tidepool_pager::profile::Program) -> String {
+    p.build_id
+        .as_ref()
+        .map_or(String::new(), |b| format!(" (build {b})"))
+}
+
+/// What to say at exit about a profile that fitted this process's program in none of its
+/// images.
+static UNFIT_PROFILE: OnceLock<String> = OnceLock::new();
+
+/// The program this process runs: its executable, or under `tidepool __exec-static PATH`
+/// (a statically linked program, loaded by tidepool itself) PATH.
+fn own_program() -> Option<std::path::PathBuf> {
+    let exe = std::fs::read_link("/proc/self/exe").ok()?;
+    let cmdline = std::fs::read("/proc/self/cmdline").ok()?;
+    let mut args = cmdline.split(|&b| b == 0);
+    if exe.file_name().is_some_and(|n| n == "tidepool") && args.nth(1) == Some(b"__exec-static") {
+        use std::os::unix::ffi::OsStrExt;
+        return args
+            .next()
+            .map(|p| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(p)));
+    }
+    Some(exe)
+}
+
+/// Writes what the sections did for `tidepool tune` (`TIDEPOOL_RUN_SECTIONS_OUT`).
+fn write_sections(pager: &Pager, dir: &std::path::Path) {
+    use tidepool_pager::profile::{Observed, Program};
+    let Some(me) = own_program().and_then(|p| Program::of_file(&p).ok()) else {
+        return;
+    };
+    if let Err(e) = Observed::of(pager, me).write_to(dir) {
+        eprintln!(
+            "tidepool run: cannot write this process's sections to {}: {e}",
+            dir.display()
+        );
+    }
+}
+
+/// Names the heap's sections: one per size class (their spans are equal and aligned), and the
+/// medium heap's span after them.
+fn name_classes(pager: &Pager, heap: &AdoptedRegion) {
+    use tidepool_alloc::classes::{class_size, CLASSES};
+    let mut ids: Vec<SectionId> = (0..CLASSES)
+        .map(|c| pager.section(&format!("heap {}B", class_size(c))))
+        .collect();
+    ids.push(pager.section("heap medium"));
+    heap.set_section_spans(tidepool_alloc::span_shift(), &ids);
 }
 
 /// Serves `tidepool resize` and `tidepool status` for this process.
@@ -471,6 +571,15 @@ pub fn pager() -> Option<&'static Pager> {
 extern "C" fn at_exit() {
     exit::before_exit();
     if let Some(rt) = RUNTIME.get() {
+        if let (Ok(dir), false) = (
+            env_var("TIDEPOOL_RUN_SECTIONS_OUT"),
+            tidepool_pager::in_forked_child(),
+        ) {
+            write_sections(&rt.pager, std::path::Path::new(&dir));
+        }
+        if let (Some(why), false) = (UNFIT_PROFILE.get(), tidepool_pager::in_forked_child()) {
+            eprintln!("{why}");
+        }
         if rt.stats_at_exit && !tidepool_pager::in_forked_child() {
             let name = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
             eprintln!(

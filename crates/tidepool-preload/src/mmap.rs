@@ -100,7 +100,7 @@ pub unsafe extern "C" fn mmap(
     }
     if !fixed {
         if pageable(prot, flags) {
-            if let Some(p) = rt.take(len) {
+            if let Some(p) = rt.take(len, Some(crate::sites::caller_section(rt, "mmap"))) {
                 if prot != RW {
                     if let Err(e) = rt.large.protect(p, len.next_multiple_of(PAGE), prot) {
                         // SAFETY: the range was just taken and nobody has seen it.
@@ -314,7 +314,7 @@ pub unsafe extern "C" fn mremap(
         }
         to
     } else {
-        match paging().and_then(|rt| rt.take(new_len)) {
+        match paging().and_then(|rt| rt.take(new_len, Some(rt.large.section_at(addr)))) {
             Some(p) => p,
             None => return fail(libc::ENOMEM),
         }
@@ -521,7 +521,7 @@ fn move_break(want: impl FnOnce(usize) -> Option<usize>) -> Result<(usize, usize
     let (start, cur, limit) = match *b {
         Some(v) => v,
         None => {
-            let start = rt.take(BREAK_SPAN).ok_or(libc::ENOMEM)?;
+            let start = rt.take(BREAK_SPAN, None).ok_or(libc::ENOMEM)?;
             *b = Some((start, start, start + BREAK_SPAN));
             (start, start, start + BREAK_SPAN)
         }
@@ -540,6 +540,12 @@ fn move_break(want: impl FnOnce(usize) -> Option<usize>) -> Result<(usize, usize
             // SAFETY: above the new break: the program gave those bytes up (brk's contract).
             unsafe { rt.large.reset(from, to - from) };
         }
+    }
+    if new > cur {
+        let from = cur & !(PAGE - 1);
+        let _ = rt
+            .large
+            .set_section(from, new - from, rt.pager.section("brk"));
     }
     *b = Some((start, new, limit));
     Ok((cur, new))

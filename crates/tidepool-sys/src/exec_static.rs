@@ -21,6 +21,9 @@ use std::path::Path;
 const PT_LOAD: u32 = 1;
 const PT_INTERP: u32 = 3;
 const PT_PHDR: u32 = 6;
+const PT_NOTE: u32 = 4;
+/// A note of type NT_GNU_BUILD_ID, named "GNU", holds the linker's build id.
+const NT_GNU_BUILD_ID: u32 = 3;
 const PF_X: u32 = 1;
 const PF_W: u32 = 2;
 const PF_R: u32 = 4;
@@ -111,6 +114,38 @@ fn headers(file: &std::fs::File) -> io::Result<(u16, u64, u64, Vec<Segment>)> {
         })
         .collect();
     Ok((kind, entry, phoff, segs))
+}
+
+/// The build id the linker wrote into the ELF program `path` (`.note.gnu.build-id`), if it
+/// has one: what tells two builds of a program with the same name apart.
+pub fn build_id(path: &Path) -> io::Result<Option<Vec<u8>>> {
+    let file = std::fs::File::open(path)?;
+    let (_, _, _, segs) = headers(&file)?;
+    for seg in segs
+        .iter()
+        .filter(|s| s.kind == PT_NOTE && s.filesz <= 1 << 16)
+    {
+        let mut notes = vec![0u8; seg.filesz as usize];
+        file.read_exact_at(&mut notes, seg.offset)?;
+        let mut at = 0usize;
+        // Each note: name size, description size, type, then the name and the description,
+        // each padded to 4 bytes.
+        while at + 12 <= notes.len() {
+            let (namesz, descsz) = (u32_at(&notes, at) as usize, u32_at(&notes, at + 4) as usize);
+            let kind = u32_at(&notes, at + 8);
+            let name_at = at + 12;
+            let desc_at = name_at + namesz.next_multiple_of(4);
+            let end = desc_at + descsz.next_multiple_of(4);
+            if end > notes.len() {
+                break;
+            }
+            if kind == NT_GNU_BUILD_ID && &notes[name_at..name_at + namesz] == b"GNU\0" {
+                return Ok(Some(notes[desc_at..desc_at + descsz].to_vec()));
+            }
+            at = end;
+        }
+    }
+    Ok(None)
 }
 
 /// Whether the program in `path` is a statically linked ELF program (no interpreter), which

@@ -77,6 +77,8 @@ pub unsafe trait ZeroIsValid: Sync {}
 unsafe impl ZeroIsValid for std::sync::atomic::AtomicU64 {}
 // SAFETY: an atomic integer is valid when zero.
 unsafe impl ZeroIsValid for std::sync::atomic::AtomicU32 {}
+// SAFETY: an atomic integer is valid when zero.
+unsafe impl ZeroIsValid for std::sync::atomic::AtomicU8 {}
 
 /// Drops the pages of `[addr, addr + len)`: the next touch faults as missing.
 pub fn discard(addr: usize, len: usize) {

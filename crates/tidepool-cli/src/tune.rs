@@ -1,0 +1,394 @@
+//! `tidepool tune`: profile-guided configuration, Mira's iterative loop.
+//!
+//! For an unmodified program (`tidepool tune --local SIZE -- PROGRAM ARGS`), each round runs
+//! the program under `tidepool run` with the profile so far, reads what every section did
+//! (each process writes its sections at exit, `TIDEPOOL_RUN_SECTIONS_OUT`), and proposes a
+//! change for each section that matters (at least 1% of the far reads or of the prefetches):
+//!
+//! - `shared` (one detector for the region) -> `own` (a detector of its own: its streams are
+//!   followed whatever else the program does meanwhile);
+//! - `own` whose prefetches were under half used -> `off`;
+//! - `off` with far reads -> a line of 2 pages, then 4, while each step cut the section's
+//!   misses by a quarter.
+//!
+//! The next round tries every proposal at once; each section keeps its change if its cost fell
+//! (demand far reads, plus a tenth of a miss for every page prefetched and not used or read
+//! along a line) and goes back otherwise, and a round more than 10% slower than the best so far
+//! is undone as a whole. The program's output must be the same in every round (a profile never
+//! changes an answer; a program whose output varies needs `--ignore-output`). Tuning on its own
+//! output (`--from`) goes on from there, as Mira's iterations do.
+//!
+//! For far data structures (`tidepool tune PROFILE.json --budget SIZE`), see `tidepool_far::tune`.
+
+use crate::run::find_program;
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+use tidepool_pager::profile::{ObservedSection, PrefetchName, Profile, Program, SectionEntry};
+
+/// `tidepool tune` for an unmodified program.
+#[derive(Debug, Clone)]
+pub struct ProgramTune {
+    pub local: u64,
+    pub backend: String,
+    pub out: Option<PathBuf>,
+    pub rounds: u32,
+    pub from: Option<PathBuf>,
+    pub ignore_output: bool,
+    pub program: Vec<OsString>,
+}
+
+/// A section's part of the far reads or prefetches that makes it worth a policy.
+const SIGNIFICANT: f64 = 0.01;
+/// What a page prefetched and not used, or read along a line, costs against a miss.
+const WASTE: f64 = 0.1;
+
+/// What one round did.
+struct Round {
+    seconds: f64,
+    output: Vec<u8>,
+    sections: BTreeMap<String, ObservedSection>,
+}
+
+impl Round {
+    fn far_reads(&self) -> u64 {
+        self.sections.values().map(|s| s.far_reads).sum()
+    }
+
+    fn accuracy(&self) -> Option<f64> {
+        let (p, u) = self
+            .sections
+            .values()
+            .fold((0, 0), |(p, u), s| (p + s.prefetched, u + s.used));
+        (p > 0).then(|| u as f64 / p as f64)
+    }
+}
+
+fn cost(s: &ObservedSection) -> f64 {
+    s.far_reads as f64 + WASTE * (s.prefetched.saturating_sub(s.used) + s.line_pages) as f64
+}
+
+fn policy_of(p: &Profile, name: &str) -> (PrefetchName, u8) {
+    p.sections
+        .iter()
+        .find(|s| s.name == name)
+        .map_or((PrefetchName::Shared, 1), |s| (s.prefetch, s.line))
+}
+
+fn set_policy(p: &mut Profile, name: &str, prefetch: PrefetchName, line: u8, why: String) {
+    p.sections.retain(|s| s.name != name);
+    if (prefetch, line) != (PrefetchName::Shared, 1) {
+        p.sections.push(SectionEntry {
+            name: name.to_string(),
+            prefetch,
+            line,
+            why: (!why.is_empty()).then_some(why),
+        });
+    }
+    p.sections.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+/// A change to try: a section and the policy to give it.
+type Change = (String, PrefetchName, u8);
+
+/// The changes worth trying after `round`, made under `profile`: for each section that
+/// matters, the first policy of its ladder not tried yet (`tried`). The ladder: a prefetcher
+/// of its own, none (if its own prefetches were under half used), then lines of 2 and 4
+/// pages with the prefetcher it keeps.
+fn proposals(profile: &Profile, round: &Round, tried: &[Change]) -> Vec<Change> {
+    let far: u64 = round.far_reads();
+    let prefetched: u64 = round.sections.values().map(|s| s.prefetched).sum();
+    let mut out = Vec::new();
+    for s in round.sections.values() {
+        let matters = s.far_reads as f64 >= SIGNIFICANT * far as f64
+            || s.prefetched as f64 >= SIGNIFICANT * prefetched as f64;
+        if !matters || s.far_reads + s.prefetched == 0 {
+            continue;
+        }
+        let accuracy = (s.prefetched > 0).then(|| s.used as f64 / s.prefetched as f64);
+        let (prefetch, line) = policy_of(profile, &s.name);
+        let mut ladder = vec![(PrefetchName::Own, line)];
+        if prefetch == PrefetchName::Own && accuracy.is_none_or(|a| a < 0.5) {
+            ladder.push((PrefetchName::Off, line));
+        }
+        if s.far_reads > 0 {
+            ladder.extend([(prefetch, 2), (prefetch, 4)]);
+        }
+        let next = ladder.into_iter().find(|&(p, l)| {
+            (p, l) != (prefetch, line)
+                && (l <= line || l == 2 * line)
+                && !tried.iter().any(|t| t.0 == s.name && (t.1, t.2) == (p, l))
+        });
+        if let Some((p, l)) = next {
+            out.push((s.name.clone(), p, l));
+        }
+    }
+    out
+}
+
+/// Runs the program once under `tidepool run` with `profile` (none: the default policies),
+/// and reads what the sections of the program `me` did (`None`: of the busiest program among
+/// the processes, which becomes `me`).
+fn run_round(
+    t: &ProgramTune,
+    me: &mut Option<Program>,
+    profile: Option<&Profile>,
+    dir: &Path,
+    n: u32,
+) -> Result<Round> {
+    let out = dir.join(format!("round-{n}"));
+    std::fs::create_dir(&out)?;
+    let log = dir.join(format!("round-{n}.stderr"));
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "run",
+        "--no-coord",
+        "--local",
+        &t.local.to_string(),
+        "--backend",
+        &t.backend,
+    ]);
+    if let Some(profile) = profile {
+        let profile_file = dir.join(format!("profile-{n}.toml"));
+        std::fs::write(&profile_file, profile.to_toml())?;
+        cmd.arg("--profile").arg(&profile_file);
+    }
+    cmd.arg("--")
+        .args(&t.program)
+        .env("TIDEPOOL_RUN_SECTIONS_OUT", &out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log)?);
+    let started = Instant::now();
+    let result = cmd.output().context("cannot start tidepool run")?;
+    let seconds = started.elapsed().as_secs_f64();
+    let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+    if !result.status.success() {
+        let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
+        bail!(
+            "the program failed under tidepool run in round {n} ({}); the end of what it said:\n{}",
+            result.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    if stderr.contains("profile")
+        && (stderr.contains("ignored") || stderr.contains("changed nothing"))
+    {
+        bail!("tidepool run did not apply the profile in round {n}:\n{stderr}");
+    }
+    let records = tidepool_pager::profile::Observed::read_dir(&out)?;
+    if me.is_none() {
+        // The program whose processes faulted most: a wrapper (a pyenv shim, a shell script)
+        // hardly faults at all.
+        let mut faults: BTreeMap<String, (u64, Program)> = BTreeMap::new();
+        for o in &records {
+            let f: u64 = o.sections.iter().map(|s| s.faults).sum();
+            let key = format!("{}\0{:?}", o.program.name, o.program.build_id);
+            faults.entry(key).or_insert((0, o.program.clone())).0 += f;
+        }
+        *me = faults.into_values().max_by_key(|v| v.0).map(|v| v.1);
+    }
+    let mut sections: BTreeMap<String, ObservedSection> = BTreeMap::new();
+    for o in records {
+        if Some(&o.program) != me.as_ref() {
+            continue;
+        }
+        for s in o.sections {
+            match sections.get_mut(&s.name) {
+                Some(a) => {
+                    a.faults += s.faults;
+                    a.far_reads += s.far_reads;
+                    a.evicted += s.evicted;
+                    a.prefetched += s.prefetched;
+                    a.used += s.used;
+                    a.line_pages += s.line_pages;
+                }
+                None => {
+                    sections.insert(s.name.clone(), s);
+                }
+            }
+        }
+    }
+    if sections.is_empty() {
+        bail!(
+            "no process reported its sections in round {n}: did the program run under \
+             tidepool run, fault at all at --local {}, and exit (not die by a signal)?",
+            tidepool_node::format_size(t.local)
+        );
+    }
+    Ok(Round {
+        seconds,
+        output: result.stdout,
+        sections,
+    })
+}
+
+fn summary(r: &Round) -> String {
+    format!(
+        "{:.2} s, {} far reads, prefetches {} used",
+        r.seconds,
+        r.far_reads(),
+        r.accuracy()
+            .map_or("none".to_string(), |a| format!("{:.0}%", a * 100.0))
+    )
+}
+
+/// Tunes the program: rounds of runs, a profile out.
+pub fn tune_program(t: &ProgramTune) -> Result<()> {
+    let (name, _) = t.program.split_first().context("no program given")?;
+    find_program(name)
+        .with_context(|| format!("{} is not a program on PATH", name.to_string_lossy()))?;
+    let from = t.from.as_deref().map(Profile::read).transpose()?;
+    let mut me = from.as_ref().map(|p| p.program.clone());
+    let dir = private_dir()?;
+    eprintln!(
+        "tidepool tune: {} at --local {}, up to {} rounds (work files in {})",
+        name.to_string_lossy(),
+        tidepool_node::format_size(t.local),
+        t.rounds,
+        dir.display()
+    );
+    let mut last = run_round(t, &mut me, from.as_ref(), &dir, 0)?;
+    let me = me.expect("round 0 found the program");
+    let mut profile = from.unwrap_or_else(|| Profile::new(me.clone()));
+    eprintln!(
+        "round 0 (the profile so far, for {}): {}",
+        me.name,
+        summary(&last)
+    );
+    let (mut best_seconds, output) = (last.seconds, last.output.clone());
+    let mut times = vec![last.seconds];
+    let mut ever_tried: Vec<Change> = Vec::new();
+    for n in 1..t.rounds {
+        let tried = proposals(&profile, &last, &ever_tried);
+        ever_tried.extend(tried.iter().cloned());
+        if tried.is_empty() {
+            eprintln!("nothing left to try");
+            break;
+        }
+        let mut trial = profile.clone();
+        for (name, p, l) in &tried {
+            set_policy(&mut trial, name, *p, *l, String::new());
+        }
+        let round = run_round(t, &mut Some(me.clone()), Some(&trial), &dir, n)?;
+        times.push(round.seconds);
+        if !t.ignore_output && round.output != output {
+            bail!(
+                "the program printed something else in round {n} than in round 0: tune needs a \
+                 program whose output is the same every run (or --ignore-output)"
+            );
+        }
+        eprintln!(
+            "round {n} ({} changes tried): {}",
+            tried.len(),
+            summary(&round)
+        );
+        if round.seconds > best_seconds * 1.1 {
+            eprintln!(
+                "  {:.2} s is more than 10% slower than the best round ({best_seconds:.2} s): undone",
+                round.seconds
+            );
+            continue;
+        }
+        best_seconds = best_seconds.min(round.seconds);
+        for (name, p, l) in &tried {
+            let (Some(before), Some(after)) = (last.sections.get(name), round.sections.get(name))
+            else {
+                continue;
+            };
+            let (was, now) = (cost(before), cost(after));
+            let kept = now < was * 0.97;
+            let why = format!(
+                "far reads {} -> {}, prefetched {} ({} used) -> {} ({} used), line pages {} -> {}",
+                before.far_reads,
+                after.far_reads,
+                before.prefetched,
+                before.used,
+                after.prefetched,
+                after.used,
+                before.line_pages,
+                after.line_pages
+            );
+            eprintln!(
+                "  {name}: {:?}/{l} {} ({why})",
+                p,
+                if kept { "kept" } else { "dropped" }
+            );
+            if kept {
+                set_policy(&mut profile, name, *p, *l, why);
+            }
+        }
+        last = round;
+    }
+    profile.tuned = Some(format!(
+        "tidepool tune --local {} -- {}; rounds took {} s",
+        tidepool_node::format_size(t.local),
+        t.program
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
+        times
+            .iter()
+            .map(|s| format!("{s:.2}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let text = profile.to_toml();
+    match &t.out {
+        Some(path) => std::fs::write(path, &text)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// A fresh directory only this user can read, for the rounds' files.
+fn private_dir() -> Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let base = std::env::temp_dir();
+    for i in 0..100u32 {
+        let dir = base.join(format!("tidepool-tune-{}-{i}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).context("cannot make a work directory"),
+        }
+    }
+    bail!("cannot make a work directory in {}", base.display())
+}
+
+/// `tidepool tune PROFILE.json --budget SIZE`: far data structures' sections from a profile.
+pub fn tune_far(profile: &Path, budget: u64, out: Option<&Path>) -> Result<()> {
+    let text = std::fs::read_to_string(profile)
+        .with_context(|| format!("cannot read the profile {}", profile.display()))?;
+    let p = tidepool_far::profile::Profile::from_json(&text).with_context(|| {
+        format!(
+            "{} is not a far-structure profile (JSON from Far::profile().to_json())",
+            profile.display()
+        )
+    })?;
+    if p.sites.is_empty() {
+        bail!(
+            "{} holds no sites: profile a run with Far::enable_profiling() before making \
+             the vectors, and write the profile after they are dropped",
+            profile.display()
+        );
+    }
+    let t = tidepool_far::tune::tune(&p, budget);
+    for n in &t.notes {
+        eprintln!("{n}");
+    }
+    let toml = t.config.to_toml();
+    match out {
+        Some(path) => std::fs::write(path, toml)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{toml}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,265 @@
+//! `tidepool run --stats` names the program's memory by what asked for it: a C program maps two
+//! ranges from two functions, and the report has a section for each, by symbol, with its own
+//! faults and prefetches; the answer is native's.
+
+mod common;
+
+use common::{c_program, output_within, preload, text};
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn stats_name_each_call_site_that_mapped_memory() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let program = c_program("sections", &["-rdynamic", "-fno-optimize-sibling-calls"]);
+    let native = output_within(&mut Command::new(&program), Duration::from_secs(60));
+    assert!(native.status.success());
+    let paged = output_within(
+        Command::new(env!("CARGO_BIN_EXE_tidepool"))
+            .args(["run", "--local", "8M", "--stats", "--"])
+            .arg(&program)
+            .env("TIDEPOOL_PRELOAD", preload()),
+        Duration::from_secs(120),
+    );
+    let (stdout, stderr) = text(&paged);
+    assert!(paged.status.success(), "{}: {stderr}", paged.status);
+    assert_eq!(stdout, String::from_utf8_lossy(&native.stdout));
+    // "mmap sections-...!grab_arena   faults  far reads  evicted  prefetched  used"
+    let section = |symbol: &str| -> Vec<u64> {
+        let line = stderr
+            .lines()
+            .find(|l| l.contains(&format!("!{symbol} ")) && l.contains(" mmap "))
+            .unwrap_or_else(|| panic!("no section for {symbol} in:\n{stderr}"));
+        line.split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .collect()
+    };
+    let (arena, table) = (section("grab_arena"), section("grab_table"));
+    // faults, far reads, evicted, prefetched
+    assert!(arena[0] > 0 && table[0] > 0, "{arena:?} {table:?}");
+    assert!(
+        arena[2] > 0 && table[2] > 0,
+        "both were evicted: {arena:?} {table:?}"
+    );
+    assert!(arena[3] > 0, "the walk was followed: {arena:?}\n{stderr}");
+}
+
+/// `tidepool run --profile FILE --stats -- sections`: exit status, stdout, stderr.
+fn run_with_profile(profile: &str) -> (bool, String, String) {
+    let program = c_program("sections", &["-rdynamic", "-fno-optimize-sibling-calls"]);
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "profile-{}-{}.toml",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::write(&file, profile).unwrap();
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_tidepool"))
+            .args(["run", "--local", "8M", "--stats", "--profile"])
+            .arg(&file)
+            .arg("--")
+            .arg(&program)
+            .env("TIDEPOOL_PRELOAD", preload()),
+        Duration::from_secs(120),
+    );
+    let (stdout, stderr) = text(&out);
+    (out.status.success(), stdout, stderr)
+}
+
+fn native_answer() -> String {
+    let program = c_program("sections", &["-rdynamic", "-fno-optimize-sibling-calls"]);
+    let out = output_within(&mut Command::new(&program), Duration::from_secs(60));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The sections line of `symbol` in a `--stats` report, split in words.
+fn section_words(stderr: &str, symbol: &str) -> Vec<String> {
+    stderr
+        .lines()
+        .find(|l| l.contains(&format!("!{symbol} ")) && l.contains(" mmap "))
+        .unwrap_or_else(|| panic!("no section for {symbol} in:\n{stderr}"))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_profile_sets_the_policy_of_the_sections_it_names() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let program = c_program("sections", &["-rdynamic", "-fno-optimize-sibling-calls"]);
+    let me = tidepool_pager::profile::Program::of_file(&program).unwrap();
+    let mut profile = tidepool_pager::profile::Profile::new(me.clone());
+    let entry = |symbol: &str, prefetch: &str, line: u8| {
+        let text = format!(
+            "version = 1\n[program]\nname = \"x\"\n[[section]]\nname = \"mmap {}!{symbol}\"\nprefetch = \"{prefetch}\"\nline = {line}\n",
+            me.name
+        );
+        tidepool_pager::profile::Profile::parse(&text, "entry")
+            .unwrap()
+            .sections[0]
+            .clone()
+    };
+    profile.sections.push(entry("grab_arena", "off", 1));
+    profile.sections.push(entry("grab_table", "own", 2));
+    let (ok, stdout, stderr) = run_with_profile(&profile.to_toml());
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, native_answer());
+    let (arena, table) = (
+        section_words(&stderr, "grab_arena"),
+        section_words(&stderr, "grab_table"),
+    );
+    // ... faults, far reads, evicted, prefetched, used, policy
+    assert_eq!(arena.last().unwrap(), "off", "{arena:?}");
+    assert_eq!(arena[arena.len() - 3], "0", "nothing prefetched: {arena:?}");
+    assert_eq!(table.last().unwrap(), "own/2", "{table:?}");
+    assert!(!stderr.contains("ignored"), "{stderr}");
+}
+
+#[test]
+fn a_profile_for_another_program_or_build_changes_nothing_and_says_so() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let program = c_program("sections", &["-rdynamic", "-fno-optimize-sibling-calls"]);
+    let me = tidepool_pager::profile::Program::of_file(&program).unwrap();
+    let section = format!(
+        "[[section]]\nname = \"mmap {}!grab_arena\"\nprefetch = \"off\"\n",
+        me.name
+    );
+    for (program, says) in [
+        (
+            "name = \"redis-server\"\n".to_string(),
+            "is for redis-server",
+        ),
+        (
+            format!("name = \"{}\"\nbuild_id = \"00ff\"\n", me.name),
+            "tuned on",
+        ),
+    ] {
+        let (ok, stdout, stderr) =
+            run_with_profile(&format!("version = 1\n[program]\n{program}{section}"));
+        assert!(ok, "{stderr}");
+        assert_eq!(stdout, native_answer());
+        assert!(
+            stderr.contains(says) && stderr.contains("ignored"),
+            "{stderr}"
+        );
+        let arena = section_words(&stderr, "grab_arena");
+        assert_eq!(arena.last().unwrap(), "shared", "{arena:?}");
+    }
+}
+
+#[test]
+fn a_malformed_profile_stops_tidepool_run_with_the_reason() {
+    let (ok, _, stderr) = run_with_profile("version = 1\n[program]\nname = \"x\"\nturbo = true\n");
+    assert!(!ok);
+    assert!(
+        stderr.contains("not a profile") && stderr.contains("turbo"),
+        "{stderr}"
+    );
+}
+
+/// A wrapper script (as a pyenv shim is) that execs the program: the profile reaches the
+/// program's process through it, and one for another program says at exit that it changed
+/// nothing.
+#[test]
+fn a_profile_passes_through_a_wrapper_script_to_the_program_it_fits() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let program = c_program("sections", &["-rdynamic", "-fno-optimize-sibling-calls"]);
+    let me = tidepool_pager::profile::Program::of_file(&program).unwrap();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let shim = dir.join(format!("shim-{}", std::process::id()));
+    std::fs::write(
+        &shim,
+        format!("#!/bin/sh\nexec {} \"$@\"\n", program.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&shim, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let section = format!(
+        "[[section]]\nname = \"mmap {}!grab_arena\"\nprefetch = \"off\"\n",
+        me.name
+    );
+    for (program_line, fits) in [
+        (
+            format!(
+                "name = \"{}\"\nbuild_id = \"{}\"\n",
+                me.name,
+                me.build_id.clone().unwrap()
+            ),
+            true,
+        ),
+        ("name = \"redis-server\"\n".to_string(), false),
+    ] {
+        let file = dir.join(format!("shim-profile-{}-{fits}.toml", std::process::id()));
+        std::fs::write(
+            &file,
+            format!("version = 1\n[program]\n{program_line}{section}"),
+        )
+        .unwrap();
+        let out = output_within(
+            Command::new(env!("CARGO_BIN_EXE_tidepool"))
+                .args(["run", "--local", "8M", "--stats", "--profile"])
+                .arg(&file)
+                .arg("--")
+                .arg(&shim)
+                .env("TIDEPOOL_PRELOAD", preload()),
+            Duration::from_secs(120),
+        );
+        let (stdout, stderr) = text(&out);
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(stdout, native_answer());
+        let arena = section_words(&stderr, "grab_arena");
+        if fits {
+            assert_eq!(arena.last().unwrap(), "off", "{stderr}");
+            assert!(!stderr.contains("changed nothing"), "{stderr}");
+        } else {
+            assert_eq!(arena.last().unwrap(), "shared", "{stderr}");
+            assert!(
+                stderr.contains("is for redis-server") && stderr.contains("changed nothing"),
+                "{stderr}"
+            );
+        }
+    }
+}
+
+/// `tidepool tune` runs the program a few times and writes a profile for it that
+/// `tidepool run --profile` applies; the walked range gets a prefetcher of its own.
+#[test]
+fn tune_writes_a_profile_that_run_applies() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let program = c_program("sections", &["-rdynamic", "-fno-optimize-sibling-calls"]);
+    let me = tidepool_pager::profile::Program::of_file(&program).unwrap();
+    let file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("tuned-{}.toml", std::process::id()));
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_tidepool"))
+            .args(["tune", "--local", "8M", "--rounds", "3", "--out"])
+            .arg(&file)
+            .arg("--")
+            .arg(&program)
+            .env("TIDEPOOL_PRELOAD", preload()),
+        Duration::from_secs(300),
+    );
+    let (_, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("round 0") && stderr.contains("round 1"),
+        "{stderr}"
+    );
+    let profile = tidepool_pager::profile::Profile::read(&file).unwrap();
+    assert_eq!(profile.program, me);
+    assert!(profile
+        .tuned
+        .as_deref()
+        .unwrap()
+        .contains("--local 8.0 MiB"));
+    for s in &profile.sections {
+        assert!(s.why.is_some(), "every choice says why: {s:?}");
+    }
+    let (ok, stdout, stderr) = run_with_profile(&std::fs::read_to_string(&file).unwrap());
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, native_answer());
+    assert!(
+        !stderr.contains("ignored") && !stderr.contains("changed nothing"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,222 @@
+//! Pages fetched before they are asked for: a detector's plan (`prefetch.rs`) or a section's
+//! line, read from the store in batches and installed in runs.
+
+use crate::fault::Staging;
+use crate::pager::*;
+use crate::prefetch::Plan;
+use crate::region_inner::clock_entry;
+use crate::stats::Counters;
+use crate::sys::PAGE;
+use crate::table::*;
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::Instant;
+use tidepool_store::Key;
+
+impl Inner {
+    pub(crate) fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan, staging: &mut Staging) {
+        self.prefetch_from(region, plan, staging, &[FAR, UNTOUCHED]);
+    }
+
+    /// Reads along, after a miss on `page`, the other pages of its aligned block of `line`
+    /// that are in far memory (the section's line, [`crate::Policy::line`]); returns how many.
+    pub(crate) fn fetch_line(
+        &self,
+        region: &Arc<RegionInner>,
+        page: usize,
+        line: usize,
+        staging: &mut Staging,
+    ) -> usize {
+        let start = page & !(line - 1);
+        let far = (start..(start + line).min(region.table.pages()))
+            .any(|p| p != page && kind(region.table.state(p).load(Relaxed)) == FAR);
+        if !far {
+            return 0;
+        }
+        let plan = Plan {
+            start: start as i64,
+            stride: 1,
+            count: line as u32,
+            trigger: page as i64,
+            behind_start: 0,
+            behind_count: 0,
+        };
+        self.prefetch_from(region, plan, staging, &[FAR])
+    }
+
+    /// Installs the pages of `plan` whose state is one of `from` (all but its trigger);
+    /// returns how many.
+    fn prefetch_from(
+        &self,
+        region: &Arc<RegionInner>,
+        plan: Plan,
+        staging: &mut Staging,
+        from: &[u64],
+    ) -> usize {
+        let pages = region.table.pages() as i64;
+        let mut installed = 0;
+        let mut batch: Vec<(usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
+        let mut i = 0;
+        while i < plan.count as i64 {
+            // Never prefetch past the budget: that would evict pages to make room for guesses.
+            batch.clear();
+            while i < plan.count as i64 && batch.len() < PREFETCH_BATCH {
+                let p = plan.start + i * plan.stride;
+                i += 1;
+                if p < 0 || p >= pages || p == plan.trigger {
+                    continue;
+                }
+                if let Some(w) = region.table.try_lock(p as usize, from) {
+                    batch.push((p as usize, w));
+                }
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            if !self.make_room(batch.len()) {
+                // The evictor cannot keep up: drop the rest of the plan.
+                for &(p, w) in &batch {
+                    let _ = region.table.unlock(p, w);
+                    // A thread that faulted meanwhile found the page BUSY and waits for us.
+                    self.uffd.wake(region.addr(p), PAGE);
+                }
+                return installed;
+            }
+            let ghosts = self.prefetch_ghosts(region, &batch);
+            let t = Instant::now();
+            self.install_prefetched(region, &batch, staging);
+            self.count_prefetch_misses(&ghosts, t.elapsed());
+            Counters::add(&self.counters.prefetched, batch.len() as u64);
+            installed += batch.len();
+            if self.local_pages() > self.budget_pages.load(Relaxed) {
+                self.kick_evictor();
+            }
+        }
+        installed
+    }
+
+    pub(crate) fn install_prefetched(
+        &self,
+        region: &Arc<RegionInner>,
+        batch: &[(usize, u64)],
+        staging: &mut Staging,
+    ) {
+        debug_assert!(batch.len() <= PREFETCH_BATCH);
+        // Read the far pages in one call, then spread them so that page `i` of the batch sits
+        // in chunk `i` (the rest are fresh pages, zero-filled), ready to install in runs.
+        let in_store = |w: u64| kind(w) == FAR && w & FRAMED == 0;
+        let mut keys = [0 as Key; PREFETCH_BATCH];
+        let mut far = 0;
+        for &(p, w) in batch {
+            if in_store(w) {
+                keys[far] = region.key(p);
+                far += 1;
+            }
+        }
+        if far > 0 {
+            self.read_pages(&keys[..far], staging, "prefetching pages");
+            self.drop_copies(&keys[..far], "prefetching pages");
+            Counters::add(&self.counters.bytes_read, (far * PAGE) as u64);
+        }
+        let mut j = far;
+        for (i, &(_, w)) in batch.iter().enumerate().rev() {
+            let chunk = i * PAGE..(i + 1) * PAGE;
+            if w & FRAMED != 0 {
+                // Moved in, not copied.
+            } else if kind(w) == FAR {
+                j -= 1;
+                if j != i {
+                    staging
+                        .buf
+                        .copy_within(j * PAGE..(j + 1) * PAGE, chunk.start);
+                }
+            } else {
+                // A stream over fresh memory: map zero pages ahead so the program does not
+                // fault on each one.
+                staging.buf[chunk].fill(0);
+            }
+        }
+        // How a page goes in: copied from its frame, or from the staging buffer write-protected
+        // or writable.
+        #[derive(PartialEq, Clone, Copy)]
+        enum How {
+            Frame,
+            Copy { wp: bool },
+        }
+        let how = |w: u64| {
+            if w & FRAMED != 0 {
+                How::Frame
+            } else {
+                How::Copy {
+                    wp: in_store(w) && w & WAS_DIRTY == 0 && !self.drops_far_copies(),
+                }
+            }
+        };
+        let mut list = Vec::with_capacity(batch.len());
+        let mut run = 0;
+        for (i, &(p, w)) in batch.iter().enumerate() {
+            let this = how(w);
+            let wp = this == How::Copy { wp: true };
+            let new = if this == How::Frame {
+                if self.probation {
+                    self.tier_touched(w);
+                } else {
+                    Counters::add(&self.counters.bytes_read, PAGE as u64);
+                }
+                self.unframed(region, p, w, false) | PREFETCHED | STALE_FRAME
+            } else if kind(w) == FAR && self.drops_far_copies() {
+                RESIDENT | PREFETCHED | (w & HISTORY)
+            } else if kind(w) == FAR {
+                if !wp {
+                    // Installed writable on a guess (see `install_demand`).
+                    region
+                        .table
+                        .hash(p)
+                        .store(hash_page(staging.page(i)), Relaxed);
+                }
+                RESIDENT | FAR_VALID | PREFETCHED | if wp { WP_CLEAN } else { 0 } | (w & HISTORY)
+            } else {
+                RESIDENT | PREFETCHED | (w & HISTORY)
+            };
+            list.push((p, new));
+            // One UFFDIO_COPY per run of consecutive pages that go in the same way.
+            let run_ends = batch
+                .get(i + 1)
+                .is_none_or(|&(q, v)| q != p + 1 || how(v) != this);
+            if run_ends {
+                let first = batch[run].0;
+                if this == How::Frame {
+                    self.copy_in_frames(region, first, i + 1 - run, false);
+                } else {
+                    self.install(
+                        region.addr(first),
+                        &staging.buf[run * PAGE..(i + 1) * PAGE],
+                        wp,
+                        false,
+                    );
+                }
+                run = i + 1;
+            }
+        }
+        // Counted before the pages are published: once unlocked, another thread may evict or
+        // discard them and subtract them again.
+        self.resident.fetch_add(batch.len(), Relaxed);
+        let mut waiters = false;
+        for &(p, new) in &list {
+            region.note_touched(p);
+            waiters |= region.table.unlock(p, new);
+        }
+        // One wake-up for the batch, if a thread waits on one of its pages: woken page by page,
+        // a program walking the stream on this CPU would run, fault on the next page and sleep
+        // again for every page.
+        if let (true, Some(&(first, _)), Some(&(last, _))) =
+            (waiters, batch.iter().min(), batch.iter().max())
+        {
+            self.uffd
+                .wake(region.addr(first), (last + 1 - first) * PAGE);
+        }
+        self.clock
+            .lock()
+            .extend(list.into_iter().map(|(p, _)| clock_entry(region, p)));
+    }
+}

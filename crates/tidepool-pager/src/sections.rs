@@ -1,0 +1,368 @@
+//! Sections: named parts of the paged memory, each with counters of its own, so that
+//! `tidepool run --stats` and `tidepool status` say which part of a program the faults, far
+//! reads, prefetches and evictions went to (Mira's cache sections, for an unmodified program).
+//!
+//! Whoever registers a region names its parts: the preload library names each size class of
+//! its heap (a rule by address: class spans are equal and aligned, so a page's class is its
+//! offset shifted) and each range of its large-object region by what asked for it (a large
+//! `malloc`, or an `mmap` and the code that called it). Pages nobody named are in section 0,
+//! `rest`. Looking a page's section up is one load: the span rule's table, or a byte per page
+//! in a table populated only where ranges were named.
+
+use crate::sys::Mapping;
+use parking_lot::Mutex;
+use std::fmt;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+
+/// Sections a pager tells apart; names past the last share section 0.
+pub const SECTIONS_MAX: usize = 128;
+
+/// A section of a pager ([`crate::Pager::section`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SectionId(u8);
+
+impl SectionId {
+    /// Pages no one named.
+    pub const REST: SectionId = SectionId(0);
+
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Which stride detector plans a section's prefetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[non_exhaustive]
+pub enum Prefetch {
+    /// The region's one detector, shared with every other section of the region: the pager's
+    /// behaviour without a profile.
+    #[default]
+    Shared,
+    /// A detector of the section's own, in each region: a stream in this section is followed
+    /// whatever the program does elsewhere meanwhile (Mira's interleaved graph walk).
+    Own,
+    /// No prefetching after faults here.
+    Off,
+}
+
+impl Prefetch {
+    fn code(self) -> u8 {
+        match self {
+            Prefetch::Shared => 0,
+            Prefetch::Own => 1,
+            Prefetch::Off => 2,
+        }
+    }
+
+    fn from_code(c: u8) -> Prefetch {
+        match c {
+            1 => Prefetch::Own,
+            2 => Prefetch::Off,
+            _ => Prefetch::Shared,
+        }
+    }
+}
+
+/// How the pager serves one section ([`crate::Pager::set_section_policy`]). The default is
+/// what every page gets without a profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Policy {
+    pub prefetch: Prefetch,
+    /// Pages read together on a miss: the aligned block of `line` pages around the faulting
+    /// one, those of them in far memory (a power of two, 1 to [`LINE_MAX`]).
+    pub line: u8,
+}
+
+/// The longest line, in pages.
+pub const LINE_MAX: u8 = 16;
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            prefetch: Prefetch::Shared,
+            line: 1,
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    /// `shared`, `own` or `off`, and `/N` for a line of N pages.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = match self.prefetch {
+            Prefetch::Own => "own",
+            Prefetch::Off => "off",
+            _ => "shared",
+        };
+        match self.line {
+            1 => write!(f, "{p}"),
+            n => write!(f, "{p}/{n}"),
+        }
+    }
+}
+
+impl Policy {
+    /// A policy with these settings; `line` is rounded down to a power of two within
+    /// 1..=[`LINE_MAX`].
+    pub fn new(prefetch: Prefetch, line: u8) -> Policy {
+        let line = line.clamp(1, LINE_MAX);
+        Policy {
+            prefetch,
+            line: 1 << (7 - line.leading_zeros()),
+        }
+    }
+}
+
+/// What happened in one section so far.
+#[derive(Debug, Default)]
+pub(crate) struct SectionCounts {
+    pub(crate) faults: AtomicU64,
+    pub(crate) far_fetches: AtomicU64,
+    pub(crate) evicted: AtomicU64,
+    pub(crate) prefetch_planned: AtomicU64,
+    pub(crate) prefetch_credited: AtomicU64,
+    pub(crate) line_pages: AtomicU64,
+}
+
+/// A pager's sections: their names and counters.
+pub(crate) struct Sections {
+    names: Mutex<Vec<String>>,
+    counts: [SectionCounts; SECTIONS_MAX],
+    /// Each section's policy, read on every fault: [`Prefetch`] codes and line lengths.
+    prefetch: [AtomicU8; SECTIONS_MAX],
+    line: [AtomicU8; SECTIONS_MAX],
+    /// Some section has a policy other than the default.
+    any_policy: AtomicBool,
+}
+
+impl fmt::Debug for Sections {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sections")
+            .field("names", &self.names.lock().len())
+            .finish()
+    }
+}
+
+impl Sections {
+    pub(crate) fn new() -> Sections {
+        Sections {
+            names: Mutex::new(vec!["rest".to_string()]),
+            counts: std::array::from_fn(|_| SectionCounts::default()),
+            prefetch: std::array::from_fn(|_| AtomicU8::new(0)),
+            line: std::array::from_fn(|_| AtomicU8::new(1)),
+            any_policy: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn set_policy(&self, id: SectionId, p: Policy) {
+        self.prefetch[id.index()].store(p.prefetch.code(), Relaxed);
+        self.line[id.index()].store(p.line, Relaxed);
+        if p != Policy::default() {
+            self.any_policy.store(true, Relaxed);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn policy(&self, id: SectionId) -> Policy {
+        if !self.any_policy.load(Relaxed) {
+            return Policy::default();
+        }
+        Policy {
+            prefetch: Prefetch::from_code(self.prefetch[id.index()].load(Relaxed)),
+            line: self.line[id.index()].load(Relaxed),
+        }
+    }
+
+    /// The section named `name`, made if new; [`SectionId::REST`] once all are taken.
+    pub(crate) fn intern(&self, name: &str) -> SectionId {
+        let mut names = self.names.lock();
+        if let Some(i) = names.iter().position(|n| n == name) {
+            return SectionId(i as u8);
+        }
+        if names.len() == SECTIONS_MAX {
+            return SectionId::REST;
+        }
+        names.push(name.to_string());
+        SectionId((names.len() - 1) as u8)
+    }
+
+    #[inline]
+    pub(crate) fn counts(&self, id: SectionId) -> &SectionCounts {
+        &self.counts[id.index()]
+    }
+
+    /// Every section that saw a fault or an eviction, busiest first.
+    pub(crate) fn snapshot(&self) -> Vec<SectionStats> {
+        let names = self.names.lock().clone();
+        let mut all: Vec<SectionStats> = names
+            .into_iter()
+            .enumerate()
+            .map(|(i, name)| {
+                let c = &self.counts[i];
+                SectionStats {
+                    name,
+                    policy: self.policy(SectionId(i as u8)),
+                    faults: c.faults.load(Relaxed),
+                    far_fetches: c.far_fetches.load(Relaxed),
+                    evicted: c.evicted.load(Relaxed),
+                    prefetch_planned: c.prefetch_planned.load(Relaxed),
+                    prefetch_credited: c.prefetch_credited.load(Relaxed),
+                    line_pages: c.line_pages.load(Relaxed),
+                }
+            })
+            .filter(|s| s.faults + s.evicted > 0)
+            .collect();
+        all.sort_by(|a, b| b.faults.cmp(&a.faults).then(a.name.cmp(&b.name)));
+        all
+    }
+}
+
+/// One section's counters, as [`crate::PagerStats::sections`] reports them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SectionStats {
+    pub name: String,
+    /// How it was served (the default unless a profile said otherwise).
+    pub policy: Policy,
+    /// Missing faults on its pages.
+    pub faults: u64,
+    /// Of those, the ones served by a far read (or a move from a frame).
+    pub far_fetches: u64,
+    /// Its pages evicted.
+    pub evicted: u64,
+    /// Pages the prefetcher planned after faults here, and how many of them the program used.
+    pub prefetch_planned: u64,
+    pub prefetch_credited: u64,
+    /// Pages read along with a miss for the section's line ([`Policy::line`]).
+    pub line_pages: u64,
+}
+
+impl SectionStats {
+    /// Used planned pages over planned pages, if any were planned.
+    pub fn prefetch_accuracy(&self) -> Option<f64> {
+        (self.prefetch_planned > 0)
+            .then(|| self.prefetch_credited as f64 / self.prefetch_planned as f64)
+    }
+}
+
+/// Spans a region may be cut into by rule.
+const SPANS_MAX: usize = 64;
+
+/// Which section each page of one region is in.
+pub(crate) struct SectionMap {
+    /// Non-zero: page `p` is in `spans[(p << PAGE_SHIFT) >> span_shift]` (the last for any
+    /// page past them), and `bytes` is not read.
+    span_shift: AtomicU32,
+    spans: [AtomicU8; SPANS_MAX],
+    /// A section per page, zero (rest) where nothing was named.
+    bytes: Mapping,
+}
+
+impl fmt::Debug for SectionMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SectionMap")
+            .field("span_shift", &self.span_shift.load(Relaxed))
+            .finish()
+    }
+}
+
+const PAGE_SHIFT: u32 = 12;
+
+impl SectionMap {
+    pub(crate) fn new(pages: usize) -> io::Result<SectionMap> {
+        Ok(SectionMap {
+            span_shift: AtomicU32::new(0),
+            spans: std::array::from_fn(|_| AtomicU8::new(0)),
+            bytes: Mapping::reserve(pages.max(1))?,
+        })
+    }
+
+    /// The section of page `page`.
+    #[inline]
+    pub(crate) fn of(&self, page: usize) -> SectionId {
+        let shift = self.span_shift.load(Relaxed);
+        let id = if shift != 0 {
+            let span = ((page << PAGE_SHIFT) >> shift).min(SPANS_MAX - 1);
+            self.spans[span].load(Relaxed)
+        } else {
+            self.bytes.as_table::<AtomicU8>()[page].load(Relaxed)
+        };
+        SectionId(id)
+    }
+
+    /// Cuts the region into spans of `1 << shift` bytes, span `i` in `ids[i]` (pages past the
+    /// last named span in the last). Replaces any per-page naming.
+    pub(crate) fn set_spans(&self, shift: u32, ids: &[SectionId]) {
+        if ids.is_empty() || shift < PAGE_SHIFT {
+            return;
+        }
+        for i in 0..SPANS_MAX {
+            let id = ids[i.min(ids.len() - 1)];
+            self.spans[i].store(id.0, Relaxed);
+        }
+        self.span_shift.store(shift, Relaxed);
+    }
+
+    /// Puts pages `pages` in section `id`.
+    pub(crate) fn set(&self, pages: std::ops::Range<usize>, id: SectionId) {
+        let table = self.bytes.as_table::<AtomicU8>();
+        let end = pages.end.min(table.len());
+        for b in &table[pages.start.min(end)..end] {
+            // Most ranges are named once and never again: skip the store (and the page of
+            // the table it would populate) where it would write what is there.
+            if b.load(Relaxed) != id.0 {
+                b.store(id.0, Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_interned_and_run_out_into_rest() {
+        let s = Sections::new();
+        let a = s.intern("class:48");
+        assert_ne!(a, SectionId::REST);
+        assert_eq!(s.intern("class:48"), a);
+        assert_eq!(s.intern("rest"), SectionId::REST);
+        for i in 0..2 * SECTIONS_MAX {
+            s.intern(&format!("n{i}"));
+        }
+        assert_eq!(s.intern("one too many"), SectionId::REST);
+        assert_eq!(s.intern("class:48"), a);
+    }
+
+    #[test]
+    fn pages_are_found_by_span_rule_or_by_range() {
+        let m = SectionMap::new(1 << 20).unwrap();
+        let (a, b) = (SectionId(3), SectionId(7));
+        assert_eq!(m.of(5), SectionId::REST);
+        m.set(10..20, a);
+        assert_eq!(m.of(9), SectionId::REST);
+        assert_eq!((m.of(10), m.of(19)), (a, a));
+        assert_eq!(m.of(20), SectionId::REST);
+        // Spans of 64 KiB (16 pages): span 0 in a, every later one in b.
+        m.set_spans(16, &[a, b]);
+        assert_eq!((m.of(0), m.of(15), m.of(16), m.of(1 << 19)), (a, a, b, b));
+    }
+
+    #[test]
+    fn a_snapshot_lists_busy_sections_busiest_first() {
+        let s = Sections::new();
+        let (a, b) = (s.intern("a"), s.intern("b"));
+        s.intern("idle");
+        s.counts(a).faults.fetch_add(1, Relaxed);
+        s.counts(b).faults.fetch_add(5, Relaxed);
+        s.counts(b).prefetch_planned.fetch_add(4, Relaxed);
+        s.counts(b).prefetch_credited.fetch_add(3, Relaxed);
+        let snap = s.snapshot();
+        let names: Vec<&str> = snap.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["b", "a"]);
+        assert_eq!(snap[0].prefetch_accuracy(), Some(0.75));
+        assert_eq!(snap[1].prefetch_accuracy(), None);
+    }
+}

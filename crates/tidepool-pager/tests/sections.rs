@@ -1,0 +1,182 @@
+//! Sections count what happened to their own pages: a region cut in two, one half walked in
+//! order and the other touched at random, shows each half's faults, far reads, evictions and
+//! prefetches apart, and together they add up to the pager's totals.
+
+use tidepool_pager::{Config, Pager, Policy, Prefetch, Region, SectionStats, PAGE};
+
+fn two_halves(url: &str, probation: bool) {
+    let store = tidepool_store::open(url).unwrap();
+    let mut config = Config::new(4 << 20);
+    config.probation = probation;
+    let pager = Pager::start(config, store).unwrap();
+    let len = 32 << 20;
+    let mut region = Region::new(&pager, len).unwrap();
+    let (walked, random) = (pager.section("walked"), pager.section("random"));
+    assert_ne!(walked, random);
+    assert_eq!(pager.section("walked"), walked);
+    region.set_section(0, len / 2, walked);
+    region.set_section(len / 2, len / 2, random);
+    let pages = len / PAGE;
+    let data = region.as_mut_slice();
+    for p in 0..pages {
+        data[p * PAGE] = p as u8;
+    }
+    // Twice over the first half in order, then 2000 random pages of the second.
+    let mut sum = 0u64;
+    for _ in 0..2 {
+        for p in 0..pages / 2 {
+            sum += data[p * PAGE + 8] as u64 + data[p * PAGE] as u64;
+        }
+    }
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for _ in 0..2000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let p = pages / 2 + (x as usize) % (pages / 2);
+        assert_eq!(data[p * PAGE], p as u8, "page {p}");
+    }
+    assert_eq!(sum, 2 * (0..pages / 2).map(|p| p as u8 as u64).sum::<u64>());
+    let stats = pager.stats();
+    eprintln!("{url} probation={probation}\n{stats}");
+    let get = |name: &str| {
+        stats
+            .sections
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no section {name} in {:?}", stats.sections))
+            .clone()
+    };
+    let (w, r) = (get("walked"), get("random"));
+    assert!(
+        stats.sections.iter().all(|s| s.name != "rest"),
+        "every page was named: {:?}",
+        stats.sections
+    );
+    // Everything is counted once, in the section of its page.
+    assert_eq!(w.faults + r.faults, stats.missing_faults);
+    assert_eq!(w.far_fetches + r.far_fetches, stats.far_fetches);
+    assert_eq!(w.evicted + r.evicted, stats.evicted);
+    assert_eq!(
+        w.prefetch_planned + r.prefetch_planned,
+        stats.prefetch_planned
+    );
+    // The walk was followed; random pages came from far.
+    assert!(w.prefetch_planned > 0 && w.prefetch_credited > 0, "{w:?}");
+    assert!(r.far_fetches > 1000, "{r:?}");
+    assert!(w.evicted > 0 && r.evicted > 0);
+    // The report names them.
+    let report = stats.to_string();
+    assert!(
+        report.contains("walked") && report.contains("random"),
+        "{report}"
+    );
+}
+
+#[test]
+fn sections_count_their_own_pages() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    two_halves("local:", false);
+}
+
+#[test]
+fn sections_count_their_own_pages_through_a_probation_tier() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    two_halves("local:?compress=lz4", true);
+}
+
+/// What `walk` did in each of two sections (the counters after it less those before), run
+/// over a 64 MiB region cut in two, under a 16 MiB budget, with `policy` on both sections.
+fn demand_reads(policy: Policy, walk: impl Fn(&mut [u8], usize)) -> Vec<SectionStats> {
+    let store = tidepool_store::open("local:").unwrap();
+    let pager = Pager::start(Config::new(16 << 20), store).unwrap();
+    let len = 64 << 20;
+    let mut region = Region::new(&pager, len).unwrap();
+    let (a, b) = (pager.section("a"), pager.section("b"));
+    region.set_section(0, len / 2, a);
+    region.set_section(len / 2, len / 2, b);
+    let data = region.as_mut_slice();
+    let pages = len / PAGE;
+    for p in 0..pages {
+        data[p * PAGE] = p as u8;
+    }
+    pager.set_section_policy(a, policy);
+    pager.set_section_policy(b, policy);
+    let before = pager.stats();
+    walk(data, pages);
+    let stats = pager.stats();
+    eprintln!("{policy:?}\n{stats}");
+    // What the walk did: the counters after it less those before it.
+    let of = |s: &tidepool_pager::PagerStats, n: &str| {
+        s.sections
+            .iter()
+            .find(|s| s.name == n)
+            .cloned()
+            .unwrap_or_default()
+    };
+    ["a", "b"]
+        .iter()
+        .map(|n| {
+            let (x, y) = (of(&stats, n), of(&before, n));
+            let mut d = x.clone();
+            d.faults -= y.faults;
+            d.far_fetches -= y.far_fetches;
+            d.evicted -= y.evicted;
+            d.prefetch_planned -= y.prefetch_planned;
+            d.prefetch_credited -= y.prefetch_credited;
+            d
+        })
+        .collect()
+}
+
+/// Two arrays walked in step (a[i], b[i], a[i+1], ...): one detector for the region sees the
+/// faults alternate between them and finds no stream; a detector per section follows both.
+#[test]
+fn a_detector_per_section_follows_interleaved_walks() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let interleaved = |data: &mut [u8], pages: usize| {
+        for p in 0..pages / 2 {
+            assert_eq!(data[p * PAGE], p as u8);
+            let q = pages / 2 + p;
+            assert_eq!(data[q * PAGE], q as u8);
+        }
+    };
+    let shared = demand_reads(Policy::default(), interleaved);
+    let own = demand_reads(Policy::new(Prefetch::Own, 1), interleaved);
+    let off = demand_reads(Policy::new(Prefetch::Off, 1), interleaved);
+    for i in 0..2 {
+        assert!(
+            own[i].far_fetches * 4 < shared[i].far_fetches,
+            "own {:?} shared {:?}",
+            own[i],
+            shared[i]
+        );
+        assert!(own[i].prefetch_accuracy().unwrap() > 0.9, "{:?}", own[i]);
+        assert_eq!(off[i].prefetch_planned, 0, "{:?}", off[i]);
+    }
+}
+
+/// Objects of two pages read at random: with a line of two, a miss brings the other page too.
+#[test]
+fn a_line_of_two_pages_halves_the_misses_on_two_page_objects() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let pairs = |data: &mut [u8], pages: usize| {
+        let mut x = 0x2545_F491_4F6C_DD1Du64;
+        for _ in 0..3000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let p = (x as usize % (pages / 2)) & !1;
+            assert_eq!(data[p * PAGE], p as u8);
+            assert_eq!(data[(p + 1) * PAGE], (p + 1) as u8);
+        }
+    };
+    let one = demand_reads(Policy::new(Prefetch::Off, 1), pairs);
+    let two = demand_reads(Policy::new(Prefetch::Off, 2), pairs);
+    assert!(
+        two[0].far_fetches * 10 < one[0].far_fetches * 6,
+        "line 2 {:?}, line 1 {:?}",
+        two[0],
+        one[0]
+    );
+}
