@@ -66,8 +66,9 @@ impl Inner {
                 if p < 0 || p >= pages || p == plan.trigger {
                     continue;
                 }
-                if let Some(w) = region.table.try_lock(p as usize, from) {
-                    batch.push((p as usize, w));
+                match region.table.try_lock(p as usize, from) {
+                    Some(w) => batch.push((p as usize, w)),
+                    None => Counters::add(&self.counters.prefetch_passed, 1),
                 }
             }
             if batch.is_empty() {
@@ -80,6 +81,8 @@ impl Inner {
                     // A thread that faulted meanwhile found the page BUSY and waits for us.
                     self.uffd.wake(region.addr(p), PAGE);
                 }
+                let rest = (plan.count as usize).saturating_sub(i as usize) + batch.len();
+                Counters::add(&self.counters.prefetch_dropped, rest as u64);
                 return installed;
             }
             let ghosts = self.prefetch_ghosts(region, &batch);

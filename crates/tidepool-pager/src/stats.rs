@@ -146,6 +146,8 @@ pub(crate) struct Counters {
     pub refilled: AtomicU64,
     pub prefetch_planned: AtomicU64,
     pub prefetch_credited: AtomicU64,
+    pub prefetch_dropped: AtomicU64,
+    pub prefetch_passed: AtomicU64,
     pub evicted: AtomicU64,
     pub evicted_clean: AtomicU64,
     pub evicted_zero: AtomicU64,
@@ -195,6 +197,8 @@ impl Counters {
             refilled,
             prefetch_planned,
             prefetch_credited,
+            prefetch_dropped,
+            prefetch_passed,
             evicted,
             evicted_clean,
             evicted_zero,
@@ -227,6 +231,8 @@ impl Counters {
             refilled,
             prefetch_planned,
             prefetch_credited,
+            prefetch_dropped,
+            prefetch_passed,
             evicted,
             evicted_clean,
             evicted_zero,
@@ -280,6 +286,10 @@ pub struct PagerStats {
     /// Pages in prefetch windows, and those the program was later seen to walk past.
     pub prefetch_planned: u64,
     pub prefetch_credited: u64,
+    /// Planned pages not fetched: for want of room (the evictor could not free it in time),
+    /// and because they were mapped already or on their way out.
+    pub prefetch_dropped: u64,
+    pub prefetch_passed: u64,
     /// Pages evicted; of them clean (dropped, far copy valid) and zero (never stored).
     pub evicted: u64,
     pub evicted_clean: u64,
@@ -400,6 +410,8 @@ pub(crate) fn snapshot(
         refilled: c.refilled.load(Relaxed),
         prefetch_planned: c.prefetch_planned.load(Relaxed),
         prefetch_credited: c.prefetch_credited.load(Relaxed),
+        prefetch_dropped: c.prefetch_dropped.load(Relaxed),
+        prefetch_passed: c.prefetch_passed.load(Relaxed),
         evicted: c.evicted.load(Relaxed),
         evicted_clean: c.evicted_clean.load(Relaxed),
         evicted_zero: c.evicted_zero.load(Relaxed),
@@ -454,11 +466,14 @@ impl fmt::Display for PagerStats {
         match self.prefetch_accuracy() {
             Some(a) => writeln!(
                 f,
-                "prefetch     {} pages mapped ahead, accuracy {:.1}% ({} of {} planned pages used)",
+                "prefetch     {} pages mapped ahead, accuracy {:.1}% ({} of {} planned pages used); \
+                 {} planned pages dropped for want of room, {} mapped already or on their way out",
                 self.prefetched,
                 a * 100.0,
                 self.prefetch_credited,
-                self.prefetch_planned
+                self.prefetch_planned,
+                self.prefetch_dropped,
+                self.prefetch_passed
             )?,
             None => writeln!(f, "prefetch     no streams detected")?,
         }
