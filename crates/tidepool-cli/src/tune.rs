@@ -95,9 +95,9 @@ fn set_policy(p: &mut Profile, name: &str, prefetch: PrefetchName, line: u8, why
 type Change = (String, PrefetchName, u8);
 
 /// The changes worth trying after `round`, made under `profile`: for each section that
-/// matters, the first policy of its ladder not tried yet (`tried`). The ladder: a prefetcher
-/// of its own, none (if its own prefetches were under half used), then lines of 2 and 4
-/// pages with the prefetcher it keeps.
+/// matters, the first policy of its ladder not tried yet (`tried`). The ladder: a stride
+/// detector of its own, a sweep detector of its own, none (if its prefetches were under half
+/// used), then lines of 2 and 4 pages with the prefetcher it keeps.
 fn proposals(profile: &Profile, round: &Round, tried: &[Change]) -> Vec<Change> {
     let far: u64 = round.far_reads();
     let prefetched: u64 = round.sections.values().map(|s| s.prefetched).sum();
@@ -110,8 +110,8 @@ fn proposals(profile: &Profile, round: &Round, tried: &[Change]) -> Vec<Change> 
         }
         let accuracy = (s.prefetched > 0).then(|| s.used as f64 / s.prefetched as f64);
         let (prefetch, line) = policy_of(profile, &s.name);
-        let mut ladder = vec![(PrefetchName::Own, line)];
-        if prefetch == PrefetchName::Own && accuracy.is_none_or(|a| a < 0.5) {
+        let mut ladder = vec![(PrefetchName::Own, line), (PrefetchName::Sweep, line)];
+        if accuracy.is_none_or(|a| a < 0.5) {
             ladder.push((PrefetchName::Off, line));
         }
         if s.far_reads > 0 {

@@ -8,6 +8,7 @@ use crate::prefetch::{Detector, Plan};
 use crate::region_inner::clock_entry;
 use crate::sections::Prefetch;
 use crate::stats::Counters;
+use crate::sweep_detector::SweepDetector;
 use crate::sys::{Fault, PAGE};
 use crate::table::*;
 use std::sync::atomic::Ordering::*;
@@ -219,6 +220,13 @@ impl Inner {
             Prefetch::Own => {
                 let mut own = region.section_detectors[section.index()].lock();
                 vote(own.get_or_insert_with(|| Detector::new(self.window_max)))
+            }
+            Prefetch::Sweep => {
+                let mut sweep = region.section_sweeps[section.index()].lock();
+                let d = sweep.get_or_insert_with(|| SweepDetector::new(self.window_max));
+                let before = d.credited;
+                let plan = d.on_fault(page as i64);
+                (plan, d.credited - before)
             }
             _ => vote(&mut region.detector.lock()),
         };

@@ -68,6 +68,7 @@ mod sections;
 mod spill;
 mod stats;
 mod sweep;
+mod sweep_detector;
 mod sys;
 mod table;
 mod tags;

@@ -606,6 +606,7 @@ impl Pager {
             detector: Mutex::new(Detector::new(i.window_max)),
             sections,
             section_detectors: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
+            section_sweeps: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
             touched_end: AtomicUsize::new(0),
             evicted_chunks: RegionInner::chunk_bits(len / PAGE),
             dead: AtomicBool::new(false),

@@ -17,7 +17,7 @@
 //!
 //! [[section]]
 //! name = "mmap libpython3.11.so.1.0+0x1ac7fd"
-//! prefetch = "own"   # "shared" (the default), "own" or "off"
+//! prefetch = "own"   # "shared" (the default), "own", "sweep" or "off"
 //! line = 1           # pages read together on a miss: 1, 2, 4, 8 or 16
 //! ```
 
@@ -116,6 +116,7 @@ pub enum PrefetchName {
     #[default]
     Shared,
     Own,
+    Sweep,
     Off,
 }
 
@@ -124,6 +125,7 @@ impl From<PrefetchName> for Prefetch {
         match p {
             PrefetchName::Shared => Prefetch::Shared,
             PrefetchName::Own => Prefetch::Own,
+            PrefetchName::Sweep => Prefetch::Sweep,
             PrefetchName::Off => Prefetch::Off,
         }
     }
@@ -133,6 +135,7 @@ impl From<Prefetch> for PrefetchName {
     fn from(p: Prefetch) -> PrefetchName {
         match p {
             Prefetch::Own => PrefetchName::Own,
+            Prefetch::Sweep => PrefetchName::Sweep,
             Prefetch::Off => PrefetchName::Off,
             _ => PrefetchName::Shared,
         }

@@ -4,6 +4,7 @@
 use crate::marks::Marks;
 use crate::prefetch::Detector;
 use crate::sections::SectionMap;
+use crate::sweep_detector::SweepDetector;
 use crate::sys::{Mapping, PAGE};
 use crate::table::PageTable;
 use crate::tags;
@@ -26,6 +27,8 @@ pub(crate) struct RegionInner {
     /// The detectors of sections whose policy is [`crate::Prefetch::Own`], made at their
     /// first fault here.
     pub(crate) section_detectors: Box<[Mutex<Option<Detector>>]>,
+    /// Likewise for [`crate::Prefetch::Sweep`].
+    pub(crate) section_sweeps: Box<[Mutex<Option<SweepDetector>>]>,
     /// Highest page index ever mapped + 1 (bounds the walk when the region is dropped).
     pub(crate) touched_end: AtomicUsize,
     /// A bit per [`CHUNK_PAGES`] pages, set once a page of the chunk was evicted (never

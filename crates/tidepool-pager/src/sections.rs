@@ -42,6 +42,9 @@ pub enum Prefetch {
     /// A detector of the section's own, in each region: a stream in this section is followed
     /// whatever the program does elsewhere meanwhile (Mira's interleaved graph walk).
     Own,
+    /// A sweep detector of the section's own in each region: walks that drift forward
+    /// without a stride (see `sweep_detector.rs`).
+    Sweep,
     /// No prefetching after faults here.
     Off,
 }
@@ -52,6 +55,7 @@ impl Prefetch {
             Prefetch::Shared => 0,
             Prefetch::Own => 1,
             Prefetch::Off => 2,
+            Prefetch::Sweep => 3,
         }
     }
 
@@ -59,6 +63,7 @@ impl Prefetch {
         match c {
             1 => Prefetch::Own,
             2 => Prefetch::Off,
+            3 => Prefetch::Sweep,
             _ => Prefetch::Shared,
         }
     }
@@ -92,6 +97,7 @@ impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = match self.prefetch {
             Prefetch::Own => "own",
+            Prefetch::Sweep => "sweep",
             Prefetch::Off => "off",
             _ => "shared",
         };
