@@ -214,20 +214,22 @@ enum Cmd {
         /// The node's address, host:port (a `tidepool node` already running).
         addr: String,
     },
-    /// Choose far-data-structure sections from a profile (Mira's profile-guided tuning).
+    /// Choose cache sections from a profile (Mira's profile-guided tuning), for far data
+    /// structures or for an unmodified program.
     ///
-    /// PROFILE is the JSON a profiling run wrote (Far::enable_profiling, then Far::profile()).
-    /// Streams get a small window of long lines fetched ahead; the rest of --budget goes, a
-    /// slice at a time, to the site whose misses it saves most, from each site's miss-ratio
-    /// curves at 64 B to 4 KiB lines. Prints the configuration as TOML (or writes it to
-    /// --out) and, on stderr, why each site got what it got. Run the program with it,
-    /// profile again and tune again until it stops getting faster.
+    /// For far data structures, PROFILE is the JSON a profiling run wrote
+    /// (Far::enable_profiling, then Far::profile()). Streams get a small window of long lines
+    /// fetched ahead; the rest of --budget goes, a slice at a time, to the site whose misses it
+    /// saves most, from each site's miss-ratio curves at 64 B to 4 KiB lines. Prints the
+    /// configuration as TOML (or writes it to --out) and, on stderr, why each site got what it
+    /// got. Run the program with it, profile again and tune again until it stops getting
+    /// faster.
     ///
     /// With a program after `--` (`tidepool tune --local SIZE -- PROGRAM ARGS`), tunes the
     /// pager's sections for that unmodified program instead: it runs the program under
     /// `tidepool run` a few times, each round trying a policy for every section that takes at
-    /// least 1% of the far reads or prefetches (a stride or sweep prefetcher of its own, none, a line of 2 or
-    /// 4 pages), keeps what cut that section's misses, and prints a profile for
+    /// least 1% of the far reads or prefetches (a stride or sweep prefetcher of its own, none,
+    /// a line of 2 or 4 pages), keeps what cut that section's misses, and prints a profile for
     /// `tidepool run --profile`. Tune on an input smaller than the one you will run; the
     /// program's output must be the same every run.
     Tune {

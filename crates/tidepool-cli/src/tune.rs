@@ -263,6 +263,8 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
     let (mut best_seconds, output) = (last.seconds, last.output.clone());
     let mut times = vec![last.seconds];
     let mut ever_tried: Vec<Change> = Vec::new();
+    // `last` holds each section's counters under the policy it keeps: a change that was
+    // dropped leaves the section's counters from before it.
     for n in 1..t.rounds {
         let tried = proposals(&profile, &last, &ever_tried);
         ever_tried.extend(tried.iter().cloned());
@@ -295,6 +297,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
             continue;
         }
         best_seconds = best_seconds.min(round.seconds);
+        let mut next = round.sections.clone();
         for (name, p, l) in &tried {
             let (Some(before), Some(after)) = (last.sections.get(name), round.sections.get(name))
             else {
@@ -320,9 +323,14 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
             );
             if kept {
                 set_policy(&mut profile, name, *p, *l, why);
+            } else {
+                next.insert(name.clone(), before.clone());
             }
         }
-        last = round;
+        last = Round {
+            sections: next,
+            ..round
+        };
     }
     profile.tuned = Some(format!(
         "tidepool tune --local {} -- {}; rounds took {} s",
