@@ -47,6 +47,11 @@ fn stats_name_each_call_site_that_mapped_memory() {
 /// `tidepool run --profile FILE --stats -- sections`: exit status, stdout, stderr.
 fn run_with_profile(profile: &str) -> (bool, String, String) {
     let program = c_program("sections", &["-rdynamic", "-fno-optimize-sibling-calls"]);
+    run_program_with_profile(profile, &program)
+}
+
+/// `tidepool run --profile FILE --stats -- PROGRAM`, FILE holding `profile`.
+fn run_program_with_profile(profile: &str, program: &std::path::Path) -> (bool, String, String) {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let file = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
         "profile-{}-{}.toml",
@@ -59,7 +64,7 @@ fn run_with_profile(profile: &str) -> (bool, String, String) {
             .args(["run", "--local", "8M", "--stats", "--profile"])
             .arg(&file)
             .arg("--")
-            .arg(&program)
+            .arg(program)
             .env("TIDEPOOL_PRELOAD", preload()),
         Duration::from_secs(120),
     );
@@ -189,23 +194,11 @@ fn a_profile_passes_through_a_wrapper_script_to_the_program_it_fits() {
         ),
         ("name = \"redis-server\"\n".to_string(), false),
     ] {
-        let file = dir.join(format!("shim-profile-{}-{fits}.toml", std::process::id()));
-        std::fs::write(
-            &file,
-            format!("version = 1\n[program]\n{program_line}{section}"),
-        )
-        .unwrap();
-        let out = output_within(
-            Command::new(env!("CARGO_BIN_EXE_tidepool"))
-                .args(["run", "--local", "8M", "--stats", "--profile"])
-                .arg(&file)
-                .arg("--")
-                .arg(&shim)
-                .env("TIDEPOOL_PRELOAD", preload()),
-            Duration::from_secs(120),
+        let (ok, stdout, stderr) = run_program_with_profile(
+            &format!("version = 1\n[program]\n{program_line}{section}"),
+            &shim,
         );
-        let (stdout, stderr) = text(&out);
-        assert!(out.status.success(), "{stderr}");
+        assert!(ok, "{stderr}");
         assert_eq!(stdout, native_answer());
         let arena = section_words(&stderr, "grab_arena");
         if fits {

@@ -15,7 +15,7 @@
 //! that every pass hits, where CLOCK (like LRU) evicts each page just before its reuse.
 
 /// Faults remembered for the vote.
-const HISTORY: usize = 8;
+pub const HISTORY: usize = 8;
 /// First window, in pages.
 const WINDOW_MIN: u32 = 8;
 /// Strides beyond this many pages are not streams worth following.
@@ -51,11 +51,33 @@ struct Stream {
     done_mark: i64,
 }
 
+/// The latest [`HISTORY`] faults, oldest first: what a detector votes on.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct History {
+    pages: [i64; HISTORY],
+    len: usize,
+}
+
+impl History {
+    /// Remembers `page`, forgetting the oldest once full.
+    pub fn push(&mut self, page: i64) {
+        if self.len == HISTORY {
+            self.pages.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.pages[self.len] = page;
+        self.len += 1;
+    }
+
+    pub fn pages(&self) -> &[i64] {
+        &self.pages[..self.len]
+    }
+}
+
 /// The stride detector of one region.
 #[derive(Debug)]
 pub struct Detector {
-    history: [i64; HISTORY],
-    len: usize,
+    history: History,
     stream: Option<Stream>,
     window_max: u32,
     /// Pages planned so far.
@@ -67,8 +89,7 @@ pub struct Detector {
 impl Detector {
     pub fn new(window_max: u32) -> Detector {
         Detector {
-            history: [0; HISTORY],
-            len: 0,
+            history: History::default(),
             stream: None,
             window_max: window_max.max(WINDOW_MIN),
             planned: 0,
@@ -109,7 +130,7 @@ impl Detector {
                 return Some(self.plan(s.stride, page, from, window));
             }
         }
-        self.push(page);
+        self.history.push(page);
         match self.majority_stride() {
             Some(stride) => {
                 let window = self
@@ -151,15 +172,6 @@ impl Detector {
         }
     }
 
-    fn push(&mut self, page: i64) {
-        if self.len == HISTORY {
-            self.history.copy_within(1.., 0);
-            self.len -= 1;
-        }
-        self.history[self.len] = page;
-        self.len += 1;
-    }
-
     /// The stride shared by a strict majority of the recent deltas (Boyer-Moore vote), if one
     /// exists, is a plausible stream, and the two latest deltas both follow it.
     ///
@@ -168,11 +180,13 @@ impl Detector {
     /// twice in a row. redis-server GETs of 4 KiB values under the plain majority rule
     /// prefetched 0.93M pages with 21% of them used, each evicting a page that was.
     fn majority_stride(&self) -> Option<i64> {
-        if self.len < 3 {
+        let h = self.history.pages();
+        let n = h.len();
+        if n < 3 {
             return None;
         }
         // Deltas between consecutive faults, without allocating (this runs on every fault).
-        let deltas = || self.history[..self.len].windows(2).map(|w| w[1] - w[0]);
+        let deltas = || h.windows(2).map(|w| w[1] - w[0]);
         let (mut cand, mut votes) = (0i64, 0usize);
         for d in deltas() {
             if votes == 0 {
@@ -185,11 +199,8 @@ impl Detector {
             }
         }
         let count = deltas().filter(|&d| d == cand).count();
-        let h = &self.history[..self.len];
-        let recent =
-            h[self.len - 1] - h[self.len - 2] == cand && h[self.len - 2] - h[self.len - 3] == cand;
-        (count * 2 > self.len - 1 && recent && cand != 0 && cand.abs() <= STRIDE_MAX)
-            .then_some(cand)
+        let recent = h[n - 1] - h[n - 2] == cand && h[n - 2] - h[n - 3] == cand;
+        (count * 2 > n - 1 && recent && cand != 0 && cand.abs() <= STRIDE_MAX).then_some(cand)
     }
 }
 

@@ -10,10 +10,8 @@
 //! trigger plans the next, larger window and credits the pages passed. A fault further than
 //! [`SPAN`] behind the walk or ahead of its window ends it.
 
-use crate::prefetch::{Plan, LAG};
+use crate::prefetch::{History, Plan, HISTORY, LAG};
 
-/// Faults looked at to find a walk.
-const HISTORY: usize = 8;
 /// Pages the recent faults of a walk may spread over, and how far behind its latest window a
 /// fault may land and still be part of it.
 const SPAN: i64 = 64;
@@ -34,8 +32,7 @@ struct Walk {
 /// The sweep detector of one section in one region.
 #[derive(Debug)]
 pub struct SweepDetector {
-    history: [i64; HISTORY],
-    len: usize,
+    history: History,
     walk: Option<Walk>,
     window_max: u32,
     /// Pages planned so far, and planned pages the program has since walked past.
@@ -46,8 +43,7 @@ pub struct SweepDetector {
 impl SweepDetector {
     pub fn new(window_max: u32) -> SweepDetector {
         SweepDetector {
-            history: [0; HISTORY],
-            len: 0,
+            history: History::default(),
             walk: None,
             window_max: window_max.max(WINDOW_MIN),
             planned: 0,
@@ -67,19 +63,16 @@ impl SweepDetector {
             }
             if page >= w.window_start - SPAN && page < w.next + SPAN {
                 // Jitter inside the walk, or a page of the window that could not be mapped.
-                self.push(page);
+                self.history.push(page);
                 return None;
             }
             self.walk = None;
         }
-        self.push(page);
+        self.history.push(page);
         if !self.found() {
             return None;
         }
-        let top = *self.history[..self.len]
-            .iter()
-            .max()
-            .expect("a full history");
+        let top = *self.history.pages().iter().max().expect("a full history");
         Some(self.plan(page, top + 1, WINDOW_MIN, page - LAG))
     }
 
@@ -104,22 +97,13 @@ impl SweepDetector {
         }
     }
 
-    fn push(&mut self, page: i64) {
-        if self.len == HISTORY {
-            self.history.copy_within(1.., 0);
-            self.len -= 1;
-        }
-        self.history[self.len] = page;
-        self.len += 1;
-    }
-
     /// A walk: a full history within `SPAN` pages, most steps forward, ending higher than it
     /// began.
     fn found(&self) -> bool {
-        if self.len < HISTORY {
+        let h = self.history.pages();
+        if h.len() < HISTORY {
             return false;
         }
-        let h = &self.history;
         let (lo, hi) = (h.iter().min().unwrap(), h.iter().max().unwrap());
         let forward = h.windows(2).filter(|w| w[1] > w[0]).count();
         hi - lo <= SPAN && forward * 2 > HISTORY && h[HISTORY - 1] > h[0]
