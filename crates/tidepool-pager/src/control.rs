@@ -76,7 +76,7 @@ fn answer(pager: &Pager, conn: UnixStream) -> io::Result<()> {
             }
             _ => "error budget must be a number of bytes, at least 1 MiB\n".to_string(),
         },
-        (Some("stats"), None) => format!("ok {}\n", pager.stats()),
+        (Some("stats"), None) => format!("ok {}\n", pager.report()),
         (Some("add-node"), Some(addr)) => match pager.add_store_node(addr) {
             Ok(()) => format!("ok added {addr}\n"),
             // One line: the reply is read a line at a time.

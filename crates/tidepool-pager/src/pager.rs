@@ -521,6 +521,34 @@ impl Pager {
         s
     }
 
+    /// [`Pager::stats`] with each section's resident pages, counted by a walk of the pages
+    /// mapped: for reports (`--stats`, `tidepool status`), not for sampling.
+    pub fn report(&self) -> PagerStats {
+        let mut s = self.stats();
+        let i = self.inner();
+        let mut resident = vec![0u64; crate::SECTIONS_MAX];
+        {
+            let _section = crate::fork::section();
+            let clock = i.clock.lock();
+            // A page may have more than one live entry (installed again without an eviction
+            // between): counted once.
+            let mut seen = std::collections::HashSet::with_capacity(clock.len());
+            for entry in clock.iter() {
+                let (region, page, _) = entry;
+                if !crate::region_inner::stale(entry)
+                    && kind(region.table.state(*page).load(Relaxed)) == RESIDENT
+                    && seen.insert((region.id, *page))
+                {
+                    resident[region.sections.of(*page).index()] += 1;
+                }
+            }
+        }
+        for section in &mut s.sections {
+            section.resident_pages = Some(resident[section.index]);
+        }
+        s
+    }
+
     /// The section named `name` (made if new): a part of the regions with counters of its own
     /// in [`PagerStats::sections`]. Past [`crate::SECTIONS_MAX`] names, every new one is
     /// counted as `rest`. Name pages with [`crate::AdoptedRegion::set_section`].

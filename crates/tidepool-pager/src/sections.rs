@@ -207,6 +207,7 @@ impl Sections {
             .map(|(i, name)| {
                 let c = &self.counts[i];
                 SectionStats {
+                    index: i,
                     name,
                     policy: self.policy(SectionId(i as u8)),
                     faults: c.faults.load(Relaxed),
@@ -215,6 +216,7 @@ impl Sections {
                     prefetch_planned: c.prefetch_planned.load(Relaxed),
                     prefetch_credited: c.prefetch_credited.load(Relaxed),
                     line_pages: c.line_pages.load(Relaxed),
+                    resident_pages: None,
                 }
             })
             .filter(|s| s.faults + s.evicted > 0)
@@ -228,6 +230,8 @@ impl Sections {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SectionStats {
+    /// Its place in the pager's table of sections.
+    pub(crate) index: usize,
     pub name: String,
     /// How it was served (the default unless a profile said otherwise).
     pub policy: Policy,
@@ -242,6 +246,9 @@ pub struct SectionStats {
     pub prefetch_credited: u64,
     /// Pages read along with a miss for the section's line ([`Policy::line`]).
     pub line_pages: u64,
+    /// Its pages mapped now, if counted ([`crate::Pager::report`] counts them; `stats`,
+    /// which a coordinator samples, does not).
+    pub resident_pages: Option<u64>,
 }
 
 impl SectionStats {

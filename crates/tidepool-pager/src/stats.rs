@@ -637,8 +637,8 @@ fn write_sections(f: &mut fmt::Formatter<'_>, sections: &[crate::SectionStats]) 
     }
     write!(
         f,
-        "\nsections     {:<44} {:>10} {:>10} {:>10} {:>10} {:>8} {:>9}",
-        "name", "faults", "far reads", "evicted", "prefetched", "used", "policy"
+        "\nsections     {:<44} {:>10} {:>10} {:>10} {:>10} {:>8} {:>9} {:>12}",
+        "name", "faults", "far reads", "evicted", "prefetched", "used", "policy", "local MiB"
     )?;
     let line = |f: &mut fmt::Formatter<'_>, name: &str, s: &crate::SectionStats| {
         // Names come from the program (its symbols): shown as text. A long one keeps its end,
@@ -665,9 +665,12 @@ fn write_sections(f: &mut fmt::Formatter<'_>, sections: &[crate::SectionStats]) 
         let used = s
             .prefetch_accuracy()
             .map_or("-".to_string(), |a| format!("{:.0}%", a * 100.0));
+        let resident = s
+            .resident_pages
+            .map_or("-".to_string(), |p| format!("{:.1}", mib(p * 4096)));
         write!(
             f,
-            "\n             {name:<44} {:>10} {:>10} {:>10} {:>10} {used:>8} {:>9}",
+            "\n             {name:<44} {:>10} {:>10} {:>10} {:>10} {used:>8} {:>9} {resident:>12}",
             s.faults,
             s.far_fetches,
             s.evicted,
@@ -686,6 +689,11 @@ fn write_sections(f: &mut fmt::Formatter<'_>, sections: &[crate::SectionStats]) 
             rest.evicted += s.evicted;
             rest.prefetch_planned += s.prefetch_planned;
             rest.prefetch_credited += s.prefetch_credited;
+            rest.line_pages += s.line_pages;
+            rest.resident_pages = match (rest.resident_pages, s.resident_pages) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
         }
         let name = format!("({} more)", sections.len() - SECTIONS_SHOWN);
         line(f, &name, &rest)?;

@@ -65,8 +65,20 @@ fn two_halves(url: &str, probation: bool) {
     assert!(w.prefetch_planned > 0 && w.prefetch_credited > 0, "{w:?}");
     assert!(r.far_fetches > 1000, "{r:?}");
     assert!(w.evicted > 0 && r.evicted > 0);
+    // A report counts each section's resident pages: every page mapped is in one of them.
+    let report = pager.report();
+    let resident: u64 = report
+        .sections
+        .iter()
+        .map(|s| s.resident_pages.unwrap())
+        .sum();
+    assert!(
+        resident > 0 && resident <= report.resident_pages,
+        "{report}"
+    );
+    assert!(stats.sections.iter().all(|s| s.resident_pages.is_none()));
     // The report names them.
-    let report = stats.to_string();
+    let report = report.to_string();
     assert!(
         report.contains("walked") && report.contains("random"),
         "{report}"

@@ -587,7 +587,7 @@ extern "C" fn at_exit() {
                 std::process::id(),
                 name.trim(),
                 rt.pager.store_description(),
-                rt.pager.stats()
+                rt.pager.report()
             );
         }
     }
