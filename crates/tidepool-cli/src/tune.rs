@@ -11,6 +11,11 @@
 //! - `off` with far reads -> a line of 2 pages, then 4, while each step cut the section's
 //!   misses by a quarter.
 //!
+//! Once no such change is left, the section with the most far reads has its pages kept
+//! longer (`keep = "high"`), then pinned (`keep = "pin"`), one section a round: keeping one
+//! section's pages takes room from the others, so the change stays only if the whole
+//! program's cost fell.
+//!
 //! The next round tries every proposal at once; each section keeps its change if its cost fell
 //! (demand far reads, plus a tenth of a miss for every page prefetched and not used or read
 //! along a line) and goes back otherwise, and a round more than 10% slower than the best so far
@@ -27,7 +32,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
-use tidepool_pager::profile::{ObservedSection, PrefetchName, Profile, Program, SectionEntry};
+use tidepool_pager::profile::{
+    KeepName, ObservedSection, PrefetchName, Profile, Program, SectionEntry,
+};
 
 /// `tidepool tune` for an unmodified program.
 #[derive(Debug, Clone)]
@@ -71,20 +78,36 @@ fn cost(s: &ObservedSection) -> f64 {
     s.far_reads as f64 + WASTE * (s.prefetched.saturating_sub(s.used) + s.line_pages) as f64
 }
 
-fn policy_of(p: &Profile, name: &str) -> (PrefetchName, u8) {
-    p.sections
-        .iter()
-        .find(|s| s.name == name)
-        .map_or((PrefetchName::Shared, 1), |s| (s.prefetch, s.line))
+/// A section's policy as tune changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Setting {
+    prefetch: PrefetchName,
+    line: u8,
+    keep: KeepName,
 }
 
-fn set_policy(p: &mut Profile, name: &str, prefetch: PrefetchName, line: u8, why: String) {
+fn policy_of(p: &Profile, name: &str) -> Setting {
+    p.sections.iter().find(|s| s.name == name).map_or(
+        Setting {
+            line: 1,
+            ..Setting::default()
+        },
+        |s| Setting {
+            prefetch: s.prefetch,
+            line: s.line,
+            keep: s.keep,
+        },
+    )
+}
+
+fn set_policy(p: &mut Profile, name: &str, to: Setting, why: String) {
     p.sections.retain(|s| s.name != name);
-    if (prefetch, line) != (PrefetchName::Shared, 1) {
+    if (to.prefetch, to.line, to.keep) != (PrefetchName::Shared, 1, KeepName::Normal) {
         p.sections.push(SectionEntry {
             name: name.to_string(),
-            prefetch,
-            line,
+            prefetch: to.prefetch,
+            line: to.line,
+            keep: to.keep,
             why: (!why.is_empty()).then_some(why),
         });
     }
@@ -92,12 +115,12 @@ fn set_policy(p: &mut Profile, name: &str, prefetch: PrefetchName, line: u8, why
 }
 
 /// A change to try: a section and the policy to give it.
-type Change = (String, PrefetchName, u8);
+type Change = (String, Setting);
 
-/// The changes worth trying after `round`, made under `profile`: for each section that
-/// matters, the first policy of its ladder not tried yet (`tried`). The ladder: a stride
-/// detector of its own, a sweep detector of its own, none (if its prefetches were under half
-/// used), then lines of 2 and 4 pages with the prefetcher it keeps.
+/// The prefetch and line changes worth trying after `round`, made under `profile`: for each
+/// section that matters, the first policy of its ladder not tried yet (`tried`). The ladder: a
+/// stride detector of its own, a sweep detector of its own, none (if its prefetches were under
+/// half used), then lines of 2 and 4 pages with the prefetcher it keeps.
 fn proposals(profile: &Profile, round: &Round, tried: &[Change]) -> Vec<Change> {
     let far: u64 = round.far_reads();
     let prefetched: u64 = round.sections.values().map(|s| s.prefetched).sum();
@@ -109,24 +132,78 @@ fn proposals(profile: &Profile, round: &Round, tried: &[Change]) -> Vec<Change> 
             continue;
         }
         let accuracy = (s.prefetched > 0).then(|| s.used as f64 / s.prefetched as f64);
-        let (prefetch, line) = policy_of(profile, &s.name);
-        let mut ladder = vec![(PrefetchName::Own, line), (PrefetchName::Sweep, line)];
+        let now = policy_of(profile, &s.name);
+        let with = |prefetch, line| Setting {
+            prefetch,
+            line,
+            ..now
+        };
+        let mut ladder = vec![
+            with(PrefetchName::Own, now.line),
+            with(PrefetchName::Sweep, now.line),
+        ];
         if accuracy.is_none_or(|a| a < 0.5) {
-            ladder.push((PrefetchName::Off, line));
+            ladder.push(with(PrefetchName::Off, now.line));
         }
         if s.far_reads > 0 {
-            ladder.extend([(prefetch, 2), (prefetch, 4)]);
+            ladder.extend([with(now.prefetch, 2), with(now.prefetch, 4)]);
         }
-        let next = ladder.into_iter().find(|&(p, l)| {
-            (p, l) != (prefetch, line)
-                && (l <= line || l == 2 * line)
-                && !tried.iter().any(|t| t.0 == s.name && (t.1, t.2) == (p, l))
+        let next = ladder.into_iter().find(|&to| {
+            to != now
+                && (to.line <= now.line || to.line == 2 * now.line)
+                && !tried.iter().any(|t| t.0 == s.name && t.1 == to)
         });
-        if let Some((p, l)) = next {
-            out.push((s.name.clone(), p, l));
+        if let Some(to) = next {
+            out.push((s.name.clone(), to));
         }
     }
     out
+}
+
+/// Sections whose far reads make keeping their pages longer worth a round: at least this
+/// share of the program's.
+const KEEP_WORTH: f64 = 0.05;
+
+/// The eviction change worth trying after `round` once no prefetch or line change is left: for
+/// the section with the most far reads that has not tried it, pages kept high, then pinned.
+/// One at a time: keeping one section's pages costs every other section room, so it is judged
+/// by the whole program's cost.
+fn keep_proposal(profile: &Profile, round: &Round, tried: &[Change]) -> Option<Change> {
+    let far = round.far_reads() as f64;
+    let mut busiest: Vec<&ObservedSection> = round
+        .sections
+        .values()
+        .filter(|s| s.far_reads as f64 >= KEEP_WORTH * far && s.far_reads > 0)
+        .collect();
+    busiest.sort_by_key(|s| std::cmp::Reverse(s.far_reads));
+    busiest.into_iter().find_map(|s| {
+        let now = policy_of(profile, &s.name);
+        let to = match now.keep {
+            KeepName::Normal => KeepName::High,
+            KeepName::High => KeepName::Pin,
+            KeepName::Pin => return None,
+        };
+        let to = Setting { keep: to, ..now };
+        (!tried.iter().any(|t| t.0 == s.name && t.1 == to)).then(|| (s.name.clone(), to))
+    })
+}
+
+fn total_cost(r: &Round) -> f64 {
+    r.sections.values().map(cost).sum()
+}
+
+fn counters_moved(before: &ObservedSection, after: &ObservedSection) -> String {
+    format!(
+        "far reads {} -> {}, prefetched {} ({} used) -> {} ({} used), line pages {} -> {}",
+        before.far_reads,
+        after.far_reads,
+        before.prefetched,
+        before.used,
+        after.prefetched,
+        after.used,
+        before.line_pages,
+        after.line_pages
+    )
 }
 
 /// Runs the program once under `tidepool run` with `profile` (none: the default policies),
@@ -266,15 +343,19 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
     // `last` holds each section's counters under the policy it keeps: a change that was
     // dropped leaves the section's counters from before it.
     for n in 1..t.rounds {
-        let tried = proposals(&profile, &last, &ever_tried);
+        let mut tried = proposals(&profile, &last, &ever_tried);
+        let keeping = tried.is_empty();
+        if keeping {
+            tried.extend(keep_proposal(&profile, &last, &ever_tried));
+        }
         ever_tried.extend(tried.iter().cloned());
         if tried.is_empty() {
             eprintln!("nothing left to try");
             break;
         }
         let mut trial = profile.clone();
-        for (name, p, l) in &tried {
-            set_policy(&mut trial, name, *p, *l, String::new());
+        for (name, to) in &tried {
+            set_policy(&mut trial, name, *to, String::new());
         }
         let round = run_round(t, &mut Some(me.clone()), Some(&trial), &dir, n)?;
         times.push(round.seconds);
@@ -297,32 +378,43 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
             continue;
         }
         best_seconds = best_seconds.min(round.seconds);
+        if keeping {
+            // One section's pages kept: judged by the whole program's cost.
+            let (name, to) = &tried[0];
+            let (was, now) = (total_cost(&last), total_cost(&round));
+            let kept = now < was * 0.97;
+            let why = format!(
+                "the program's far reads {} -> {} (cost {was:.0} -> {now:.0})",
+                last.far_reads(),
+                round.far_reads()
+            );
+            eprintln!(
+                "  {name}: keep {:?} {} ({why})",
+                to.keep,
+                if kept { "kept" } else { "dropped" }
+            );
+            if kept {
+                set_policy(&mut profile, name, *to, why);
+                last = round;
+            }
+            continue;
+        }
         let mut next = round.sections.clone();
-        for (name, p, l) in &tried {
+        for (name, to) in &tried {
             let (Some(before), Some(after)) = (last.sections.get(name), round.sections.get(name))
             else {
                 continue;
             };
-            let (was, now) = (cost(before), cost(after));
-            let kept = now < was * 0.97;
-            let why = format!(
-                "far reads {} -> {}, prefetched {} ({} used) -> {} ({} used), line pages {} -> {}",
-                before.far_reads,
-                after.far_reads,
-                before.prefetched,
-                before.used,
-                after.prefetched,
-                after.used,
-                before.line_pages,
-                after.line_pages
-            );
+            let kept = cost(after) < cost(before) * 0.97;
+            let why = counters_moved(before, after);
             eprintln!(
-                "  {name}: {:?}/{l} {} ({why})",
-                p,
+                "  {name}: {:?}/{} {} ({why})",
+                to.prefetch,
+                to.line,
                 if kept { "kept" } else { "dropped" }
             );
             if kept {
-                set_policy(&mut profile, name, *p, *l, why);
+                set_policy(&mut profile, name, *to, why);
             } else {
                 next.insert(name.clone(), before.clone());
             }

@@ -7,6 +7,7 @@
 use crate::buffer::{PageWrite, StoreJob};
 use crate::pager::*;
 use crate::region_inner::{clock_entry, stale};
+use crate::sections::Keep;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
 use crate::table::*;
@@ -141,6 +142,7 @@ impl Inner {
                 if region.dead.load(Acquire)
                     || kind(word) != RESIDENT
                     || word & (REFERENCED | INHERITED) != 0
+                    || self.sections.keep(region.sections.of(page)) == Keep::Pin
                 {
                     continue;
                 }
@@ -152,7 +154,10 @@ impl Inner {
                 }
             }
         }
-        {
+        // Pinned sections' pages are passed over on a first pass, and taken on a second only
+        // if the first found no victim at all.
+        for honour_pins in [true, false] {
+            let mut passed_pins = false;
             let mut clock = self.clock.lock();
             let mut budget = clock.len().min(EVICT_BATCH * 8);
             while victims.len() < EVICT_BATCH && budget > 0 {
@@ -193,6 +198,11 @@ impl Inner {
                         continue;
                     }
                 }
+                if honour_pins && self.sections.keep(region.sections.of(page)) == Keep::Pin {
+                    passed_pins = true;
+                    clock.push_back(entry);
+                    continue;
+                }
                 if !self.readable(&region, page) {
                     // Inaccessible (PROT_NONE): it cannot be read to be saved; it stays until
                     // the program opens it again.
@@ -206,6 +216,9 @@ impl Inner {
                 } else {
                     clock.push_back(entry);
                 }
+            }
+            if !victims.is_empty() || !passed_pins {
+                break;
             }
         }
         if victims.is_empty() {
@@ -299,6 +312,10 @@ impl Inner {
                     continue;
                 }
                 if kind(w) != RESIDENT || w & unused != 0 || !self.readable(region, p) {
+                    break;
+                }
+                // A section kept longer than by heat keeps its pages out of others' spans.
+                if self.sections.keep(region.sections.of(p)) != Keep::Normal {
                     break;
                 }
                 match region.table.try_lock(p, &[RESIDENT]) {

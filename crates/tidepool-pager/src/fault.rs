@@ -6,7 +6,7 @@ use crate::buffer::StoreJob;
 use crate::pager::*;
 use crate::prefetch::{Detector, Plan};
 use crate::region_inner::clock_entry;
-use crate::sections::Prefetch;
+use crate::sections::{Keep, Prefetch};
 use crate::stats::Counters;
 use crate::sweep_detector::SweepDetector;
 use crate::sys::{Fault, PAGE};
@@ -425,7 +425,12 @@ impl Inner {
         } else {
             heat / 2
         };
-        let new = (new & !(HEAT | CHANCES)) | (heat << HEAT_SHIFT) | (heat << CHANCE_SHIFT);
+        // A section kept high starts every page with the hottest page's chances.
+        let chances = match self.sections.keep(region.sections.of(page)) {
+            Keep::Normal => heat,
+            _ => 3,
+        };
+        let new = (new & !(HEAT | CHANCES)) | (heat << HEAT_SHIFT) | (chances << CHANCE_SHIFT);
         self.resident.fetch_add(1, Relaxed);
         region.note_touched(page);
         // Installed with a wake-up (before this): anyone waiting on the page is awake.

@@ -87,6 +87,6 @@ pub use fork::{in_forked_child, install as install_fork_handlers};
 pub use marks::ForkAdvice;
 pub use pager::{Config, Pager, DEFAULT_FAULT_DEADLINE, FATAL_EXIT_CODE};
 pub use region::{AdoptedRegion, Region};
-pub use sections::{Policy, Prefetch, SectionId, SectionStats, LINE_MAX, SECTIONS_MAX};
+pub use sections::{Keep, Policy, Prefetch, SectionId, SectionStats, LINE_MAX, SECTIONS_MAX};
 pub use stats::{PagerStats, StoreMemory};
 pub use sys::PAGE;

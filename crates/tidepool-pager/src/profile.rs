@@ -19,9 +19,10 @@
 //! name = "mmap libpython3.11.so.1.0+0x1ac7fd"
 //! prefetch = "own"   # "shared" (the default), "own", "sweep" or "off"
 //! line = 1           # pages read together on a miss: 1, 2, 4, 8 or 16
+//! keep = "high"      # "normal" (the default), "high" or "pin" (see `Keep`)
 //! ```
 
-use crate::sections::{Policy, Prefetch, LINE_MAX};
+use crate::sections::{Keep, Policy, Prefetch, LINE_MAX};
 use crate::Pager;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -100,6 +101,8 @@ pub struct SectionEntry {
     pub prefetch: PrefetchName,
     #[serde(default = "one")]
     pub line: u8,
+    #[serde(default, skip_serializing_if = "KeepName::is_normal")]
+    pub keep: KeepName,
     /// Why the tuner chose this, for the reader (ignored when applied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
@@ -138,6 +141,42 @@ impl From<Prefetch> for PrefetchName {
             Prefetch::Sweep => PrefetchName::Sweep,
             Prefetch::Off => PrefetchName::Off,
             _ => PrefetchName::Shared,
+        }
+    }
+}
+
+/// [`Keep`] as a profile spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeepName {
+    #[default]
+    Normal,
+    High,
+    Pin,
+}
+
+impl KeepName {
+    fn is_normal(&self) -> bool {
+        *self == KeepName::Normal
+    }
+}
+
+impl From<KeepName> for Keep {
+    fn from(k: KeepName) -> Keep {
+        match k {
+            KeepName::Normal => Keep::Normal,
+            KeepName::High => Keep::High,
+            KeepName::Pin => Keep::Pin,
+        }
+    }
+}
+
+impl From<Keep> for KeepName {
+    fn from(k: Keep) -> KeepName {
+        match k {
+            Keep::High => KeepName::High,
+            Keep::Pin => KeepName::Pin,
+            _ => KeepName::Normal,
         }
     }
 }
@@ -235,7 +274,10 @@ impl Profile {
     pub fn apply(&self, pager: &Pager) -> usize {
         for s in &self.sections {
             let id = pager.section(&s.name);
-            pager.set_section_policy(id, Policy::new(s.prefetch.into(), s.line));
+            pager.set_section_policy(
+                id,
+                Policy::new(s.prefetch.into(), s.line).keeping(s.keep.into()),
+            );
         }
         self.sections.len()
     }
@@ -267,6 +309,8 @@ pub struct ObservedSection {
     pub line_pages: u64,
     pub prefetch: PrefetchName,
     pub line: u8,
+    #[serde(default, skip_serializing_if = "KeepName::is_normal")]
+    pub keep: KeepName,
 }
 
 impl Observed {
@@ -285,6 +329,7 @@ impl Observed {
                 line_pages: s.line_pages,
                 prefetch: s.policy.prefetch.into(),
                 line: s.policy.line,
+                keep: s.policy.keep.into(),
                 name: s.name,
             })
             .collect();
@@ -349,10 +394,21 @@ mod tests {
             name: "mmap libpython3.11.so.1.0+0x1ac7fd".into(),
             prefetch: PrefetchName::Own,
             line: 2,
+            keep: KeepName::Normal,
             why: Some("a stream".into()),
+        });
+        p.sections.push(SectionEntry {
+            name: "heap 48B".into(),
+            prefetch: PrefetchName::Off,
+            line: 1,
+            keep: KeepName::Pin,
+            why: None,
         });
         let text = p.to_toml();
         assert!(text.contains("prefetch = \"own\""), "{text}");
+        assert!(text.contains("keep = \"pin\""), "{text}");
+        // The default is not written.
+        assert_eq!(text.matches("keep =").count(), 1, "{text}");
         assert_eq!(Profile::parse(&text, "p.toml").unwrap(), p);
     }
 
@@ -365,6 +421,7 @@ mod tests {
         .unwrap();
         assert_eq!(p.sections[0].prefetch, PrefetchName::Shared);
         assert_eq!(p.sections[0].line, 1);
+        assert_eq!(p.sections[0].keep, KeepName::Normal);
         assert_eq!(p.program.build_id, None);
     }
 
@@ -379,6 +436,9 @@ mod tests {
         assert!(err(bad_line).contains("line 3"), "{}", err(bad_line));
         let bad_mode = "version = 1\n[program]\nname = \"x\"\n[[section]]\nname = \"s\"\nprefetch = \"psychic\"\n";
         assert!(err(bad_mode).contains("psychic"), "{}", err(bad_mode));
+        let bad_keep =
+            "version = 1\n[program]\nname = \"x\"\n[[section]]\nname = \"s\"\nkeep = \"forever\"\n";
+        assert!(err(bad_keep).contains("forever"), "{}", err(bad_keep));
     }
 
     #[test]

@@ -69,6 +69,40 @@ impl Prefetch {
     }
 }
 
+/// How long a section's pages stay local against the clock hand's second chances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[non_exhaustive]
+pub enum Keep {
+    /// A page survives as many passes of the hand as its heat earned (the pager's behaviour
+    /// without a profile).
+    #[default]
+    Normal,
+    /// A page fetched on a miss starts with every chance the hottest page has: it outlives
+    /// an unreferenced page of a normal section about four times.
+    High,
+    /// The hand passes over the section's pages while it finds other victims; they go only
+    /// when nothing else can (so a pinned set larger than the budget cannot stall the program).
+    Pin,
+}
+
+impl Keep {
+    fn code(self) -> u8 {
+        match self {
+            Keep::Normal => 0,
+            Keep::High => 1,
+            Keep::Pin => 2,
+        }
+    }
+
+    fn from_code(c: u8) -> Keep {
+        match c {
+            1 => Keep::High,
+            2 => Keep::Pin,
+            _ => Keep::Normal,
+        }
+    }
+}
+
 /// How the pager serves one section ([`crate::Pager::set_section_policy`]). The default is
 /// what every page gets without a profile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -78,6 +112,8 @@ pub struct Policy {
     /// Pages read together on a miss: the aligned block of `line` pages around the faulting
     /// one, those of them in far memory (a power of two, 1 to [`LINE_MAX`]).
     pub line: u8,
+    /// Its pages' priority against eviction.
+    pub keep: Keep,
 }
 
 /// The longest line, in pages.
@@ -88,12 +124,13 @@ impl Default for Policy {
         Policy {
             prefetch: Prefetch::Shared,
             line: 1,
+            keep: Keep::Normal,
         }
     }
 }
 
 impl fmt::Display for Policy {
-    /// `shared`, `own` or `off`, and `/N` for a line of N pages.
+    /// `shared`, `own`, `sweep` or `off`, `/N` for a line of N pages, and ` keep` or ` pin`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = match self.prefetch {
             Prefetch::Own => "own",
@@ -102,8 +139,13 @@ impl fmt::Display for Policy {
             _ => "shared",
         };
         match self.line {
-            1 => write!(f, "{p}"),
-            n => write!(f, "{p}/{n}"),
+            1 => write!(f, "{p}")?,
+            n => write!(f, "{p}/{n}")?,
+        }
+        match self.keep {
+            Keep::High => write!(f, " keep"),
+            Keep::Pin => write!(f, " pin"),
+            _ => Ok(()),
         }
     }
 }
@@ -116,7 +158,13 @@ impl Policy {
         Policy {
             prefetch,
             line: 1 << (7 - line.leading_zeros()),
+            keep: Keep::Normal,
         }
+    }
+
+    /// This policy with its pages kept as `keep` says.
+    pub fn keeping(self, keep: Keep) -> Policy {
+        Policy { keep, ..self }
     }
 }
 
@@ -138,8 +186,11 @@ pub(crate) struct Sections {
     /// Each section's policy, read on every fault: [`Prefetch`] codes and line lengths.
     prefetch: [AtomicU8; SECTIONS_MAX],
     line: [AtomicU8; SECTIONS_MAX],
+    keep: [AtomicU8; SECTIONS_MAX],
     /// Some section has a policy other than the default.
     any_policy: AtomicBool,
+    /// Some section's pages are kept otherwise than by heat (the clock then looks them up).
+    any_keep: AtomicBool,
 }
 
 impl fmt::Debug for Sections {
@@ -157,16 +208,31 @@ impl Sections {
             counts: std::array::from_fn(|_| SectionCounts::default()),
             prefetch: std::array::from_fn(|_| AtomicU8::new(0)),
             line: std::array::from_fn(|_| AtomicU8::new(1)),
+            keep: std::array::from_fn(|_| AtomicU8::new(0)),
             any_policy: AtomicBool::new(false),
+            any_keep: AtomicBool::new(false),
         }
     }
 
     pub(crate) fn set_policy(&self, id: SectionId, p: Policy) {
         self.prefetch[id.index()].store(p.prefetch.code(), Relaxed);
         self.line[id.index()].store(p.line, Relaxed);
+        self.keep[id.index()].store(p.keep.code(), Relaxed);
         if p != Policy::default() {
             self.any_policy.store(true, Relaxed);
         }
+        if p.keep != Keep::Normal {
+            self.any_keep.store(true, Relaxed);
+        }
+    }
+
+    /// How section `id`'s pages are kept (one load when no section says otherwise).
+    #[inline]
+    pub(crate) fn keep(&self, id: SectionId) -> Keep {
+        if !self.any_keep.load(Relaxed) {
+            return Keep::Normal;
+        }
+        Keep::from_code(self.keep[id.index()].load(Relaxed))
     }
 
     #[inline]
@@ -177,6 +243,7 @@ impl Sections {
         Policy {
             prefetch: Prefetch::from_code(self.prefetch[id.index()].load(Relaxed)),
             line: self.line[id.index()].load(Relaxed),
+            keep: Keep::from_code(self.keep[id.index()].load(Relaxed)),
         }
     }
 

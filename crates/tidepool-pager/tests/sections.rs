@@ -2,7 +2,7 @@
 //! order and the other touched at random, shows each half's faults, far reads, evictions and
 //! prefetches apart, and together they add up to the pager's totals.
 
-use tidepool_pager::{Config, Pager, Policy, Prefetch, Region, SectionStats, PAGE};
+use tidepool_pager::{Config, Keep, Pager, Policy, Prefetch, Region, SectionStats, PAGE};
 
 fn two_halves(url: &str, probation: bool) {
     let store = tidepool_store::open(url).unwrap();
@@ -191,4 +191,87 @@ fn a_line_of_two_pages_halves_the_misses_on_two_page_objects() {
         two[0],
         one[0]
     );
+}
+
+/// A small table read at random between long sweeps of a big array, under a budget that holds
+/// the table and little else: pinned (or kept high), the table stays local while the sweeps
+/// go by; on the default policy the sweeps push it out. Every byte reads back right either way.
+fn table_misses(keep: Keep) -> u64 {
+    let store = tidepool_store::open("local:").unwrap();
+    let pager = Pager::start(Config::new(8 << 20), store).unwrap();
+    let (table_len, array_len) = (4 << 20, 48 << 20);
+    let mut region = Region::new(&pager, table_len + array_len).unwrap();
+    let (table, array) = (pager.section("table"), pager.section("array"));
+    region.set_section(0, table_len, table);
+    region.set_section(table_len, array_len, array);
+    pager.set_section_policy(table, Policy::new(Prefetch::Off, 1).keeping(keep));
+    let data = region.as_mut_slice();
+    let pages = (table_len + array_len) / PAGE;
+    for p in 0..pages {
+        data[p * PAGE] = p as u8;
+    }
+    let table_pages = table_len / PAGE;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    // Counted from the second round: the first brings the table in.
+    let mut before = pager.stats();
+    for round in 0..6 {
+        if round == 1 {
+            before = pager.stats();
+        }
+        for _ in 0..4000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let p = x as usize % table_pages;
+            assert_eq!(data[p * PAGE], p as u8, "table page {p} in round {round}");
+        }
+        for p in table_pages..pages {
+            assert_eq!(data[p * PAGE], p as u8, "array page {p} in round {round}");
+        }
+    }
+    let stats = pager.stats();
+    eprintln!("{keep:?}\n{stats}");
+    let of = |s: &tidepool_pager::PagerStats| {
+        s.sections
+            .iter()
+            .find(|s| s.name == "table")
+            .map_or(0, |s| s.far_fetches)
+    };
+    of(&stats) - of(&before)
+}
+
+#[test]
+fn a_pinned_or_kept_section_outlives_sweeps_of_another() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let normal = table_misses(Keep::Normal);
+    let high = table_misses(Keep::High);
+    let pin = table_misses(Keep::Pin);
+    eprintln!("table far reads after the first round: normal {normal}, high {high}, pin {pin}");
+    assert!(pin * 4 < normal, "pinned {pin}, normal {normal}");
+    assert!(high < normal, "kept high {high}, normal {normal}");
+}
+
+/// A pinned section larger than the budget: pins give way, so the program goes on (a stall
+/// would fail the test by its deadline) and reads every byte back.
+#[test]
+fn a_pinned_section_larger_than_the_budget_still_pages() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let store = tidepool_store::open("local:").unwrap();
+    let pager = Pager::start(Config::new(4 << 20), store).unwrap();
+    let len = 32 << 20;
+    let mut region = Region::new(&pager, len).unwrap();
+    let all = pager.section("all");
+    region.set_section(0, len, all);
+    pager.set_section_policy(all, Policy::default().keeping(Keep::Pin));
+    let data = region.as_mut_slice();
+    let pages = len / PAGE;
+    for round in 0..2u8 {
+        for p in 0..pages {
+            data[p * PAGE + 1] = p as u8 ^ round;
+        }
+        for p in 0..pages {
+            assert_eq!(data[p * PAGE + 1], p as u8 ^ round, "page {p}");
+        }
+    }
+    assert!(pager.stats().evicted > 0);
 }

@@ -20,6 +20,9 @@ use tidepool_sys::interrupts::Interrupts;
 pub enum System {
     /// `tidepool run --local N -- PROGRAM`: the default store, pages compressed in process.
     TidepoolDefault,
+    /// `tidepool-default` with `--profile`: a profile `tidepool tune` made on a smaller input
+    /// ([`Launcher::profile`]).
+    TidepoolTuned,
     /// The plain in-process store (`local:?compress=none`): the pager alone, saving nothing.
     TidepoolLocal,
     TidepoolNode,
@@ -31,6 +34,7 @@ impl System {
     pub fn name(self) -> &'static str {
         match self {
             System::TidepoolDefault => "tidepool-default",
+            System::TidepoolTuned => "tidepool-tuned",
             System::TidepoolLocal => "tidepool-local",
             System::TidepoolNode => "tidepool-node",
             System::LinuxZram => "linux-zram",
@@ -39,8 +43,9 @@ impl System {
     }
 
     /// The systems with less local memory than the program uses.
-    pub const CONSTRAINED: [System; 4] = [
+    pub const CONSTRAINED: [System; 5] = [
         System::TidepoolDefault,
+        System::TidepoolTuned,
         System::TidepoolLocal,
         System::TidepoolNode,
         System::LinuxZram,
@@ -60,6 +65,12 @@ pub struct Launcher {
     pub(super) zram: Option<Zram>,
     /// CPUs the load generators (redis-benchmark) run on.
     pub load_cpus: Option<Vec<usize>>,
+    /// The profile `tidepool-tuned` runs with.
+    pub profile: Option<PathBuf>,
+    /// Where each `tidepool run` writes what its sections did (`TIDEPOOL_RUN_SECTIONS_OUT`), a
+    /// fresh directory per run under this one ([`SectionTotals`]).
+    pub sections_dir: Option<PathBuf>,
+    runs: std::cell::Cell<u32>,
 }
 
 impl Launcher {
@@ -70,6 +81,9 @@ impl Launcher {
             node,
             zram: None,
             load_cpus: None,
+            profile: None,
+            sections_dir: None,
+            runs: std::cell::Cell::new(0),
         }
     }
 
@@ -98,10 +112,25 @@ impl Launcher {
                 c.args(args);
                 c
             }
-            System::TidepoolDefault | System::TidepoolLocal | System::TidepoolNode => {
+            System::TidepoolDefault
+            | System::TidepoolTuned
+            | System::TidepoolLocal
+            | System::TidepoolNode => {
                 let mut c = Command::new(&self.tidepool);
                 c.args(["run", "--local", &local.to_string()]);
+                if let Some(dir) = &self.sections_dir {
+                    let n = self.runs.get() + 1;
+                    self.runs.set(n);
+                    let out = dir.join(format!("{}-{n}", system.name()));
+                    std::fs::create_dir_all(&out)?;
+                    c.env(SECTIONS_OUT, out);
+                }
                 match system {
+                    System::TidepoolTuned => c.arg("--profile").arg(
+                        self.profile
+                            .as_deref()
+                            .context("tidepool-tuned needs a profile")?,
+                    ),
                     System::TidepoolNode => c.args([
                         "--backend",
                         self.node
@@ -172,6 +201,47 @@ pub struct Ended {
     /// The cross-CPU interrupts this machine took while it ran (none where /proc/interrupts
     /// cannot be read): what its paging cost the other CPU too.
     pub interrupts: Option<Interrupts>,
+    /// What its sections did, under `tidepool run` with [`Launcher::sections_dir`].
+    pub sections: Option<SectionTotals>,
+}
+
+/// The variable `tidepool run` passes on: where each process writes its sections at exit.
+const SECTIONS_OUT: &str = "TIDEPOOL_RUN_SECTIONS_OUT";
+
+/// Where `cmd` has its processes write their sections, if it does.
+pub(super) fn sections_out(cmd: &Command) -> Option<PathBuf> {
+    cmd.get_envs()
+        .find(|(k, _)| *k == SECTIONS_OUT)
+        .and_then(|(_, v)| v.map(PathBuf::from))
+}
+
+/// What the sections of every process of a run did, summed: the pager's misses and its
+/// prefetcher's record.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SectionTotals {
+    pub far_reads: u64,
+    pub prefetched: u64,
+    pub used: u64,
+}
+
+impl SectionTotals {
+    /// The totals in `dir`, where a run's processes wrote their sections; `None` if none did.
+    pub fn read(dir: &std::path::Path) -> Option<SectionTotals> {
+        let records = tidepool_pager::profile::Observed::read_dir(dir).ok()?;
+        let mut t = SectionTotals::default();
+        for s in records.iter().flat_map(|o| &o.sections) {
+            t.far_reads += s.far_reads;
+            t.prefetched += s.prefetched;
+            t.used += s.used;
+        }
+        let _ = std::fs::remove_dir_all(dir);
+        (!records.is_empty()).then_some(t)
+    }
+
+    /// Used prefetched pages over prefetched pages, a percentage, if any were prefetched.
+    pub fn accuracy_pct(&self) -> Option<f64> {
+        (self.prefetched > 0).then(|| 100.0 * self.used as f64 / self.prefetched as f64)
+    }
 }
 
 impl Ended {
@@ -196,6 +266,7 @@ pub(super) fn peak_rss_of(pid: u32) -> Option<u64> {
 
 /// Runs `cmd` to its end, timing it and following its peak RSS and what `watch` follows.
 pub fn run_to_end(mut cmd: Command, watch: impl FnOnce(u32) -> Watch) -> Result<Ended> {
+    let sections = sections_out(&cmd);
     let before = Interrupts::now();
     let start = Instant::now();
     let mut child = cmd
@@ -237,5 +308,6 @@ pub fn run_to_end(mut cmd: Command, watch: impl FnOnce(u32) -> Watch) -> Result<
         peak_rss: peak,
         held,
         interrupts,
+        sections: sections.as_deref().and_then(SectionTotals::read),
     })
 }

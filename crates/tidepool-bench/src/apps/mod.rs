@@ -42,13 +42,14 @@ mod programs;
 mod redis;
 mod resp;
 pub mod runtimes;
+mod tuned;
 
 use crate::harness::{BenchOpts, Ctx, Suite};
 use crate::meter::Held;
 use crate::node::NodeProcess;
 use crate::zram::Zram;
 use anyhow::{bail, Result};
-pub use launch::{run_to_end, Ended, Launcher, System};
+pub use launch::{run_to_end, Ended, Launcher, SectionTotals, System};
 pub use programs::{
     pandas, python, python_dict, sort, sort_input, Outcome, Ran, Sizes, PANDAS_SCRIPT,
 };
@@ -121,6 +122,7 @@ impl Suite for AppsSuite {
         }
         let dir = ctx.opts.out.join("apps-work");
         std::fs::create_dir_all(&dir)?;
+        l.sections_dir = Some(dir.join("sections"));
         let (python, has_pandas) = python()?;
         let sort_file = sort_input(&dir, s.sort_lines)?;
         for workload in WORKLOADS {
@@ -195,6 +197,31 @@ impl Suite for AppsSuite {
             for &ratio in &RATIOS {
                 let local = local_bytes(peak, ratio);
                 for &system in &systems {
+                    if system == System::TidepoolTuned {
+                        ctx.step(format!(
+                            "{workload}: tidepool tune on a tenth of the input at {:.0}% local",
+                            ratio * 100.0
+                        ));
+                        match tuned::tune(&l, workload, ratio, (&s, ctx.opts.quick), &dir, &python)
+                        {
+                            Ok(profile) => {
+                                ctx.note(format!(
+                                    "{workload} at {:.0}% local: tidepool-tuned's profile: {}",
+                                    ratio * 100.0,
+                                    tuned::summary(&profile)
+                                ));
+                                l.profile = Some(profile);
+                            }
+                            Err(e) => {
+                                ctx.note(format!(
+                                    "{workload} at {:.0}% local: tidepool-tuned skipped: {e:#}",
+                                    ratio * 100.0
+                                ));
+                                ctx.advance();
+                                continue;
+                            }
+                        }
+                    }
                     ctx.step(format!(
                         "{workload}: {} at {:.0}% local",
                         system.name(),
@@ -222,6 +249,38 @@ impl Suite for AppsSuite {
         verdict(ctx);
         Ok(())
     }
+}
+
+/// `tidepool-tuned` against `tidepool-default` on workload `w` at `ratio`: the speed ratio
+/// (issue 57 asks 1.3x), each one's prefetch accuracy and far reads. `at(system, metric)`
+/// finds a figure.
+fn tuned_note(
+    w: &str,
+    ratio: f64,
+    higher_better: bool,
+    at: &dyn Fn(&str, &str) -> Option<f64>,
+) -> Option<String> {
+    let metric = if higher_better {
+        "ops_per_s"
+    } else {
+        "seconds"
+    };
+    let (t, d) = (
+        at("tidepool-tuned", metric)?,
+        at("tidepool-default", metric)?,
+    );
+    let speed = if higher_better { t / d } else { d / t };
+    let shown = |sys: &str| {
+        let acc = at(sys, "prefetch_accuracy").map_or("-".to_string(), |a| format!("{a:.0}%"));
+        let far = at(sys, "far_reads").map_or("-".to_string(), |f| format!("{f:.0}"));
+        format!("prefetch accuracy {acc}, {far} far reads")
+    };
+    Some(format!(
+        "{w} at {:.0}% local: tidepool-tuned {speed:.2}x tidepool-default's speed ({}; default: {})",
+        ratio * 100.0,
+        shown("tidepool-tuned"),
+        shown("tidepool-default")
+    ))
 }
 
 /// The local memory a program of native peak RSS `peak` (bytes) gets at `ratio`.
@@ -282,6 +341,32 @@ fn push_held(
     }
 }
 
+/// The pager's record beside a figure under `tidepool run`: its far reads and the share of
+/// the pages its prefetcher brought in that the program used (`prefetch_accuracy`, percent).
+fn push_sections(
+    ctx: &mut Ctx,
+    system: &str,
+    workload: &str,
+    sections: Option<&SectionTotals>,
+    params: &[(&'static str, f64)],
+) {
+    let Some(t) = sections else {
+        return;
+    };
+    ctx.report.push(
+        system,
+        workload,
+        "far_reads",
+        t.far_reads as f64,
+        "",
+        params,
+    );
+    if let Some(a) = t.accuracy_pct() {
+        ctx.report
+            .push(system, workload, "prefetch_accuracy", a, "%", params);
+    }
+}
+
 impl Measured {
     fn peak_rss(&self) -> u64 {
         match self {
@@ -338,6 +423,10 @@ impl Measured {
                         .push(name, "redis-bgsave", "seconds", v, "s", &params);
                     push_held(ctx, name, "redis-bgsave", &r.bgsave_held, &params);
                 }
+                // One server ran all three: its sections' record is the whole run's.
+                for w in ["redis-get", "redis-set", "redis-bgsave"] {
+                    push_sections(ctx, name, w, r.sections.as_ref(), &params);
+                }
             }
             Measured::Program(Ran {
                 outcome: Outcome::OomKilled,
@@ -350,6 +439,7 @@ impl Measured {
                 outcome: Outcome::Done { seconds, answer },
                 held,
                 interrupts,
+                sections,
                 ..
             }) => {
                 if let Some(want) = want {
@@ -360,6 +450,7 @@ impl Measured {
                 ctx.report
                     .push(name, workload, "seconds", *seconds, "s", &params);
                 push_held(ctx, name, workload, held, &params);
+                push_sections(ctx, name, workload, sections.as_ref(), &params);
                 if let Some(i) = interrupts {
                     ctx.report.push(
                         name,
@@ -414,7 +505,15 @@ fn verdict(ctx: &mut Ctx) {
             };
             let zram = at("linux-zram", metric);
             let zram_mib = at("linux-zram", "machine_mib");
-            for system in ["tidepool-default", "tidepool-local", "tidepool-node"] {
+            if let Some(n) = tuned_note(w, ratio, higher_better, &at) {
+                notes.push(n);
+            }
+            for system in [
+                "tidepool-default",
+                "tidepool-tuned",
+                "tidepool-local",
+                "tidepool-node",
+            ] {
                 let (Some(t), Some(t_mib)) = (at(system, metric), at(system, "machine_mib")) else {
                     continue;
                 };

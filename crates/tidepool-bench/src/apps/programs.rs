@@ -1,7 +1,7 @@
 //! The programs besides Redis: pandas, GNU sort and CPython, each checked against its native
 //! answer.
 
-use super::launch::{Ended, Launcher, System};
+use super::launch::{Ended, Launcher, SectionTotals, System};
 use crate::data::splitmix64;
 use crate::harness::BenchOpts;
 use crate::meter::Held;
@@ -101,6 +101,8 @@ pub struct Ran {
     pub peak_rss: u64,
     pub held: Held,
     pub interrupts: Option<Interrupts>,
+    /// What its sections did, under `tidepool run`.
+    pub sections: Option<SectionTotals>,
 }
 
 impl Ran {
@@ -111,6 +113,7 @@ impl Ran {
             peak_rss: ended.peak_rss,
             held: ended.held,
             interrupts: ended.interrupts,
+            sections: ended.sections,
         }
     }
 }

@@ -1,7 +1,7 @@
 //! redis-server under each system: filled with 4 KiB values, driven by redis-benchmark (GET,
 //! SET, then BGSAVE under SET load), and checked, in the server and in its RDB file.
 
-use super::launch::{peak_rss_of, Launcher, System};
+use super::launch::{peak_rss_of, sections_out, Launcher, SectionTotals, System};
 use super::programs::Sizes;
 use super::resp::Resp;
 use crate::data::splitmix64;
@@ -36,6 +36,8 @@ pub struct RedisRun {
     child: Child,
     pub port: u16,
     dir: PathBuf,
+    /// Where its sections are written at exit, under `tidepool run`.
+    sections: Option<PathBuf>,
 }
 
 impl RedisRun {
@@ -63,8 +65,9 @@ impl RedisRun {
         .map(OsString::from)
         .chain(["--dir".into(), dir.as_os_str().to_owned()])
         .collect();
-        let child = l
-            .command(system, local, &argv)?
+        let mut cmd = l.command(system, local, &argv)?;
+        let sections = sections_out(&cmd);
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -74,6 +77,7 @@ impl RedisRun {
             child,
             port,
             dir: dir.to_path_buf(),
+            sections,
         };
         let start = Instant::now();
         loop {
@@ -188,7 +192,8 @@ impl RedisRun {
         verify_keys(self.port, keys)
     }
 
-    pub fn shutdown(mut self) -> Result<()> {
+    /// Shuts the server down; what its sections did, if it wrote them.
+    pub fn shutdown(mut self) -> Result<Option<SectionTotals>> {
         if let Ok(mut c) = Resp::connect(self.port) {
             let _ = c.send(&[b"SHUTDOWN", b"NOSAVE"]);
             let _ = c.w.flush();
@@ -200,7 +205,7 @@ impl RedisRun {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(())
+        Ok(self.sections.as_deref().and_then(SectionTotals::read))
     }
 }
 
@@ -308,6 +313,8 @@ pub struct RedisResult {
     pub get_held: Held,
     pub set_held: Held,
     pub bgsave_held: Held,
+    /// What the server's sections did over the whole run (fill, GET, SET, BGSAVE's child).
+    pub sections: Option<SectionTotals>,
 }
 
 /// Fill, GET, SET, BGSAVE under SET load, and the checks, on one server.
@@ -349,7 +356,7 @@ pub fn redis(
         return Err(e.context(format!("redis-server under {}", system.name())));
     }
     let rdb = server.rdb();
-    server.shutdown()?;
+    r.sections = server.shutdown()?;
     verify_rdb(&rdb, s.redis_keys, port + 1000)?;
     let _ = std::fs::remove_file(&rdb);
     Ok(r)

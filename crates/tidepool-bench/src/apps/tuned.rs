@@ -1,0 +1,216 @@
+//! `tidepool-tuned`: each workload under a profile that `tidepool tune` made on an input a
+//! tenth of the measured one's size (a third under `--quick`, whose inputs are small already;
+//! never on the measured run), at the same share of that smaller run's own native peak RSS.
+//!
+//! Redis is tuned through a driver script: redis-server filled by redis-benchmark with 4 KiB
+//! values, then read and written at random keys (the measured workload fills with random
+//! bytes; the profile is about where the server's memory comes from and how it is used, not
+//! the values' bytes).
+
+use super::launch::{Launcher, System};
+use super::programs::{sort_input, Sizes, PANDAS_SCRIPT};
+use anyhow::{bail, Context, Result};
+use std::ffi::OsString;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Rounds of `tidepool tune` per profile.
+const ROUNDS: u32 = 4;
+/// How long one tuning may take before it is given up.
+const DEADLINE: Duration = Duration::from_secs(30 * 60);
+
+/// The driver redis-server is tuned with: it prints nothing, and redis-server keeps the
+/// script's process (`exec`), the one `tidepool run` applies the profile to.
+const REDIS_DRIVER: &str = r#"#!/bin/sh
+# redis-server filled with 4 KiB values, then read and written at random keys (tidepool tune).
+port=$1 keys=$2 requests=$3
+(
+  i=0
+  until redis-cli -p "$port" ping; do
+    i=$((i + 1)); [ "$i" -gt 300 ] && break; sleep 0.1
+  done
+  redis-benchmark -p "$port" -t set -n "$keys" -r "$keys" -d 4096 -P 16 -q
+  redis-benchmark -p "$port" -t get -n "$requests" -r "$keys" -d 4096 -P 16 -q
+  redis-benchmark -p "$port" -t set -n "$requests" -r "$keys" -d 4096 -P 16 -q
+  redis-cli -p "$port" shutdown nosave
+) >/dev/null 2>&1 &
+exec redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+  --loglevel warning >/dev/null
+"#;
+
+/// A workload's command on its tuning input: its argv, its environment, and whether its
+/// output varies from run to run (a Python script prints its own time).
+struct Small {
+    argv: Vec<OsString>,
+    env: Vec<(&'static str, OsString)>,
+    output_varies: bool,
+}
+
+/// The sizes a workload is tuned at: `s` over `by`.
+fn smaller(s: &Sizes, by: u64) -> Sizes {
+    Sizes {
+        redis_keys: s.redis_keys / by,
+        redis_requests: s.redis_requests / by,
+        pandas_rows: s.pandas_rows / by,
+        sort_lines: s.sort_lines / by,
+        dict_strings: s.dict_strings / by,
+        map_entries: s.map_entries / by,
+    }
+}
+
+fn small(workload: &str, s: &Sizes, dir: &Path, python: &Path) -> Result<Small> {
+    let script = |name: &str, text: &str, arg: u64| -> Result<Small> {
+        let path = dir.join(name);
+        std::fs::write(&path, text)?;
+        Ok(Small {
+            argv: vec![python.into(), path.into(), arg.to_string().into()],
+            env: Vec::new(),
+            output_varies: true,
+        })
+    };
+    Ok(match workload {
+        "redis" => {
+            let path = dir.join("apps_redis_tune.sh");
+            std::fs::write(&path, REDIS_DRIVER)?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700))?;
+            let argv = [path.into_os_string()]
+                .into_iter()
+                .chain(
+                    [16_900, s.redis_keys, s.redis_requests]
+                        .iter()
+                        .map(|n| n.to_string().into()),
+                )
+                .collect();
+            Small {
+                argv,
+                env: Vec::new(),
+                output_varies: false,
+            }
+        }
+        "pandas-groupby" => script("apps_pandas_tune.py", PANDAS_SCRIPT, s.pandas_rows)?,
+        "python-dict" => script(
+            "apps_dict_tune.py",
+            crate::worker::DICT_SCRIPT,
+            s.dict_strings,
+        )?,
+        "sort" => {
+            let input = sort_input(dir, s.sort_lines)?;
+            Small {
+                argv: vec![
+                    "sort".into(),
+                    "-o".into(),
+                    dir.join("apps_sort_tune.out").into(),
+                    input.into(),
+                ],
+                env: vec![("LC_ALL", "C".into()), ("TMPDIR", dir.into())],
+                output_varies: false,
+            }
+        }
+        w => Small {
+            argv: super::runtimes::argv(w, dir, s.runtime_entries(w))?,
+            env: Vec::new(),
+            output_varies: false,
+        },
+    })
+}
+
+/// Tunes `workload` on its smaller input (the measured sizes `s`, over 10, or 3 if `quick`)
+/// at `ratio` of that input's native peak RSS; the profile's path.
+pub(super) fn tune(
+    l: &Launcher,
+    workload: &str,
+    ratio: f64,
+    (s, quick): (&Sizes, bool),
+    dir: &Path,
+    python: &Path,
+) -> Result<PathBuf> {
+    let small = small(
+        workload,
+        &smaller(s, if quick { 3 } else { 10 }),
+        dir,
+        python,
+    )?;
+    let mut native = l.command(System::Native, 0, &small.argv)?;
+    native.envs(small.env.iter().map(|(k, v)| (k, v)));
+    let ended = l.run_to_end(System::Native, native)?;
+    if !ended.status.success() {
+        bail!(
+            "{workload}'s tuning input failed natively ({}): {}",
+            ended.status,
+            ended.stderr.trim()
+        );
+    }
+    let local = super::local_bytes(ended.peak_rss, ratio);
+    let pct = (ratio * 100.0).round();
+    let profile = dir.join(format!("{workload}-{pct}.toml"));
+    let log = dir.join(format!("{workload}-{pct}.tune.log"));
+    let mut cmd = Command::new(&l.tidepool);
+    cmd.args(["tune", "--rounds", &ROUNDS.to_string()])
+        .arg("--local")
+        .arg(local.to_string())
+        .arg("--out")
+        .arg(&profile);
+    if small.output_varies {
+        cmd.arg("--ignore-output");
+    }
+    cmd.arg("--")
+        .args(&small.argv)
+        .envs(small.env.iter().map(|(k, v)| (k, v)))
+        .env("TIDEPOOL_PRELOAD", &l.preload)
+        .env_remove("TIDEPOOL_RUN_SECTIONS_OUT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?);
+    let mut child = cmd.spawn().context("cannot start tidepool tune")?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "tidepool tune of {workload} took over {} s (its log: {})",
+                DEADLINE.as_secs(),
+                log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if !status.success() {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(8).collect();
+        bail!(
+            "tidepool tune of {workload} failed ({status}): {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    Ok(profile)
+}
+
+/// What a tuning found, in one line: its rounds and the sections it gave a policy.
+pub(super) fn summary(profile: &Path) -> String {
+    let Ok(p) = tidepool_pager::profile::Profile::read(profile) else {
+        return format!("{} cannot be read", profile.display());
+    };
+    let sections: Vec<String> = p
+        .sections
+        .iter()
+        .map(|s| {
+            let policy = tidepool_pager::Policy::new(s.prefetch.into(), s.line);
+            format!("{} {policy}", s.name)
+        })
+        .collect();
+    format!(
+        "{}; policies: {}",
+        p.tuned.as_deref().unwrap_or("tuned"),
+        if sections.is_empty() {
+            "none (no change helped)".to_string()
+        } else {
+            sections.join(", ")
+        }
+    )
+}
