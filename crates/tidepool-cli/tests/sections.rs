@@ -262,3 +262,87 @@ fn tune_writes_a_profile_that_run_applies() {
         "{stderr}"
     );
 }
+
+/// `tidepool run --local 8M` of the verification workload (64 MiB, two threads, three passes,
+/// every word checked) with `args` before `--`: status, stdout, stderr.
+fn verify_with(
+    args: &[&std::ffi::OsStr],
+    sections_out: Option<&std::path::Path>,
+) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidepool"));
+    cmd.args(["run", "--local", "8M", "--stats"])
+        .args(args)
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_tidepool"))
+        .args(["bench-worker", "verify", "64M", "2", "3"])
+        .env("TIDEPOOL_PRELOAD", preload());
+    if let Some(dir) = sections_out {
+        cmd.env("TIDEPOOL_RUN_SECTIONS_OUT", dir);
+    }
+    let out = output_within(&mut cmd, Duration::from_secs(300));
+    let (stdout, stderr) = text(&out);
+    (out.status.success(), stdout, stderr)
+}
+
+/// No wrong byte with any profile: the verification workload under profiles that give every
+/// section it has the most aggressive policies there are (lines of up to 16 pages, every
+/// prefetcher, pages kept high or pinned, and one that pins everything, more than the budget
+/// holds).
+#[test]
+fn the_verification_workload_is_right_under_aggressive_profiles() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    use tidepool_pager::profile::{KeepName, Observed, PrefetchName, Profile, SectionEntry};
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("verify-sections-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ok, stdout, stderr) = verify_with(&[], Some(&dir));
+    assert!(
+        ok && stdout.contains(", 0 wrong words"),
+        "{stdout}\n{stderr}"
+    );
+    let observed = Observed::read_dir(&dir).unwrap();
+    let me = &observed[0];
+    assert!(!me.sections.is_empty(), "{observed:?}");
+    let prefetches = [
+        PrefetchName::Sweep,
+        PrefetchName::Own,
+        PrefetchName::Off,
+        PrefetchName::Shared,
+    ];
+    let keeps = [KeepName::Pin, KeepName::High, KeepName::Normal];
+    let mixed = |i: usize| (prefetches[i % 4], [16u8, 8, 4, 2][i % 4], keeps[i % 3]);
+    let pin_all = |_| (PrefetchName::Sweep, 16u8, KeepName::Pin);
+    for (what, policy) in [
+        (
+            "mixed",
+            &mixed as &dyn Fn(usize) -> (PrefetchName, u8, KeepName),
+        ),
+        ("everything pinned", &pin_all),
+    ] {
+        let mut profile = Profile::new(me.program.clone());
+        for (i, s) in me.sections.iter().enumerate() {
+            let (prefetch, line, keep) = policy(i);
+            profile.sections.push(SectionEntry {
+                name: s.name.clone(),
+                prefetch,
+                line,
+                keep,
+                why: None,
+            });
+        }
+        let file = dir.join("aggressive.toml");
+        std::fs::write(&file, profile.to_toml()).unwrap();
+        let (ok, stdout, stderr) = verify_with(&["--profile".as_ref(), file.as_os_str()], None);
+        assert!(ok, "{what}: {stdout}\n{stderr}");
+        assert!(
+            stdout.contains(", 0 wrong words"),
+            "{what}: {stdout}\n{stderr}"
+        );
+        assert!(!stderr.contains("ignored"), "{what}: {stderr}");
+        assert!(
+            stderr.contains(" pin"),
+            "{what}: the policies show: {stderr}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

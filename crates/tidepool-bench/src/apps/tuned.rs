@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Rounds of `tidepool tune` per profile.
-const ROUNDS: u32 = 4;
+/// Rounds of `tidepool tune` per profile, at most (it stops when nothing is left to try):
+/// enough for the prefetch ladder and then a section or two kept longer.
+const ROUNDS: u32 = 8;
 /// How long one tuning may take before it is given up.
 const DEADLINE: Duration = Duration::from_secs(30 * 60);
 
@@ -204,9 +205,15 @@ pub(super) fn summary(profile: &Path) -> String {
             format!("{} {policy}", s.name)
         })
         .collect();
+    // How it was tuned ends with the rounds' times; the command is in the file.
+    let rounds = p
+        .tuned
+        .as_deref()
+        .and_then(|t| t.rsplit_once("; "))
+        .map_or("", |(_, r)| r);
     format!(
-        "{}; policies: {}",
-        p.tuned.as_deref().unwrap_or("tuned"),
+        "{} ({rounds}); policies: {}",
+        profile.display(),
         if sections.is_empty() {
             "none (no change helped)".to_string()
         } else {
