@@ -169,18 +169,22 @@ fn proposals(profile: &Profile, round: &Round, tried: &[Change]) -> Vec<Change> 
 /// share of the program's.
 const KEEP_WORTH: f64 = 0.05;
 
-/// The eviction change worth trying after `round` once no prefetch or line change is left: for
-/// the section with the most far reads that has not tried it, pages kept high, then pinned.
-/// One at a time: keeping one section's pages costs every other section room, so it is judged
-/// by the whole program's cost.
-fn keep_proposal(profile: &Profile, round: &Round, tried: &[Change]) -> Option<Change> {
+/// The eviction change worth trying after `round` once no prefetch or line change is left:
+/// for the section with the most far reads that came back soon (pages evicted less than the
+/// budget's bytes before: what more room would have kept) that has not tried it, pages kept
+/// high, then pinned. One at a time: keeping one section's pages costs every other section
+/// room, so it is judged by the whole program's cost.
+fn keep_proposal(profile: &Profile, round: &Round, tried: &[Change], local: u64) -> Option<Change> {
     let far = round.far_reads() as f64;
     let mut busiest: Vec<&ObservedSection> = round
         .sections
         .values()
-        .filter(|s| s.far_reads as f64 >= KEEP_WORTH * far && s.far_reads > 0)
+        .filter(|s| {
+            let soon = s.refetched_within(local);
+            soon as f64 >= KEEP_WORTH * far && soon > 0
+        })
         .collect();
-    busiest.sort_by_key(|s| std::cmp::Reverse(s.far_reads));
+    busiest.sort_by_key(|s| std::cmp::Reverse(s.refetched_within(local)));
     busiest.into_iter().find_map(|s| {
         let now = policy_of(profile, &s.name);
         let to = match now.keep {
@@ -191,6 +195,36 @@ fn keep_proposal(profile: &Profile, round: &Round, tried: &[Change]) -> Option<C
         let to = Setting { keep: to, ..now };
         (!tried.iter().any(|t| t.0 == s.name && t.1 == to)).then(|| (s.name.clone(), to))
     })
+}
+
+/// What each busy section's far reads were: pages read for the first time, or pages that came
+/// back after this many bytes of evictions (under the budget: more room would have kept
+/// them). One line a section, busiest first, for the sections with 1% of the far reads.
+fn reuse(r: &Round, local: u64) -> String {
+    let far = r.far_reads();
+    let mut busy: Vec<&ObservedSection> = r
+        .sections
+        .values()
+        .filter(|s| s.far_reads > 0 && s.far_reads as f64 >= SIGNIFICANT * far as f64)
+        .collect();
+    busy.sort_by_key(|s| std::cmp::Reverse(s.far_reads));
+    let mut out = String::new();
+    for s in busy {
+        let again: u64 = s.refetched.iter().sum();
+        let soon = s.refetched_within(local);
+        let half = s.refetched_within(local / 2);
+        out += &format!(
+            "  {}: {} far reads, {} of pages read before: {} back within {} of evictions, {} within {}\n",
+            s.name,
+            s.far_reads,
+            again,
+            soon,
+            tidepool_node::format_size(local),
+            half,
+            tidepool_node::format_size(local / 2),
+        );
+    }
+    out
 }
 
 fn total_cost(r: &Round) -> f64 {
@@ -342,6 +376,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         me.name,
         summary(&last)
     );
+    eprint!("{}", reuse(&last, t.local));
     let (mut best_seconds, output) = (last.seconds, last.output.clone());
     let mut times = vec![last.seconds];
     let mut ever_tried: Vec<Change> = Vec::new();
@@ -351,7 +386,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         let mut tried = proposals(&profile, &last, &ever_tried);
         let keeping = tried.is_empty();
         if keeping {
-            tried.extend(keep_proposal(&profile, &last, &ever_tried));
+            tried.extend(keep_proposal(&profile, &last, &ever_tried, t.local));
         }
         ever_tried.extend(tried.iter().cloned());
         if tried.is_empty() {

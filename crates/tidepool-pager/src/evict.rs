@@ -154,12 +154,19 @@ impl Inner {
                 }
             }
         }
-        // Pinned sections' pages are passed over on a first pass, and taken on a second only
-        // if the first found no victim at all.
-        for honour_pins in [true, false] {
-            let mut passed_pins = false;
+        // Pinned sections' pages are passed over without counting against the pass's reach,
+        // up to a turn of the clock (they gather in a block, which a pass must get across).
+        // A pass that passes a whole turn of them (more is pinned than the budget holds)
+        // takes them from there on, and pins give way for the next batches (see
+        // `Sections::pins_hold`), so such a pass costs one batch in many.
+        {
             let mut clock = self.clock.lock();
             let mut budget = clock.len().min(EVICT_BATCH * 8);
+            let mut pin_reach = if self.sections.pins_hold() {
+                clock.len()
+            } else {
+                0
+            };
             while victims.len() < EVICT_BATCH && budget > 0 {
                 budget -= 1;
                 let Some(entry) = clock.pop_front() else {
@@ -198,8 +205,12 @@ impl Inner {
                         continue;
                     }
                 }
-                if honour_pins && self.sections.keep(region.sections.of(page)) == Keep::Pin {
-                    passed_pins = true;
+                if pin_reach > 0 && self.sections.keep(region.sections.of(page)) == Keep::Pin {
+                    pin_reach -= 1;
+                    if pin_reach == 0 {
+                        self.sections.pins_give_way();
+                    }
+                    budget += 1;
                     clock.push_back(entry);
                     continue;
                 }
@@ -216,9 +227,6 @@ impl Inner {
                 } else {
                     clock.push_back(entry);
                 }
-            }
-            if !victims.is_empty() || !passed_pins {
-                break;
             }
         }
         if victims.is_empty() {

@@ -414,7 +414,9 @@ impl Inner {
             let at = region.table.evicted_at(page).load(Relaxed);
             if at != 0 {
                 let after = self.evict_seq.load(Relaxed).wrapping_sub(at) as u64 * PAGE as u64;
-                Counters::add(&self.counters.ghost_fetches[ghost_bucket(after)], 1);
+                let k = ghost_bucket(after);
+                Counters::add(&self.counters.ghost_fetches[k], 1);
+                Counters::add(&self.section_counts(region, page).refetched[k], 1);
             }
         }
         // A page fetched again soon after its eviction heats up, one fetched late cools

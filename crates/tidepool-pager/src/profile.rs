@@ -311,6 +311,17 @@ pub struct ObservedSection {
     pub line: u8,
     #[serde(default, skip_serializing_if = "KeepName::is_normal")]
     pub keep: KeepName,
+    /// Its reuse distances ([`crate::SectionStats::refetched`]), trailing empty buckets left
+    /// out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refetched: Vec<u64>,
+}
+
+impl ObservedSection {
+    /// Far reads of pages evicted fewer than `bytes` bytes of evictions before.
+    pub fn refetched_within(&self, bytes: u64) -> u64 {
+        crate::sections::refetched_within(&self.refetched, bytes)
+    }
 }
 
 impl Observed {
@@ -330,6 +341,14 @@ impl Observed {
                 prefetch: s.policy.prefetch.into(),
                 line: s.policy.line,
                 keep: s.policy.keep.into(),
+                refetched: {
+                    let used = s
+                        .refetched
+                        .iter()
+                        .rposition(|&n| n > 0)
+                        .map_or(0, |k| k + 1);
+                    s.refetched[..used].to_vec()
+                },
                 name: s.name,
             })
             .collect();

@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use tidepool_proto::coord::{ghost_bucket_limit, GHOST_BUCKETS};
 
 /// Sections a pager tells apart; names past the last share section 0.
 pub const SECTIONS_MAX: usize = 128;
@@ -177,6 +178,9 @@ pub(crate) struct SectionCounts {
     pub(crate) prefetch_planned: AtomicU64,
     pub(crate) prefetch_credited: AtomicU64,
     pub(crate) line_pages: AtomicU64,
+    /// Far reads of pages evicted before, by how many bytes were evicted after them (ghost
+    /// buckets: under 1 MiB, 2 MiB, 4 MiB, ...).
+    pub(crate) refetched: [AtomicU64; GHOST_BUCKETS],
 }
 
 /// A pager's sections: their names and counters.
@@ -191,7 +195,14 @@ pub(crate) struct Sections {
     any_policy: AtomicBool,
     /// Some section's pages are kept otherwise than by heat (the clock then looks them up).
     any_keep: AtomicBool,
+    /// Eviction batches left during which pins give way: a batch passed a whole turn of the
+    /// clock's pinned pages (more is pinned than the budget holds).
+    pins_off: AtomicU32,
 }
+
+/// Batches during which pins give way once a batch passed a whole turn of pinned pages: the
+/// evictor then goes on at its usual pace, and such a turn costs one batch in so many.
+const PINS_OFF_BATCHES: u32 = 64;
 
 impl fmt::Debug for Sections {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -211,6 +222,7 @@ impl Sections {
             keep: std::array::from_fn(|_| AtomicU8::new(0)),
             any_policy: AtomicBool::new(false),
             any_keep: AtomicBool::new(false),
+            pins_off: AtomicU32::new(0),
         }
     }
 
@@ -224,6 +236,22 @@ impl Sections {
         if p.keep != Keep::Normal {
             self.any_keep.store(true, Relaxed);
         }
+    }
+
+    /// Whether this eviction batch passes over pinned pages: some section is pinned, and pins
+    /// are not giving way (each call counts a batch of that down).
+    pub(crate) fn pins_hold(&self) -> bool {
+        if !self.any_keep.load(Relaxed) {
+            return false;
+        }
+        self.pins_off
+            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+            .is_err()
+    }
+
+    /// A batch passed a whole turn of pinned pages: pins give way for the next batches.
+    pub(crate) fn pins_give_way(&self) {
+        self.pins_off.store(PINS_OFF_BATCHES, Relaxed);
     }
 
     /// How section `id`'s pages are kept (one load when no section says otherwise).
@@ -283,6 +311,7 @@ impl Sections {
                     prefetch_planned: c.prefetch_planned.load(Relaxed),
                     prefetch_credited: c.prefetch_credited.load(Relaxed),
                     line_pages: c.line_pages.load(Relaxed),
+                    refetched: std::array::from_fn(|k| c.refetched[k].load(Relaxed)),
                     resident_pages: None,
                 }
             })
@@ -313,6 +342,10 @@ pub struct SectionStats {
     pub prefetch_credited: u64,
     /// Pages read along with a miss for the section's line ([`Policy::line`]).
     pub line_pages: u64,
+    /// Its reuse distances: far reads of pages evicted before, by how many bytes of pages
+    /// were evicted after them (bucket `k`: under `2^k` MiB). Those within a few MiB would
+    /// have stayed local with that much more room: what keeping the section longer can win.
+    pub refetched: [u64; GHOST_BUCKETS],
     /// Its pages mapped now, if counted ([`crate::Pager::report`] counts them; `stats`,
     /// which a coordinator samples, does not).
     pub resident_pages: Option<u64>,
@@ -324,6 +357,22 @@ impl SectionStats {
         (self.prefetch_planned > 0)
             .then(|| self.prefetch_credited as f64 / self.prefetch_planned as f64)
     }
+
+    /// Far reads of pages evicted fewer than `bytes` bytes of evictions before (rounded down
+    /// to a ghost bucket's bound).
+    pub fn refetched_within(&self, bytes: u64) -> u64 {
+        refetched_within(&self.refetched, bytes)
+    }
+}
+
+/// Of reuse distances by ghost bucket (`refetched`), those under `bytes` (whole buckets).
+pub fn refetched_within(refetched: &[u64], bytes: u64) -> u64 {
+    refetched
+        .iter()
+        .enumerate()
+        .take_while(|&(k, _)| ghost_bucket_limit(k) <= bytes)
+        .map(|(_, n)| n)
+        .sum()
 }
 
 /// Spans a region may be cut into by rule.

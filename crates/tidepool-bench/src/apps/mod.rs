@@ -21,7 +21,8 @@
 //!   is missing.
 //!
 //! Systems ([`System`]): `tidepool-default` (`tidepool run` as a user types it: pages
-//! compressed in process), `tidepool-local` (pages kept whole in process: the pager alone),
+//! compressed in process), `tidepool-tuned` (the same with `--profile`, a profile `tidepool
+//! tune` made on a tenth of the workload's input: `tuned.rs`), `tidepool-local` (pages kept whole in process: the pager alone),
 //! `tidepool-node` (a `tidepool node` on the other CPU), `linux-zram` (a cgroup v1 memory group
 //! limited to the same local size, swapping to zram) and `native`. Every figure has a
 //! `machine_mib` row beside it, the bytes the system held on this machine for the program at
@@ -32,7 +33,11 @@
 //! 10%: the verdict says where it is not. Beside every program's time but Redis's (whose load
 //! generator's own wake-ups would drown them), an `interrupts` row counts the cross-CPU
 //! interrupts (function calls and rescheduling, /proc/interrupts) this machine took during the
-//! run, and `tlb_shootdowns` the TLB shootdowns among them: what paging cost the other CPU. Local memory is `local_ratio` (0.25
+//! run, and `tlb_shootdowns` the TLB shootdowns among them: what paging cost the other CPU.
+//! Under `tidepool-default` and `tidepool-tuned`, `far_reads` counts the pager's misses and
+//! `prefetch_accuracy` the share of prefetched pages the program used (percent), from the
+//! sections every process writes at exit (for Redis, the server's whole run); a note puts the
+//! tuned run beside the default one. Local memory is `local_ratio` (0.25
 //! and 0.5) of each program's peak RSS, measured natively first. linux-zram, when the kernel
 //! OOM-killed it, runs once more (with a note saying so); killed twice, it gets a row with
 //! metric `oom_killed` = 1.
