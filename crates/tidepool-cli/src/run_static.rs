@@ -128,10 +128,14 @@ fn ours(tid: u32) -> bool {
 
 /// Answers the program's held memory calls with the preload's `syscall()` (paged memory);
 /// lets those of other processes (children exec'd under the filter) run as they are. The
-/// program's `exit_group` becomes `exit` here when `--stats` asked for the preload's figures
-/// (printed by its exit handler, which a static program's own exit never runs).
+/// program's `exit_group` becomes `exit` here when the preload has something to do at exit
+/// (which a static program's own exit never runs): `--stats`' figures, the sections
+/// `tidepool tune` reads, a profile's message.
 fn serve(listener: &Listener, name: &str) {
-    let stats = std::env::var_os("TIDEPOOL_RUN_STATS").is_some_and(|v| !v.is_empty() && v != "0");
+    let set = |v: &str| std::env::var_os(v).is_some_and(|v| !v.is_empty() && v != "0");
+    let stats = set("TIDEPOOL_RUN_STATS")
+        || set("TIDEPOOL_RUN_SECTIONS_OUT")
+        || set("TIDEPOOL_RUN_PROFILE_PID");
     let mut told = false;
     loop {
         let n = match listener.recv() {
@@ -146,7 +150,7 @@ fn serve(listener: &Listener, name: &str) {
             listener.let_run(n.id)
         } else if let Some(status) = n.exit_status() {
             if stats {
-                // The exit a dynamic program takes, with the preload's statistics at its end;
+                // The exit a dynamic program takes, with the preload's exit handler at its end;
                 // the program's thread stays held until the process is gone.
                 std::process::exit(status);
             }

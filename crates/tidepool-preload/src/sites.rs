@@ -81,13 +81,40 @@ fn place(ip: usize) -> Option<Place> {
         // SAFETY: dladdr's strings are NUL-terminated and live as long as the module.
         (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
     };
-    let module = text(info.dli_fname).unwrap_or_default();
-    let module = module.rsplit('/').next().unwrap_or("").to_string();
+    let module = match main_program() {
+        Some((base, name)) if *base == info.dli_fbase as usize => name.clone(),
+        _ => {
+            let path = text(info.dli_fname).unwrap_or_default();
+            path.rsplit('/').next().unwrap_or("").to_string()
+        }
+    };
     Some(Place {
         module_base: info.dli_fbase as usize,
         module,
         symbol: text(info.dli_sname).map(|s| (s, ip - info.dli_saddr as usize)),
     })
+}
+
+/// The main program's load address and file name. glibc's `dladdr` names the main program by
+/// `argv[0]`, which a program may rewrite (redis-server puts its address and port there, so
+/// its sections' names would change with the port): it is named by `/proc/self/exe` instead.
+fn main_program() -> Option<&'static (usize, String)> {
+    static MAIN: std::sync::OnceLock<Option<(usize, String)>> = std::sync::OnceLock::new();
+    MAIN.get_or_init(|| {
+        // SAFETY: getauxval reads the auxiliary vector the kernel passed; it has no
+        // preconditions.
+        let entry = unsafe { libc::getauxval(libc::AT_ENTRY) } as usize;
+        // SAFETY: Dl_info is pointers and integers, valid when zero.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: dladdr only reads the loader's tables and writes `info`, which it may.
+        if entry == 0 || unsafe { libc::dladdr(entry as *const c_void, &mut info) } == 0 {
+            return None;
+        }
+        let exe = std::fs::read_link("/proc/self/exe").ok()?;
+        let name = exe.file_name()?.to_string_lossy().into_owned();
+        Some((info.dli_fbase as usize, name))
+    })
+    .as_ref()
 }
 
 /// This library's addresses, `[start, end)`: a frame there is ours, found without a lookup

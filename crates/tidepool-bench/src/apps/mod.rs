@@ -199,7 +199,7 @@ impl Suite for AppsSuite {
             let want = native.answer();
             native.report(ctx, System::Native, workload, 1.0, peak, None)?;
             ctx.advance();
-            for &ratio in &RATIOS {
+            for ratio in RATIOS.into_iter().filter(|&r| ratio_wanted(r)) {
                 let local = local_bytes(peak, ratio);
                 for &system in &systems {
                     if system == System::TidepoolTuned {
@@ -291,6 +291,16 @@ fn tuned_note(
 /// The local memory a program of native peak RSS `peak` (bytes) gets at `ratio`.
 fn local_bytes(peak: u64, ratio: f64) -> u64 {
     ((peak as f64 * ratio) as u64).max(16 << 20)
+}
+
+/// `TIDEPOOL_BENCH_RATIOS=0.25` limits a run to some shares of local memory.
+fn ratio_wanted(ratio: f64) -> bool {
+    match std::env::var("TIDEPOOL_BENCH_RATIOS") {
+        Ok(list) => list
+            .split(',')
+            .any(|r| r.trim().parse::<f64>().is_ok_and(|r| r == ratio)),
+        Err(_) => true,
+    }
 }
 
 /// `TIDEPOOL_BENCH_WORKLOADS=sort,python-dict` limits a run to some workloads (for profiling;
