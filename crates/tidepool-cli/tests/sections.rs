@@ -254,6 +254,11 @@ fn tune_writes_a_profile_that_run_applies() {
     for s in &profile.sections {
         assert!(s.why.is_some(), "every choice says why: {s:?}");
     }
+    // A change kept in the rounds is checked against the defaults in alternating runs.
+    assert!(
+        !stderr.contains(" kept (") || stderr.contains("check: 3 runs each"),
+        "{stderr}"
+    );
     let (ok, stdout, stderr) = run_with_profile(&std::fs::read_to_string(&file).unwrap());
     assert!(ok, "{stderr}");
     assert_eq!(stdout, native_answer());
