@@ -142,7 +142,7 @@ impl Inner {
                 if region.dead.load(Acquire)
                     || kind(word) != RESIDENT
                     || word & (REFERENCED | INHERITED) != 0
-                    || self.sections.keep(region.sections.of(page)) == Keep::Pin
+                    || self.sections.keep_of(&region.sections, page) == Keep::Pin
                 {
                     continue;
                 }
@@ -205,7 +205,7 @@ impl Inner {
                         continue;
                     }
                 }
-                if pin_reach > 0 && self.sections.keep(region.sections.of(page)) == Keep::Pin {
+                if pin_reach > 0 && self.sections.keep_of(&region.sections, page) == Keep::Pin {
                     pin_reach -= 1;
                     if pin_reach == 0 {
                         self.sections.pins_give_way();
@@ -323,7 +323,7 @@ impl Inner {
                     break;
                 }
                 // A section kept longer than by heat keeps its pages out of others' spans.
-                if self.sections.keep(region.sections.of(p)) != Keep::Normal {
+                if self.sections.keep_of(&region.sections, p) != Keep::Normal {
                     break;
                 }
                 match region.table.try_lock(p, &[RESIDENT]) {

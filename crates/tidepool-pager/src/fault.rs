@@ -428,7 +428,7 @@ impl Inner {
             heat / 2
         };
         // A section kept high starts every page with the hottest page's chances.
-        let chances = match self.sections.keep(region.sections.of(page)) {
+        let chances = match self.sections.keep_of(&region.sections, page) {
             Keep::Normal => heat,
             _ => 3,
         };

@@ -254,13 +254,14 @@ impl Sections {
         self.pins_off.store(PINS_OFF_BATCHES, Relaxed);
     }
 
-    /// How section `id`'s pages are kept (one load when no section says otherwise).
+    /// How page `page` of the region `map` maps is kept: one load, and no lookup of its
+    /// section, when no section says otherwise (the fault and eviction paths ask per page).
     #[inline]
-    pub(crate) fn keep(&self, id: SectionId) -> Keep {
+    pub(crate) fn keep_of(&self, map: &SectionMap, page: usize) -> Keep {
         if !self.any_keep.load(Relaxed) {
             return Keep::Normal;
         }
-        Keep::from_code(self.keep[id.index()].load(Relaxed))
+        Keep::from_code(self.keep[map.of(page).index()].load(Relaxed))
     }
 
     #[inline]
