@@ -14,10 +14,13 @@
 //!   each pager also makes the pipe its child will hold (`tags.rs`), and runs
 //!   [`crate::Config::before_fork`] (the preload touches glibc's stdio locks there).
 //! - **Between prepare and the fork itself** glibc reads the program's memory (its NSS state,
-//!   its stream list), and a signal may land on the forking thread with its alternate stack
-//!   in the heap. The forking thread's faults are therefore served with the gate closed: it
-//!   cannot reach the fork while it waits for them, and each is installed and accounted for
-//!   before it is woken (`Uffd::deferring_wakes`), with nothing evicted. Handlers never wait
+//!   its stream list). The forking thread's faults are therefore served with the gate closed:
+//!   it cannot reach the fork while it waits for them, and each is installed and accounted for
+//!   before it is woken (`Uffd::deferring_wakes`), with nothing evicted. A signal would end
+//!   that wait early (the kernel lets a thread out of a page fault to run its handler, and
+//!   back from the handler it finds the page mapped, perhaps before the service accounted for
+//!   it), so the forking thread blocks every signal it can from prepare to the fork's end but
+//!   the park signal below; the others stay pending and run after the fork, as if sent then. Handlers never wait
 //!   at the gate holding faults: they hold other threads' faults and keep reading. A held fault
 //!   whose thread may own a lock that glibc's fork takes after the handlers ran (the NSS lock,
 //!   the stream list's, the malloc arenas') is served anyway while the forking thread waits on
@@ -261,7 +264,24 @@ pub fn install() {
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) };
 }
 
+thread_local! {
+    /// The forking thread's signal mask before the fork, while the fork is under way.
+    static MASK_BEFORE: Cell<Option<crate::sys::SignalMask>> = const { Cell::new(None) };
+}
+
+/// Whether a section entered regardless is under way (see [`section_regardless`]).
+pub(crate) fn regardless_in_flight() -> bool {
+    GATE.regardless.load(SeqCst) != 0
+}
+
 extern "C" fn prepare() {
+    // From here to the clone, a signal would take the forking thread out of a page fault that
+    // a handler is serving regardless: back from the signal handler it finds the page already
+    // mapped (installed, not yet accounted for) and could clone while the service still runs,
+    // which tears the child. So no signal but the park signal (whose handler waits for such
+    // services to end) reaches it until the fork is over; the rest wait, pending.
+    let mask = crate::sys::block_asynchronous_signals(crate::park::signal());
+    MASK_BEFORE.with(|m| m.set(Some(mask)));
     // Pagers start and stop inside sections: with the gate closed the list holds still.
     close_gate();
     for p in pagers() {
@@ -274,6 +294,14 @@ extern "C" fn parent() {
         p.parent();
     }
     open_gate();
+    restore_mask();
+}
+
+/// Gives the forking thread back the signal mask it had before [`prepare`].
+fn restore_mask() {
+    if let Some(mask) = MASK_BEFORE.with(|m| m.take()) {
+        crate::sys::restore_signals(mask);
+    }
 }
 
 extern "C" fn child() {
@@ -306,6 +334,7 @@ extern "C" fn child() {
     for p in &pagers {
         p.child_start();
     }
+    restore_mask();
 }
 
 #[cfg(test)]

@@ -12,8 +12,10 @@
 //! a forking thread that blocks it, or a program that handles it, is never sent it (`late.rs`
 //! then falls back to serving one fault whose thread may hold a lock, as before).
 //!
-//! The handler does nothing but atomics and futex calls (async-signal-safe, no allocation, no
-//! lock), keeps `errno`, and blocks every other signal while it runs.
+//! The handler does nothing but atomics, futex calls and short sleeps (async-signal-safe, no
+//! allocation, no lock), keeps `errno`, and blocks every other signal while it runs. Before it
+//! returns it also waits for any other service entered regardless to end: the signal may have
+//! taken the thread out of a fault of its own that another handler is serving.
 
 use crate::sys::{futex_wait, futex_wake_all, gettid};
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
@@ -47,6 +49,19 @@ extern "C" fn on_park_signal(_signal: libc::c_int) {
                 break;
             }
             futex_wait(&RELEASED, released, Duration::from_millis(10));
+        }
+        // Another handler may be serving this thread's own fault, which the signal took it
+        // out of: back from here it could find the page mapped and clone before that service
+        // ends. It waits for every service entered regardless (none waits for this thread).
+        let mut spins = 0u32;
+        while crate::fork::regardless_in_flight() {
+            spins += 1;
+            if spins < 100 {
+                std::thread::yield_now();
+            } else {
+                // nanosleep, async-signal-safe.
+                std::thread::sleep(Duration::from_micros(50));
+            }
         }
     }
     // SAFETY: as above.

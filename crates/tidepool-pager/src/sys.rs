@@ -120,3 +120,39 @@ pub fn die(msg: &str, code: i32) -> ! {
         libc::_exit(code)
     }
 }
+
+/// The calling thread's signal mask, as [`block_asynchronous_signals`] found it.
+#[derive(Clone, Copy)]
+pub struct SignalMask(libc::sigset_t);
+
+/// Blocks every signal in the calling thread but `keep` and the ones the kernel raises on the
+/// thread's own instruction (a fault, a trap: blocking those kills instead); returns the mask
+/// it had. Signals sent meanwhile stay pending until [`restore_signals`].
+pub fn block_asynchronous_signals(keep: i32) -> SignalMask {
+    // SAFETY: sigset_t values filled by sigfillset/sigdelset before use; pthread_sigmask
+    // changes only the calling thread's mask and writes the old one into `old`.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        for sig in [
+            keep,
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGILL,
+            libc::SIGFPE,
+            libc::SIGTRAP,
+            libc::SIGSYS,
+        ] {
+            libc::sigdelset(&mut set, sig);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+        SignalMask(old)
+    }
+}
+
+/// Gives the calling thread back the mask [`block_asynchronous_signals`] returned.
+pub fn restore_signals(mask: SignalMask) {
+    // SAFETY: a mask pthread_sigmask itself wrote.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &mask.0, std::ptr::null_mut()) };
+}
