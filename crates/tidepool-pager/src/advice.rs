@@ -18,7 +18,7 @@ impl Inner {
         pages: Range<usize>,
         prot: i32,
     ) -> io::Result<()> {
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         {
             // Not while an eviction batch may read these pages (see `Inner::protecting`).
             let _protecting = self.protecting.write();
@@ -45,7 +45,7 @@ impl Inner {
         pages: Range<usize>,
         advice: ForkAdvice,
     ) -> io::Result<()> {
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         sys::advise(
             region.addr(pages.start),
             pages.len() * PAGE,
@@ -77,7 +77,7 @@ impl Inner {
 
     /// Pages the program gave up: zeros, readable and writable, inherited as usual.
     pub(crate) fn reset(&self, region: &Arc<RegionInner>, pages: Range<usize>) {
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         self.discard_in_section(region, pages.start, pages.end);
         let mut marks = region.marks.lock();
         let protected: Vec<Range<usize>> = marks
@@ -113,7 +113,7 @@ impl Inner {
     /// longer the pager's until [`Inner::reclaim`].
     pub(crate) fn cede(&self, region: &Arc<RegionInner>, pages: Range<usize>) {
         self.reset(region, pages.clone());
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         for p in pages {
             region.table.lock_any(p);
             if region.table.unlock(p, FOREIGN) {
@@ -124,7 +124,7 @@ impl Inner {
 
     /// The program unmapped what it had mapped over `pages`: fresh paged memory again.
     pub(crate) fn reclaim(&self, region: &RegionInner, pages: Range<usize>) -> io::Result<()> {
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         let (addr, len) = (region.addr(pages.start), pages.len() * PAGE);
         sys::map_fixed(addr, len, libc::PROT_READ | libc::PROT_WRITE)?;
         // No huge pages where only 4 KiB pages are installed (see `register_region`).

@@ -107,7 +107,7 @@ impl Inner {
             }
             // Stale frames left since the last eviction: memory held twice.
             if self.frames {
-                let _section = crate::fork::section();
+                let _section = crate::gate::section();
                 self.drop_stale_frames(&[]);
             }
             // A tier over its share (the budget shrank) gives back the difference.
@@ -123,7 +123,7 @@ impl Inner {
     /// Chooses victims with CLOCK (second chance for referenced pages) and evicts them.
     /// Returns how many pages were evicted.
     pub(crate) fn evict_batch(&self) -> usize {
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         // No protection changes until the victims are read (see `Inner::protecting`). Never
         // waited for: the thread changing one may itself wait for a fault this one serves;
         // and not taken past a waiting `mprotect`, which overlapping batches would starve.
@@ -602,7 +602,7 @@ mod tests {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
-            let _s = crate::fork::section();
+            let _s = crate::gate::section();
             while inner(&pager).evict_batch() > 0 {}
         }
         let page_1 = kind(word(&region, 1));
@@ -679,7 +679,7 @@ mod tests {
         );
         let i = inner(&pager);
         {
-            let _s = crate::fork::section();
+            let _s = crate::gate::section();
             // 0 goes, and with it 1 (cold) but not 2 (hot); 2 and 5 are spared, and stay
             // while 3 goes (not 2, its neighbour, spared a moment ago); 1 is held by then.
             assert!(i.evict_batch() >= 3);
@@ -718,7 +718,7 @@ mod tests {
         );
         let i = inner(&pager);
         {
-            let _s = crate::fork::section();
+            let _s = crate::gate::section();
             // 0 goes, and with it 2, 4 and 5 across the holes; 40 is out of reach, and
             // spared by the hand for its chance.
             assert!(i.evict_batch() >= 4);

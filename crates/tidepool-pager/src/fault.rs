@@ -18,7 +18,7 @@ use tidepool_proto::coord::ghost_bucket;
 use tidepool_store::Key;
 
 /// A fault handler's own buffer for pages read from the store on their way into the region:
-/// the store copies into it ([`FarStore::read_many_into`]) and one UFFDIO_COPY installs a run
+/// the store copies into it ([`tidepool_store::FarStore::read_many_into`]) and one UFFDIO_COPY installs a run
 /// of consecutive pages from it.
 pub(crate) struct Staging {
     pub(crate) buf: Vec<u8>,
@@ -99,7 +99,7 @@ impl Inner {
     /// any page already being moved) are left for [`Inner::serve`].
     pub(crate) fn serve_together(&self, faults: &mut Vec<Fault>, staging: &mut Staging) {
         let taken = Instant::now();
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         let bell = self.doorbell.addr();
         let mut batch: Vec<(Arc<RegionInner>, usize, u64, bool)> = Vec::new();
         faults.retain(|f| {

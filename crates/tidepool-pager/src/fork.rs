@@ -7,7 +7,7 @@
 //! - **prepare** (in the forking thread, last of the prepare handlers): close the *gate*, which
 //!   the forking thread then *owns*. Every piece of pager work that changes shared state
 //!   (serving a fault, an eviction batch, a write-back job, a discard, adding or removing a
-//!   region) runs inside a [`Section`]; closing the gate waits for the sections in flight to end
+//!   region) runs inside a [`Section`](crate::gate::Section); closing the gate waits for the sections in flight to end
 //!   and holds new ones back. So at the fork no page is BUSY, no pager lock is held and no
 //!   far-store call is half done: the child's copy of the page tables, the write-back buffer
 //!   and (for the in-process store) the store itself is consistent. For a store on a server
@@ -49,157 +49,10 @@
 //! parent's pager serves their faults. A child made by a raw `clone` system call without
 //! `CLONE_VM` bypasses the handlers and is not supported.
 
-use crate::sys::{futex_wait, futex_wake_all, gettid};
+use crate::gate::{close_gate, open_gate, section, take_over_in_child};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
-
-/// Sections in flight, and who holds new ones back.
-struct Gate {
-    active: AtomicUsize,
-    /// Of those, the ones entered regardless (`Entry::Regardless`): the only sections that may
-    /// be doing work when the clone happens. `active` alone cannot tell the child: a thread
-    /// that found the gate closed counts itself there for an instant before it backs out, and
-    /// a fork in that instant is not torn.
-    regardless: AtomicUsize,
-    /// 0 while the gate is open; else the kernel id of the thread that closed it to fork (its
-    /// *owner*). A futex word: sections wait on it.
-    owner: AtomicU32,
-}
-
-static GATE: Gate = Gate {
-    active: AtomicUsize::new(0),
-    regardless: AtomicUsize::new(0),
-    owner: AtomicU32::new(0),
-};
-
-thread_local! {
-    /// Sections this thread is inside (they nest: an eviction inside a fault, say).
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Pager work that a fork must not cut in half; see the module documentation.
-#[must_use]
-pub(crate) struct Section {
-    /// Whether this section counted itself in [`Gate::regardless`].
-    regardless: bool,
-    _not_send: std::marker::PhantomData<*const ()>,
-}
-
-/// How a section treats a closed gate.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Entry {
-    /// Wait until the fork is over.
-    Wait,
-    /// Give up at once.
-    Try,
-    /// Go in anyway (counted, so that a torn child can tell): work the forking thread waits for.
-    Regardless,
-}
-
-fn enter(how: Entry) -> Option<Section> {
-    DEPTH.with(|d| {
-        let outermost = d.get() == 0;
-        if outermost {
-            if how == Entry::Regardless {
-                GATE.regardless.fetch_add(1, SeqCst);
-            }
-            loop {
-                // A closed gate seen before counting costs the forking thread nothing (a
-                // handler holding faults through a fork tries again and again).
-                let owner = GATE.owner.load(SeqCst);
-                if how == Entry::Try && owner != 0 && owner != gettid() {
-                    return None;
-                }
-                GATE.active.fetch_add(1, SeqCst);
-                let owner = GATE.owner.load(SeqCst);
-                // The forking thread itself may do pager work (its own faults are served while
-                // it forks): waiting for itself would never end.
-                if owner == 0 || how == Entry::Regardless || owner == gettid() {
-                    break;
-                }
-                GATE.active.fetch_sub(1, SeqCst);
-                if how == Entry::Try {
-                    return None;
-                }
-                futex_wait(&GATE.owner, owner, Duration::from_millis(10));
-            }
-        }
-        d.set(d.get() + 1);
-        Some(Section {
-            regardless: outermost && how == Entry::Regardless,
-            _not_send: std::marker::PhantomData,
-        })
-    })
-}
-
-/// Enters a section, waiting while a fork is under way.
-pub(crate) fn section() -> Section {
-    enter(Entry::Wait).expect("a waiting entry always enters")
-}
-
-/// Enters a section unless a fork is under way.
-pub(crate) fn try_section() -> Option<Section> {
-    enter(Entry::Try)
-}
-
-/// Enters a section even while a fork is under way: for work the forking thread waits for
-/// (its own page faults), which therefore cannot overlap the fork itself, and for faults of
-/// other threads held so long that the forking thread may be waiting for them (see
-/// `fault.rs`). Counted like any section, so that a child forked in the middle of one knows
-/// its copy of the pager is torn.
-pub(crate) fn section_regardless() -> Section {
-    enter(Entry::Regardless).expect("entered regardless")
-}
-
-/// The thread forking now, if one is: faults it raises are served while the gate is closed.
-pub(crate) fn forking_thread() -> Option<u32> {
-    match GATE.owner.load(SeqCst) {
-        0 => None,
-        tid => Some(tid),
-    }
-}
-
-impl Drop for Section {
-    fn drop(&mut self) {
-        DEPTH.with(|d| {
-            d.set(d.get() - 1);
-            if d.get() == 0 {
-                GATE.active.fetch_sub(1, SeqCst);
-            }
-        });
-        if self.regardless {
-            GATE.regardless.fetch_sub(1, SeqCst);
-        }
-    }
-}
-
-/// Closes the gate for the calling thread: waits for any other thread's fork to finish, then
-/// for the sections in flight.
-fn close_gate() {
-    let me = gettid();
-    loop {
-        match GATE.owner.compare_exchange(0, me, SeqCst, SeqCst) {
-            Ok(_) => break,
-            Err(other) => futex_wait(&GATE.owner, other, Duration::from_millis(10)),
-        }
-    }
-    let mut spins = 0u32;
-    while GATE.active.load(SeqCst) != 0 {
-        spins += 1;
-        if spins < 100 {
-            std::thread::yield_now();
-        } else {
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
-}
-
-fn open_gate() {
-    GATE.owner.store(0, SeqCst);
-    futex_wake_all(&GATE.owner);
-}
 
 /// What a pager does around a fork; see the module documentation. Implemented by the pager
 /// (`restart.rs`), so that this module knows nothing of its insides.
@@ -269,11 +122,6 @@ thread_local! {
     static MASK_BEFORE: Cell<Option<crate::sys::SignalMask>> = const { Cell::new(None) };
 }
 
-/// Whether a section entered regardless is under way (see [`section_regardless`]).
-pub(crate) fn regardless_in_flight() -> bool {
-    GATE.regardless.load(SeqCst) != 0
-}
-
 extern "C" fn prepare() {
     // From here to the clone, a signal would take the forking thread out of a page fault that
     // a handler is serving regardless: back from the signal handler it finds the page already
@@ -309,11 +157,9 @@ extern "C" fn child() {
     // No thread of the parent exists here; whatever they had entered is over, but if one was
     // inside a section at the moment of the fork (a fault held so long that it was served
     // while the gate was closed), this copy of the pager's state may be half changed.
-    // Only a section entered regardless can have been doing work at the clone: the others
-    // were waited for, or backed out without doing any.
-    GATE.active.store(0, SeqCst);
-    let torn = GATE.regardless.swap(0, SeqCst) != 0;
-    if torn {
+    // The gate stays closed, owned by this thread (its id is new in the child), while every
+    // pager registers its memory again; no other thread exists to wait at it.
+    if take_over_in_child() {
         crate::sys::die(
             "tidepool pager: this process was forked while a page was being moved for another \
              thread, so its copy of the pager is inconsistent; stopping it rather than risk \
@@ -321,9 +167,6 @@ extern "C" fn child() {
             crate::FATAL_EXIT_CODE,
         );
     }
-    // Owned by this thread (its id is new in the child) while every pager registers its
-    // memory again; no other thread exists to wait at it.
-    GATE.owner.store(gettid(), SeqCst);
     let pagers = pagers();
     for p in &pagers {
         p.child_prepare();
@@ -335,52 +178,4 @@ extern "C" fn child() {
         p.child_start();
     }
     restore_mask();
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_closed_gate_waits_for_sections_in_flight_and_holds_new_ones() {
-        let inside = section();
-        let nested = section();
-        drop(nested);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let closer = std::thread::spawn(move || {
-            close_gate();
-            tx.send(()).unwrap();
-        });
-        // The closer waits for our section.
-        assert!(rx
-            .recv_timeout(std::time::Duration::from_millis(100))
-            .is_err());
-        drop(inside);
-        rx.recv().unwrap();
-        closer.join().unwrap();
-        // A thread that may not wait backs out, and leaves nothing a child would take for a
-        // torn copy; a section entered regardless is counted until it ends.
-        std::thread::spawn(|| {
-            assert!(try_section().is_none());
-            assert_eq!(GATE.regardless.load(SeqCst), 0);
-            let late = section_regardless();
-            assert_eq!(GATE.regardless.load(SeqCst), 1);
-            drop(late);
-            assert_eq!(GATE.regardless.load(SeqCst), 0);
-        })
-        .join()
-        .unwrap();
-        // Now a new section waits until the gate opens.
-        let (tx, rx) = std::sync::mpsc::channel();
-        let entrant = std::thread::spawn(move || {
-            let _s = section();
-            tx.send(()).unwrap();
-        });
-        assert!(rx
-            .recv_timeout(std::time::Duration::from_millis(100))
-            .is_err());
-        open_gate();
-        rx.recv().unwrap();
-        entrant.join().unwrap();
-    }
 }

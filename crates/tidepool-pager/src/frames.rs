@@ -460,7 +460,7 @@ mod tests {
                 assert!(!crate::sys::is_mapped(r.shadow_addr(1)), "{w:#x}");
             }
             if round == 1 {
-                let _s = crate::fork::section();
+                let _s = crate::gate::section();
                 inner(&pager).drop_stale_frames(&[]);
                 assert_eq!(word(&region, 1) & STALE_FRAME, 0);
                 assert!(!crate::sys::is_mapped(r.shadow_addr(1)));

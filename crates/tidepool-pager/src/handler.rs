@@ -125,7 +125,7 @@ impl Inner {
         if held.is_empty() {
             return;
         }
-        if let Some(_section) = crate::fork::try_section() {
+        if let Some(_section) = crate::gate::try_section() {
             let mut faults: Vec<Fault> = held.drain(..).map(|(f, _)| f).collect();
             let first = faults[0];
             self.activity
@@ -138,7 +138,7 @@ impl Inner {
             }
             return;
         }
-        let Some(forking) = crate::fork::forking_thread() else {
+        let Some(forking) = crate::gate::forking_thread() else {
             // The gate opened since: next time round.
             return;
         };
@@ -193,7 +193,7 @@ impl Inner {
         self.uffd.deferring_wakes(|| {
             // The section ends before the wake-ups go out: the child of a fork that follows
             // must not find it counted.
-            let _section = crate::fork::section_regardless();
+            let _section = crate::gate::section_regardless();
             self.serve(f, staging, FollowUp::InstallOnly);
         });
     }
@@ -236,7 +236,7 @@ impl Inner {
                     continue;
                 }
                 self.activity.fault_read(f.tid);
-                let _section = crate::fork::section();
+                let _section = crate::gate::section();
                 self.serve(f, staging, FollowUp::InstallOnly);
             }
         }

@@ -51,6 +51,7 @@ mod fetch_ahead;
 mod follow;
 mod fork;
 mod frames;
+mod gate;
 mod handler;
 mod late;
 mod marks;

@@ -178,7 +178,7 @@ pub(crate) struct Inner {
     /// In a forked child, the pages it shares with its parent ([`crate::table::INHERITED`]):
     /// a fork of its own write-protects them again.
     pub(crate) inherited: Mutex<Vec<(Arc<RegionInner>, usize)>>,
-    /// Pages streams walked past ([`Plan::behind_count`]), evicted first, newest first.
+    /// Pages streams walked past ([`crate::prefetch::Plan::behind_count`]), evicted first, newest first.
     pub(crate) done: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
     /// Pages copied in from their frames ([`crate::table::STALE_FRAME`]): the frames left in
     /// the shadows, dropped together by the next eviction or the evictor's next round.
@@ -376,7 +376,7 @@ impl Pager {
     /// Starts a pager over `store`.
     pub fn start(config: Config, store: Arc<dyn FarStore>) -> Result<Pager, PagerError> {
         // A fork in the middle would leave the child half a pager.
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         let uffd = Uffd::open().map_err(PagerError::Userfaultfd)?;
         let can_move = uffd.can_move();
         let doorbell = Mapping::reserve(PAGE).map_err(PagerError::Reserve)?;
@@ -491,7 +491,7 @@ impl Pager {
     pub fn stats(&self) -> PagerStats {
         let i = self.inner();
         // Reading the timings takes their locks, which a fork must not find held.
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         let mut s = snapshot(
             &i.counters,
             &i.timings,
@@ -528,7 +528,7 @@ impl Pager {
         let i = self.inner();
         let mut resident = vec![0u64; crate::SECTIONS_MAX];
         {
-            let _section = crate::fork::section();
+            let _section = crate::gate::section();
             let clock = i.clock.lock();
             // A page may have more than one live entry (installed again without an eviction
             // between): counted once.
@@ -553,11 +553,11 @@ impl Pager {
     /// in [`PagerStats::sections`]. Past [`crate::SECTIONS_MAX`] names, every new one is
     /// counted as `rest`. Name pages with [`crate::AdoptedRegion::set_section`].
     pub fn section(&self, name: &str) -> SectionId {
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         self.inner().sections.intern(name)
     }
 
-    /// Serves section `id` by `policy` from now on (see [`Policy`]; every section starts with
+    /// Serves section `id` by `policy` from now on (see [`crate::Policy`]; every section starts with
     /// the default, the pager's behaviour without a profile).
     pub fn set_section_policy(&self, id: SectionId, policy: crate::Policy) {
         self.inner().sections.set_policy(id, policy);
@@ -602,7 +602,7 @@ impl Pager {
         if len / PAGE > tags::MAX_REGION_PAGES {
             return Err(PagerError::TooLarge(len));
         }
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         let mut regions = i.regions.write();
         // The lowest free id: ids are 8 bits of every key.
         let id = (1..=tags::MAX_REGIONS as u32)
@@ -651,7 +651,7 @@ impl Pager {
     /// Unregisters a region and forgets its far pages.
     pub(crate) fn remove_region(&self, region: &Arc<RegionInner>) {
         let i = self.inner();
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         i.discard(region, 0, region.touched_end.load(Relaxed));
         region.dead.store(true, Release);
         let _ = i.uffd.unregister(region.base, region.len);

@@ -54,7 +54,7 @@ extern "C" fn on_park_signal(_signal: libc::c_int) {
         // out of: back from here it could find the page mapped and clone before that service
         // ends. It waits for every service entered regardless (none waits for this thread).
         let mut spins = 0u32;
-        while crate::fork::regardless_in_flight() {
+        while crate::gate::regardless_in_flight() {
             spins += 1;
             if spins < 100 {
                 std::thread::yield_now();
@@ -119,7 +119,7 @@ fn blocked_in_status(status: &str, sig: i32) -> Option<bool> {
     Some(mask >> (sig - 1) & 1 != 0)
 }
 
-/// A request that a thread park; while [`Request::parked`] says so, it runs nothing but the
+/// A request that a thread park; while [`Request::wait_parked`] says so, it runs nothing but the
 /// handler. Dropping the request lets it go (or, if it never parked, makes its handler return
 /// at once whenever it runs).
 #[must_use]

@@ -37,7 +37,7 @@ impl Inner {
         if !self.refill {
             return 0;
         }
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         let mut sweep = self.sweep.lock();
         let seq = self.evict_seq.load(Acquire);
         if sweep.idle == Some(seq) {

@@ -260,7 +260,7 @@ impl Inner {
     /// next touch reads zeros. Pages the program mapped something else over (FOREIGN) are left
     /// alone.
     pub(crate) fn discard(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
-        let _section = crate::fork::section();
+        let _section = crate::gate::section();
         self.discard_in_section(region, first, end);
     }
 

@@ -171,7 +171,7 @@ mod tests {
     /// Spills every frame of the tier and waits for the writes to land.
     fn spill_all(pager: &crate::Pager, region: &crate::Region, pages: std::ops::Range<usize>) {
         {
-            let _s = crate::fork::section();
+            let _s = crate::gate::section();
             while inner(pager).spill(usize::MAX) > 0 {}
         }
         for p in pages {

@@ -120,7 +120,7 @@ pub fn evict_all(pager: &Pager, region: &Region) {
         }
         // A page just installed reaches the clock a moment after its state.
         std::thread::sleep(std::time::Duration::from_millis(2));
-        let _s = crate::fork::section();
+        let _s = crate::gate::section();
         while pager.inner().evict_batch() > 0 {}
     }
 }

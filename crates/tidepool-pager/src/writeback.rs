@@ -25,7 +25,7 @@ impl Inner {
             if !pause.is_zero() {
                 self.jobs.wait(pause);
             }
-            let _section = crate::fork::section();
+            let _section = crate::gate::section();
             // Only this thread takes the list, inside a section: a fork sees it whole.
             let mut deferred = self.deferred.lock();
             let deferred = &mut *deferred;
