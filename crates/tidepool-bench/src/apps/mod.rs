@@ -43,6 +43,7 @@
 //! metric `oom_killed` = 1.
 
 mod launch;
+mod paired;
 mod programs;
 mod redis;
 mod resp;
@@ -199,9 +200,15 @@ impl Suite for AppsSuite {
             let want = native.answer();
             native.report(ctx, System::Native, workload, 1.0, peak, None)?;
             ctx.advance();
+            // tidepool-default is measured beside tidepool-tuned when both are (`paired.rs`).
+            let pairing = systems.contains(&System::TidepoolTuned)
+                && systems.contains(&System::TidepoolDefault);
             for ratio in RATIOS.into_iter().filter(|&r| ratio_wanted(r)) {
                 let local = local_bytes(peak, ratio);
                 for &system in &systems {
+                    if pairing && system == System::TidepoolDefault {
+                        continue;
+                    }
                     if system == System::TidepoolTuned {
                         ctx.step(format!(
                             "{workload}: tidepool tune on a tenth of the input at {:.0}% local",
@@ -223,9 +230,52 @@ impl Suite for AppsSuite {
                                     ratio * 100.0
                                 ));
                                 ctx.advance();
+                                if pairing {
+                                    let sys = System::TidepoolDefault;
+                                    let m = run(&l, sys, local, port)?;
+                                    port += 1;
+                                    m.report(ctx, sys, workload, ratio, peak, want.as_deref())?;
+                                    ctx.advance();
+                                }
                                 continue;
                             }
                         }
+                    }
+                    if pairing && system == System::TidepoolTuned {
+                        let pair = [System::TidepoolDefault, System::TidepoolTuned];
+                        let n = paired::runs(ctx.opts.quick);
+                        let mut runs: [Vec<Measured>; 2] = Default::default();
+                        for i in 0..n {
+                            for (k, sys) in pair.into_iter().enumerate() {
+                                ctx.step(format!(
+                                    "{workload}: {} at {:.0}% local, run {} of {n}",
+                                    sys.name(),
+                                    ratio * 100.0,
+                                    i + 1
+                                ));
+                                runs[k].push(run(&l, sys, local, port)?);
+                                port += 1;
+                            }
+                        }
+                        if n > 1 {
+                            let shown = [
+                                (pair[0].name(), runs[0].as_slice()),
+                                (pair[1].name(), runs[1].as_slice()),
+                            ];
+                            paired::note(ctx, workload, ratio, &shown);
+                        }
+                        for (sys, ms) in pair.into_iter().zip(runs) {
+                            paired::median(ms).report(
+                                ctx,
+                                sys,
+                                workload,
+                                ratio,
+                                peak,
+                                want.as_deref(),
+                            )?;
+                            ctx.advance();
+                        }
+                        continue;
                     }
                     ctx.step(format!(
                         "{workload}: {} at {:.0}% local",
@@ -318,6 +368,17 @@ enum Measured {
 }
 
 impl Measured {
+    /// A program's time, if it finished.
+    fn seconds(&self) -> Option<f64> {
+        match self {
+            Measured::Program(Ran {
+                outcome: Outcome::Done { seconds, .. },
+                ..
+            }) => Some(*seconds),
+            _ => None,
+        }
+    }
+
     fn oom_killed(&self) -> bool {
         match self {
             Measured::Redis(r) => r.oom_killed,

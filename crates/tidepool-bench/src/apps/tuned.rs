@@ -201,7 +201,8 @@ pub(super) fn summary(profile: &Path) -> String {
         .sections
         .iter()
         .map(|s| {
-            let policy = tidepool_pager::Policy::new(s.prefetch.into(), s.line);
+            let policy =
+                tidepool_pager::Policy::new(s.prefetch.into(), s.line).keeping(s.keep.into());
             format!("{} {policy}", s.name)
         })
         .collect();
