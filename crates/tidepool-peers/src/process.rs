@@ -167,6 +167,35 @@ fn log_tail(logs: &[PathBuf]) -> String {
     out
 }
 
+/// Whether process `pid` holds the socket listening on port `port` (its inode in
+/// /proc/net/tcp among the process's descriptors). A probe's answer counts only then: between
+/// [`free_port`] and the server's bind another server may take the port (a test's
+/// `tidepool cache` beside, which answers memcached's probe too), and the test would talk to
+/// it. Where /proc cannot tell, the answer is trusted.
+fn holds_port(pid: u32, port: u16) -> bool {
+    let Ok(tcp) = fs::read_to_string("/proc/net/tcp") else {
+        return true;
+    };
+    let suffix = format!(":{port:04X}");
+    // Fields: sl, local address, remote address, state (0A: listening), ..., inode (10th).
+    let inodes: Vec<String> = tcp
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let listening = f.get(1)?.ends_with(&suffix) && *f.get(3)? == "0A";
+            let inode = f.get(9)?;
+            listening.then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return true;
+    };
+    fds.flatten().any(|fd| {
+        fs::read_link(fd.path()).is_ok_and(|to| inodes.iter().any(|i| to.as_os_str() == i.as_str()))
+    })
+}
+
 fn lost_its_port(tail: &str) -> bool {
     tail.contains("Address already in use") || tail.contains("failed to listen")
 }
@@ -270,7 +299,8 @@ fn wait_until_answering(
             });
         }
         if let Ok(line) = ask_line(addr, launch.probe.request) {
-            if line.starts_with(launch.probe.answer_prefix) {
+            if line.starts_with(launch.probe.answer_prefix) && holds_port(process.child.id(), port)
+            {
                 return Ok(Some(()));
             }
         }
@@ -305,6 +335,19 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_port_counts_as_a_servers_only_if_the_server_listens_on_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(holds_port(std::process::id(), port));
+        let mut other = Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(!holds_port(other.id(), port), "another process's port");
+        other.kill().unwrap();
+        other.wait().unwrap();
+        drop(listener);
+        assert!(!holds_port(std::process::id(), port), "a closed port");
+    }
 
     #[test]
     fn a_missing_binary_says_how_to_install_it() {

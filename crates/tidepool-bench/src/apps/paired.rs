@@ -95,3 +95,66 @@ pub(super) fn note(ctx: &mut Ctx, workload: &str, ratio: f64, runs: &[(&str, &[M
         parts.join("; ")
     ));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apps::{Outcome, Ran};
+    use crate::meter::Held;
+
+    fn program(seconds: Option<f64>) -> Measured {
+        Measured::Program(Ran {
+            outcome: match seconds {
+                Some(seconds) => Outcome::Done {
+                    seconds,
+                    answer: format!("{seconds}"),
+                },
+                None => Outcome::OomKilled,
+            },
+            peak_rss: 0,
+            held: Held::default(),
+            interrupts: None,
+            sections: None,
+        })
+    }
+
+    fn redis(get: f64, set: f64, bgsave: f64, peak_rss: u64) -> Measured {
+        Measured::Redis(RedisResult {
+            get_ops: Some(get),
+            set_ops: Some(set),
+            bgsave_seconds: Some(bgsave),
+            peak_rss,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_programs_median_run_is_the_middle_time_and_a_killed_run_the_worst() {
+        let m = median(vec![program(Some(9.0)), program(None), program(Some(4.0))]);
+        assert_eq!(m.seconds(), Some(9.0));
+        let m = median(vec![
+            program(Some(5.0)),
+            program(Some(3.0)),
+            program(Some(4.0)),
+        ]);
+        assert_eq!(m.seconds(), Some(4.0));
+        assert_eq!(median(vec![program(Some(7.0))]).seconds(), Some(7.0));
+    }
+
+    #[test]
+    fn redis_takes_each_figures_median_from_its_own_run() {
+        let m = median(vec![
+            redis(100.0, 30.0, 9.0, 1),
+            redis(300.0, 20.0, 7.0, 2),
+            redis(200.0, 10.0, 8.0, 3),
+        ]);
+        let Measured::Redis(r) = m else {
+            panic!("not redis")
+        };
+        // GET 200 (run 3, whose other fields come along), SET 20 (run 2), BGSAVE 8 s (run 3).
+        assert_eq!(
+            (r.get_ops, r.set_ops, r.bgsave_seconds, r.peak_rss),
+            (Some(200.0), Some(20.0), Some(8.0), 3)
+        );
+    }
+}
