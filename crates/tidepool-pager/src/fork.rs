@@ -4,45 +4,44 @@
 //! kernel drops userfaultfd registrations in it: left alone, a page that lived in far memory
 //! would read as zeros. So, from `pthread_atfork` handlers:
 //!
-//! - **prepare** (in the forking thread, last of the prepare handlers): close the *gate*, which
-//!   the forking thread then *owns*. Every piece of pager work that changes shared state
-//!   (serving a fault, an eviction batch, a write-back job, a discard, adding or removing a
-//!   region) runs inside a [`Section`](crate::gate::Section); closing the gate waits for the sections in flight to end
-//!   and holds new ones back. So at the fork no page is BUSY, no pager lock is held and no
-//!   far-store call is half done: the child's copy of the page tables, the write-back buffer
-//!   and (for the in-process store) the store itself is consistent. For a store on a server
-//!   each pager also makes the pipe its child will hold (`tags.rs`), and runs
-//!   [`crate::Config::before_fork`] (the preload touches glibc's stdio locks there).
-//! - **Between prepare and the fork itself** glibc reads the program's memory (its NSS state,
-//!   its stream list). The forking thread's faults are therefore served with the gate closed:
-//!   it cannot reach the fork while it waits for them, and each is installed and accounted for
-//!   before it is woken (`Uffd::deferring_wakes`), with nothing evicted. A signal would end
-//!   that wait early (the kernel lets a thread out of a page fault to run its handler, and
-//!   back from the handler it finds the page mapped, perhaps before the service accounted for
-//!   it), so the forking thread blocks every signal it can from prepare to the fork's end but
-//!   the park signal below; the others stay pending and run after the fork, as if sent then. Handlers never wait
-//!   at the gate holding faults: they hold other threads' faults and keep reading. A held fault
-//!   whose thread may own a lock that glibc's fork takes after the handlers ran (the NSS lock,
-//!   the stream list's, the malloc arenas') is served anyway while the forking thread waits on
-//!   a lock, with the forking thread *parked* in a signal handler so that it cannot clone
-//!   meanwhile (`late.rs` says which faults and when, `park.rs` how). Such a late section is
-//!   counted all the same, so a child forked during one would know its copy is torn and stop
-//!   (exit 70) rather than risk a wrong byte; that can happen only where the forking thread
-//!   cannot be parked (it blocks the signal, or the program handles it).
-//! - **child** (first of the child handlers, before anything touches paged memory): each
-//!   pager opens a userfaultfd object of its own in place of the parent's, registers its
-//!   regions and their shadows again, write-protects every mapped page again (the kernel
-//!   dropped the write-protect bits with the registration, and a page the table calls clean
-//!   must fault on its first write), re-tags pages on their way to the store, and tells the
-//!   store to open connections of its own. Only when every pager has done so are threads
-//!   started (glibc's thread start-up reads the program's locale data, wherever it lies), and
-//!   the thread starting them serves faults itself until each runs: nobody else could. The
-//!   child then pages on its own: its memory is exactly the parent's at the fork, far pages
-//!   included, and each side's later writes are its own (the in-process store and the frames
-//!   are copied with the address space; copies on a server are shared and frozen, see
-//!   `tags.rs`). Its budget is for what it brings in or writes
-//!   ([`crate::Config::child_local_budget`]): the pages it still shares with the parent are
-//!   counted there ([`crate::table::INHERITED`]).
+//! - **prepare** (in the forking thread, last of the prepare handlers): close the *gate*, which the
+//!   forking thread then *owns*. Every piece of pager work that changes shared state (serving a
+//!   fault, an eviction batch, a write-back job, a discard, adding or removing a region) runs
+//!   inside a [`Section`](crate::gate::Section); closing the gate waits for the sections in flight
+//!   to end and holds new ones back. So at the fork no page is BUSY, no pager lock is held and no
+//!   far-store call is half done: the child's copy of the page tables, the write-back buffer and
+//!   (for the in-process store) the store itself is consistent. For a store on a server each pager
+//!   also makes the pipe its child will hold (`tags.rs`), and runs [`crate::Config::before_fork`]
+//!   (the preload touches glibc's stdio locks there).
+//! - **Between prepare and the fork itself** glibc reads the program's memory (its NSS state, its
+//!   stream list). The forking thread's faults are therefore served with the gate closed: it cannot
+//!   reach the fork while it waits for them, and each is installed and accounted for before it is
+//!   woken (`Uffd::deferring_wakes`), with nothing evicted. A signal would end that wait early (the
+//!   kernel lets a thread out of a page fault to run its handler, and back from the handler it
+//!   finds the page mapped, perhaps before the service accounted for it), so the forking thread
+//!   blocks every signal it can from prepare to the fork's end but the park signal below; the
+//!   others stay pending and run after the fork, as if sent then. Handlers never wait at the gate
+//!   holding faults: they hold other threads' faults and keep reading. A held fault whose thread
+//!   may own a lock that glibc's fork takes after the handlers ran (the NSS lock, the stream
+//!   list's, the malloc arenas') is served anyway while the forking thread waits on a lock, with
+//!   the forking thread *parked* in a signal handler so that it cannot clone meanwhile (`late.rs`
+//!   says which faults and when, `park.rs` how). Such a late section is counted all the same, so a
+//!   child forked during one would know its copy is torn and stop (exit 70) rather than risk a
+//!   wrong byte; that can happen only where the forking thread cannot be parked (it blocks the
+//!   signal, or the program handles it).
+//! - **child** (first of the child handlers, before anything touches paged memory): each pager
+//!   opens a userfaultfd object of its own in place of the parent's, registers its regions and
+//!   their shadows again, write-protects every mapped page again (the kernel dropped the
+//!   write-protect bits with the registration, and a page the table calls clean must fault on its
+//!   first write), re-tags pages on their way to the store, and tells the store to open connections
+//!   of its own. Only when every pager has done so are threads started (glibc's thread start-up
+//!   reads the program's locale data, wherever it lies), and the thread starting them serves faults
+//!   itself until each runs: nobody else could. The child then pages on its own: its memory is
+//!   exactly the parent's at the fork, far pages included, and each side's later writes are its own
+//!   (the in-process store and the frames are copied with the address space; copies on a server are
+//!   shared and frozen, see `tags.rs`). Its budget is for what it brings in or writes
+//!   ([`crate::Config::child_local_budget`]): the pages it still shares with the parent are counted
+//!   there ([`crate::table::INHERITED`]).
 //! - **parent**: freeze the tag (shared stores) and open the gate.
 //!
 //! vfork and posix_spawn share the parent's memory until exec and run no fork handlers: the
