@@ -18,8 +18,8 @@ use tidepool_proto::coord::ghost_bucket;
 use tidepool_store::Key;
 
 /// A fault handler's own buffer for pages read from the store on their way into the region:
-/// the store copies into it ([`tidepool_store::FarStore::read_many_into`]) and one UFFDIO_COPY installs a run
-/// of consecutive pages from it.
+/// the store copies into it ([`tidepool_store::FarStore::read_many_into`]) and one UFFDIO_COPY
+/// installs a run of consecutive pages from it.
 pub(crate) struct Staging {
     pub(crate) buf: Vec<u8>,
     lens: Vec<Option<usize>>,

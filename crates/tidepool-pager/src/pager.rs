@@ -178,7 +178,8 @@ pub(crate) struct Inner {
     /// In a forked child, the pages it shares with its parent ([`crate::table::INHERITED`]):
     /// a fork of its own write-protects them again.
     pub(crate) inherited: Mutex<Vec<(Arc<RegionInner>, usize)>>,
-    /// Pages streams walked past ([`crate::prefetch::Plan::behind_count`]), evicted first, newest first.
+    /// Pages streams walked past ([`crate::prefetch::Plan::behind_count`]), evicted first,
+    /// newest first.
     pub(crate) done: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
     /// Pages copied in from their frames ([`crate::table::STALE_FRAME`]): the frames left in
     /// the shadows, dropped together by the next eviction or the evictor's next round.
@@ -557,8 +558,8 @@ impl Pager {
         self.inner().sections.intern(name)
     }
 
-    /// Serves section `id` by `policy` from now on (see [`crate::Policy`]; every section starts with
-    /// the default, the pager's behaviour without a profile).
+    /// Serves section `id` by `policy` from now on (see [`crate::Policy`]; every section starts
+    /// with the default, the pager's behaviour without a profile).
     pub fn set_section_policy(&self, id: SectionId, policy: crate::Policy) {
         self.inner().sections.set_policy(id, policy);
     }

@@ -331,7 +331,8 @@ fn tuned_note(
         format!("prefetch accuracy {acc}, {far} far reads")
     };
     Some(format!(
-        "{w} at {:.0}% local: tidepool-tuned {speed:.2}x tidepool-default's speed ({}; default: {})",
+        "{w} at {:.0}% local: tidepool-tuned {speed:.2}x tidepool-default's speed ({}; \
+         default: {})",
         ratio * 100.0,
         shown("tidepool-tuned"),
         shown("tidepool-default")
