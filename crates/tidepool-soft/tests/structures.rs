@@ -250,3 +250,26 @@ fn map_lists_the_keys_whose_values_are_present() {
     let after = map.stats();
     assert_eq!(after.hits + after.misses, before.hits + before.misses + 40);
 }
+
+#[test]
+fn at_a_budget_of_one_segment_every_thread_can_still_store() {
+    // A host short of memory cuts the `auto` budget to its floor, one segment, which one
+    // thread's allocation head holds; a second thread's insert must take it over (the first
+    // thread's values are lost, as any eviction loses them), not fail for want of budget.
+    let arena = arena(SEGMENT);
+    let map: Arc<SoftMap<u64, String>> = Arc::new(SoftMap::new(&arena));
+    map.insert(0, &payload(0)).unwrap();
+    for t in 1..=4u64 {
+        let m = map.clone();
+        std::thread::spawn(move || {
+            for k in 0..100 {
+                let key = t * 1000 + k;
+                m.insert(key, &payload(key))
+                    .expect("an insert at the floor budget");
+            }
+        })
+        .join()
+        .unwrap();
+    }
+    assert!(arena.usage() <= SEGMENT, "the budget was overrun");
+}

@@ -101,7 +101,10 @@ fn start_in(
         "RUST_LOG",
         std::env::var("TIDEPOOL_BENCH_COORD_LOG").unwrap_or_else(|_| "tidepool_coord=info".into()),
     );
-    let (coord, _) = start_coordinator(c)?;
+    let (coord, _) = start_coordinator(c).with_context(|| {
+        let said = std::fs::read_to_string(log).unwrap_or_default();
+        format!("its log {}: {}", log.display(), said.trim())
+    })?;
     let mut c = cg.command(&[
         "bench-worker".into(),
         "coord-app".into(),

@@ -17,13 +17,14 @@ impl SoftArena {
         if total > SEGMENT {
             return self.allocate_large(total);
         }
-        let mut head = self.heads[MY_HEAD.with(|h| *h)].lock();
+        let mine = MY_HEAD.with(|h| *h);
+        let mut head = self.heads[mine].lock();
         if let Some(at) = self.bump(&mut head, total) {
             return Ok(at);
         }
         let mut s = self.segments.lock();
         self.close(&mut s, &mut head);
-        let mut waits = 0;
+        let (mut waits, mut took_over) = (0, false);
         let seg = loop {
             match self.take_segment(&mut s) {
                 Ok(seg) => break seg,
@@ -37,11 +38,33 @@ impl SoftArena {
                     waits += 1;
                     s = self.segments.lock();
                 }
+                // Other threads' heads hold the whole budget (a budget cut to its floor):
+                // close them, so that their segments can be evicted like any other.
+                Err(SoftError::OutOfBudget { .. }) if !took_over => {
+                    drop(s);
+                    self.close_other_heads(mine);
+                    took_over = true;
+                    s = self.segments.lock();
+                }
                 Err(e) => return Err(e),
             }
         };
         drop(s);
         Ok(self.start_head(&mut head, seg, total))
+    }
+
+    /// Ends the segments of the allocation and evacuation heads other than `mine` that no
+    /// thread is using this instant (a head whose lock is held is mid-allocation: it is
+    /// skipped rather than waited for, since this thread holds its own head's lock).
+    fn close_other_heads(&self, mine: usize) {
+        let others = self.heads.iter().enumerate().filter(|&(i, _)| i != mine);
+        let evacuation = self.evacuation_heads.iter();
+        for head in others.map(|(_, h)| h).chain(evacuation) {
+            if let Some(mut h) = head.try_lock() {
+                let mut s = self.segments.lock();
+                self.close(&mut s, &mut h);
+            }
+        }
     }
 
     /// Whether some closed segment still has a copy in flight.
