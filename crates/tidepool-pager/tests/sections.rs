@@ -88,12 +88,20 @@ fn two_halves(url: &str, probation: bool) {
     assert!(r.refetched_within(u64::MAX) == again);
     assert!(w.evicted > 0 && r.evicted > 0);
     // A report counts each section's resident pages: every page mapped is in one of them.
-    let report = pager.report();
-    let resident: u64 = report
-        .sections
-        .iter()
-        .map(|s| s.resident_pages.unwrap())
-        .sum();
+    // It walks the clock after reading the resident count, and the evictor may be at work
+    // between the two: taken again until they agree.
+    let in_sections = |r: &tidepool_pager::PagerStats| -> u64 {
+        r.sections.iter().map(|s| s.resident_pages.unwrap()).sum()
+    };
+    let mut report = pager.report();
+    for _ in 0..100 {
+        if in_sections(&report) <= report.resident_pages {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        report = pager.report();
+    }
+    let resident = in_sections(&report);
     assert!(
         resident > 0 && resident <= report.resident_pages,
         "{report}"
