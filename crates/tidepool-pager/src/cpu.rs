@@ -5,8 +5,8 @@
 //! handlers went to sleep (each sleep needs a wake-up), and, sampled, how long a faulting thread
 //! waits for a handler to take its fault and, once woken, for a CPU.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 pub use tidepool_sys::interrupts::Interrupts;
 
@@ -38,9 +38,14 @@ impl Baseline {
     }
 }
 
-/// The fault handlers' thread ids, so that their sleeps can be counted.
+/// The fault handlers' thread ids, so that their sleeps can be counted, and whether each runs
+/// at idle priority (a lone reader does: see `follow.rs`).
 #[derive(Debug, Default)]
-pub(crate) struct HandlerTids([AtomicU32; 8]);
+pub(crate) struct HandlerTids([AtomicU32; 8], [AtomicBool; 8]);
+
+/// A handler at idle priority that has served one fault this long is kept off its CPU (a
+/// fault takes microseconds): the watchdog puts it back at normal priority.
+pub(crate) const KEPT_OFF: Duration = Duration::from_millis(10);
 
 impl HandlerTids {
     /// Records the calling thread as handler `i` (ignored past the eighth).
@@ -50,14 +55,58 @@ impl HandlerTids {
         }
     }
 
+    /// Puts the calling thread, handler `i`, at idle priority or back at normal priority, if
+    /// it is not there already.
+    pub fn set_idle(&self, i: usize, idle: bool) {
+        let Some(flag) = self.1.get(i) else { return };
+        if flag.load(Relaxed) != idle && tidepool_sys::set_idle_priority(0, idle).is_ok() {
+            flag.store(idle, Relaxed);
+        }
+    }
+
+    /// Whether handler `i` runs at idle priority.
+    pub fn is_idle(&self, i: usize) -> bool {
+        self.1.get(i).is_some_and(|f| f.load(Relaxed))
+    }
+
+    /// Puts back at normal priority a handler that serves a fault at idle priority and has
+    /// for [`KEPT_OFF`] or longer (`doing`: the handlers' own accounts, as `activity.rs` keeps
+    /// them). Beside busy threads of normal priority an idle one gets almost no CPU, and the
+    /// program waits for the fault it holds: the pager's own threads spinning on a memory
+    /// node's answer held one off its CPU past a one-second fault deadline. Returns how many.
+    pub fn rescue(&self, doing: &[crate::activity::Seen]) -> usize {
+        use crate::activity::Doing;
+        let mut rescued = 0;
+        for (tid, flag) in self.0.iter().zip(&self.1) {
+            let tid = tid.load(Relaxed);
+            let kept_off = doing.iter().any(|s| {
+                s.tid == tid
+                    && !matches!(s.doing, Doing::Idle | Doing::Evicting)
+                    && s.for_ >= KEPT_OFF
+            });
+            if tid != 0
+                && kept_off
+                && flag.load(Relaxed)
+                && tidepool_sys::set_idle_priority(tid as i32, false).is_ok()
+            {
+                // The handler sees the flag when it next reads, and goes back to idle
+                // priority then if it still reads alone.
+                flag.store(false, Relaxed);
+                rescued += 1;
+            }
+        }
+        rescued
+    }
+
     /// Handler `i`'s thread id (0: not started).
     pub fn get(&self, i: usize) -> u32 {
         self.0.get(i).map_or(0, |t| t.load(Relaxed))
     }
 
     pub fn clear(&self) {
-        for t in &self.0 {
+        for (t, idle) in self.0.iter().zip(&self.1) {
             t.store(0, Relaxed);
+            idle.store(false, Relaxed);
         }
     }
 
@@ -186,6 +235,55 @@ impl MissProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::activity::{Doing, Seen};
+
+    /// Thread `tid`'s scheduling policy (field 41 of its stat: 0 normal, 5 idle).
+    fn policy(tid: u32) -> u32 {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        after_name.split(' ').nth(38).unwrap().parse().unwrap()
+    }
+
+    #[test]
+    fn a_handler_kept_off_its_cpu_while_serving_is_put_back_at_normal_priority() {
+        // On a thread of its own: the test's thread goes to idle priority and back.
+        std::thread::spawn(|| {
+            let tids = HandlerTids::default();
+            tids.register(1);
+            let me = crate::sys::gettid();
+            tids.set_idle(1, true);
+            assert_eq!(policy(me), libc::SCHED_IDLE as u32);
+            let seen = |doing, ms| Seen {
+                tid: me,
+                doing,
+                for_: Duration::from_millis(ms),
+                page: 0,
+                of: 0,
+            };
+            // Waiting for faults, or serving one for a moment: left where it is.
+            assert_eq!(tids.rescue(&[seen(Doing::Idle, 5000)]), 0);
+            assert_eq!(tids.rescue(&[seen(Doing::Serving, 1)]), 0);
+            assert_eq!(policy(me), libc::SCHED_IDLE as u32);
+            // Serving one for 10 ms: back at normal priority, and the handler knows it.
+            assert_eq!(tids.rescue(&[seen(Doing::Serving, 10)]), 1);
+            assert_eq!(policy(me), libc::SCHED_OTHER as u32);
+            assert_eq!(
+                tids.rescue(&[seen(Doing::Serving, 10)]),
+                0,
+                "once is enough"
+            );
+            tids.set_idle(1, true);
+            assert_eq!(
+                policy(me),
+                libc::SCHED_IDLE as u32,
+                "idle again when it reads alone"
+            );
+            tids.set_idle(1, false);
+            assert_eq!(policy(me), libc::SCHED_OTHER as u32);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn this_threads_accounting_and_its_sleeps_can_be_read() {

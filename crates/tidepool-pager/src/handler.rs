@@ -27,17 +27,13 @@ impl Inner {
         let mut picker = crate::late::Picker::new();
         let mut staging = Staging::new();
         let bell = self.doorbell.addr();
-        // Whether this thread runs at SCHED_IDLE (while it reads alone), and reads that
-        // brought faults since its last look at where the program runs.
-        let mut idle = false;
+        // Reads that brought faults since its last look at where the program runs.
         let mut served = 0u32;
         loop {
             if held.is_empty() {
                 self.follow.wait_to_read(n, &self.shutdown);
-                let one = self.follow.one_reads();
-                if one != idle && tidepool_sys::set_idle_priority(0, one).is_ok() {
-                    idle = one;
-                }
+                // At SCHED_IDLE while it reads alone.
+                self.handler_tids.set_idle(n, self.follow.one_reads());
             }
             let read = if held.is_empty() {
                 // One system call a fault: the read blocks until there are some (a poll first
@@ -78,7 +74,7 @@ impl Inner {
                 self.follow.fault_from(tid, &self.shutdown);
             }
             self.serve_or_hold(&mut held, &mut picker, &mut staging);
-            if idle {
+            if self.handler_tids.is_idle(n) {
                 self.follow.served_alone(read);
             }
             if stop {

@@ -212,6 +212,7 @@ impl Inner {
             }
             last = now;
             let seen = self.activity.seen();
+            self.handler_tids.rescue(&seen);
             let in_store = seen.iter().any(|s| s.doing == Doing::Store);
             let limit = if in_store {
                 deadline + patience
