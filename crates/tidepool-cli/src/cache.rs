@@ -34,6 +34,11 @@ pub struct CacheArgs {
     /// Most simultaneous connections (memcached's -c); more are refused with an error line.
     #[arg(long, default_value_t = 1024)]
     max_connections: usize,
+    /// A fixed budget, as memcached's -m: soft memory neither grows into idle memory nor gives
+    /// way to pressure on the host (no coordinator, no `auto` budget): for when the cache
+    /// must keep what it stores as memcached does.
+    #[arg(long, value_parser = crate::parse_size_arg, conflicts_with_all = ["coord", "max"])]
+    memory: Option<u64>,
     /// Memory left to everything else when no coordinator runs: the `auto` budget grows into
     /// the host's available memory minus this, and gives back at once when it shrinks.
     #[arg(long, default_value = "256M", value_parser = crate::parse_size_arg)]
@@ -68,9 +73,13 @@ pub fn run(args: CacheArgs) -> Result<()> {
     if !(1024..=(1 << 30)).contains(&item_max) {
         bail!("--item-max must be between 1K and 1G (memcached's -I limits)");
     }
-    let max_bytes = match args.max {
+    let (limit, flag) = match args.memory {
+        Some(m) => (Some(m), "--memory"),
+        None => (args.max, "--max"),
+    };
+    let max_bytes = match limit {
         Some(m) if m < 2 * SEGMENT as u64 => bail!(
-            "--max {} is too small: soft memory comes in {} segments, give at least two",
+            "{flag} {} is too small: soft memory comes in {} segments, give at least two",
             format_size(m),
             format_size(SEGMENT as u64)
         ),
@@ -93,7 +102,10 @@ pub fn run(args: CacheArgs) -> Result<()> {
 
     // Soft memory: a budget from the coordinator, else one that follows the host.
     // memcached's default -m; the budget grows from there as items arrive.
-    let start_budget = (64u64 << 20).min(max_bytes) as usize;
+    let start_budget = match args.memory {
+        Some(_) => max_bytes,
+        None => (64u64 << 20).min(max_bytes),
+    } as usize;
     let runtime = SoftRuntime::new(
         tidepool_soft::SoftArena::new(ArenaConfig {
             budget: start_budget,
@@ -104,7 +116,11 @@ pub fn run(args: CacheArgs) -> Result<()> {
     runtime
         .start_evacuator(0.02, 0.05)
         .context("cannot start the evacuator")?;
-    let joined = match crate::run::coord_socket(args.coord.as_deref(), args.no_coord)? {
+    let coord = match args.memory {
+        Some(_) => None,
+        None => crate::run::coord_socket(args.coord.as_deref(), args.no_coord)?,
+    };
+    let joined = match coord {
         Some(socket) => {
             runtime
                 .join_coordinator(CoordConfig {
@@ -115,6 +131,7 @@ pub fn run(args: CacheArgs) -> Result<()> {
                 .context("cannot start the coordinator link")?;
             Some(socket)
         }
+        None if args.memory.is_some() => None,
         None => {
             runtime
                 .start_auto_budget(AutoBudget {
@@ -182,10 +199,13 @@ pub fn run(args: CacheArgs) -> Result<()> {
             "  memory: soft, sized by the coordinator at {}{most}\n",
             s.display()
         ),
-        None => format!(
-            "  memory: soft, `auto` budget: the host's available memory minus {}{most}\n",
-            format_size(args.reserve)
-        ),
+        None => match args.memory {
+            Some(m) => format!("  memory: soft, a fixed budget of {}\n", format_size(m)),
+            None => format!(
+                "  memory: soft, `auto` budget: the host's available memory minus {}{most}\n",
+                format_size(args.reserve)
+            ),
+        },
     };
     if let Some(s) = &spill {
         said += &format!("  far tier: {}\n", s.describe());
