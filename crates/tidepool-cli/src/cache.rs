@@ -62,6 +62,16 @@ pub struct CacheArgs {
     name: String,
 }
 
+/// Where the cache's soft-memory budget comes from.
+enum Sizing {
+    /// `--memory`: set once, as memcached's -m.
+    Fixed,
+    /// The coordinator at this socket.
+    Coordinator(PathBuf),
+    /// The host's available memory and stalls (the `auto` budget).
+    Auto,
+}
+
 pub fn run(args: CacheArgs) -> Result<()> {
     if !(args.weight.is_finite() && args.weight > 0.0) {
         bail!("--weight {} must be a positive number", args.weight);
@@ -100,11 +110,18 @@ pub fn run(args: CacheArgs) -> Result<()> {
         );
     }
 
-    // Soft memory: a budget from the coordinator, else one that follows the host.
-    // memcached's default -m; the budget grows from there as items arrive.
-    let start_budget = match args.memory {
-        Some(_) => max_bytes,
-        None => (64u64 << 20).min(max_bytes),
+    // Soft memory: a fixed budget, else one from the coordinator, else one that follows the
+    // host, starting at memcached's default -m and growing as items arrive.
+    let sizing = match args.memory {
+        Some(_) => Sizing::Fixed,
+        None => match crate::run::coord_socket(args.coord.as_deref(), args.no_coord)? {
+            Some(socket) => Sizing::Coordinator(socket),
+            None => Sizing::Auto,
+        },
+    };
+    let start_budget = match sizing {
+        Sizing::Fixed => max_bytes,
+        _ => (64u64 << 20).min(max_bytes),
     } as usize;
     let runtime = SoftRuntime::new(
         tidepool_soft::SoftArena::new(ArenaConfig {
@@ -116,12 +133,9 @@ pub fn run(args: CacheArgs) -> Result<()> {
     runtime
         .start_evacuator(0.02, 0.05)
         .context("cannot start the evacuator")?;
-    let coord = match args.memory {
-        Some(_) => None,
-        None => crate::run::coord_socket(args.coord.as_deref(), args.no_coord)?,
-    };
-    let joined = match coord {
-        Some(socket) => {
+    match &sizing {
+        Sizing::Fixed => {}
+        Sizing::Coordinator(socket) => {
             runtime
                 .join_coordinator(CoordConfig {
                     socket: socket.clone(),
@@ -129,10 +143,8 @@ pub fn run(args: CacheArgs) -> Result<()> {
                     weight: args.weight,
                 })
                 .context("cannot start the coordinator link")?;
-            Some(socket)
         }
-        None if args.memory.is_some() => None,
-        None => {
+        Sizing::Auto => {
             runtime
                 .start_auto_budget(AutoBudget {
                     reserve: args.reserve as usize,
@@ -140,9 +152,8 @@ pub fn run(args: CacheArgs) -> Result<()> {
                     ..AutoBudget::default()
                 })
                 .context("cannot start the auto budget")?;
-            None
         }
-    };
+    }
     let spill = match &args.far {
         Some(url) => {
             let store = tidepool_store::open(url).with_context(|| {
@@ -194,18 +205,19 @@ pub fn run(args: CacheArgs) -> Result<()> {
         .max
         .map(|m| format!(", at most {}", format_size(m)))
         .unwrap_or_default();
-    said += &match &joined {
-        Some(s) => format!(
+    said += &match &sizing {
+        Sizing::Fixed => format!(
+            "  memory: soft, a fixed budget of {}\n",
+            format_size(max_bytes)
+        ),
+        Sizing::Coordinator(s) => format!(
             "  memory: soft, sized by the coordinator at {}{most}\n",
             s.display()
         ),
-        None => match args.memory {
-            Some(m) => format!("  memory: soft, a fixed budget of {}\n", format_size(m)),
-            None => format!(
-                "  memory: soft, `auto` budget: the host's available memory minus {}{most}\n",
-                format_size(args.reserve)
-            ),
-        },
+        Sizing::Auto => format!(
+            "  memory: soft, `auto` budget: the host's available memory minus {}{most}\n",
+            format_size(args.reserve)
+        ),
     };
     if let Some(s) = &spill {
         said += &format!("  far tier: {}\n", s.describe());
