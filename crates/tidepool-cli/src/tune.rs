@@ -134,8 +134,8 @@ type Change = (String, Setting);
 
 /// The prefetch and line changes worth trying after `round`, made under `profile`: for each
 /// section that matters, the first policy of its ladder not tried yet (`tried`). The ladder: a
-/// stride detector of its own, a sweep detector of its own, none (if its prefetches were under
-/// half used), then lines of 2 and 4 pages with the prefetcher it keeps.
+/// stride detector of its own, a sweep detector of its own, a successor table, none (if its
+/// prefetches were under half used), then lines of 2 and 4 pages with the prefetcher it keeps.
 fn proposals(profile: &Profile, round: &Round, tried: &[Change]) -> Vec<Change> {
     let far: u64 = round.far_reads();
     let prefetched: u64 = round.sections.values().map(|s| s.prefetched).sum();
@@ -156,6 +156,7 @@ fn proposals(profile: &Profile, round: &Round, tried: &[Change]) -> Vec<Change> 
         let mut ladder = vec![
             with(PrefetchName::Own, now.line),
             with(PrefetchName::Sweep, now.line),
+            with(PrefetchName::Successor, now.line),
         ];
         if accuracy.is_none_or(|a| a < 0.5) {
             ladder.push(with(PrefetchName::Off, now.line));

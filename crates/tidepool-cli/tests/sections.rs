@@ -313,16 +313,21 @@ fn the_verification_workload_is_right_under_aggressive_profiles() {
         PrefetchName::Own,
         PrefetchName::Off,
         PrefetchName::Shared,
+        PrefetchName::Successor,
     ];
     let keeps = [KeepName::Pin, KeepName::High, KeepName::Normal];
-    let mixed = |i: usize| (prefetches[i % 4], [16u8, 8, 4, 2][i % 4], keeps[i % 3]);
+    let mixed = |i: usize| (prefetches[i % 5], [16u8, 8, 4, 2][i % 4], keeps[i % 3]);
     let pin_all = |_| (PrefetchName::Sweep, 16u8, KeepName::Pin);
-    for (what, policy) in [
+    let successors = |_| (PrefetchName::Successor, 4u8, KeepName::High);
+    // Each profile, and a policy that `--stats` must then show.
+    for (what, policy, shown) in [
         (
             "mixed",
             &mixed as &dyn Fn(usize) -> (PrefetchName, u8, KeepName),
+            " pin",
         ),
-        ("everything pinned", &pin_all),
+        ("everything pinned", &pin_all, "sweep/16 pin"),
+        ("successor tables everywhere", &successors, "successor/4 keep"),
     ] {
         let mut profile = Profile::new(me.program.clone());
         for (i, s) in me.sections.iter().enumerate() {
@@ -345,7 +350,7 @@ fn the_verification_workload_is_right_under_aggressive_profiles() {
         );
         assert!(!stderr.contains("ignored"), "{what}: {stderr}");
         assert!(
-            stderr.contains(" pin"),
+            stderr.contains(shown),
             "{what}: the policies show: {stderr}"
         );
     }

@@ -6,8 +6,9 @@ use crate::buffer::StoreJob;
 use crate::pager::*;
 use crate::prefetch::{Detector, Plan};
 use crate::region_inner::clock_entry;
-use crate::sections::{Keep, Prefetch};
+use crate::sections::{Keep, Prefetch, SectionId};
 use crate::stats::Counters;
+use crate::successor::SuccessorDetector;
 use crate::sweep_detector::SweepDetector;
 use crate::sys::{Fault, PAGE};
 use crate::table::*;
@@ -228,6 +229,10 @@ impl Inner {
                 let plan = d.on_fault(page as i64);
                 (plan, d.credited - before)
             }
+            Prefetch::Successor => {
+                self.follow_successors(region, section, page, staging);
+                return;
+            }
             _ => vote(&mut region.detector.lock()),
         };
         Counters::add(&self.counters.prefetch_credited, credited);
@@ -239,6 +244,38 @@ impl Inner {
                 self.note_done(region, &plan);
             }
             self.prefetch(region, plan, staging);
+        }
+    }
+
+    /// A section's successor table learns this fault and fetches the chain it predicts.
+    fn follow_successors(
+        &self,
+        region: &Arc<RegionInner>,
+        section: SectionId,
+        page: usize,
+        staging: &mut Staging,
+    ) {
+        let counts = self.sections.counts(section);
+        let table = &region.table;
+        let far = |p: i64| {
+            p >= 0
+                && (p as usize) < table.pages()
+                && kind(table.state(p as usize).load(Relaxed)) == FAR
+        };
+        let mut successors = region.section_successors[section.index()].lock();
+        let d = successors
+            .get_or_insert_with(|| SuccessorDetector::new(2 * self.budget_pages.load(Relaxed)));
+        let before = d.credited;
+        let chain = d.on_fault(page as i64, far);
+        let credited = d.credited - before;
+        drop(successors);
+        Counters::add(&self.counters.prefetch_credited, credited);
+        Counters::add(&counts.prefetch_credited, credited);
+        if let Some(chain) = chain {
+            let n = chain.pages().len() as u64;
+            Counters::add(&self.counters.prefetch_planned, n);
+            Counters::add(&counts.prefetch_planned, n);
+            self.prefetch_chain(region, &chain, staging);
         }
     }
 

@@ -6,6 +6,7 @@ use crate::pager::*;
 use crate::prefetch::Plan;
 use crate::region_inner::clock_entry;
 use crate::stats::Counters;
+use crate::successor::Chain;
 use crate::sys::PAGE;
 use crate::table::*;
 use std::sync::atomic::Ordering::*;
@@ -15,7 +16,24 @@ use tidepool_store::Key;
 
 impl Inner {
     pub(crate) fn prefetch(&self, region: &Arc<RegionInner>, plan: Plan, staging: &mut Staging) {
-        self.prefetch_from(region, plan, staging, &[FAR, UNTOUCHED]);
+        self.prefetch_from(
+            region,
+            plan_pages(&plan),
+            plan.trigger,
+            staging,
+            &[FAR, UNTOUCHED],
+        );
+    }
+
+    /// Fetches the far pages of a successor chain (`successor.rs`), in its order.
+    pub(crate) fn prefetch_chain(
+        &self,
+        region: &Arc<RegionInner>,
+        chain: &Chain,
+        staging: &mut Staging,
+    ) {
+        let pages = chain.pages().iter().copied();
+        self.prefetch_from(region, pages, chain.trigger, staging, &[FAR]);
     }
 
     /// Reads along, after a miss on `page`, the other pages of its aligned block of `line`
@@ -41,29 +59,30 @@ impl Inner {
             behind_start: 0,
             behind_count: 0,
         };
-        self.prefetch_from(region, plan, staging, &[FAR])
+        self.prefetch_from(region, plan_pages(&plan), plan.trigger, staging, &[FAR])
     }
 
-    /// Installs the pages of `plan` whose state is one of `from` (all but its trigger);
+    /// Installs the pages of `planned` whose state is one of `from` (all but `trigger`);
     /// returns how many.
     fn prefetch_from(
         &self,
         region: &Arc<RegionInner>,
-        plan: Plan,
+        mut planned: impl ExactSizeIterator<Item = i64>,
+        trigger: i64,
         staging: &mut Staging,
         from: &[u64],
     ) -> usize {
         let pages = region.table.pages() as i64;
         let mut installed = 0;
         let mut batch: Vec<(usize, u64)> = Vec::with_capacity(PREFETCH_BATCH);
-        let mut i = 0;
-        while i < plan.count as i64 {
+        while planned.len() > 0 {
             // Never prefetch past the budget: that would evict pages to make room for guesses.
             batch.clear();
-            while i < plan.count as i64 && batch.len() < PREFETCH_BATCH {
-                let p = plan.start + i * plan.stride;
-                i += 1;
-                if p < 0 || p >= pages || p == plan.trigger {
+            while batch.len() < PREFETCH_BATCH {
+                let Some(p) = planned.next() else {
+                    break;
+                };
+                if p < 0 || p >= pages || p == trigger {
                     continue;
                 }
                 match region.table.try_lock(p as usize, from) {
@@ -81,7 +100,7 @@ impl Inner {
                     // A thread that faulted meanwhile found the page BUSY and waits for us.
                     self.uffd.wake(region.addr(p), PAGE);
                 }
-                let rest = (plan.count as usize).saturating_sub(i as usize) + batch.len();
+                let rest = planned.len() + batch.len();
                 Counters::add(&self.counters.prefetch_dropped, rest as u64);
                 return installed;
             }
@@ -222,4 +241,10 @@ impl Inner {
             .lock()
             .extend(list.into_iter().map(|(p, _)| clock_entry(region, p)));
     }
+}
+
+/// The pages of a stride plan, in order.
+fn plan_pages(plan: &Plan) -> impl ExactSizeIterator<Item = i64> {
+    let (start, stride) = (plan.start, plan.stride);
+    (0..plan.count).map(move |i| start + i as i64 * stride)
 }

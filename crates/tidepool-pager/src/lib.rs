@@ -68,6 +68,7 @@ mod restart;
 mod sections;
 mod spill;
 mod stats;
+mod successor;
 mod sweep;
 mod sweep_detector;
 mod sys;

@@ -636,6 +636,7 @@ impl Pager {
             sections,
             section_detectors: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
             section_sweeps: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
+            section_successors: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
             touched_end: AtomicUsize::new(0),
             evicted_chunks: RegionInner::chunk_bits(len / PAGE),
             dead: AtomicBool::new(false),

@@ -17,7 +17,7 @@
 //!
 //! [[section]]
 //! name = "mmap libpython3.11.so.1.0+0x1ac7fd"
-//! prefetch = "own"   # "shared" (the default), "own", "sweep" or "off"
+//! prefetch = "own"   # "shared" (the default), "own", "sweep", "successor" or "off"
 //! line = 1           # pages read together on a miss: 1, 2, 4, 8 or 16
 //! keep = "high"      # "normal" (the default), "high" or "pin" (see `Keep`)
 //! ```
@@ -120,6 +120,7 @@ pub enum PrefetchName {
     Shared,
     Own,
     Sweep,
+    Successor,
     Off,
 }
 
@@ -129,6 +130,7 @@ impl From<PrefetchName> for Prefetch {
             PrefetchName::Shared => Prefetch::Shared,
             PrefetchName::Own => Prefetch::Own,
             PrefetchName::Sweep => Prefetch::Sweep,
+            PrefetchName::Successor => Prefetch::Successor,
             PrefetchName::Off => Prefetch::Off,
         }
     }
@@ -139,6 +141,7 @@ impl From<Prefetch> for PrefetchName {
         match p {
             Prefetch::Own => PrefetchName::Own,
             Prefetch::Sweep => PrefetchName::Sweep,
+            Prefetch::Successor => PrefetchName::Successor,
             Prefetch::Off => PrefetchName::Off,
             _ => PrefetchName::Shared,
         }

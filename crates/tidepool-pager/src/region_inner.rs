@@ -4,6 +4,7 @@
 use crate::marks::Marks;
 use crate::prefetch::Detector;
 use crate::sections::SectionMap;
+use crate::successor::SuccessorDetector;
 use crate::sweep_detector::SweepDetector;
 use crate::sys::{Mapping, PAGE};
 use crate::table::PageTable;
@@ -29,6 +30,8 @@ pub(crate) struct RegionInner {
     pub(crate) section_detectors: Box<[Mutex<Option<Detector>>]>,
     /// Likewise for [`crate::Prefetch::Sweep`].
     pub(crate) section_sweeps: Box<[Mutex<Option<SweepDetector>>]>,
+    /// Likewise for [`crate::Prefetch::Successor`].
+    pub(crate) section_successors: Box<[Mutex<Option<SuccessorDetector>>]>,
     /// Highest page index ever mapped + 1 (bounds the walk when the region is dropped).
     pub(crate) touched_end: AtomicUsize,
     /// A bit per [`CHUNK_PAGES`] pages, set once a page of the chunk was evicted (never

@@ -48,6 +48,9 @@ pub enum Prefetch {
     Sweep,
     /// No prefetching after faults here.
     Off,
+    /// A table of each page's successor among the section's faults, in each region: walks
+    /// that repeat an order no stride describes (see `successor.rs`).
+    Successor,
 }
 
 impl Prefetch {
@@ -57,6 +60,7 @@ impl Prefetch {
             Prefetch::Own => 1,
             Prefetch::Off => 2,
             Prefetch::Sweep => 3,
+            Prefetch::Successor => 4,
         }
     }
 
@@ -65,6 +69,7 @@ impl Prefetch {
             1 => Prefetch::Own,
             2 => Prefetch::Off,
             3 => Prefetch::Sweep,
+            4 => Prefetch::Successor,
             _ => Prefetch::Shared,
         }
     }
@@ -131,11 +136,12 @@ impl Default for Policy {
 }
 
 impl fmt::Display for Policy {
-    /// `shared`, `own`, `sweep` or `off`, `/N` for a line of N pages, and ` keep` or ` pin`.
+    /// `shared`, `own`, `sweep`, `successor` or `off`, `/N` for a line of N pages, and ` keep` or ` pin`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = match self.prefetch {
             Prefetch::Own => "own",
             Prefetch::Sweep => "sweep",
+            Prefetch::Successor => "successor",
             Prefetch::Off => "off",
             _ => "shared",
         };

@@ -200,6 +200,45 @@ fn a_detector_per_section_follows_interleaved_walks() {
     }
 }
 
+/// A list over the first half's pages in a random order, followed three times (a pointer
+/// chase over a heap that did not move, as a garbage collector's mark): no stride finds it; a
+/// successor table learns it in the first pass and fetches its chains ahead after that.
+#[test]
+fn a_successor_table_follows_a_repeated_pointer_chase() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let chase = |data: &mut [u8], pages: usize| {
+        let mut order: Vec<usize> = (0..pages / 2).collect();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for i in (1..order.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, x as usize % (i + 1));
+        }
+        for _ in 0..3 {
+            for &p in &order {
+                assert_eq!(data[p * PAGE], p as u8, "page {p}");
+            }
+        }
+    };
+    let shared = demand_reads(Policy::default(), chase);
+    let successor = demand_reads(Policy::new(Prefetch::Successor, 1), chase);
+    // 8192 pages a pass, 16 MiB of them local: the first pass misses on all (twice over the
+    // pages of the other half filled first), the next two on most under the default policy.
+    assert!(
+        successor[0].far_fetches * 2 < shared[0].far_fetches,
+        "successor {:?} shared {:?}",
+        successor[0],
+        shared[0]
+    );
+    // 70-79% in release builds: some fetched pages go out again before the walk gets there.
+    assert!(
+        successor[0].prefetch_accuracy().unwrap() > 0.5,
+        "{:?}",
+        successor[0]
+    );
+}
+
 /// Objects of two pages read at random: with a line of two, a miss brings the other page too.
 #[test]
 fn a_line_of_two_pages_halves_the_misses_on_two_page_objects() {
