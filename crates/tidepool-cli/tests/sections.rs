@@ -327,7 +327,11 @@ fn the_verification_workload_is_right_under_aggressive_profiles() {
             " pin",
         ),
         ("everything pinned", &pin_all, "sweep/16 pin"),
-        ("successor tables everywhere", &successors, "successor/4 keep"),
+        (
+            "successor tables everywhere",
+            &successors,
+            "successor/4 keep",
+        ),
     ] {
         let mut profile = Profile::new(me.program.clone());
         for (i, s) in me.sections.iter().enumerate() {
