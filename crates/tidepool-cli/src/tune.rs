@@ -116,13 +116,20 @@ fn policy_of(p: &Profile, name: &str) -> Setting {
 }
 
 fn set_policy(p: &mut Profile, name: &str, to: Setting, why: String) {
+    // A share of the budget written by hand stays: tune does not choose shares.
+    let share = p
+        .sections
+        .iter()
+        .find(|s| s.name == name)
+        .map_or(0, |s| s.share);
     p.sections.retain(|s| s.name != name);
-    if (to.prefetch, to.line, to.keep) != (PrefetchName::Shared, 1, KeepName::Normal) {
+    if (to.prefetch, to.line, to.keep, share) != (PrefetchName::Shared, 1, KeepName::Normal, 0) {
         p.sections.push(SectionEntry {
             name: name.to_string(),
             prefetch: to.prefetch,
             line: to.line,
             keep: to.keep,
+            share,
             why: (!why.is_empty()).then_some(why),
         });
     }

@@ -291,8 +291,8 @@ fn verify_with(
 
 /// No wrong byte with any profile: the verification workload under profiles that give every
 /// section it has the most aggressive policies there are (lines of up to 16 pages, every
-/// prefetcher, pages kept high or pinned, and one that pins everything, more than the budget
-/// holds).
+/// prefetcher, pages kept high or pinned, shares of the budget, one that pins everything, more
+/// than the budget holds, and one that holds every section to 5% of it).
 #[test]
 fn the_verification_workload_is_right_under_aggressive_profiles() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
@@ -316,31 +316,41 @@ fn the_verification_workload_is_right_under_aggressive_profiles() {
         PrefetchName::Successor,
     ];
     let keeps = [KeepName::Pin, KeepName::High, KeepName::Normal];
-    let mixed = |i: usize| (prefetches[i % 5], [16u8, 8, 4, 2][i % 4], keeps[i % 3]);
-    let pin_all = |_| (PrefetchName::Sweep, 16u8, KeepName::Pin);
-    let successors = |_| (PrefetchName::Successor, 4u8, KeepName::High);
+    let mixed = |i: usize| {
+        let share = [0u8, 5, 50][i % 3];
+        (
+            prefetches[i % 5],
+            [16u8, 8, 4, 2][i % 4],
+            keeps[i % 3],
+            share,
+        )
+    };
+    let pin_all = |_| (PrefetchName::Sweep, 16u8, KeepName::Pin, 0);
+    // Every section held to 5% of the budget: they are all over it, all the time.
+    let successors = |_| (PrefetchName::Successor, 4u8, KeepName::High, 5);
     // Each profile, and a policy that `--stats` must then show.
     for (what, policy, shown) in [
         (
             "mixed",
-            &mixed as &dyn Fn(usize) -> (PrefetchName, u8, KeepName),
+            &mixed as &dyn Fn(usize) -> (PrefetchName, u8, KeepName, u8),
             " pin",
         ),
         ("everything pinned", &pin_all, "sweep/16 pin"),
         (
             "successor tables everywhere",
             &successors,
-            "successor/4 keep",
+            "successor/4 keep 5%",
         ),
     ] {
         let mut profile = Profile::new(me.program.clone());
         for (i, s) in me.sections.iter().enumerate() {
-            let (prefetch, line, keep) = policy(i);
+            let (prefetch, line, keep, share) = policy(i);
             profile.sections.push(SectionEntry {
                 name: s.name.clone(),
                 prefetch,
                 line,
                 keep,
+                share,
                 why: None,
             });
         }

@@ -167,6 +167,14 @@ impl Inner {
             } else {
                 0
             };
+            // Sections over their share of the budget: their pages lose their second chances,
+            // and other sections' pages are passed over, up to a turn of the clock, to find
+            // them (shares then give way for some batches, as pins do).
+            let over = self.sections.over_shares(self.budget_pages.load(Relaxed));
+            let mut share_reach = if over != 0 { clock.len() } else { 0 };
+            let is_over = |region: &RegionInner, page: usize| {
+                over & (1 << region.sections.of(page).index()) != 0
+            };
             while victims.len() < EVICT_BATCH && budget > 0 {
                 budget -= 1;
                 let Some(entry) = clock.pop_front() else {
@@ -199,11 +207,21 @@ impl Inner {
                 } else {
                     None
                 };
-                if let Some(spared) = spared {
+                let over_share = over != 0 && is_over(&region, page);
+                if let (Some(spared), false) = (spared, over_share) {
                     if s.compare_exchange(word, spared, AcqRel, Relaxed).is_ok() {
                         clock.push_back(entry);
                         continue;
                     }
+                }
+                if share_reach > 0 && !over_share {
+                    share_reach -= 1;
+                    if share_reach == 0 {
+                        self.sections.shares_give_way();
+                    }
+                    budget += 1;
+                    clock.push_back(entry);
+                    continue;
                 }
                 if pin_reach > 0 && self.sections.keep_of(&region.sections, page) == Keep::Pin {
                     pin_reach -= 1;
@@ -505,6 +523,7 @@ impl Inner {
         for ((_, page, _), new) in run.iter().zip(saved.new_words) {
             waiters |= region.table.unlock(*page, new);
             Counters::add(&self.section_counts(region, *page).evicted, 1);
+            self.count_resident(region, *page, -1);
         }
         self.resident.fetch_sub(run.len(), Relaxed);
         if waiters {

@@ -471,6 +471,7 @@ impl Inner {
         };
         let new = (new & !(HEAT | CHANCES)) | (heat << HEAT_SHIFT) | (chances << CHANCE_SHIFT);
         self.resident.fetch_add(1, Relaxed);
+        self.count_resident(region, page, 1);
         region.note_touched(page);
         // Installed with a wake-up (before this): anyone waiting on the page is awake.
         let _ = region.table.unlock(page, new);

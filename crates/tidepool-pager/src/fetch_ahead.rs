@@ -223,6 +223,9 @@ impl Inner {
         // Counted before the pages are published: once unlocked, another thread may evict or
         // discard them and subtract them again.
         self.resident.fetch_add(batch.len(), Relaxed);
+        for &(p, _) in batch {
+            self.count_resident(region, p, 1);
+        }
         let mut waiters = false;
         for &(p, new) in &list {
             region.note_touched(p);

@@ -339,6 +339,7 @@ impl Inner {
             for ((_, page, _), new) in done.iter().zip(new_words) {
                 crate::tr!(*page, "move_out", new);
                 Counters::add(&self.section_counts(region, *page).evicted, 1);
+                self.count_resident(region, *page, -1);
                 if self.probation && new & FRAMED != 0 {
                     self.tier_counted(&mut framed, region, *page, seq);
                 }
@@ -361,6 +362,7 @@ impl Inner {
                         queue(&mut removes);
                     }
                     self.resident.fetch_sub(1, Relaxed);
+                    self.count_resident(region, *page, -1);
                     waiters |= region.table.unlock(*page, UNTOUCHED);
                 }
                 // A frame already in the shadow. If the page is not in the region, the kernel
@@ -376,6 +378,7 @@ impl Inner {
                     queue(&mut removes);
                     moved += 1;
                     Counters::add(&self.section_counts(region, *page).evicted, 1);
+                    self.count_resident(region, *page, -1);
                     waiters |= region.table.unlock(*page, new);
                 }
                 // Both hold a page: the shadow's is stale (the region's is the one the program

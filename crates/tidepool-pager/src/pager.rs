@@ -696,6 +696,15 @@ impl Inner {
         self.sections.counts(region.sections.of(page))
     }
 
+    /// Counts page `page` of `region` into (`delta` 1) or out of (-1) its section's resident
+    /// pages, as `resident` counts it into or out of the whole pager's.
+    #[inline]
+    pub(crate) fn count_resident(&self, region: &RegionInner, page: usize, delta: i64) {
+        self.section_counts(region, page)
+            .resident
+            .fetch_add(delta, Relaxed);
+    }
+
     /// Changes the budget; shrinking evicts at once.
     pub(crate) fn set_budget(&self, bytes: usize) {
         let pages = if self.probation {

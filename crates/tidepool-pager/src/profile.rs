@@ -20,6 +20,7 @@
 //! prefetch = "own"   # "shared" (the default), "own", "sweep", "successor" or "off"
 //! line = 1           # pages read together on a miss: 1, 2, 4, 8 or 16
 //! keep = "high"      # "normal" (the default), "high" or "pin" (see `Keep`)
+//! share = 20         # the most of the budget its pages may hold, in percent (see `Policy`)
 //! ```
 
 use crate::sections::{Keep, Policy, Prefetch, LINE_MAX};
@@ -103,6 +104,9 @@ pub struct SectionEntry {
     pub line: u8,
     #[serde(default, skip_serializing_if = "KeepName::is_normal")]
     pub keep: KeepName,
+    /// The most of the budget its pages may hold, in percent (0, the default: no limit).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub share: u8,
     /// Why the tuner chose this, for the reader (ignored when applied).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
@@ -110,6 +114,10 @@ pub struct SectionEntry {
 
 fn one() -> u8 {
     1
+}
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
 }
 
 /// [`Prefetch`] as a profile spells it.
@@ -279,7 +287,9 @@ impl Profile {
             let id = pager.section(&s.name);
             pager.set_section_policy(
                 id,
-                Policy::new(s.prefetch.into(), s.line).keeping(s.keep.into()),
+                Policy::new(s.prefetch.into(), s.line)
+                    .keeping(s.keep.into())
+                    .sharing(s.share),
             );
         }
         self.sections.len()
@@ -417,6 +427,7 @@ mod tests {
             prefetch: PrefetchName::Own,
             line: 2,
             keep: KeepName::Normal,
+            share: 0,
             why: Some("a stream".into()),
         });
         p.sections.push(SectionEntry {
@@ -424,6 +435,7 @@ mod tests {
             prefetch: PrefetchName::Off,
             line: 1,
             keep: KeepName::Pin,
+            share: 25,
             why: None,
         });
         let text = p.to_toml();
@@ -431,6 +443,7 @@ mod tests {
         assert!(text.contains("keep = \"pin\""), "{text}");
         // The default is not written.
         assert_eq!(text.matches("keep =").count(), 1, "{text}");
+        assert_eq!(text.matches("share = 25").count(), 1, "{text}");
         assert_eq!(Profile::parse(&text, "p.toml").unwrap(), p);
     }
 

@@ -282,6 +282,7 @@ impl Inner {
                         // A page shared with the parent is not in this process's count.
                         if w & INHERITED == 0 {
                             resident += 1;
+                            self.count_resident(region, p, -1);
                         }
                         if w & FAR_VALID != 0 {
                             self.tags.drop_copy(region.key(p), &mut removes);

@@ -13,7 +13,7 @@ use crate::sys::Mapping;
 use parking_lot::Mutex;
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use tidepool_proto::coord::{ghost_bucket_limit, GHOST_BUCKETS};
 
 /// Sections a pager tells apart; names past the last share section 0.
@@ -120,6 +120,11 @@ pub struct Policy {
     pub line: u8,
     /// Its pages' priority against eviction.
     pub keep: Keep,
+    /// The most of the budget its pages may hold, in percent (0: no limit). Over it, its
+    /// pages lose their second chances and the clock passes over other sections' pages to
+    /// take them (Mira's section sizes: a stream needs little room, and what it does not hold
+    /// the other sections do).
+    pub share: u8,
 }
 
 /// The longest line, in pages.
@@ -131,12 +136,14 @@ impl Default for Policy {
             prefetch: Prefetch::Shared,
             line: 1,
             keep: Keep::Normal,
+            share: 0,
         }
     }
 }
 
 impl fmt::Display for Policy {
-    /// `shared`, `own`, `sweep`, `successor` or `off`, `/N` for a line of N pages, and ` keep` or ` pin`.
+    /// `shared`, `own`, `sweep`, `successor` or `off`, `/N` for a line of N pages, ` keep` or
+    /// ` pin`, and ` N%` for a share of the budget.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let p = match self.prefetch {
             Prefetch::Own => "own",
@@ -150,9 +157,13 @@ impl fmt::Display for Policy {
             n => write!(f, "{p}/{n}")?,
         }
         match self.keep {
-            Keep::High => write!(f, " keep"),
-            Keep::Pin => write!(f, " pin"),
-            _ => Ok(()),
+            Keep::High => write!(f, " keep")?,
+            Keep::Pin => write!(f, " pin")?,
+            _ => {}
+        }
+        match self.share {
+            0 => Ok(()),
+            n => write!(f, " {n}%"),
         }
     }
 }
@@ -166,12 +177,22 @@ impl Policy {
             prefetch,
             line: 1 << (7 - line.leading_zeros()),
             keep: Keep::Normal,
+            share: 0,
         }
     }
 
     /// This policy with its pages kept as `keep` says.
     pub fn keeping(self, keep: Keep) -> Policy {
         Policy { keep, ..self }
+    }
+
+    /// This policy with its pages holding at most `percent` of the budget (0: no limit;
+    /// above 100, 100).
+    pub fn sharing(self, percent: u8) -> Policy {
+        Policy {
+            share: percent.min(100),
+            ..self
+        }
     }
 }
 
@@ -184,6 +205,9 @@ pub(crate) struct SectionCounts {
     pub(crate) prefetch_planned: AtomicU64,
     pub(crate) prefetch_credited: AtomicU64,
     pub(crate) line_pages: AtomicU64,
+    /// Its pages mapped now, counted as they come and go ([`Policy::share`] reads it; a page
+    /// counted out by another path than it was counted in may leave it a little off).
+    pub(crate) resident: AtomicI64,
     /// Far reads of pages evicted before, by how many bytes were evicted after them (ghost
     /// buckets: under 1 MiB, 2 MiB, 4 MiB, ...).
     pub(crate) refetched: [AtomicU64; GHOST_BUCKETS],
@@ -197,6 +221,7 @@ pub(crate) struct Sections {
     prefetch: [AtomicU8; SECTIONS_MAX],
     line: [AtomicU8; SECTIONS_MAX],
     keep: [AtomicU8; SECTIONS_MAX],
+    share: [AtomicU8; SECTIONS_MAX],
     /// Some section has a policy other than the default.
     any_policy: AtomicBool,
     /// Some section's pages are kept otherwise than by heat (the clock then looks them up).
@@ -204,6 +229,11 @@ pub(crate) struct Sections {
     /// Eviction batches left during which pins give way: a batch passed a whole turn of the
     /// clock's pinned pages (more is pinned than the budget holds).
     pins_off: AtomicU32,
+    /// Some section has a share of the budget.
+    any_share: AtomicBool,
+    /// Likewise for shares: batches left during which sections over their share are not
+    /// looked for beyond the clock's usual reach.
+    shares_off: AtomicU32,
 }
 
 /// Batches during which pins give way once a batch passed a whole turn of pinned pages: the
@@ -226,9 +256,12 @@ impl Sections {
             prefetch: std::array::from_fn(|_| AtomicU8::new(0)),
             line: std::array::from_fn(|_| AtomicU8::new(1)),
             keep: std::array::from_fn(|_| AtomicU8::new(0)),
+            share: std::array::from_fn(|_| AtomicU8::new(0)),
             any_policy: AtomicBool::new(false),
             any_keep: AtomicBool::new(false),
             pins_off: AtomicU32::new(0),
+            any_share: AtomicBool::new(false),
+            shares_off: AtomicU32::new(0),
         }
     }
 
@@ -236,6 +269,10 @@ impl Sections {
         self.prefetch[id.index()].store(p.prefetch.code(), Relaxed);
         self.line[id.index()].store(p.line, Relaxed);
         self.keep[id.index()].store(p.keep.code(), Relaxed);
+        self.share[id.index()].store(p.share, Relaxed);
+        if p.share != 0 {
+            self.any_share.store(true, Relaxed);
+        }
         if p != Policy::default() {
             self.any_policy.store(true, Relaxed);
         }
@@ -260,6 +297,33 @@ impl Sections {
         self.pins_off.store(PINS_OFF_BATCHES, Relaxed);
     }
 
+    /// The sections holding more than their share of `budget` pages, a bit each (bit `i` for
+    /// section `i`); none while shares give way.
+    pub(crate) fn over_shares(&self, budget: usize) -> u128 {
+        if !self.any_share.load(Relaxed)
+            || self
+                .shares_off
+                .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return 0;
+        }
+        let mut over = 0;
+        for (i, share) in self.share.iter().enumerate() {
+            let share = share.load(Relaxed) as i64;
+            if share != 0 && self.counts[i].resident.load(Relaxed) * 100 > share * budget as i64 {
+                over |= 1 << i;
+            }
+        }
+        over
+    }
+
+    /// A batch passed a whole turn of the clock without finding a page of a section over its
+    /// share (they were all on their way somewhere else): shares give way for the next batches.
+    pub(crate) fn shares_give_way(&self) {
+        self.shares_off.store(PINS_OFF_BATCHES, Relaxed);
+    }
+
     /// How page `page` of the region `map` maps is kept: one load, and no lookup of its
     /// section, when no section says otherwise (the fault and eviction paths ask per page).
     #[inline]
@@ -279,6 +343,7 @@ impl Sections {
             prefetch: Prefetch::from_code(self.prefetch[id.index()].load(Relaxed)),
             line: self.line[id.index()].load(Relaxed),
             keep: Keep::from_code(self.keep[id.index()].load(Relaxed)),
+            share: self.share[id.index()].load(Relaxed),
         }
     }
 

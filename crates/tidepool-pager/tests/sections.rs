@@ -345,3 +345,64 @@ fn a_pinned_section_larger_than_the_budget_still_pages() {
     }
     assert!(pager.stats().evicted > 0);
 }
+
+/// Pages of two sections mapped after the same random reads over both, under a 16 MiB budget,
+/// with the first held to `share` percent of it (0: no limit). The report walks the clock
+/// while the evictor may still be at work: taken again until it agrees with the total.
+fn mapped_of_two(share: u8) -> (u64, u64) {
+    let store = tidepool_store::open("local:").unwrap();
+    let pager = Pager::start(Config::new(16 << 20), store).unwrap();
+    let len = 64 << 20;
+    let mut region = Region::new(&pager, len).unwrap();
+    let (a, b) = (pager.section("a"), pager.section("b"));
+    region.set_section(0, len / 2, a);
+    region.set_section(len / 2, len / 2, b);
+    pager.set_section_policy(a, Policy::default().sharing(share));
+    let data = region.as_mut_slice();
+    let pages = len / PAGE;
+    for p in 0..pages {
+        data[p * PAGE] = p as u8;
+    }
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for _ in 0..40_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let p = x as usize % pages;
+        assert_eq!(data[p * PAGE], p as u8, "page {p}");
+    }
+    let of = |r: &tidepool_pager::PagerStats, n: &str| {
+        r.sections
+            .iter()
+            .find(|s| s.name == n)
+            .and_then(|s| s.resident_pages)
+            .unwrap_or(0)
+    };
+    let mut report = pager.report();
+    for _ in 0..100 {
+        if of(&report, "a") + of(&report, "b") <= report.resident_pages {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        report = pager.report();
+    }
+    eprintln!("share {share}%\n{report}");
+    (of(&report, "a"), of(&report, "b"))
+}
+
+/// Read as often as another, a section held to a share of the budget keeps no more than that
+/// mapped, and the other section gets the rest.
+#[test]
+fn a_share_of_the_budget_bounds_a_section() {
+    tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
+    let budget = (16 << 20) / PAGE as u64;
+    let (a, b) = mapped_of_two(0);
+    assert!(
+        a * 100 > budget * 30 && b * 100 > budget * 30,
+        "{a} and {b}"
+    );
+    let (a, b) = mapped_of_two(10);
+    // Its share, and a batch or so over it while the evictor catches up.
+    assert!(a * 100 <= budget * 15, "{a} of {budget} pages");
+    assert!(b * 100 >= budget * 75, "{b} of {budget} pages");
+}
