@@ -12,8 +12,10 @@
 //!   misses by a quarter.
 //!
 //! Once no such change is left, the section with the most far reads has its pages kept
-//! longer (`keep = "high"`), then pinned (`keep = "pin"`), one section a round: keeping one
-//! section's pages takes room from the others, so the change stays only if the whole
+//! longer (`keep = "high"`), then pinned (`keep = "pin"`), one section a round; then the
+//! section that moves the most pages while hardly any come back within the budget (a stream)
+//! is held to a small share of it (`share = 10`), as Mira sizes its sections. Keeping one
+//! section's pages takes room from the others, so such a change stays only if the whole
 //! program's cost fell.
 //!
 //! The next round tries every proposal at once; each section keeps its change if its cost fell
@@ -99,6 +101,8 @@ struct Setting {
     prefetch: PrefetchName,
     line: u8,
     keep: KeepName,
+    /// The most of the budget the section may hold, in percent (0: no limit).
+    share: u8,
 }
 
 fn policy_of(p: &Profile, name: &str) -> Setting {
@@ -111,25 +115,20 @@ fn policy_of(p: &Profile, name: &str) -> Setting {
             prefetch: s.prefetch,
             line: s.line,
             keep: s.keep,
+            share: s.share,
         },
     )
 }
 
 fn set_policy(p: &mut Profile, name: &str, to: Setting, why: String) {
-    // A share of the budget written by hand stays: tune does not choose shares.
-    let share = p
-        .sections
-        .iter()
-        .find(|s| s.name == name)
-        .map_or(0, |s| s.share);
     p.sections.retain(|s| s.name != name);
-    if (to.prefetch, to.line, to.keep, share) != (PrefetchName::Shared, 1, KeepName::Normal, 0) {
+    if (to.prefetch, to.line, to.keep, to.share) != (PrefetchName::Shared, 1, KeepName::Normal, 0) {
         p.sections.push(SectionEntry {
             name: name.to_string(),
             prefetch: to.prefetch,
             line: to.line,
             keep: to.keep,
-            share,
+            share: to.share,
             why: (!why.is_empty()).then_some(why),
         });
     }
@@ -212,6 +211,49 @@ fn keep_proposal(profile: &Profile, round: &Round, tried: &[Change], local: u64)
         };
         let to = Setting { keep: to, ..now };
         (!tried.iter().any(|t| t.0 == s.name && t.1 == to)).then(|| (s.name.clone(), to))
+    })
+}
+
+/// The share of the budget tune tries for a section whose pages hardly come back within it.
+const SMALL_SHARE: u8 = 10;
+/// A section whose far reads of pages evicted within the budget's bytes are under this part of
+/// its far and prefetched pages reuses little of the room it holds.
+const LITTLE_REUSE: f64 = 0.1;
+
+/// Mira's section sizes, once no keep change is left: the section that moves the most pages
+/// (at least [`KEEP_WORTH`] of the program's far and prefetched pages) while hardly any of
+/// them come back within the budget (a stream, or random reads over far more than fits) is
+/// held to a small share of the budget, if another section's pages do come back within it
+/// (that section gets the room). Judged, like keeping, by the whole program's cost.
+fn share_proposal(
+    profile: &Profile,
+    round: &Round,
+    tried: &[Change],
+    local: u64,
+) -> Option<Change> {
+    let moved = |s: &ObservedSection| s.far_reads + s.prefetched;
+    let all: u64 = round.sections.values().map(moved).sum();
+    let far = round.far_reads() as f64;
+    let reuses = |s: &ObservedSection| s.refetched_within(local) as f64;
+    let mut wasteful: Vec<&ObservedSection> = round
+        .sections
+        .values()
+        .filter(|s| moved(s) as f64 >= KEEP_WORTH * all as f64)
+        .filter(|s| reuses(s) < LITTLE_REUSE * moved(s) as f64)
+        .collect();
+    wasteful.sort_by_key(|s| std::cmp::Reverse(moved(s)));
+    wasteful.into_iter().find_map(|s| {
+        let others_reuse = round
+            .sections
+            .values()
+            .any(|o| o.name != s.name && reuses(o) >= KEEP_WORTH * far && reuses(o) > 0.0);
+        let now = policy_of(profile, &s.name);
+        let to = Setting {
+            share: SMALL_SHARE,
+            ..now
+        };
+        (others_reuse && now.share == 0 && !tried.iter().any(|t| t.0 == s.name && t.1 == to))
+            .then(|| (s.name.clone(), to))
     })
 }
 
@@ -404,7 +446,10 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         let mut tried = proposals(&profile, &last, &ever_tried);
         let keeping = tried.is_empty();
         if keeping {
-            tried.extend(keep_proposal(&profile, &last, &ever_tried, t.local));
+            tried.extend(
+                keep_proposal(&profile, &last, &ever_tried, t.local)
+                    .or_else(|| share_proposal(&profile, &last, &ever_tried, t.local)),
+            );
         }
         ever_tried.extend(tried.iter().cloned());
         if tried.is_empty() {
@@ -447,8 +492,9 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
                 round.far_reads()
             );
             eprintln!(
-                "  {name}: keep {:?} {} ({why})",
+                "  {name}: keep {:?}, share {}% {} ({why})",
                 to.keep,
+                to.share,
                 if kept { "kept" } else { "dropped" }
             );
             if kept {
@@ -580,4 +626,57 @@ pub fn tune_far(profile: &Path, budget: u64, out: Option<&Path>) -> Result<()> {
         None => print!("{toml}"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(name: &str, far_reads: u64, prefetched: u64, reused_soon: u64) -> ObservedSection {
+        ObservedSection {
+            name: name.into(),
+            faults: far_reads,
+            far_reads,
+            evicted: far_reads + prefetched,
+            prefetched,
+            used: prefetched,
+            line_pages: 0,
+            prefetch: PrefetchName::Shared,
+            line: 1,
+            keep: KeepName::Normal,
+            // Bucket 0: pages that came back within 1 MiB of evictions.
+            refetched: vec![reused_soon],
+        }
+    }
+
+    fn round(sections: Vec<ObservedSection>) -> Round {
+        Round {
+            seconds: 1.0,
+            output: Vec::new(),
+            sections: sections.into_iter().map(|s| (s.name.clone(), s)).collect(),
+        }
+    }
+
+    #[test]
+    fn a_stream_beside_a_section_that_reuses_its_room_is_held_to_a_small_share() {
+        let program = Program {
+            name: "p".into(),
+            build_id: None,
+        };
+        let profile = Profile::new(program);
+        let local = 16 << 20;
+        let stream = section("stream", 100, 10_000, 0);
+        let table = section("table", 5_000, 0, 3_000);
+        let r = round(vec![stream.clone(), table.clone()]);
+        let (name, to) = share_proposal(&profile, &r, &[], local).expect("a share to try");
+        assert_eq!((name.as_str(), to.share), ("stream", SMALL_SHARE));
+        // Tried once, not again.
+        assert!(share_proposal(&profile, &r, &[(name, to)], local).is_none());
+        // Nobody would use the room: nothing to try.
+        let r = round(vec![stream, section("table", 5_000, 0, 0)]);
+        assert!(share_proposal(&profile, &r, &[], local).is_none());
+        // A section whose pages come back is not held down.
+        let r = round(vec![section("table", 5_000, 0, 3_000)]);
+        assert!(share_proposal(&profile, &r, &[], local).is_none());
+    }
 }
