@@ -2,7 +2,9 @@
 //! order and the other touched at random, shows each half's faults, far reads, evictions and
 //! prefetches apart, and together they add up to the pager's totals.
 
-use tidepool_pager::{Config, Keep, Pager, Policy, Prefetch, Region, SectionStats, PAGE};
+use tidepool_pager::{
+    Config, Keep, Pager, Policy, Prefetch, Region, SectionId, SectionStats, PAGE,
+};
 
 fn two_halves(url: &str, probation: bool) {
     let store = tidepool_store::open(url).unwrap();
@@ -30,9 +32,7 @@ fn two_halves(url: &str, probation: bool) {
     }
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     for _ in 0..2000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        xorshift(&mut x);
         let p = pages / 2 + (x as usize) % (pages / 2);
         assert_eq!(data[p * PAGE], p as u8, "page {p}");
     }
@@ -127,9 +127,9 @@ fn sections_count_their_own_pages_through_a_probation_tier() {
     two_halves("local:?compress=lz4", true);
 }
 
-/// What `walk` did in each of two sections (the counters after it less those before), run
-/// over a 64 MiB region cut in two, under a 16 MiB budget, with `policy` on both sections.
-fn demand_reads(policy: Policy, walk: impl Fn(&mut [u8], usize)) -> Vec<SectionStats> {
+/// A pager with a 16 MiB budget and a 64 MiB region of it cut in two sections, `a` and `b`,
+/// every page written (its first byte is its index), so that most of them are far.
+fn two_sections() -> (Pager, Region, SectionId, SectionId) {
     let store = tidepool_store::open("local:").unwrap();
     let pager = Pager::start(Config::new(16 << 20), store).unwrap();
     let len = 64 << 20;
@@ -138,10 +138,18 @@ fn demand_reads(policy: Policy, walk: impl Fn(&mut [u8], usize)) -> Vec<SectionS
     region.set_section(0, len / 2, a);
     region.set_section(len / 2, len / 2, b);
     let data = region.as_mut_slice();
-    let pages = len / PAGE;
-    for p in 0..pages {
+    for p in 0..len / PAGE {
         data[p * PAGE] = p as u8;
     }
+    (pager, region, a, b)
+}
+
+/// What `walk` did in each of two sections (the counters after it less those before), run
+/// over a 64 MiB region cut in two, under a 16 MiB budget, with `policy` on both sections.
+fn demand_reads(policy: Policy, walk: impl Fn(&mut [u8], usize)) -> Vec<SectionStats> {
+    let (pager, mut region, a, b) = two_sections();
+    let data = region.as_mut_slice();
+    let pages = data.len() / PAGE;
     pager.set_section_policy(a, policy);
     pager.set_section_policy(b, policy);
     let before = pager.stats();
@@ -210,9 +218,7 @@ fn a_successor_table_follows_a_repeated_pointer_chase() {
         let mut order: Vec<usize> = (0..pages / 2).collect();
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         for i in (1..order.len()).rev() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            xorshift(&mut x);
             order.swap(i, x as usize % (i + 1));
         }
         for _ in 0..3 {
@@ -244,9 +250,7 @@ fn a_line_of_two_pages_halves_the_misses_on_two_page_objects() {
     let pairs = |data: &mut [u8], pages: usize| {
         let mut x = 0x2545_F491_4F6C_DD1Du64;
         for _ in 0..3000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            xorshift(&mut x);
             let p = (x as usize % (pages / 2)) & !1;
             assert_eq!(data[p * PAGE], p as u8);
             assert_eq!(data[(p + 1) * PAGE], (p + 1) as u8);
@@ -288,9 +292,7 @@ fn table_misses(keep: Keep) -> u64 {
             before = pager.stats();
         }
         for _ in 0..4000 {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
+            xorshift(&mut x);
             let p = x as usize % table_pages;
             assert_eq!(data[p * PAGE], p as u8, "table page {p} in round {round}");
         }
@@ -350,24 +352,13 @@ fn a_pinned_section_larger_than_the_budget_still_pages() {
 /// with the first held to `share` percent of it (0: no limit). The report walks the clock
 /// while the evictor may still be at work: taken again until it agrees with the total.
 fn mapped_of_two(share: u8) -> (u64, u64) {
-    let store = tidepool_store::open("local:").unwrap();
-    let pager = Pager::start(Config::new(16 << 20), store).unwrap();
-    let len = 64 << 20;
-    let mut region = Region::new(&pager, len).unwrap();
-    let (a, b) = (pager.section("a"), pager.section("b"));
-    region.set_section(0, len / 2, a);
-    region.set_section(len / 2, len / 2, b);
+    let (pager, mut region, a, _) = two_sections();
     pager.set_section_policy(a, Policy::default().sharing(share));
     let data = region.as_mut_slice();
-    let pages = len / PAGE;
-    for p in 0..pages {
-        data[p * PAGE] = p as u8;
-    }
+    let pages = data.len() / PAGE;
     let mut x = 0x2545_F491_4F6C_DD1Du64;
     for _ in 0..40_000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        xorshift(&mut x);
         let p = x as usize % pages;
         assert_eq!(data[p * PAGE], p as u8, "page {p}");
     }
@@ -405,4 +396,12 @@ fn a_share_of_the_budget_bounds_a_section() {
     // Its share, and a batch or so over it while the evictor catches up.
     assert!(a * 100 <= budget * 15, "{a} of {budget} pages");
     assert!(b * 100 >= budget * 75, "{b} of {budget} pages");
+}
+
+/// The next number of a xorshift sequence (`x` is its state, never zero).
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
 }
