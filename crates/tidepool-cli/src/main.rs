@@ -229,9 +229,11 @@ enum Cmd {
     /// pager's sections for that unmodified program instead: it runs the program under
     /// `tidepool run` a few times, each round trying a policy for every section that takes at
     /// least 1% of the far reads or prefetches (a stride, sweep or successor prefetcher of its
-    /// own, none, a line of 2 or 4 pages), keeps what cut that section's misses, and prints a profile for
-    /// `tidepool run --profile`. Tune on an input smaller than the one you will run; the
-    /// program's output must be the same every run.
+    /// own, none, a line of 2 or 4 pages), keeps what cut that section's misses, then tries
+    /// keeping one busy section's pages longer or holding a section that reuses little of its
+    /// room to a share of the budget, and prints a profile for `tidepool run --profile`. Tune on
+    /// an input smaller than the one you will run; the program's output must be the same every
+    /// run.
     Tune {
         /// Profile JSON from a profiling run (far data structures).
         profile: Option<PathBuf>,
