@@ -23,6 +23,12 @@ pub(crate) struct SavedRun {
     removes: Vec<Key>,
 }
 
+/// Spends one of a pass's `reach`; true if that was the last.
+fn spend(reach: &mut usize) -> bool {
+    *reach -= 1;
+    *reach == 0
+}
+
 /// A page nothing maps in the program's view but through its lock (not mapped, and not the
 /// program's own mapping): a write-protection over it changes nothing, and one that lands on it
 /// after an install costs at most one write-protect fault (`serve_write_protect`).
@@ -214,20 +220,19 @@ impl Inner {
                         continue;
                     }
                 }
-                if share_reach > 0 && !over_share {
-                    share_reach -= 1;
-                    if share_reach == 0 {
-                        self.sections.shares_give_way();
-                    }
-                    budget += 1;
-                    clock.push_back(entry);
-                    continue;
+                // Passed over for a section over its share, or kept for being pinned: each
+                // spends the pass's reach for it, not its budget.
+                let for_share = share_reach > 0 && !over_share;
+                let for_pin = !for_share
+                    && pin_reach > 0
+                    && self.sections.keep_of(&region.sections, page) == Keep::Pin;
+                if for_share && spend(&mut share_reach) {
+                    self.sections.shares_give_way();
                 }
-                if pin_reach > 0 && self.sections.keep_of(&region.sections, page) == Keep::Pin {
-                    pin_reach -= 1;
-                    if pin_reach == 0 {
-                        self.sections.pins_give_way();
-                    }
+                if for_pin && spend(&mut pin_reach) {
+                    self.sections.pins_give_way();
+                }
+                if for_share || for_pin {
                     budget += 1;
                     clock.push_back(entry);
                     continue;

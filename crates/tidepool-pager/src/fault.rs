@@ -209,11 +209,7 @@ impl Inner {
         let table = &region.table;
         let vote = |d: &mut Detector| {
             let before = d.credited;
-            let plan = d.on_fault(page as i64, |p| {
-                p >= 0
-                    && (p as usize) < table.pages()
-                    && kind(table.state(p as usize).load(Relaxed)) == RESIDENT
-            });
+            let plan = d.on_fault(page as i64, |p| table.is(p, RESIDENT));
             (plan, d.credited - before)
         };
         let (plan, credited) = match policy.prefetch {
@@ -256,12 +252,7 @@ impl Inner {
         staging: &mut Staging,
     ) {
         let counts = self.sections.counts(section);
-        let table = &region.table;
-        let far = |p: i64| {
-            p >= 0
-                && (p as usize) < table.pages()
-                && kind(table.state(p as usize).load(Relaxed)) == FAR
-        };
+        let far = |p: i64| region.table.is(p, FAR);
         let mut successors = region.section_successors[section.index()].lock();
         let d = successors
             .get_or_insert_with(|| SuccessorDetector::new(2 * self.budget_pages.load(Relaxed)));

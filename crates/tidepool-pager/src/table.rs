@@ -123,6 +123,15 @@ impl PageTable {
         &self.states.as_table::<AtomicU64>()[page]
     }
 
+    /// Whether page `page` (a detector's guess, perhaps outside the table) is in the table
+    /// and of kind `k` now.
+    #[inline]
+    pub fn is(&self, page: i64, k: u64) -> bool {
+        page >= 0
+            && (page as usize) < self.pages
+            && kind(self.state(page as usize).load(Relaxed)) == k
+    }
+
     #[inline]
     pub fn hash(&self, page: usize) -> &AtomicU64 {
         &self.hashes.as_table::<AtomicU64>()[page]
