@@ -79,6 +79,33 @@ impl Program {
             .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
         Ok(Program { name, build_id })
     }
+
+    /// The program this process runs, read through `/proc/self/exe`: named as its file was
+    /// when it started, and its build id read from the image that runs, even after the file was
+    /// replaced (an upgrade, a rebuild) and the link reads `PATH (deleted)`.
+    pub fn of_this_process() -> std::io::Result<Program> {
+        let link = Path::new("/proc/self/exe");
+        let build_id = tidepool_sys::exec_static::build_id(link)?
+            .map(|id| id.iter().map(|b| format!("{b:02x}")).collect());
+        Ok(Program {
+            name: exe_name(&std::fs::read_link(link)?),
+            build_id,
+        })
+    }
+}
+
+/// The file name of an executable as `/proc/PID/exe` links it, without the ` (deleted)` the
+/// kernel appends once the file was replaced: a running service keeps its name through an
+/// upgrade of its package.
+pub fn exe_name(link: &Path) -> String {
+    let name = link
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match name.strip_suffix(" (deleted)") {
+        Some(kept) if !kept.is_empty() => kept.to_string(),
+        _ => name,
+    }
 }
 
 /// How a profile relates to a program.
@@ -501,5 +528,13 @@ mod tests {
             me.build_id.as_ref().is_some_and(|b| b.len() >= 16),
             "{me:?}"
         );
+        assert_eq!(Program::of_this_process().unwrap(), me);
+    }
+
+    #[test]
+    fn a_replaced_executable_keeps_its_name() {
+        let name = |link: &str| exe_name(Path::new(link));
+        assert_eq!(name("/usr/bin/redis-server (deleted)"), "redis-server");
+        assert_eq!(name("/usr/bin/redis-server"), "redis-server");
     }
 }

@@ -106,7 +106,6 @@ impl Inner {
         } else {
             sweep.dry = true;
         }
-        Counters::add(&self.counters.refilled, brought as u64);
         brought
     }
 
@@ -165,6 +164,8 @@ impl Inner {
                 }
                 break;
             }
+            // Counted before the pages show: whoever sees one back sees it counted.
+            Counters::add(&self.counters.refilled, batch.len() as u64);
             self.install_prefetched(region, &batch, staging);
             brought += batch.len();
         }

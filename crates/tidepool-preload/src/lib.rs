@@ -408,7 +408,7 @@ extern "C" fn start() {
 /// for. `tidepool run` checked it against the program it starts and said so if it did not fit;
 /// other programs that program runs ignore it silently.
 fn apply_profile(pager: &Pager, path: &std::path::Path) {
-    use tidepool_pager::profile::{Fit, Profile, Program};
+    use tidepool_pager::profile::{Fit, Profile};
     let profile = match Profile::read(path) {
         Ok(p) => p,
         Err(e) => {
@@ -416,7 +416,7 @@ fn apply_profile(pager: &Pager, path: &std::path::Path) {
             return;
         }
     };
-    let me = own_program().and_then(|exe| Program::of_file(&exe).ok());
+    let me = own_program();
     if me
         .as_ref()
         .is_some_and(|me| profile.fit(me) == Fit::Applies)
@@ -452,23 +452,23 @@ static UNFIT_PROFILE: OnceLock<String> = OnceLock::new();
 
 /// The program this process runs: its executable, or under `tidepool __exec-static PATH`
 /// (a statically linked program, loaded by tidepool itself) PATH.
-fn own_program() -> Option<std::path::PathBuf> {
+fn own_program() -> Option<tidepool_pager::profile::Program> {
+    use tidepool_pager::profile::Program;
     let exe = std::fs::read_link("/proc/self/exe").ok()?;
     let cmdline = std::fs::read("/proc/self/cmdline").ok()?;
     let mut args = cmdline.split(|&b| b == 0);
     if exe.file_name().is_some_and(|n| n == "tidepool") && args.nth(1) == Some(b"__exec-static") {
         use std::os::unix::ffi::OsStrExt;
-        return args
-            .next()
-            .map(|p| std::path::PathBuf::from(std::ffi::OsStr::from_bytes(p)));
+        let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(args.next()?));
+        return Program::of_file(&path).ok();
     }
-    Some(exe)
+    Program::of_this_process().ok()
 }
 
 /// Writes what the sections did for `tidepool tune` (`TIDEPOOL_RUN_SECTIONS_OUT`).
 fn write_sections(pager: &Pager, dir: &std::path::Path) {
-    use tidepool_pager::profile::{Observed, Program};
-    let Some(me) = own_program().and_then(|p| Program::of_file(&p).ok()) else {
+    use tidepool_pager::profile::Observed;
+    let Some(me) = own_program() else {
         return;
     };
     if let Err(e) = Observed::of(pager, me).write_to(dir) {

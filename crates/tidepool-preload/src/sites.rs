@@ -111,7 +111,7 @@ fn main_program() -> Option<&'static (usize, String)> {
             return None;
         }
         let exe = std::fs::read_link("/proc/self/exe").ok()?;
-        let name = exe.file_name()?.to_string_lossy().into_owned();
+        let name = tidepool_pager::profile::exe_name(&exe);
         Some((info.dli_fbase as usize, name))
     })
     .as_ref()

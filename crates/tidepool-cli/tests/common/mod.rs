@@ -48,24 +48,39 @@ pub fn c_program(name: &str, libs: &[&str]) -> PathBuf {
     if let Some(out) = built.get(name) {
         return out.clone();
     }
-    // One copy per test binary, compiled under a name of this process's and renamed into
-    // place: tests of one binary run as processes side by side (nextest), and none may find
-    // the program half written or still open for writing (ETXTBSY).
-    let binary = std::env::current_exe().unwrap();
-    let binary = binary.file_stem().unwrap().to_string_lossy();
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-    let out = dir.join(format!("{name}-{binary}"));
-    let partial = dir.join(format!("{name}-{binary}.{}", std::process::id()));
+    // One copy per source and flags, compiled under a name of this process's and linked into
+    // place only if no copy is there yet: tests run as processes side by side (nextest), and
+    // none may find the program half written, still open for writing (ETXTBSY), or replaced
+    // under it while it runs (its mappings would read "(deleted)").
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let status = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&partial)
-        .arg(&src)
-        .args(libs)
-        .status()
-        .expect("cc (the C compiler scripts/setup installs)");
-    assert!(status.success(), "compiling {}", src.display());
-    std::fs::rename(&partial, &out).unwrap();
+    let key = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::fs::read(&src)
+            .expect("the test program's source")
+            .hash(&mut h);
+        libs.hash(&mut h);
+        h.finish()
+    };
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let out = dir.join(format!("{name}-{key:016x}"));
+    if !out.exists() {
+        let partial = dir.join(format!("{name}-{key:016x}.{}", std::process::id()));
+        let status = Command::new("cc")
+            .args(["-O2", "-o"])
+            .arg(&partial)
+            .arg(&src)
+            .args(libs)
+            .status()
+            .expect("cc (the C compiler scripts/setup installs)");
+        assert!(status.success(), "compiling {}", src.display());
+        match std::fs::hard_link(&partial, &out) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => panic!("{}: {e}", out.display()),
+        }
+        let _ = std::fs::remove_file(&partial);
+    }
     built.insert(name.to_string(), out.clone());
     out
 }
