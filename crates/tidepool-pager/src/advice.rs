@@ -1,10 +1,10 @@
 //! mprotect and madvise on paged memory, made on the program's behalf and remembered in the
 //! region's marks (see `marks.rs` for what they change), and ranges given back or mapped over.
 
-use crate::marks::*;
+use crate::marks::{ForkAdvice, Inherit};
 use crate::pager::{Inner, RegionInner};
 use crate::sys::{self, PAGE};
-use crate::table::*;
+use crate::table::{FOREIGN, UNTOUCHED};
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::Ordering::*;

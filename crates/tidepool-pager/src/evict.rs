@@ -5,12 +5,18 @@
 //! `MADV_DONTNEED`.
 
 use crate::buffer::{PageWrite, StoreJob};
-use crate::pager::*;
+use crate::pager::{
+    hash_page, is_zero_page, Inner, RegionInner, EVICT_BATCH, EVICT_NEIGHBOURS, EVICT_REACH,
+    RUN_NEIGHBOURS,
+};
 use crate::region_inner::{clock_entry, stale};
 use crate::sections::Keep;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
-use crate::table::*;
+use crate::table::{
+    kind, BUSY, CHANCES, CHANCE_SHIFT, DIRTY, FAR, FAR_VALID, HEAT, HISTORY, INHERITED, REFERENCED,
+    RESIDENT, SLOT_SHIFT, UNTOUCHED, WAS_DIRTY, WP_CLEAN, WRITEBACK,
+};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! the faulting thread. The handler threads that call it are in `handler.rs`.
 
 use crate::buffer::StoreJob;
-use crate::pager::*;
+use crate::pager::{hash_page, Inner, RegionInner, PREFETCH_BATCH, ZERO_PAGE};
 use crate::prefetch::{Detector, Plan};
 use crate::region_inner::clock_entry;
 use crate::sections::{Keep, Prefetch, SectionId};
@@ -11,7 +11,10 @@ use crate::stats::Counters;
 use crate::successor::SuccessorDetector;
 use crate::sweep_detector::SweepDetector;
 use crate::sys::{Fault, PAGE};
-use crate::table::*;
+use crate::table::{
+    kind, CHANCES, CHANCE_SHIFT, DIRTY, FAR, FAR_VALID, FRAMED, HEAT, HEAT_SHIFT, HISTORY,
+    RESIDENT, SLOT_SHIFT, STALE_FRAME, UNTOUCHED, WAS_DIRTY, WP_CLEAN, WRITEBACK,
+};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

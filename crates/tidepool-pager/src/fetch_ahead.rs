@@ -2,13 +2,16 @@
 //! line, read from the store in batches and installed in runs.
 
 use crate::fault::Staging;
-use crate::pager::*;
+use crate::pager::{hash_page, Inner, RegionInner, PREFETCH_BATCH};
 use crate::prefetch::Plan;
 use crate::region_inner::clock_entry;
 use crate::stats::Counters;
 use crate::successor::Chain;
 use crate::sys::PAGE;
-use crate::table::*;
+use crate::table::{
+    kind, FAR, FAR_VALID, FRAMED, HISTORY, PREFETCHED, RESIDENT, STALE_FRAME, UNTOUCHED, WAS_DIRTY,
+    WP_CLEAN,
+};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Instant;

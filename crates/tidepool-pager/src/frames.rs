@@ -14,10 +14,13 @@
 //! need the page write-protected first, a flush of its own per run.
 
 use crate::buffer::StoreJob;
-use crate::pager::*;
+use crate::pager::{hash_page, is_zero_page, Inner, RegionInner};
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
-use crate::table::*;
+use crate::table::{
+    kind, BUSY, DIRTY, FAR, FAR_VALID, FRAMED, HISTORY, RESIDENT, STALE_FRAME, STORE_OLD,
+    UNTOUCHED, WAS_DIRTY, WP_CLEAN,
+};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use tidepool_store::Key;

@@ -5,7 +5,7 @@
 //! until they run.
 
 use crate::fault::{FollowUp, Staging};
-use crate::pager::*;
+use crate::pager::{Inner, FATAL_EXIT_CODE};
 use crate::stats::Counters;
 use crate::sys::{Fault, PAGE};
 use std::sync::atomic::Ordering::*;

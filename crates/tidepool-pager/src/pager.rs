@@ -29,7 +29,7 @@ pub(crate) use crate::region_inner::{ClockEntry, RegionInner};
 use crate::sections::{SectionCounts, SectionId, SectionMap, Sections};
 use crate::stats::{snapshot, Counters, PagerStats, StoreMemory};
 use crate::sys::{self, Mapping, Uffd, PAGE};
-use crate::table::*;
+use crate::table::{kind, PageTable, RESIDENT};
 use crate::tags::{self, Tags};
 use crate::PagerError;
 use parking_lot::{Mutex, RwLock};

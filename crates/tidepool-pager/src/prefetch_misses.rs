@@ -2,10 +2,10 @@
 //! [`crate::PagerStats::prefetch_reads`]): each at its share of the batch's time, and as a
 //! ghost hit if it was evicted before.
 
-use crate::pager::*;
+use crate::pager::{Inner, RegionInner};
 use crate::stats::Counters;
 use crate::sys::PAGE;
-use crate::table::*;
+use crate::table::{kind, FAR, FRAMED};
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 use tidepool_proto::coord::ghost_bucket;

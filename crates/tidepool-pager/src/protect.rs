@@ -2,11 +2,13 @@
 //! makes it dirty, and in a forked child the first write to a page it shares with its parent,
 //! which makes it the child's own.
 
-use crate::pager::*;
+use crate::pager::{Inner, RegionInner};
 use crate::region_inner::clock_entry;
 use crate::stats::Counters;
 use crate::sys::PAGE;
-use crate::table::*;
+use crate::table::{
+    kind, BUSY, DIRTY, INHERITED, KIND_MASK, REFERENCED, RESIDENT, WAS_DIRTY, WP_CLEAN,
+};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;

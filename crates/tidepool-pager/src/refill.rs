@@ -14,10 +14,10 @@
 //! pass runs until something is evicted again.
 
 use crate::fault::Staging;
-use crate::pager::*;
+use crate::pager::{Inner, PREFETCH_BATCH};
 use crate::region_inner::{RegionInner, CHUNK_PAGES};
 use crate::stats::Counters;
-use crate::table::*;
+use crate::table::{kind, BUSY, FAR, FRAMED, HEAT, HEAT_SHIFT, WRITEBACK};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 

@@ -5,7 +5,9 @@ use crate::pager::{Inner, Pager, RegionInner};
 use crate::stats::Counters;
 use crate::sys;
 use crate::sys::PAGE;
-use crate::table::*;
+use crate::table::{
+    kind, FAR, FAR_VALID, FOREIGN, FRAMED, INHERITED, RESIDENT, STORE_OLD, UNTOUCHED, WRITEBACK,
+};
 use crate::ForkAdvice;
 use crate::PagerError;
 use crate::SectionId;

@@ -2,9 +2,9 @@
 //! pager of the child's own over the same memory.
 
 use crate::fork::ForkHooks;
-use crate::pager::*;
+use crate::pager::{spawn_threads, Shared};
 use crate::sys::PAGE;
-use crate::table::*;
+use crate::table::{kind, FAR, FRAMED, INHERITED, RESIDENT};
 use std::sync::atomic::Ordering::*;
 
 impl ForkHooks for Shared {

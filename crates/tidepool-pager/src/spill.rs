@@ -3,11 +3,13 @@
 //! what it caught.
 
 use crate::buffer::{PageWrite, StoreJob};
-use crate::pager::*;
+use crate::pager::{Inner, EVICT_BATCH};
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
-use crate::table::*;
-use crate::tier::*;
+use crate::table::{
+    kind, BUSY, FAR, FAR_VALID, FRAMED, HISTORY, INHERITED, SLOT_SHIFT, STORE_OLD, WRITEBACK,
+};
+use crate::tier::{Tier, WINDOW};
 use std::sync::atomic::Ordering::*;
 
 impl Inner {

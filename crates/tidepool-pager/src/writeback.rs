@@ -1,11 +1,11 @@
 //! Write-back: dirty pages wait in slots of a pager-private buffer (served from there on a
 //! fault) while one thread writes them to the far store, in the order they were queued.
 
-use crate::buffer::*;
-use crate::pager::*;
+use crate::buffer::{PageWrite, StoreJob};
+use crate::pager::Inner;
 use crate::stats::Counters;
 use crate::sys::PAGE;
-use crate::table::*;
+use crate::table::{kind, BUSY, FAR, HEAT, SLOT_SHIFT, WAS_DIRTY, WRITEBACK};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,7 +9,6 @@
 
 use crate::resilient::Lost;
 use std::io;
-use std::os::fd::BorrowedFd;
 
 #[cfg(not(loom))]
 pub(crate) use mapped::ArenaMemory;
@@ -26,8 +25,10 @@ pub(crate) enum CreateError {
 
 #[cfg(not(loom))]
 mod mapped {
-    use super::*;
+    use super::{CreateError, Lost};
     use crate::resilient;
+    use std::io;
+    use std::os::fd::BorrowedFd;
     use tidepool_sys::memfd::SigbusMap;
 
     /// A mapped memfd, registered with the resilient copy's fault handler while it lives.
@@ -131,8 +132,10 @@ mod mapped {
 
 #[cfg(loom)]
 mod plain {
-    use super::*;
+    use super::{CreateError, Lost};
     use crate::sync::{AtomicBool, AtomicU64};
+    use std::io;
+    use std::os::fd::BorrowedFd;
     use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 
     /// Bytes a punch takes at a time in the stand-in.

@@ -4,8 +4,20 @@
 //! message instead of corrupting a free list. Arenas belong to [`DEBUG_OWNER`], so no thread's
 //! table ever names one and every free of theirs arrives here; nothing is ever given back.
 
-use super::*;
+use super::{acquire, header, header_in, ArenaHeader, DEBUG_OWNER};
+use crate::block::Block;
+use crate::classes::bitmap_words;
+use crate::classes::class_size;
+use crate::classes::first_slot;
+use crate::classes::reciprocal;
+use crate::classes::slots;
+use crate::classes::CLASSES;
 use crate::classes::HEADER_FIXED;
+use crate::os;
+use crate::tls::ThreadTable;
+use core::sync::atomic::AtomicBool;
+use core::sync::atomic::AtomicUsize;
+use core::sync::atomic::Ordering::*;
 
 static LOCK: AtomicBool = AtomicBool::new(false);
 /// The arena each class allocates from.

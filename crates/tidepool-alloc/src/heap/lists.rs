@@ -1,7 +1,10 @@
 //! A thread's own lists of the arenas it owns but is not allocating from: full ones (where its
 //! frees and other threads' may make room) and partial ones.
 
-use super::*;
+use super::remote::collect;
+use super::{header, header_in, FULL, FULL_TAG, LIST, PARTIAL, UNLISTED};
+use crate::tls::ThreadTable;
+use core::sync::atomic::Ordering::*;
 
 /// A free made room in one of this thread's full arenas: move it to the partial list.
 #[cold]

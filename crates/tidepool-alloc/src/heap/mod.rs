@@ -48,13 +48,11 @@
 
 use crate::block::Block;
 use crate::classes::{
-    bitmap_words, class_size, first_slot, header_offset, reciprocal, slots, ARENA_BYTES, CLASSES,
-    PAGE,
+    bitmap_words, class_size, first_slot, header_offset, slots, ARENA_BYTES, CLASSES, PAGE,
 };
 use crate::os;
 use crate::region::{self, RETAIN_BYTES};
 use crate::tls::ThreadTable;
-use core::ffi::c_void;
 use core::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 
 const DETACHED: usize = 1;
@@ -167,7 +165,7 @@ mod thread;
 mod trim;
 
 use lists::{list_push, list_remove, take_freed_into, take_owned, unfull};
-use remote::{adopt, collect, detach, free_remote, take_remote};
+use remote::{adopt, free_remote, take_remote};
 use thread::register_thread;
 pub use thread::{on_region_ready, release_thread, set_aside, set_back};
 pub use trim::{class_counters, class_resident_bytes, resident_empty_bytes, tick, trim};

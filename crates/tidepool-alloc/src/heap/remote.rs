@@ -1,7 +1,10 @@
 //! Frees from threads that do not own the arena (pushed on its remote list and taken back by
 //! the owner), and handing arenas between owners (detach and adopt).
 
-use super::*;
+use super::{
+    header, push, retire_empty, ArenaHeader, CLASS, COUNT_SHIFT, DETACHED, FLAGS, LIST, QUEUED,
+};
+use core::sync::atomic::Ordering::*;
 
 /// A free into an arena this thread does not own: push onto its remote list. One CAS pushes the
 /// object, counts it, and (for a detached arena not yet queued) marks the arena queued; the free

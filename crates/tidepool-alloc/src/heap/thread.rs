@@ -2,8 +2,17 @@
 //! up when the thread exits.
 
 use super::lists::list_first;
+use super::lists::list_remove;
+use super::remote::collect;
+use super::remote::detach;
 use super::trim::{fork_prepare, fork_release};
-use super::*;
+use super::{header, retire_empty, swap_out, FULL, PARTIAL, THREAD_KEY};
+use crate::classes::CLASSES;
+use crate::os;
+use crate::region;
+use crate::tls::ThreadTable;
+use core::ffi::c_void;
+use core::sync::atomic::Ordering::*;
 
 pub fn on_region_ready() {
     if let Some(key) = os::thread_key(thread_exit) {

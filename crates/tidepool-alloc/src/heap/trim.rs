@@ -1,7 +1,24 @@
 //! Giving memory back: retiring empty arenas, `malloc_trim`, the periodic trim; locking
 //! every stack around `fork`; and the per-class figures `crate::stats` reads.
 
-use super::*;
+use super::lists::list_remove;
+use super::remote::adopt;
+use super::remote::collect;
+use super::{
+    arena_of, header_in, push, release_pages, retire_empty, ArenaHeader, ClassState, CLASS,
+    DETACHED, LAST_TRIM_MS, PARTIAL, QUEUED, RESIDENT_EMPTY,
+};
+use crate::classes::ARENA_BYTES;
+use crate::classes::CLASSES;
+use crate::classes::PAGE;
+use crate::os;
+use crate::region;
+use crate::region::RETAIN_BYTES;
+use crate::tls::ThreadTable;
+use core::sync::atomic::AtomicBool;
+use core::sync::atomic::AtomicUsize;
+use core::sync::atomic::Ordering::*;
+use region::TRIM_TICK;
 
 pub(super) fn maybe_trim(tbl: *mut ThreadTable) {
     let now = os::coarse_millis();

@@ -1,6 +1,12 @@
 //! Iterating over a far vector: by element and by line.
 
-use super::*;
+use super::FarVec;
+use crate::lines::LineRef;
+use crate::FarError;
+use zerocopy::FromBytes;
+use zerocopy::Immutable;
+use zerocopy::IntoBytes;
+use zerocopy::KnownLayout;
 
 /// Iterates over a far vector a line at a time: within a line, the next element is a load
 /// from the borrowed slice.

@@ -1,7 +1,18 @@
 //! The miss path: fetching lines that are not resident (one round trip for a line and the
 //! lines a stream will want next), installing them, and undoing a fetch that failed.
 
-use super::*;
+use super::{FarVec, Pending};
+use crate::lines::LineRef;
+use crate::section::DIRTY;
+use crate::section::FILLING;
+use crate::section::REFERENCED;
+use crate::FarError;
+use std::time::Instant;
+use tidepool_store::Key;
+use zerocopy::FromBytes;
+use zerocopy::Immutable;
+use zerocopy::IntoBytes;
+use zerocopy::KnownLayout;
 
 impl<T> FarVec<T>
 where

@@ -2,13 +2,12 @@
 
 use crate::lines::{LineMut, LineRef};
 use crate::profile::Recorder;
-use crate::section::{Section, Table, DIRTY, EVICTABLE, FILLING, NONE, PINNED, REFERENCED};
+use crate::section::{Section, Table, DIRTY, EVICTABLE, NONE, PINNED, REFERENCED};
 use crate::{Far, FarError, LINE_BITS};
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
 use tidepool_store::Key;
 use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout};
 

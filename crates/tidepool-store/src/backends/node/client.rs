@@ -1,8 +1,20 @@
 //! A client of one node: a pool of connections shared by threads, one session for all of them,
 //! and batches sent to several nodes before any answer is read (`InFlight`).
 
-use super::conn::*;
-use super::*;
+use super::conn::{unexpected, Batch, NodeConn};
+use crate::tls::ClientTls;
+use crate::StoreError;
+use bytes::Bytes;
+use parking_lot::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tidepool_proto::Handle;
+use tidepool_proto::HelloInfo;
+use tidepool_proto::ItemResult;
+use tidepool_proto::Op;
+use tidepool_proto::Request;
+use tidepool_proto::Response;
 
 /// How a client talks to its node.
 #[derive(Debug, Clone, PartialEq, Eq)]

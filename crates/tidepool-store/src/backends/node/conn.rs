@@ -1,7 +1,25 @@
 //! One connection to a memory node: batches of frames out (small payloads copied, large ones
 //! gathered from the caller's memory), answers matched by request id, TLS or plain.
 
-use super::*;
+use super::client::NodeOptions;
+use crate::tls::ClientTls;
+use crate::StoreError;
+use bytes::{BufMut, BytesMut};
+use std::io::{IoSlice, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+use tidepool_proto::decode_response;
+use tidepool_proto::peek_header;
+use tidepool_proto::put_header;
+use tidepool_proto::ErrorCode;
+use tidepool_proto::Handle;
+use tidepool_proto::HelloInfo;
+use tidepool_proto::Op;
+use tidepool_proto::Request;
+use tidepool_proto::Response;
+use tidepool_proto::HEADER_LEN;
+use tidepool_proto::MAX_BODY;
+use tidepool_proto::RESPONSE_BIT;
 
 pub(super) const BACKEND: &str = "memory node";
 pub(super) const MIN_READ: usize = 16 << 10;

@@ -17,26 +17,18 @@
 //!
 //! [`NodeStore`] is the [`FarStore`] over it: it maps the caller's keys to the node's handles.
 
-use crate::tls::ClientTls;
 use crate::{FarStore, FetchMode, Key, StoreError, StoreStats};
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
-use std::io::{IoSlice, Write};
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 use tidepool_proto::scan::{Column, Scan};
-use tidepool_proto::{
-    decode_response, peek_header, put_header, ErrorCode, Handle, HelloInfo, ItemResult, Op,
-    Request, Response, HEADER_LEN, MAX_BODY, RESPONSE_BIT,
-};
+use tidepool_proto::{ErrorCode, Handle, ItemResult, Request, Response};
 
 mod client;
 mod conn;
 
-pub use client::*;
-use conn::*;
+pub use client::{InFlight, NodeClient, NodeOptions, DEFAULT_POLL};
+use conn::{item_error, unexpected, Batch, BACKEND};
 
 const SHARDS: usize = 64;
 /// Most keys one read asks for: the node's frames are limited (16 MiB by default, said at

@@ -1,7 +1,14 @@
 //! Losing nodes: marking one down, naming the lost ones in errors, and storing again the values
 //! that lost a piece with them.
 
-use super::*;
+use super::chunks;
+use super::node_lost;
+use super::NodeSet;
+use super::BACKEND;
+use super::REPROTECT_BATCH;
+use crate::Key;
+use crate::StoreError;
+use std::sync::atomic::Ordering::*;
 
 impl NodeSet {
     /// Marks member `i` down after `e` and queues the values that had a piece on it.

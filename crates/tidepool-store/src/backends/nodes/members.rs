@@ -1,7 +1,12 @@
 //! The set's members (appendable while in use: a member's index never changes) and where each
 //! value's pieces are.
 
-use super::*;
+use super::NOWHERE;
+use crate::backends::node::NodeStore;
+use crate::url::MAX_PIECES;
+use parking_lot::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::*;
 
 #[derive(Debug)]
 pub(super) struct Member {

@@ -45,7 +45,7 @@ mod members;
 #[cfg(test)]
 mod tests;
 
-use members::*;
+use members::{Member, Members, Placed, MAX_MEMBERS};
 
 const BACKEND: &str = "memory nodes";
 /// Shards of the key index.
