@@ -7,6 +7,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use tidepool_node::format_size;
+use tidepool_pager::run_env::{self, Join, RunEnv, Switches};
 
 /// Where `tidepool run` finds libtidepool_preload.so: `TIDEPOOL_PRELOAD` if set, else next to
 /// this executable.
@@ -190,55 +191,33 @@ pub fn run(
         Some(path) => crate::run_static::loader_command(path, name)?,
         None => Command::new(name),
     };
-    cmd.args(args)
-        .env("LD_PRELOAD", preload)
-        .env("TIDEPOOL_RUN_LOCAL", local.to_string())
-        .env("TIDEPOOL_RUN_BACKEND", backend);
-    if let Some(seconds) = fault_deadline {
-        cmd.env("TIDEPOOL_RUN_FAULT_DEADLINE", seconds.to_string());
-    }
-    match child_local {
-        Some(bytes) => cmd.env("TIDEPOOL_RUN_CHILD_LOCAL", bytes.to_string()),
-        None => cmd.env_remove("TIDEPOOL_RUN_CHILD_LOCAL"),
-    };
-    cmd.env_remove("TIDEPOOL_RUN_PROFILE")
-        .env_remove("TIDEPOOL_RUN_PROFILE_PID");
+    cmd.args(args).env("LD_PRELOAD", preload);
+    let mut env = RunEnv::new(local, backend);
+    env.stats = stats;
+    env.child_local = child_local;
+    env.fault_deadline = fault_deadline.map(std::time::Duration::from_secs_f64);
     if let Some(path) = profile {
-        if let Some(path) = profile_for(path, found.as_deref(), name)? {
-            // The program's process (exec keeps this pid; a static program's loader is a
-            // child, which reports for it) says at exit if the profile fitted none of its
-            // images.
-            cmd.env("TIDEPOOL_RUN_PROFILE", path)
-                .env("TIDEPOOL_RUN_PROFILE_PID", std::process::id().to_string());
-        }
+        // The program's process (exec keeps this pid; a static program's loader is a child,
+        // which reports for it) says at exit if the profile fitted none of its images.
+        env.profile = profile_for(path, found.as_deref(), name)?.map(|p| (p, std::process::id()));
     }
-    if stats {
-        cmd.env("TIDEPOOL_RUN_STATS", "1");
-    } else {
-        cmd.env_remove("TIDEPOOL_RUN_STATS");
-    }
-    for v in [
-        "TIDEPOOL_RUN_COORD",
-        "TIDEPOOL_RUN_WEIGHT",
-        "TIDEPOOL_RUN_MIN",
-        "TIDEPOOL_RUN_MAX",
-        "TIDEPOOL_RUN_NAME",
-    ] {
-        cmd.env_remove(v);
-    }
-    if let Some(socket) = join.socket()? {
-        cmd.env("TIDEPOOL_RUN_COORD", socket)
-            .env("TIDEPOOL_RUN_WEIGHT", join.weight.to_string());
-        if let Some(min) = join.min {
-            cmd.env("TIDEPOOL_RUN_MIN", min.to_string());
-        }
-        if let Some(max) = join.max {
-            cmd.env("TIDEPOOL_RUN_MAX", max.to_string());
-        }
-        if let Some(name) = &join.name {
-            cmd.env("TIDEPOOL_RUN_NAME", name);
-        }
-    }
+    env.coord = join.socket()?.map(|socket| Join {
+        socket,
+        weight: join.weight,
+        min: join.min,
+        max: join.max,
+        name: join.name.clone(),
+    });
+    // What tune and the tests ask of every process, and the comparison switches, pass on
+    // from this process's environment.
+    env.sections_out = std::env::var_os(run_env::SECTIONS_OUT)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from);
+    env.stall_after = std::env::var(run_env::STALL_AFTER)
+        .ok()
+        .and_then(|v| v.parse().ok());
+    env.switches = Switches::from_env();
+    env.to_command(&mut cmd);
     if loaded.is_some() {
         return crate::run_static::supervise(cmd, name);
     }

@@ -133,9 +133,8 @@ fn ours(tid: u32) -> bool {
 /// `tidepool tune` reads, a profile's message.
 fn serve(listener: &Listener, name: &str) {
     let set = |v: &str| std::env::var_os(v).is_some_and(|v| !v.is_empty() && v != "0");
-    let stats = set("TIDEPOOL_RUN_STATS")
-        || set("TIDEPOOL_RUN_SECTIONS_OUT")
-        || set("TIDEPOOL_RUN_PROFILE_PID");
+    use tidepool_pager::run_env::{PROFILE_PID, SECTIONS_OUT, STATS};
+    let stats = set(STATS) || set(SECTIONS_OUT) || set(PROFILE_PID);
     let mut told = false;
     loop {
         let n = match listener.recv() {

@@ -350,7 +350,7 @@ fn run_round(
     }
     cmd.arg("--")
         .args(&t.program)
-        .env("TIDEPOOL_RUN_SECTIONS_OUT", &out)
+        .env(tidepool_pager::run_env::SECTIONS_OUT, &out)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log)?);

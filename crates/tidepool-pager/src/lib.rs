@@ -65,6 +65,7 @@ mod refill;
 mod region;
 mod region_inner;
 mod restart;
+pub mod run_env;
 mod sections;
 mod spill;
 mod stats;

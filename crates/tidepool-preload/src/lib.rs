@@ -7,22 +7,12 @@
 //! anonymous mmaps (see `mmap.rs`), from a second registered region. So every byte the program
 //! allocates lives in far memory, with at most the budget mapped.
 //!
-//! | variable | meaning |
-//! |---|---|
-//! | `TIDEPOOL_RUN_LOCAL` | local budget in bytes (`256M` forms accepted); paging is off without it |
-//! | `TIDEPOOL_RUN_BACKEND` | far store URL (default `local:`, the in-process store) |
-//! | `TIDEPOOL_RUN_STATS` | `1`: print the pager's statistics to standard error at exit |
-//! | `TIDEPOOL_RUN_COORD` | a coordinator's socket: join it, and let it size the budget (see `tidepool_pager::coord`) |
-//! | `TIDEPOOL_RUN_WEIGHT`, `TIDEPOOL_RUN_MIN`, `TIDEPOOL_RUN_MAX`, `TIDEPOOL_RUN_NAME` | the registration's weight, bounds on the budget (sizes like `64M`) and name |
-//! | `TIDEPOOL_RUN_CHILD_LOCAL` | budget of a child forked without exec, for the pages it brings in or writes (default: a quarter of the parent's) |
-//! | `TIDEPOOL_RUN_FAULT_DEADLINE` | seconds a page fault may wait before the watchdog stops the program with exit 70 and says why (default 5; 0: no watchdog) |
-//! | `TIDEPOOL_RUN_STALL_AFTER` | for tests of the watchdog: the fault handlers stop for good after this many faults |
-//! | `TIDEPOOL_RUN_PROFILE` | a profile (`tidepool run --profile`): its section policies, applied in a process running the build it is for |
-//! | `TIDEPOOL_RUN_PROFILE_PID` | the program's pid: its process says at exit if the profile fitted none of its images |
-//! | `TIDEPOOL_RUN_SECTIONS_OUT` | a directory: each process writes what its sections did to `sections-PID.toml` at exit (`tidepool tune`) |
-//!
-//! The variables stay in the environment, so a wrapper script (a pyenv shim, say) passes them
-//! on to the program it runs, and programs the program starts get pagers of their own.
+//! What `tidepool run` asks for (the budget, the store, a profile, a coordinator, the
+//! comparison switches) comes in the environment as one [`tidepool_pager::run_env::RunEnv`],
+//! read once at start; the README's table of environment variables lists every variable with
+//! its default. The variables stay in the environment, so a wrapper script (a pyenv shim, say)
+//! passes them on to the program it runs, and programs the program starts get pagers of their
+//! own.
 //!
 //! While the program runs, `tidepool resize PID SIZE` changes its budget through a Unix socket
 //! in the abstract namespace, `tidepool-run-PID` (see `tidepool_pager::control`).
@@ -39,10 +29,10 @@ use core::ffi::c_int;
 use rangemap::RangeSet;
 use ranges::Ranges;
 use std::cell::RefCell;
-use std::env::var as env_var;
 use std::sync::OnceLock;
 use std::sync::{Mutex, MutexGuard};
 use tidepool_alloc::PageSource;
+use tidepool_pager::run_env::RunEnv;
 use tidepool_pager::{AdoptedRegion, Config, Pager, SectionId, PAGE};
 
 // The malloc family's C symbols.
@@ -62,7 +52,9 @@ struct Runtime {
     /// A std mutex, not parking_lot's: a thread waiting for it at a fork would otherwise stay
     /// in parking_lot's global queue of waiters in the child, where it does not exist.
     space: Mutex<Space>,
-    stats_at_exit: bool,
+    /// What `tidepool run` said, read once at start (a forked child joins the coordinator with
+    /// it again).
+    env: RunEnv,
 }
 
 /// The large region's address space, by offset from its base.
@@ -277,19 +269,18 @@ fn fail(msg: &str) -> ! {
 
 /// Starts the pager and hands it the allocator's heap. Runs before ordinary constructors.
 extern "C" fn start() {
-    let Some(local) = env_var("TIDEPOOL_RUN_LOCAL").ok() else {
-        return;
-    };
+    let env = RunEnv::from_env();
+    if matches!(env, Ok(None)) {
+        return; // paging is off
+    }
     libc_alloc::resolve();
     // First of all fork handlers: in a forked child the pager must be running again before
     // any other child handler (the allocator's among them) touches paged memory.
     tidepool_pager::install_fork_handlers();
-    let backend = env_var("TIDEPOOL_RUN_BACKEND").unwrap_or_else(|_| "local:".into());
-    let stats_at_exit = env_var("TIDEPOOL_RUN_STATS").is_ok_and(|v| !v.is_empty() && v != "0");
-    let Some(budget) = tidepool_alloc::parse_size(local.as_bytes()) else {
-        fail(&format!(
-            "TIDEPOOL_RUN_LOCAL={local} is not a size (use e.g. 256M or 2G)"
-        ));
+    let env = match env {
+        Ok(Some(env)) => env,
+        Ok(None) => return,
+        Err(e) => fail(&e.to_string()),
     };
     // Fails only if something allocated before this constructor; the heap is adopted anyway
     // and large objects made before now stay ordinary memory.
@@ -301,70 +292,13 @@ extern "C" fn start() {
     // one) is read by pager threads, so it must not be paged: this thread allocates from the
     // kernel until the pager runs, and pager threads always do.
     tidepool_alloc::set_thread_unpaged(true);
-    let store = tidepool_store::open(&backend).unwrap_or_else(|e| {
+    let store = tidepool_store::open(&env.backend).unwrap_or_else(|e| {
         fail(&format!(
             "cannot open far store {}: {e}",
-            tidepool_store::redact(&backend)
+            tidepool_store::redact(&env.backend)
         ))
     });
-    let mut config = Config::new(budget);
-    config.thread_start = Some(|| tidepool_alloc::set_thread_unpaged(true));
-    config.around_child_restart = Some(tidepool_alloc::set_arenas_aside);
-    // The plain in-process store (local:?compress=none) keeps far pages as frames moved with
-    // UFFDIO_MOVE (copying nothing); TIDEPOOL_RUN_FRAMES=0 turns that off, to compare.
-    config.in_process_frames = env_var("TIDEPOOL_RUN_FRAMES").map_or(true, |v| v != "0")
-        && matches!(
-            tidepool_store::StoreUrl::parse(&backend),
-            Ok(tidepool_store::StoreUrl::Local {
-                compression: tidepool_store::Compression::None
-            })
-        );
-    // The compressing in-process store (the default) keeps no copy of a page that came back:
-    // it would cost this process the page's compressed size; TIDEPOOL_RUN_DROP_COPIES=0 keeps
-    // them, to compare.
-    config.drop_far_copies = env_var("TIDEPOOL_RUN_DROP_COPIES").map_or(true, |v| v != "0")
-        && matches!(
-            tidepool_store::StoreUrl::parse(&backend),
-            Ok(tidepool_store::StoreUrl::Local { compression })
-                if compression != tidepool_store::Compression::None
-        );
-    if let Ok(v) = env_var("TIDEPOOL_RUN_CHILD_LOCAL") {
-        match tidepool_alloc::parse_size(v.as_bytes()) {
-            Some(bytes) => config.child_local_budget = Some(bytes),
-            None => fail(&format!(
-                "TIDEPOOL_RUN_CHILD_LOCAL={v} is not a size (use e.g. 64M)"
-            )),
-        }
-    }
-    // Any other store gets a probation tier in front of it; TIDEPOOL_RUN_PROBATION=0 turns it
-    // off, to compare.
-    config.probation = env_var("TIDEPOOL_RUN_PROBATION").map_or(true, |v| v != "0");
-    // A budget that grows brings evicted pages back before they are asked for;
-    // TIDEPOOL_RUN_REFILL=0 turns that off, to compare.
-    config.refill = env_var("TIDEPOOL_RUN_REFILL").map_or(true, |v| v != "0");
-    // One fault handler follows the program's CPU (see the pager's `follow.rs`);
-    // TIDEPOOL_RUN_FOLLOW=0 has every handler read, to compare.
-    config.follow_program = env_var("TIDEPOOL_RUN_FOLLOW").map_or(true, |v| v != "0");
-    // A fault that waits longer stops the program with a message (0: never).
-    if let Ok(v) = env_var("TIDEPOOL_RUN_FAULT_DEADLINE") {
-        config.fault_deadline = v
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(std::time::Duration::from_secs_f64)
-            .unwrap_or_else(|| {
-                fail(&format!(
-                    "TIDEPOOL_RUN_FAULT_DEADLINE={v} is not a number of seconds (e.g. 5, 0.5; 0 \
-                     turns the watchdog off)"
-                ))
-            });
-    }
-    // Tests of the watchdog stop the fault handlers after this many faults.
-    config.stall_handlers_after = env_var("TIDEPOOL_RUN_STALL_AFTER")
-        .ok()
-        .and_then(|v| v.parse().ok());
-    config.before_fork = Some(stdio::touch_locks);
-    let pager = Pager::start(config, store)
+    let pager = Pager::start(pager_config(&env), store)
         .unwrap_or_else(|e| fail(&format!("cannot start the pager: {e}")));
     let heap = tidepool_alloc::region().map(|(base, len)| {
         // SAFETY: the allocator's reservation: private, anonymous, read-write, never unmapped,
@@ -372,8 +306,8 @@ extern "C" fn start() {
         unsafe { pager.adopt(base, len) }
             .unwrap_or_else(|e| fail(&format!("cannot register the heap: {e}")))
     });
-    if let Ok(path) = env_var("TIDEPOOL_RUN_PROFILE") {
-        apply_profile(&pager, std::path::Path::new(&path));
+    if let Some((path, pid)) = &env.profile {
+        apply_profile(&pager, path, *pid);
     }
     if let Some(heap) = &heap {
         name_classes(&pager, heap);
@@ -391,7 +325,7 @@ extern "C" fn start() {
             ranges: Ranges::new(LARGE_SPAN),
             foreign: RangeSet::new(),
         }),
-        stats_at_exit,
+        env,
     };
     if RUNTIME.set(rt).is_ok() {
         exit::owned_by_this_process();
@@ -404,10 +338,41 @@ extern "C" fn start() {
     tidepool_alloc::set_thread_unpaged(false);
 }
 
+/// The pager's configuration for the settings `tidepool run` gave.
+fn pager_config(env: &RunEnv) -> Config {
+    use tidepool_store::{Compression, StoreUrl};
+    let mut config = Config::new(env.local as usize);
+    config.thread_start = Some(|| tidepool_alloc::set_thread_unpaged(true));
+    config.around_child_restart = Some(tidepool_alloc::set_arenas_aside);
+    config.before_fork = Some(stdio::touch_locks);
+    let in_process = match StoreUrl::parse(&env.backend) {
+        Ok(StoreUrl::Local { compression }) => Some(compression),
+        _ => None,
+    };
+    // The plain in-process store keeps far pages as frames moved with UFFDIO_MOVE (copying
+    // nothing); the compressing one keeps no copy of a page that came back (it would cost this
+    // process the page's compressed size).
+    config.in_process_frames = env.switches.frames && in_process == Some(Compression::None);
+    config.drop_far_copies =
+        env.switches.drop_copies && in_process.is_some_and(|c| c != Compression::None);
+    config.child_local_budget = env.child_local.map(|b| b as usize);
+    // Any other store gets a probation tier in front of it.
+    config.probation = env.switches.probation;
+    // A budget that grows brings evicted pages back before they are asked for.
+    config.refill = env.switches.refill;
+    // One fault handler follows the program's CPU (see the pager's `follow.rs`).
+    config.follow_program = env.switches.follow;
+    if let Some(deadline) = env.fault_deadline {
+        config.fault_deadline = deadline;
+    }
+    config.stall_handlers_after = env.stall_after;
+    config
+}
+
 /// Applies the profile `tidepool run --profile` named, in a process running the program it is
 /// for. `tidepool run` checked it against the program it starts and said so if it did not fit;
 /// other programs that program runs ignore it silently.
-fn apply_profile(pager: &Pager, path: &std::path::Path) {
+fn apply_profile(pager: &Pager, path: &std::path::Path, reporter: u32) {
     use tidepool_pager::profile::{Fit, Profile};
     let profile = match Profile::read(path) {
         Ok(p) => p,
@@ -426,7 +391,7 @@ fn apply_profile(pager: &Pager, path: &std::path::Path) {
     }
     // The program `tidepool run` started, in an image the profile does not fit (a script's
     // interpreter may exec the one it does, under this pid): said at exit if none did.
-    let started = env_var("TIDEPOOL_RUN_PROFILE_PID").ok() == Some(std::process::id().to_string());
+    let started = reporter == std::process::id();
     if let (true, Some(me)) = (started, me) {
         let _ = UNFIT_PROFILE.set(format!(
             "tidepool run: the profile {} is for {}{}, and this program ran {}{}: it changed \
@@ -465,7 +430,7 @@ fn own_program() -> Option<tidepool_pager::profile::Program> {
     Program::of_this_process().ok()
 }
 
-/// Writes what the sections did for `tidepool tune` (`TIDEPOOL_RUN_SECTIONS_OUT`).
+/// Writes what the sections did for `tidepool tune` (`RunEnv::sections_out`).
 fn write_sections(pager: &Pager, dir: &std::path::Path) {
     use tidepool_pager::profile::Observed;
     let Some(me) = own_program() else {
@@ -499,38 +464,24 @@ fn serve_control() {
     }
 }
 
-/// Registers this process with the coordinator `TIDEPOOL_RUN_COORD` names, if one does.
+/// Registers this process with the coordinator `tidepool run` named, if it did.
 fn join_coordinator() {
-    let (Some(rt), Ok(socket)) = (RUNTIME.get(), env_var("TIDEPOOL_RUN_COORD")) else {
+    let Some(rt) = RUNTIME.get() else {
         return;
     };
-    if socket.is_empty() {
+    let Some(join) = &rt.env.coord else {
         return;
-    }
-    let size = |name: &str, default: u64| match env_var(name) {
-        Ok(v) => tidepool_alloc::parse_size(v.as_bytes())
-            .map(|b| b as u64)
-            .unwrap_or_else(|| fail(&format!("{name}={v} is not a size (use e.g. 64M or 2G)"))),
-        Err(_) => default,
     };
-    let weight = match env_var("TIDEPOOL_RUN_WEIGHT") {
-        Ok(v) => v
-            .parse::<f64>()
-            .ok()
-            .filter(|w| w.is_finite() && *w > 0.0)
-            .unwrap_or_else(|| fail(&format!("TIDEPOOL_RUN_WEIGHT={v} is not a positive number"))),
-        Err(_) => 1.0,
-    };
-    let name = env_var("TIDEPOOL_RUN_NAME").unwrap_or_else(|_| {
+    let name = join.name.clone().unwrap_or_else(|| {
         let comm = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
         comm.trim().to_string()
     });
     let reg = tidepool_pager::coord::Registration {
-        socket: socket.into(),
+        socket: join.socket.clone(),
         name,
-        weight,
-        min: size("TIDEPOOL_RUN_MIN", 0),
-        max: size("TIDEPOOL_RUN_MAX", u64::MAX),
+        weight: join.weight,
+        min: join.min.unwrap_or(0),
+        max: join.max.unwrap_or(u64::MAX),
     };
     if let Err(e) = tidepool_pager::coord::join(&rt.pager, reg) {
         eprintln!("tidepool run: cannot join the coordinator: {e}");
@@ -571,16 +522,13 @@ pub fn pager() -> Option<&'static Pager> {
 extern "C" fn at_exit() {
     exit::before_exit();
     if let Some(rt) = RUNTIME.get() {
-        if let (Ok(dir), false) = (
-            env_var("TIDEPOOL_RUN_SECTIONS_OUT"),
-            tidepool_pager::in_forked_child(),
-        ) {
-            write_sections(&rt.pager, std::path::Path::new(&dir));
+        if let (Some(dir), false) = (&rt.env.sections_out, tidepool_pager::in_forked_child()) {
+            write_sections(&rt.pager, dir);
         }
         if let (Some(why), false) = (UNFIT_PROFILE.get(), tidepool_pager::in_forked_child()) {
             eprintln!("{why}");
         }
-        if rt.stats_at_exit && !tidepool_pager::in_forked_child() {
+        if rt.env.stats && !tidepool_pager::in_forked_child() {
             let name = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
             eprintln!(
                 "tidepool run: process {} ({}), far store {}\n{}",

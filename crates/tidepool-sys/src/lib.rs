@@ -42,6 +42,7 @@ pub mod raw;
 pub mod rseq;
 pub mod seccomp;
 pub mod seqpacket;
+pub mod size;
 pub mod supervise;
 pub mod uffd;
 pub mod vm;

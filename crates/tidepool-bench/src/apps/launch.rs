@@ -206,7 +206,7 @@ pub struct Ended {
 }
 
 /// The variable `tidepool run` passes on: where each process writes its sections at exit.
-const SECTIONS_OUT: &str = "TIDEPOOL_RUN_SECTIONS_OUT";
+use tidepool_pager::run_env::SECTIONS_OUT;
 
 /// Where `cmd` has its processes write their sections, if it does.
 pub(super) fn sections_out(cmd: &Command) -> Option<PathBuf> {

@@ -160,7 +160,7 @@ pub(super) fn tune(
         .args(&small.argv)
         .envs(small.env.iter().map(|(k, v)| (k, v)))
         .env("TIDEPOOL_PRELOAD", &l.preload)
-        .env_remove("TIDEPOOL_RUN_SECTIONS_OUT")
+        .env_remove(tidepool_pager::run_env::SECTIONS_OUT)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?);
