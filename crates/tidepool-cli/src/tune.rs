@@ -3,13 +3,14 @@
 //! For an unmodified program (`tidepool tune --local SIZE -- PROGRAM ARGS`), each round runs
 //! the program under `tidepool run` with the profile so far, reads what every section did
 //! (each process writes its sections at exit, `TIDEPOOL_RUN_SECTIONS_OUT`), and proposes a
-//! change for each section that matters (at least 1% of the far reads or of the prefetches):
+//! change for each section that matters (at least 1% of the far reads or of the prefetches),
+//! the first rung of its ladder not tried yet:
 //!
-//! - `shared` (one detector for the region) -> `own` (a detector of its own: its streams are
-//!   followed whatever else the program does meanwhile);
-//! - `own` whose prefetches were under half used -> `off`;
-//! - `off` with far reads -> a line of 2 pages, then 4, while each step cut the section's
-//!   misses by a quarter.
+//! - a stride detector of its own (`own`: its streams are followed whatever else the program
+//!   does meanwhile), then a sweep detector of its own (`sweep`), then a learned successor
+//!   table (`successor`);
+//! - none (`off`), if its prefetches were under half used;
+//! - with far reads, a line of 2 pages, then 4, with the prefetcher it keeps.
 //!
 //! Once no such change is left, the section with the most far reads has its pages kept
 //! longer (`keep = "high"`), then pinned (`keep = "pin"`), one section a round; then the
@@ -19,7 +20,7 @@
 //! program's cost fell.
 //!
 //! The next round tries every proposal at once; each section keeps its change if its cost fell
-//! (demand far reads, plus 0.4 of a miss for every page prefetched and not used or read
+//! by 3% (demand far reads, plus 0.4 of a miss for every page prefetched and not used or read
 //! along a line) and, for a new prefetcher, the program used a quarter of what it fetched,
 //! and goes back otherwise, and a round more than 25% slower than the best so far
 //! is undone as a whole. At the end the profile and the default policies run three times

@@ -1,4 +1,5 @@
-//! The listening server: accepts connections, gives each a thread, and owns the shared state.
+//! The listening server: accepts connections, hands each to one of the event-loop I/O workers
+//! (`io.rs`), and owns the shared state.
 
 use crate::arena::Arena;
 use crate::config::{NodeConfig, MIN_MAX_OUTSTANDING};

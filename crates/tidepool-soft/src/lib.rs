@@ -42,14 +42,14 @@ mod memory;
 pub mod pool;
 pub mod resilient;
 pub mod runtime;
-pub mod slots;
+mod slots;
 pub mod structures;
 mod sync;
 pub mod value;
 
 /// The system calls soft memory shares with the pager, for code that named them here.
 pub mod sys {
-    pub use tidepool_sys::memfd::{punch_hole, ShmemHugePages};
+    pub use tidepool_sys::memfd::punch_hole;
 }
 
 pub use arena::compact::EvacuationReport;
