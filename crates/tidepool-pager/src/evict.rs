@@ -27,6 +27,59 @@ pub(crate) struct SavedRun {
     new_words: Vec<u64>,
     writes: Vec<PageWrite>,
     removes: Vec<Key>,
+    /// Pages that needed no write, and pages that read as zeros.
+    clean: u64,
+    zero: u64,
+}
+
+/// A page chosen for eviction, locked: its region, its index, its word before the lock.
+type Victim = (Arc<RegionInner>, usize, u64);
+type Victims = Vec<Victim>;
+
+/// One pass of the clock hand: how many entries it may still look at, and the reach that pins
+/// and shares give it (see `Inner::take_from_clock`).
+struct Pass {
+    budget: usize,
+    /// Pinned sections' pages are passed over without counting against the pass's budget, up
+    /// to a turn of the clock (they gather in a block, which a pass must get across). A pass
+    /// that passes a whole turn of them (more is pinned than the budget holds) takes them from
+    /// there on, and pins give way for the next batches (see `Sections::pins_hold`), so such a
+    /// pass costs one batch in many.
+    pin_reach: usize,
+    /// Sections over their share of the budget (a bit each): their pages lose their second
+    /// chances, and other sections' pages are passed over, up to a turn of the clock, to find
+    /// them (shares then give way for some batches, as pins do).
+    over: u128,
+    share_reach: usize,
+}
+
+impl Pass {
+    fn new(inner: &Inner, clock_len: usize) -> Pass {
+        let over = inner.sections.over_shares(inner.budget_pages.load(Relaxed));
+        Pass {
+            budget: clock_len.min(EVICT_BATCH * 8),
+            pin_reach: if inner.sections.pins_hold() {
+                clock_len
+            } else {
+                0
+            },
+            over,
+            share_reach: if over != 0 { clock_len } else { 0 },
+        }
+    }
+}
+
+/// What the clock hand does with an entry.
+enum Seen {
+    /// A stale entry: dropped.
+    Gone,
+    /// Back to the end of the clock (a second chance, held by another thread, unreadable).
+    Stays,
+    /// Back to the end of the clock without counting against the pass's budget (a pin's or a
+    /// share's reach paid for it).
+    PassedOver,
+    /// To be evicted.
+    Victim,
 }
 
 /// Spends one of a pass's `reach`; true if that was the last.
@@ -142,125 +195,127 @@ impl Inner {
         let Some(_protecting) = self.protecting.try_read() else {
             return 0;
         };
-        let mut victims: Vec<(Arc<RegionInner>, usize, u64)> = Vec::with_capacity(EVICT_BATCH);
-        {
-            // Pages a stream is done with go first.
-            let mut done = self.done.lock();
-            while victims.len() < EVICT_BATCH {
-                let Some((region, page)) = done.pop_back() else {
-                    break;
-                };
-                let word = region.table.state(page).load(Acquire);
-                if region.dead.load(Acquire)
-                    || kind(word) != RESIDENT
-                    || word & (REFERENCED | INHERITED) != 0
-                    || self.sections.keep_of(&region.sections, page) == Keep::Pin
-                {
-                    continue;
-                }
-                if !self.readable(&region, page) {
-                    continue;
-                }
-                if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
-                    victims.push((region, page, w));
-                }
-            }
-        }
-        // Pinned sections' pages are passed over without counting against the pass's reach,
-        // up to a turn of the clock (they gather in a block, which a pass must get across).
-        // A pass that passes a whole turn of them (more is pinned than the budget holds)
-        // takes them from there on, and pins give way for the next batches (see
-        // `Sections::pins_hold`), so such a pass costs one batch in many.
-        {
-            let mut clock = self.clock.lock();
-            let mut budget = clock.len().min(EVICT_BATCH * 8);
-            let mut pin_reach = if self.sections.pins_hold() {
-                clock.len()
-            } else {
-                0
-            };
-            // Sections over their share of the budget: their pages lose their second chances,
-            // and other sections' pages are passed over, up to a turn of the clock, to find
-            // them (shares then give way for some batches, as pins do).
-            let over = self.sections.over_shares(self.budget_pages.load(Relaxed));
-            let mut share_reach = if over != 0 { clock.len() } else { 0 };
-            let is_over = |region: &RegionInner, page: usize| {
-                over & (1 << region.sections.of(page).index()) != 0
-            };
-            while victims.len() < EVICT_BATCH && budget > 0 {
-                budget -= 1;
-                let Some(entry) = clock.pop_front() else {
-                    break;
-                };
-                if stale(&entry) {
-                    // Gone, or an entry left by an eviction that took the page out of turn
-                    // (a stream's, a neighbour's): the page is on the clock elsewhere if at all.
-                    continue;
-                }
-                let (region, page) = (entry.0.clone(), entry.1);
-                let s = region.table.state(page);
-                let word = s.load(Acquire);
-                if kind(word) == BUSY {
-                    // Another thread holds the page (a write fault lifting its protection, say):
-                    // it may stay mapped, and must stay on the clock.
-                    clock.push_back(entry);
-                    continue;
-                }
-                if kind(word) != RESIDENT || word & INHERITED != 0 {
-                    // A stale entry (evicted or discarded already), or a page a forked child
-                    // shares with its parent.
-                    continue;
-                }
-                // Second chances: a reference, then each chance the page's heat gave it.
-                let spared = if word & REFERENCED != 0 {
-                    Some(word & !REFERENCED)
-                } else if word & CHANCES != 0 {
-                    Some(word - (1 << CHANCE_SHIFT))
-                } else {
-                    None
-                };
-                let over_share = over != 0 && is_over(&region, page);
-                if let (Some(spared), false) = (spared, over_share) {
-                    if s.compare_exchange(word, spared, AcqRel, Relaxed).is_ok() {
-                        clock.push_back(entry);
-                        continue;
-                    }
-                }
-                // Passed over for a section over its share, or kept for being pinned: each
-                // spends the pass's reach for it, not its budget.
-                let for_share = share_reach > 0 && !over_share;
-                let for_pin = !for_share
-                    && pin_reach > 0
-                    && self.sections.keep_of(&region.sections, page) == Keep::Pin;
-                if for_share && spend(&mut share_reach) {
-                    self.sections.shares_give_way();
-                }
-                if for_pin && spend(&mut pin_reach) {
-                    self.sections.pins_give_way();
-                }
-                if for_share || for_pin {
-                    budget += 1;
-                    clock.push_back(entry);
-                    continue;
-                }
-                if !self.readable(&region, page) {
-                    // Inaccessible (PROT_NONE): it cannot be read to be saved; it stays until
-                    // the program opens it again.
-                    clock.push_back(entry);
-                    continue;
-                }
-                if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
-                    let more = EVICT_BATCH.saturating_sub(victims.len() + 1);
-                    self.take_cold_neighbours(&region, page, more, &mut victims);
-                    victims.push((region, page, w));
-                } else {
-                    clock.push_back(entry);
-                }
-            }
-        }
+        let mut victims: Victims = Vec::with_capacity(EVICT_BATCH);
+        self.take_done(&mut victims);
+        self.take_from_clock(&mut victims);
         if victims.is_empty() {
             return 0;
         }
+        self.evict_victims(victims)
+    }
+
+    /// Pages a stream is done with, which go first.
+    fn take_done(&self, victims: &mut Victims) {
+        let mut done = self.done.lock();
+        while victims.len() < EVICT_BATCH {
+            let Some((region, page)) = done.pop_back() else {
+                break;
+            };
+            let word = region.table.state(page).load(Acquire);
+            if region.dead.load(Acquire)
+                || kind(word) != RESIDENT
+                || word & (REFERENCED | INHERITED) != 0
+                || self.sections.keep_of(&region.sections, page) == Keep::Pin
+                || !self.readable(&region, page)
+            {
+                continue;
+            }
+            if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
+                victims.push((region, page, w));
+            }
+        }
+    }
+
+    /// Moves the clock hand until the batch is full or the pass's reach is spent, locking the
+    /// victims it chooses and their cold neighbours.
+    fn take_from_clock(&self, victims: &mut Victims) {
+        let mut clock = self.clock.lock();
+        let mut pass = Pass::new(self, clock.len());
+        while victims.len() < EVICT_BATCH && pass.budget > 0 {
+            pass.budget -= 1;
+            let Some(entry) = clock.pop_front() else {
+                break;
+            };
+            if stale(&entry) {
+                // Gone, or an entry left by an eviction that took the page out of turn
+                // (a stream's, a neighbour's): the page is on the clock elsewhere if at all.
+                continue;
+            }
+            let (region, page) = (entry.0.clone(), entry.1);
+            match self.look_at(&mut pass, &region, page) {
+                Seen::Gone => {}
+                Seen::Stays => clock.push_back(entry),
+                Seen::PassedOver => {
+                    pass.budget += 1;
+                    clock.push_back(entry);
+                }
+                Seen::Victim => match region.table.try_lock(page, &[RESIDENT]) {
+                    Some(w) => {
+                        let more = EVICT_BATCH.saturating_sub(victims.len() + 1);
+                        self.take_cold_neighbours(&region, page, more, victims);
+                        victims.push((region, page, w));
+                    }
+                    None => clock.push_back(entry),
+                },
+            }
+        }
+    }
+
+    /// What the clock hand does with page `page` of `region`: passes it by (spending a second
+    /// chance, or the reach pins and shares give the pass), drops a stale entry, or takes it.
+    fn look_at(&self, pass: &mut Pass, region: &RegionInner, page: usize) -> Seen {
+        let s = region.table.state(page);
+        let word = s.load(Acquire);
+        if kind(word) == BUSY {
+            // Another thread holds the page (a write fault lifting its protection, say): it
+            // may stay mapped, and must stay on the clock.
+            return Seen::Stays;
+        }
+        if kind(word) != RESIDENT || word & INHERITED != 0 {
+            // A stale entry (evicted or discarded already), or a page a forked child shares
+            // with its parent.
+            return Seen::Gone;
+        }
+        // Second chances: a reference, then each chance the page's heat gave it.
+        let spared = if word & REFERENCED != 0 {
+            Some(word & !REFERENCED)
+        } else if word & CHANCES != 0 {
+            Some(word - (1 << CHANCE_SHIFT))
+        } else {
+            None
+        };
+        let over_share = pass.over != 0 && pass.over & (1 << region.sections.of(page).index()) != 0;
+        if let (Some(spared), false) = (spared, over_share) {
+            if s.compare_exchange(word, spared, AcqRel, Relaxed).is_ok() {
+                return Seen::Stays;
+            }
+        }
+        // Passed over for a section over its share, or kept for being pinned: each spends
+        // the pass's reach for it, not its budget.
+        let for_share = pass.share_reach > 0 && !over_share;
+        let for_pin = !for_share
+            && pass.pin_reach > 0
+            && self.sections.keep_of(&region.sections, page) == Keep::Pin;
+        if for_share && spend(&mut pass.share_reach) {
+            self.sections.shares_give_way();
+        }
+        if for_pin && spend(&mut pass.pin_reach) {
+            self.sections.pins_give_way();
+        }
+        if for_share || for_pin {
+            return Seen::PassedOver;
+        }
+        if !self.readable(region, page) {
+            // Inaccessible (PROT_NONE): it cannot be read to be saved; it stays until the
+            // program opens it again.
+            return Seen::Stays;
+        }
+        Seen::Victim
+    }
+
+    /// Evicts the locked `victims`: moved to frames where a frame tier has room, the rest
+    /// copied out. Returns how many.
+    fn evict_victims(&self, mut victims: Victims) -> usize {
         for (region, page, _) in &victims {
             region.note_evicted(*page);
         }
@@ -274,24 +329,7 @@ impl Inner {
         // With a probation tier, the victims go to frames if the tier has room for them (made
         // by spilling its oldest), else straight to the store.
         if self.frames && (!self.probation || self.tier_make_room(victims.len())) {
-            let mut refused = Vec::new();
-            if self.evicts_in_spans() {
-                // A move costs a TLB shootdown a run; a span with holes is written out under
-                // one write-protection instead (the tier then misses those pages).
-                for span in spans_of(&victims) {
-                    let span = &victims[span];
-                    if is_run(span) {
-                        self.move_out(span, &mut refused);
-                    } else {
-                        refused.extend_from_slice(span);
-                    }
-                }
-                refused.sort_by_key(|(r, p, _)| (r.id, *p));
-            } else {
-                for run in runs_of(&victims) {
-                    self.move_out(&victims[run], &mut refused);
-                }
-            }
+            let refused = self.move_victims(&victims);
             evicted = victims.len() - refused.len();
             victims = refused;
         }
@@ -299,6 +337,29 @@ impl Inner {
             evicted += self.copy_out(&victims);
         }
         evicted
+    }
+
+    /// Moves `victims` out as frames; returns those that could not be, in order.
+    fn move_victims(&self, victims: &[Victim]) -> Vec<Victim> {
+        let mut refused = Vec::new();
+        if self.evicts_in_spans() {
+            // A move costs a TLB shootdown a run; a span with holes is written out under one
+            // write-protection instead (the tier then misses those pages).
+            for span in spans_of(victims) {
+                let span = &victims[span];
+                if is_run(span) {
+                    self.move_out(span, &mut refused);
+                } else {
+                    refused.extend_from_slice(span);
+                }
+            }
+            refused.sort_by_key(|(r, p, _)| (r.id, *p));
+        } else {
+            for run in runs_of(victims) {
+                self.move_out(&victims[run], &mut refused);
+            }
+        }
+        refused
     }
 
     /// Locks up to `max` resident neighbours of clock victim `page` that show no use and adds
@@ -437,81 +498,89 @@ impl Inner {
         let mut exists = Vec::new();
         sys::pages_exist(addr, span, &mut exists);
         let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed);
-        let mut new_words = Vec::with_capacity(run.len());
-        let mut writes = Vec::new();
-        let mut removes = Vec::new();
-        let (mut clean, mut zero) = (0u64, 0u64);
-        for (_, page, w) in run {
-            let page = *page;
-            let k = page - first;
-            let history = w & HISTORY;
-            let far_valid = w & FAR_VALID != 0;
-            let new = if !exists[k] {
-                zero += 1;
-                if far_valid {
-                    self.tags.drop_copy(region.key(page), &mut removes);
-                }
-                UNTOUCHED | (history & HEAT)
-            } else if w & WP_CLEAN != 0 {
-                clean += 1;
-                if far_valid {
-                    FAR | history
-                } else {
-                    zero += 1;
-                    UNTOUCHED | history
-                }
-            } else {
-                // SAFETY: the page is RESIDENT and locked by us, so mapped (only lock holders
-                // unmap pages), readable (checked when chosen, and `protecting` holds off
-                // mprotect since), and write-protected above, so nobody writes it meanwhile.
-                let bytes = unsafe { page_bytes(region.addr(page)) };
-                let was_written = w & DIRTY != 0;
-                if is_zero_page(bytes) {
-                    zero += 1;
-                    if far_valid {
-                        self.tags.drop_copy(region.key(page), &mut removes);
-                    }
-                    UNTOUCHED | (history & HEAT) | if was_written { WAS_DIRTY } else { history }
-                } else if !was_written
-                    && far_valid
-                    && hash_page(bytes) == region.table.hash(page).load(Relaxed)
-                {
-                    // Installed writable on a guess (the install hashed it) and not written
-                    // this time: install it write-protected next time, which saves the hash.
-                    clean += 1;
-                    FAR | (history & HEAT)
-                } else {
-                    let tag = self.tags.current();
-                    if far_valid && region.table.tag(page).load(Relaxed) != tag {
-                        // The copy went to a process forked since: a new one is written
-                        // under this process's current tag, the old one is kept for it.
-                        self.tags.drop_copy(region.key(page), &mut removes);
-                    }
-                    region.table.tag(page).store(tag, Relaxed);
-                    let slot = slots
-                        .pop()
-                        .expect("copy_out reserves a slot per dirty page");
-                    self.slots.fill(slot, bytes);
-                    writes.push(PageWrite {
-                        region: region.clone(),
-                        page,
-                        slot,
-                        key: region.key(page),
-                    });
-                    WRITEBACK | ((slot as u64) << SLOT_SHIFT) | WAS_DIRTY | (history & HEAT)
-                }
-            };
-            new_words.push(new);
+        let mut saved = SavedRun {
+            new_words: Vec::with_capacity(run.len()),
+            writes: Vec::new(),
+            removes: Vec::new(),
+            clean: 0,
+            zero: 0,
+        };
+        for &(_, page, w) in run {
+            let new = self.save_page(region, page, w, exists[page - first], slots, &mut saved);
+            saved.new_words.push(new);
             region.table.evicted_at(page).store(seq.max(1), Relaxed);
         }
         let c = &self.counters;
-        Counters::add(&c.evicted_clean, clean);
-        Counters::add(&c.evicted_zero, zero);
-        SavedRun {
-            new_words,
-            writes,
-            removes,
+        Counters::add(&c.evicted_clean, saved.clean);
+        Counters::add(&c.evicted_zero, saved.zero);
+        saved
+    }
+
+    /// Saves locked page `page` of `region` (word `w`; `exists`: the kernel still has it):
+    /// nothing to write for a page that reads as zeros or whose far copy is good, else its
+    /// bytes go to a write-back slot. Returns the page's state once it is gone.
+    fn save_page(
+        &self,
+        region: &Arc<RegionInner>,
+        page: usize,
+        w: u64,
+        exists: bool,
+        slots: &mut Vec<u32>,
+        saved: &mut SavedRun,
+    ) -> u64 {
+        let history = w & HISTORY;
+        let far_valid = w & FAR_VALID != 0;
+        if !exists {
+            saved.zero += 1;
+            if far_valid {
+                self.tags.drop_copy(region.key(page), &mut saved.removes);
+            }
+            return UNTOUCHED | (history & HEAT);
         }
+        if w & WP_CLEAN != 0 {
+            saved.clean += 1;
+            if far_valid {
+                return FAR | history;
+            }
+            saved.zero += 1;
+            return UNTOUCHED | history;
+        }
+        // SAFETY: the page is RESIDENT and locked by us, so mapped (only lock holders unmap
+        // pages), readable (checked when chosen, and `protecting` holds off mprotect since),
+        // and write-protected by `save_span`, so nobody writes it meanwhile.
+        let bytes = unsafe { page_bytes(region.addr(page)) };
+        let was_written = w & DIRTY != 0;
+        if is_zero_page(bytes) {
+            saved.zero += 1;
+            if far_valid {
+                self.tags.drop_copy(region.key(page), &mut saved.removes);
+            }
+            return UNTOUCHED | (history & HEAT) | if was_written { WAS_DIRTY } else { history };
+        }
+        if !was_written && far_valid && hash_page(bytes) == region.table.hash(page).load(Relaxed) {
+            // Installed writable on a guess (the install hashed it) and not written this time:
+            // install it write-protected next time, which saves the hash.
+            saved.clean += 1;
+            return FAR | (history & HEAT);
+        }
+        let tag = self.tags.current();
+        if far_valid && region.table.tag(page).load(Relaxed) != tag {
+            // The copy went to a process forked since: a new one is written under this
+            // process's current tag, the old one is kept for it.
+            self.tags.drop_copy(region.key(page), &mut saved.removes);
+        }
+        region.table.tag(page).store(tag, Relaxed);
+        let slot = slots
+            .pop()
+            .expect("copy_out reserves a slot per dirty page");
+        self.slots.fill(slot, bytes);
+        saved.writes.push(PageWrite {
+            region: region.clone(),
+            page,
+            slot,
+            key: region.key(page),
+        });
+        WRITEBACK | ((slot as u64) << SLOT_SHIFT) | WAS_DIRTY | (history & HEAT)
     }
 
     /// Queues the store work of a saved span whose pages are gone, then publishes their new

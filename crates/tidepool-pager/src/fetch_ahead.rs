@@ -120,6 +120,9 @@ impl Inner {
         installed
     }
 
+    /// Installs the locked pages of `batch` (index, word before the lock) of `region` as
+    /// prefetched pages: far ones read in one call, fresh ones zero-filled, framed ones moved
+    /// back; then publishes them and wakes any thread waiting on one.
     pub(crate) fn install_prefetched(
         &self,
         region: &Arc<RegionInner>,
@@ -127,9 +130,15 @@ impl Inner {
         staging: &mut Staging,
     ) {
         debug_assert!(batch.len() <= PREFETCH_BATCH);
-        // Read the far pages in one call, then spread them so that page `i` of the batch sits
-        // in chunk `i` (the rest are fresh pages, zero-filled), ready to install in runs.
-        let in_store = |w: u64| kind(w) == FAR && w & FRAMED == 0;
+        self.stage_batch(region, batch, staging);
+        let list = self.install_runs(region, batch, staging);
+        self.publish_prefetched(region, batch, list);
+    }
+
+    /// Reads the batch's far pages in one call, then spreads them so that page `i` of the batch
+    /// sits in chunk `i` of the staging buffer (the rest are fresh pages, zero-filled), ready
+    /// to install in runs.
+    fn stage_batch(&self, region: &RegionInner, batch: &[(usize, u64)], staging: &mut Staging) {
         let mut keys = [0 as Key; PREFETCH_BATCH];
         let mut far = 0;
         for &(p, w) in batch {
@@ -161,68 +170,90 @@ impl Inner {
                 staging.buf[chunk].fill(0);
             }
         }
-        // How a page goes in: copied from its frame, or from the staging buffer write-protected
-        // or writable.
-        #[derive(PartialEq, Clone, Copy)]
-        enum How {
-            Frame,
-            Copy { wp: bool },
-        }
-        let how = |w: u64| {
-            if w & FRAMED != 0 {
-                How::Frame
-            } else {
-                How::Copy {
-                    wp: in_store(w) && w & WAS_DIRTY == 0 && !self.drops_far_copies(),
-                }
+    }
+
+    /// How page word `w` goes in.
+    fn how(&self, w: u64) -> How {
+        if w & FRAMED != 0 {
+            How::Frame
+        } else {
+            How::Copy {
+                wp: in_store(w) && w & WAS_DIRTY == 0 && !self.drops_far_copies(),
             }
-        };
+        }
+    }
+
+    /// Installs the staged batch, one UFFDIO_COPY (or frame move) per run of consecutive pages
+    /// that go in the same way. Returns each page's new state, to publish.
+    fn install_runs(
+        &self,
+        region: &Arc<RegionInner>,
+        batch: &[(usize, u64)],
+        staging: &Staging,
+    ) -> Vec<(usize, u64)> {
         let mut list = Vec::with_capacity(batch.len());
         let mut run = 0;
         for (i, &(p, w)) in batch.iter().enumerate() {
-            let this = how(w);
-            let wp = this == How::Copy { wp: true };
-            let new = if this == How::Frame {
+            let this = self.how(w);
+            let new = self.prefetched_word(region, p, w, this, staging.page(i));
+            list.push((p, new));
+            let run_ends = batch
+                .get(i + 1)
+                .is_none_or(|&(q, v)| q != p + 1 || self.how(v) != this);
+            if run_ends {
+                let first = batch[run].0;
+                match this {
+                    How::Frame => self.copy_in_frames(region, first, i + 1 - run, false),
+                    How::Copy { wp } => {
+                        let bytes = &staging.buf[run * PAGE..(i + 1) * PAGE];
+                        self.install(region.addr(first), bytes, wp, false);
+                    }
+                }
+                run = i + 1;
+            }
+        }
+        list
+    }
+
+    /// The state of prefetched page `p` (word `w`, going in as `how`, staged as `bytes`) once
+    /// installed.
+    fn prefetched_word(
+        &self,
+        region: &RegionInner,
+        p: usize,
+        w: u64,
+        how: How,
+        bytes: &[u8],
+    ) -> u64 {
+        match how {
+            How::Frame => {
                 if self.probation {
                     self.tier_touched(w);
                 } else {
                     Counters::add(&self.counters.bytes_read, PAGE as u64);
                 }
                 self.unframed(region, p, w, false) | PREFETCHED | STALE_FRAME
-            } else if kind(w) == FAR && self.drops_far_copies() {
-                RESIDENT | PREFETCHED | (w & HISTORY)
-            } else if kind(w) == FAR {
+            }
+            _ if kind(w) == FAR && self.drops_far_copies() => RESIDENT | PREFETCHED | (w & HISTORY),
+            How::Copy { wp } if kind(w) == FAR => {
                 if !wp {
                     // Installed writable on a guess (see `install_demand`).
-                    region
-                        .table
-                        .hash(p)
-                        .store(hash_page(staging.page(i)), Relaxed);
+                    region.table.hash(p).store(hash_page(bytes), Relaxed);
                 }
                 RESIDENT | FAR_VALID | PREFETCHED | if wp { WP_CLEAN } else { 0 } | (w & HISTORY)
-            } else {
-                RESIDENT | PREFETCHED | (w & HISTORY)
-            };
-            list.push((p, new));
-            // One UFFDIO_COPY per run of consecutive pages that go in the same way.
-            let run_ends = batch
-                .get(i + 1)
-                .is_none_or(|&(q, v)| q != p + 1 || how(v) != this);
-            if run_ends {
-                let first = batch[run].0;
-                if this == How::Frame {
-                    self.copy_in_frames(region, first, i + 1 - run, false);
-                } else {
-                    self.install(
-                        region.addr(first),
-                        &staging.buf[run * PAGE..(i + 1) * PAGE],
-                        wp,
-                        false,
-                    );
-                }
-                run = i + 1;
             }
+            How::Copy { .. } => RESIDENT | PREFETCHED | (w & HISTORY),
         }
+    }
+
+    /// Counts the installed batch resident, publishes the pages' new states (`list`) and wakes
+    /// the threads waiting on them, then puts them on the clock.
+    fn publish_prefetched(
+        &self,
+        region: &Arc<RegionInner>,
+        batch: &[(usize, u64)],
+        list: Vec<(usize, u64)>,
+    ) {
         // Counted before the pages are published: once unlocked, another thread may evict or
         // discard them and subtract them again.
         self.resident.fetch_add(batch.len(), Relaxed);
@@ -247,6 +278,19 @@ impl Inner {
             .lock()
             .extend(list.into_iter().map(|(p, _)| clock_entry(region, p)));
     }
+}
+
+/// A page in the store, not in a frame of this process: read from the store to come back.
+fn in_store(w: u64) -> bool {
+    kind(w) == FAR && w & FRAMED == 0
+}
+
+/// How a prefetched page goes in: moved back from its frame, or copied from the staging buffer
+/// write-protected or writable.
+#[derive(PartialEq, Clone, Copy)]
+enum How {
+    Frame,
+    Copy { wp: bool },
 }
 
 /// The pages of a stride plan, in order.

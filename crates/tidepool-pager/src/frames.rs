@@ -294,20 +294,15 @@ impl Inner {
     ) {
         let region = &run[0].0;
         let first = run[0].1;
-        let mut removes = Vec::new();
-        let mut zeros = Vec::new();
-        let mut zero_count = 0;
-        let seq = self.evict_seq.fetch_add(run.len() as u32, Relaxed).max(1);
-        let mut waiters = false;
-        // Removes are queued before the pages they concern are released (see `release_span`).
-        let queue = |removes: &mut Vec<Key>| {
-            if !removes.is_empty() {
-                self.jobs.send(StoreJob::Remove(std::mem::take(removes)));
-            }
+        let mut m = MoveOut {
+            seq: self.evict_seq.fetch_add(run.len() as u32, Relaxed).max(1),
+            removes: Vec::new(),
+            zero_count: 0,
+            waiters: false,
+            framed: Vec::new(),
+            moved: 0,
         };
-        // Probation frames made, for the tier's list.
-        let mut framed = Vec::new();
-        let (mut i, mut moved) = (0, 0u64);
+        let mut i = 0;
         while i < run.len() {
             let p = first + i;
             let (n, err) = self.uffd.move_pages(
@@ -326,98 +321,167 @@ impl Inner {
                 &err,
                 false,
             );
-            let done = &run[i..i + n / PAGE];
-            zeros.clear();
-            let mut new_words = Vec::with_capacity(done.len());
-            for (_, page, w) in done {
-                let (new, zero) = self.framed(region, *page, *w, seq, &mut removes);
-                if zero {
-                    zeros.push((region.shadow_addr(*page), PAGE));
-                }
-                new_words.push(new);
-            }
-            sys::discard_many(&zeros);
-            zero_count += zeros.len() as u64;
-            queue(&mut removes);
-            for ((_, page, _), new) in done.iter().zip(new_words) {
-                crate::tr!(*page, "move_out", new);
-                Counters::add(&self.section_counts(region, *page).evicted, 1);
-                self.count_resident(region, *page, -1);
-                if self.probation && new & FRAMED != 0 {
-                    self.tier_counted(&mut framed, region, *page, seq);
-                }
-                waiters |= region.table.unlock(*page, new);
-            }
-            moved += (n / PAGE) as u64;
+            self.moved_out(region, &run[i..i + n / PAGE], &mut m);
             i += n / PAGE;
             let Some(e) = err else { break };
-            let (_, page, w) = &run[i];
-            crate::tr!(*page, "move_out_err", e.raw_os_error().unwrap_or(0));
-            match e.raw_os_error() {
-                // Shared with a forked child (EBUSY), or in a mapping the program made
-                // read-only (EINVAL): the copying path takes it.
-                Some(libc::EBUSY) | Some(libc::EINVAL) => refused.push(run[i].clone()),
-                // No page there: the program dropped it behind our back (a direct
-                // MADV_DONTNEED system call), so it reads as zeros.
-                Some(libc::ENOENT) => {
-                    if w & FAR_VALID != 0 {
-                        removes.push(region.key(*page));
-                        queue(&mut removes);
-                    }
-                    self.resident.fetch_sub(1, Relaxed);
-                    self.count_resident(region, *page, -1);
-                    waiters |= region.table.unlock(*page, UNTOUCHED);
-                }
-                // A frame already in the shadow. If the page is not in the region, the kernel
-                // moved it there without a request: it is the page, keep it.
-                Some(libc::EEXIST) if self.adopt_moved(region, *page, false) => {
-                    let (new, zero) = self.framed(region, *page, *w, seq, &mut removes);
-                    if zero {
-                        sys::discard(region.shadow_addr(*page), PAGE);
-                        zero_count += 1;
-                    } else if self.probation {
-                        self.tier_counted(&mut framed, region, *page, seq);
-                    }
-                    queue(&mut removes);
-                    moved += 1;
-                    Counters::add(&self.section_counts(region, *page).evicted, 1);
-                    self.count_resident(region, *page, -1);
-                    waiters |= region.table.unlock(*page, new);
-                }
-                // Both hold a page: the shadow's is stale (the region's is the one the program
-                // used). Drop it and try again.
-                Some(libc::EEXIST) => {
-                    sys::discard(region.shadow_addr(*page), PAGE);
-                    continue;
-                }
-                Some(libc::ESRCH) => {
-                    // The process is exiting.
+            match self.move_refused(&run[i], &e, &mut m) {
+                Refusal::Next => {}
+                Refusal::Copy => refused.push(run[i].clone()),
+                Refusal::Retry => continue,
+                Refusal::Exiting => {
                     for (_, page, w) in &run[i..] {
                         let _ = region.table.unlock(*page, *w);
                     }
                     self.uffd.wake(region.addr(first), run.len() * PAGE);
                     return;
                 }
-                _ => self.fatal("moving a page out to its frame", &e),
             }
             i += 1;
         }
-        self.resident.fetch_sub(moved as usize, Relaxed);
-        if !framed.is_empty() {
-            self.tier.fifo.lock().extend(framed);
+        self.moved_out_done(region, first, run.len(), m);
+    }
+
+    /// Publishes pages `done` of `region`, just moved into its shadow, as framed (or untouched,
+    /// if they read as zeros).
+    fn moved_out(
+        &self,
+        region: &Arc<RegionInner>,
+        done: &[(Arc<RegionInner>, usize, u64)],
+        m: &mut MoveOut,
+    ) {
+        let mut zeros = Vec::new();
+        let mut new_words = Vec::with_capacity(done.len());
+        for (_, page, w) in done {
+            let (new, zero) = self.framed(region, *page, *w, m.seq, &mut m.removes);
+            if zero {
+                zeros.push((region.shadow_addr(*page), PAGE));
+            }
+            new_words.push(new);
         }
-        Counters::add(&self.counters.evicted_zero, zero_count);
-        if waiters {
-            // Threads that faulted on the pages meanwhile retry now and find them framed.
-            self.uffd.wake(region.addr(first), run.len() * PAGE);
+        sys::discard_many(&zeros);
+        m.zero_count += zeros.len() as u64;
+        self.queue_removes(&mut m.removes);
+        for ((_, page, _), new) in done.iter().zip(new_words) {
+            crate::tr!(*page, "move_out", new);
+            Counters::add(&self.section_counts(region, *page).evicted, 1);
+            self.count_resident(region, *page, -1);
+            if self.probation && new & FRAMED != 0 {
+                self.tier_counted(&mut m.framed, region, *page, m.seq);
+            }
+            m.waiters |= region.table.unlock(*page, new);
         }
-        Counters::add(&self.counters.evicted, moved);
-        Counters::add(&self.counters.moved_out, moved);
-        if !self.probation {
-            // Into the in-process backend; a probation tier writes when it spills.
-            Counters::add(&self.counters.bytes_written, moved * PAGE as u64);
+        m.moved += done.len() as u64;
+    }
+
+    /// What to do with the page the kernel refused to move out with error `e`.
+    fn move_refused(
+        &self,
+        (region, page, w): &(Arc<RegionInner>, usize, u64),
+        e: &std::io::Error,
+        m: &mut MoveOut,
+    ) -> Refusal {
+        let (page, w) = (*page, *w);
+        crate::tr!(page, "move_out_err", e.raw_os_error().unwrap_or(0));
+        match e.raw_os_error() {
+            // Shared with a forked child (EBUSY), or in a mapping the program made read-only
+            // (EINVAL): the copying path takes it.
+            Some(libc::EBUSY) | Some(libc::EINVAL) => Refusal::Copy,
+            // No page there: the program dropped it behind our back (a direct MADV_DONTNEED
+            // system call), so it reads as zeros.
+            Some(libc::ENOENT) => {
+                if w & FAR_VALID != 0 {
+                    m.removes.push(region.key(page));
+                    self.queue_removes(&mut m.removes);
+                }
+                self.resident.fetch_sub(1, Relaxed);
+                self.count_resident(region, page, -1);
+                m.waiters |= region.table.unlock(page, UNTOUCHED);
+                Refusal::Next
+            }
+            // A frame already in the shadow. If the page is not in the region, the kernel
+            // moved it there without a request: it is the page, keep it.
+            Some(libc::EEXIST) if self.adopt_moved(region, page, false) => {
+                let (new, zero) = self.framed(region, page, w, m.seq, &mut m.removes);
+                if zero {
+                    sys::discard(region.shadow_addr(page), PAGE);
+                    m.zero_count += 1;
+                } else if self.probation {
+                    self.tier_counted(&mut m.framed, region, page, m.seq);
+                }
+                self.queue_removes(&mut m.removes);
+                m.moved += 1;
+                Counters::add(&self.section_counts(region, page).evicted, 1);
+                self.count_resident(region, page, -1);
+                m.waiters |= region.table.unlock(page, new);
+                Refusal::Next
+            }
+            // Both hold a page: the shadow's is stale (the region's is the one the program
+            // used). Drop it and try again.
+            Some(libc::EEXIST) => {
+                sys::discard(region.shadow_addr(page), PAGE);
+                Refusal::Retry
+            }
+            // The process is exiting.
+            Some(libc::ESRCH) => Refusal::Exiting,
+            _ => self.fatal("moving a page out to its frame", e),
         }
     }
+
+    /// Queues `removes` for the store, before the pages they concern are released (see
+    /// `release_span`).
+    fn queue_removes(&self, removes: &mut Vec<Key>) {
+        if !removes.is_empty() {
+            self.jobs.send(StoreJob::Remove(std::mem::take(removes)));
+        }
+    }
+
+    /// Counts a finished `move_out` of the `len` pages from `first` of `region`, and wakes the
+    /// threads that faulted on them meanwhile.
+    fn moved_out_done(&self, region: &RegionInner, first: usize, len: usize, m: MoveOut) {
+        self.resident.fetch_sub(m.moved as usize, Relaxed);
+        if !m.framed.is_empty() {
+            self.tier.fifo.lock().extend(m.framed);
+        }
+        Counters::add(&self.counters.evicted_zero, m.zero_count);
+        if m.waiters {
+            // Threads that faulted on the pages meanwhile retry now and find them framed.
+            self.uffd.wake(region.addr(first), len * PAGE);
+        }
+        Counters::add(&self.counters.evicted, m.moved);
+        Counters::add(&self.counters.moved_out, m.moved);
+        if !self.probation {
+            // Into the in-process backend; a probation tier writes when it spills.
+            Counters::add(&self.counters.bytes_written, m.moved * PAGE as u64);
+        }
+    }
+}
+
+/// What a `move_out` has done so far.
+struct MoveOut {
+    /// The eviction sequence number of the run's pages.
+    seq: u32,
+    /// Store copies to remove, queued before their pages are released.
+    removes: Vec<Key>,
+    /// Pages that read as zeros (dropped, not framed).
+    zero_count: u64,
+    /// A thread waits on one of the pages released.
+    waiters: bool,
+    /// Probation frames made, for the tier's list.
+    framed: Vec<(Arc<RegionInner>, usize, u32)>,
+    /// Pages moved out.
+    moved: u64,
+}
+
+/// What happens to a page the kernel refused to move out.
+enum Refusal {
+    /// Dealt with; go on with the next page.
+    Next,
+    /// The copying path takes it.
+    Copy,
+    /// Move it again.
+    Retry,
+    /// The process is exiting: stop.
+    Exiting,
 }
 
 #[cfg(test)]

@@ -373,11 +373,10 @@ pub struct Pager {
     shared: Arc<Shared>,
 }
 
-impl Pager {
-    /// Starts a pager over `store`.
-    pub fn start(config: Config, store: Arc<dyn FarStore>) -> Result<Pager, PagerError> {
-        // A fork in the middle would leave the child half a pager.
-        let _section = crate::gate::section();
+impl Inner {
+    /// The pager's state for `config` over `store`, its fault handlers to run on `cpus`: the
+    /// userfaultfd, the budget, the tiers, the write-back slots.
+    fn new(config: &Config, store: Arc<dyn FarStore>, cpus: &[usize]) -> Result<Inner, PagerError> {
         let uffd = Uffd::open().map_err(PagerError::Userfaultfd)?;
         let can_move = uffd.can_move();
         let doorbell = Mapping::reserve(PAGE).map_err(PagerError::Reserve)?;
@@ -391,13 +390,12 @@ impl Pager {
                 .probation_grows
                 .unwrap_or(!store.private_to_process()),
         );
-        let cpus = config.handler_cpus.unwrap_or_else(allowed_cpus);
         let budget = if probation {
             tier.set_total(budget_pages(config.local_budget))
         } else {
             budget_pages(config.local_budget)
         };
-        let inner = Arc::new(Inner {
+        Ok(Inner {
             uffd,
             store,
             regions: RwLock::new(Vec::new()),
@@ -442,7 +440,17 @@ impl Pager {
             child_budget: config.child_local_budget,
             tier,
             protecting: RwLock::new(()),
-        });
+        })
+    }
+}
+
+impl Pager {
+    /// Starts a pager over `store`.
+    pub fn start(config: Config, store: Arc<dyn FarStore>) -> Result<Pager, PagerError> {
+        // A fork in the middle would leave the child half a pager.
+        let _section = crate::gate::section();
+        let cpus = config.handler_cpus.clone().unwrap_or_else(allowed_cpus);
+        let inner = Arc::new(Inner::new(&config, store, &cpus)?);
         inner.interrupts.set_now();
         crate::fork::install();
         let (threads, handlers) = spawn_threads(&inner, &cpus, config.thread_start)?;

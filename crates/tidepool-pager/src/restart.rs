@@ -2,10 +2,11 @@
 //! pager of the child's own over the same memory.
 
 use crate::fork::ForkHooks;
-use crate::pager::{spawn_threads, Shared};
+use crate::pager::{spawn_threads, Inner, RegionInner, Shared};
 use crate::sys::PAGE;
 use crate::table::{kind, FAR, FRAMED, INHERITED, RESIDENT};
 use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
 
 impl ForkHooks for Shared {
     fn prepare(&self) {
@@ -61,42 +62,7 @@ impl Shared {
             }
             i.apply_inheritance_in_child(r);
         }
-        // The kernel dropped the write protections with the parent's registration: the pages
-        // the table knows as mapped (on the clock, or inherited by this process in turn and
-        // not written since) take it again, in runs. Not every present page: those the owner
-        // touched before a region was adopted are not the pager's. Pages on their way to the
-        // store keep their keys: parent and child both write the same bytes there, and the
-        // child never removes what it did not tag.
-        let mut mapped: Vec<(u32, usize)> = {
-            let clock = i.clock.lock();
-            let inherited = i.inherited.lock();
-            clock
-                .iter()
-                .map(|(r, p, _)| (r, *p))
-                .chain(inherited.iter().map(|(r, p)| (r, *p)))
-                .filter(|(r, p)| kind(r.table.state(*p).load(Relaxed)) == RESIDENT)
-                .map(|(r, p)| (r.id, p))
-                .collect()
-        };
-        mapped.sort_unstable();
-        mapped.dedup();
-        let mut inherited = Vec::with_capacity(mapped.len());
-        let mut k = 0;
-        while k < mapped.len() {
-            let (id, first) = mapped[k];
-            let mut n = 1;
-            while mapped.get(k + n) == Some(&(id, first + n)) {
-                n += 1;
-            }
-            if let Some(r) = regions.iter().find(|r| r.id == id) {
-                let _ = i.uffd.write_protect(r.addr(first), n * PAGE, true);
-                for p in first..first + n {
-                    r.table.state(p).fetch_or(INHERITED, Relaxed);
-                    inherited.push((r.clone(), p));
-                }
-            }
-            k += n;
-        }
+        let inherited = i.protect_mapped_in_child(&regions);
         // Those pages are the parent's as much as this process's: they leave the clock and the
         // count, and this process's budget is for what it brings in or writes. Its store is a
         // copy-on-write copy of the parent's, so it keeps the copies of what it reads.
@@ -149,5 +115,53 @@ impl Shared {
             Ok((t, _)) => *threads = t,
             Err(e) => i.fatal("restarting the pager in a forked child", &e),
         }
+    }
+}
+
+impl Inner {
+    /// In a forked child: the kernel dropped the write protections with the parent's
+    /// registration, so the pages the table knows as mapped take it again, in runs, and are
+    /// marked inherited. Returns them.
+    fn protect_mapped_in_child(
+        &self,
+        regions: &[Arc<RegionInner>],
+    ) -> Vec<(Arc<RegionInner>, usize)> {
+        // The kernel dropped the write protections with the parent's registration: the pages
+        // the table knows as mapped (on the clock, or inherited by this process in turn and
+        // not written since) take it again, in runs. Not every present page: those the owner
+        // touched before a region was adopted are not the pager's. Pages on their way to the
+        // store keep their keys: parent and child both write the same bytes there, and the
+        // child never removes what it did not tag.
+        let mut mapped: Vec<(u32, usize)> = {
+            let clock = self.clock.lock();
+            let inherited = self.inherited.lock();
+            clock
+                .iter()
+                .map(|(r, p, _)| (r, *p))
+                .chain(inherited.iter().map(|(r, p)| (r, *p)))
+                .filter(|(r, p)| kind(r.table.state(*p).load(Relaxed)) == RESIDENT)
+                .map(|(r, p)| (r.id, p))
+                .collect()
+        };
+        mapped.sort_unstable();
+        mapped.dedup();
+        let mut inherited = Vec::with_capacity(mapped.len());
+        let mut k = 0;
+        while k < mapped.len() {
+            let (id, first) = mapped[k];
+            let mut n = 1;
+            while mapped.get(k + n) == Some(&(id, first + n)) {
+                n += 1;
+            }
+            if let Some(r) = regions.iter().find(|r| r.id == id) {
+                let _ = self.uffd.write_protect(r.addr(first), n * PAGE, true);
+                for p in first..first + n {
+                    r.table.state(p).fetch_or(INHERITED, Relaxed);
+                    inherited.push((r.clone(), p));
+                }
+            }
+            k += n;
+        }
+        inherited
     }
 }

@@ -451,6 +451,18 @@ fn mib(bytes: u64) -> f64 {
 
 impl fmt::Display for PagerStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_faults(f)?;
+        self.write_tiers(f)?;
+        self.write_latency(f)?;
+        self.write_cpu(f)?;
+        self.write_moved(f)?;
+        write_sections(f, &self.sections)
+    }
+}
+
+impl PagerStats {
+    /// Faults, hits, prefetches, refills and evictions.
+    fn write_faults(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "faults       {} missing ({} zero-filled, {} from far memory, {} from the write-back buffer), {} first writes",
@@ -489,6 +501,11 @@ impl fmt::Display for PagerStats {
             "evictions    {} pages ({} clean dropped, {} zero, {} written back, {} moved to frames, {} copied back from them), {} discarded by the program",
             self.evicted, self.evicted_clean, self.evicted_zero, self.written_back, self.moved_out, self.copied_in, self.discarded
         )?;
+        Ok(())
+    }
+
+    /// The probation tier, repaired frames and forks, where they did anything.
+    fn write_tiers(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.tier_cap_pages > 0 {
             writeln!(
                 f,
@@ -516,6 +533,11 @@ impl fmt::Display for PagerStats {
                 self.fork_own_faults, self.fork_late_faults, self.fork_parks
             )?;
         }
+        Ok(())
+    }
+
+    /// Where a far fetch's time goes.
+    fn write_latency(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let m = &self.miss;
         let us = |ns: u64| ns as f64 / 1e3;
         if m.serve.count > 0 {
@@ -550,6 +572,12 @@ impl fmt::Display for PagerStats {
                 m.delivery.count
             )?;
         }
+        Ok(())
+    }
+
+    /// The handlers' sleeps, the interrupts the machine took, and how the reader followed the
+    /// program.
+    fn write_cpu(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.missing_faults + self.wp_faults > 0 {
             let faults = (self.missing_faults + self.wp_faults) as f64;
             write!(
@@ -587,6 +615,11 @@ impl fmt::Display for PagerStats {
                 )?;
             }
         }
+        Ok(())
+    }
+
+    /// Bytes moved, what the far store holds in this process, and its health.
+    fn write_moved(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "moved        {:.1} MiB read from far memory, {:.1} MiB written; resident {:.1} of {:.1} MiB",
@@ -623,7 +656,7 @@ impl fmt::Display for PagerStats {
         if let Some(h) = &self.store_health {
             write!(f, "\nstore        {h}")?;
         }
-        write_sections(f, &self.sections)
+        Ok(())
     }
 }
 

@@ -145,64 +145,13 @@ impl Inner {
 
     /// The watchdog thread's loop; returns when the pager shuts down.
     pub(crate) fn watchdog_loop(self: Arc<Self>) {
-        let deadline = self.fault_deadline;
-        let tick = (deadline / 10).clamp(Duration::from_millis(20), Duration::from_millis(500));
-        let patience = self.store.patience();
+        let tick =
+            (self.fault_deadline / 10).clamp(Duration::from_millis(20), Duration::from_millis(500));
         let mut waits = Waits::default();
         let mut last = Instant::now();
-        let mut starving = crate::follow::Starving::default();
-        let mut looked_at = None;
+        let mut reader = ReaderWatch::default();
         loop {
-            // While one handler reads at idle priority, a look every few milliseconds that it
-            // is not kept off its CPU (see `follow.rs`); the full look every tick.
-            let until = last + tick;
-            loop {
-                let now = Instant::now();
-                if now >= until {
-                    break;
-                }
-                let wait = if self.follow.one_reads() {
-                    crate::follow::STARVING_LOOK.min(until - now)
-                } else {
-                    until - now
-                };
-                crate::sys::futex_wait(&self.watchdog_stop, 0, wait);
-                if self.shutdown.load(Acquire) {
-                    return;
-                }
-                let Some(reader) = self.follow.reader() else {
-                    continue;
-                };
-                if looked_at != Some(reader) {
-                    // Another thread's accounting: nothing to compare with yet.
-                    starving = crate::follow::Starving::default();
-                    looked_at = Some(reader);
-                }
-                let served = self.counters.missing_faults.load(Relaxed)
-                    + self.counters.wp_faults.load(Relaxed);
-                if !starving.needs_a_look(served) {
-                    continue;
-                }
-                let tid = self.handler_tids.get(reader);
-                // How long it waited for a CPU so far (runnable, not on one).
-                let Some(sched) = crate::cpu::SchedStat::of(tid) else {
-                    continue;
-                };
-                let runnable = || state_of(tid) == Some('R');
-                if starving.suspect(&self.follow, sched, runnable, served) {
-                    // A thread still waiting in the same fault as at the last suspect look.
-                    let waiting: Vec<(u32, u64)> = self
-                        .program_tasks()
-                        .iter()
-                        .filter(|t| t.wchan == "handle_userfault")
-                        .map(|t| (t.tid, t.faults))
-                        .collect();
-                    if starving.still_waiting(waiting) {
-                        self.follow.starved(&self.shutdown);
-                    }
-                }
-            }
-            if self.shutdown.load(Acquire) {
+            if !self.watch_reader_until(last + tick, &mut reader) {
                 return;
             }
             let now = Instant::now();
@@ -211,29 +160,97 @@ impl Inner {
                 waits = Waits::default();
             }
             last = now;
-            let seen = self.activity.seen();
-            self.handler_tids.rescue(&seen);
-            let in_store = seen.iter().any(|s| s.doing == Doing::Store);
-            let limit = if in_store {
-                deadline + patience
-            } else {
-                deadline
-            };
-            let tasks = self.program_tasks();
-            let waiting = waits.update(&tasks, now);
-            let longest = waiting.iter().copied().max_by_key(|&(_, d)| d);
-            let waited_too_long = longest.is_some_and(|(_, d)| d > limit);
-            if waited_too_long || seen.iter().any(|s| self.stuck(s, deadline, patience)) {
-                let cause = self.cause(&seen, &tasks, longest.map(|(tid, _)| tid));
-                self.stop_program(
-                    Verdict {
-                        waiter: longest,
-                        cause,
-                    },
-                    &seen,
-                    &tasks,
-                );
+            self.look_at_waits(&mut waits, now);
+        }
+    }
+
+    /// Sleeps until `until`; while one handler reads at idle priority, looks every few
+    /// milliseconds that it is not kept off its CPU (see `follow.rs`). Returns false once the
+    /// pager shuts down.
+    fn watch_reader_until(&self, until: Instant, watch: &mut ReaderWatch) -> bool {
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return !self.shutdown.load(Acquire);
             }
+            let wait = if self.follow.one_reads() {
+                crate::follow::STARVING_LOOK.min(until - now)
+            } else {
+                until - now
+            };
+            crate::sys::futex_wait(&self.watchdog_stop, 0, wait);
+            if self.shutdown.load(Acquire) {
+                return false;
+            }
+            self.look_at_reader(watch);
+        }
+    }
+
+    /// One look at the one reader: rescued if it is kept off its CPU while a program thread
+    /// still waits in the same fault as at the last suspect look.
+    fn look_at_reader(&self, watch: &mut ReaderWatch) {
+        let Some(reader) = self.follow.reader() else {
+            return;
+        };
+        if watch.looked_at != Some(reader) {
+            // Another thread's accounting: nothing to compare with yet.
+            watch.starving = crate::follow::Starving::default();
+            watch.looked_at = Some(reader);
+        }
+        let served =
+            self.counters.missing_faults.load(Relaxed) + self.counters.wp_faults.load(Relaxed);
+        if !watch.starving.needs_a_look(served) {
+            return;
+        }
+        let tid = self.handler_tids.get(reader);
+        // How long it waited for a CPU so far (runnable, not on one).
+        let Some(sched) = crate::cpu::SchedStat::of(tid) else {
+            return;
+        };
+        let runnable = || state_of(tid) == Some('R');
+        if watch
+            .starving
+            .suspect(&self.follow, sched, runnable, served)
+        {
+            let waiting: Vec<(u32, u64)> = self
+                .program_tasks()
+                .iter()
+                .filter(|t| t.wchan == "handle_userfault")
+                .map(|t| (t.tid, t.faults))
+                .collect();
+            if watch.starving.still_waiting(waiting) {
+                self.follow.starved(&self.shutdown);
+            }
+        }
+    }
+
+    /// The full look every tick: stops the program if one of its threads waited in a fault
+    /// past the deadline (longer while a handler waits for the store), or a pager thread is
+    /// stuck.
+    fn look_at_waits(&self, waits: &mut Waits, now: Instant) {
+        let (deadline, patience) = (self.fault_deadline, self.store.patience());
+        let seen = self.activity.seen();
+        self.handler_tids.rescue(&seen);
+        let in_store = seen.iter().any(|s| s.doing == Doing::Store);
+        let limit = if in_store {
+            deadline + patience
+        } else {
+            deadline
+        };
+        let tasks = self.program_tasks();
+        let waiting = waits.update(&tasks, now);
+        let longest = waiting.iter().copied().max_by_key(|&(_, d)| d);
+        let waited_too_long = longest.is_some_and(|(_, d)| d > limit);
+        if waited_too_long || seen.iter().any(|s| self.stuck(s, deadline, patience)) {
+            let cause = self.cause(&seen, &tasks, longest.map(|(tid, _)| tid));
+            self.stop_program(
+                Verdict {
+                    waiter: longest,
+                    cause,
+                },
+                &seen,
+                &tasks,
+            );
         }
     }
 
@@ -357,46 +374,7 @@ impl Inner {
         );
         let _ = writeln!(msg, "tidepool pager (process {pid}): pager threads:");
         for s in seen {
-            let task = tasks.iter().find(|t| t.tid == s.tid);
-            let (name, state, wchan) = task.map_or(("?", '?', ""), |t| {
-                (t.name.as_str(), t.state, t.wchan.as_str())
-            });
-            let doing = match s.doing {
-                Doing::Idle => "idle".to_string(),
-                Doing::Serving => format!("serving {:#x} for thread {}", s.page, s.of),
-                Doing::Store => format!("waiting for the far store (page {:#x})", s.page),
-                Doing::Holding => {
-                    format!("holding {} faults for a fork by thread {}", s.page, s.of)
-                }
-                Doing::Evicting => "evicting".to_string(),
-                Doing::Starting => format!("starting the pager's threads ({} up)", s.of),
-                Doing::Stalled => "stopped by fault injection".to_string(),
-            };
-            let stack = read(&format!("/proc/self/task/{}/stack", s.tid))
-                .map(|k| {
-                    k.lines()
-                        .take(4)
-                        .filter_map(|l| l.split_whitespace().nth(1))
-                        .collect::<Vec<_>>()
-                        .join(" < ")
-                })
-                .unwrap_or_default();
-            let _ = writeln!(
-                msg,
-                "  {name} ({}): {doing}, for {:.1} s; state {state}{}{}",
-                s.tid,
-                s.for_.as_secs_f64(),
-                if wchan.is_empty() || wchan == "0" {
-                    String::new()
-                } else {
-                    format!(", in {wchan}")
-                },
-                if stack.is_empty() {
-                    String::new()
-                } else {
-                    format!(" [{stack}]")
-                },
-            );
+            let _ = writeln!(msg, "  {}", thread_line(s, tasks));
         }
         let waiting: Vec<String> = tasks
             .iter()
@@ -417,6 +395,58 @@ impl Inner {
         );
         crate::sys::die(&msg, FATAL_EXIT_CODE)
     }
+}
+
+/// A pager thread's line in the watchdog's message: what it was doing, for how long, and where
+/// the kernel has it.
+fn thread_line(s: &Seen, tasks: &[Task]) -> String {
+    let task = tasks.iter().find(|t| t.tid == s.tid);
+    let (name, state, wchan) = task.map_or(("?", '?', ""), |t| {
+        (t.name.as_str(), t.state, t.wchan.as_str())
+    });
+    let doing = match s.doing {
+        Doing::Idle => "idle".to_string(),
+        Doing::Serving => format!("serving {:#x} for thread {}", s.page, s.of),
+        Doing::Store => format!("waiting for the far store (page {:#x})", s.page),
+        Doing::Holding => {
+            format!("holding {} faults for a fork by thread {}", s.page, s.of)
+        }
+        Doing::Evicting => "evicting".to_string(),
+        Doing::Starting => format!("starting the pager's threads ({} up)", s.of),
+        Doing::Stalled => "stopped by fault injection".to_string(),
+    };
+    let stack = read(&format!("/proc/self/task/{}/stack", s.tid))
+        .map(|k| {
+            k.lines()
+                .take(4)
+                .filter_map(|l| l.split_whitespace().nth(1))
+                .collect::<Vec<_>>()
+                .join(" < ")
+        })
+        .unwrap_or_default();
+    format!(
+        "{name} ({}): {doing}, for {:.1} s; state {state}{}{}",
+        s.tid,
+        s.for_.as_secs_f64(),
+        if wchan.is_empty() || wchan == "0" {
+            String::new()
+        } else {
+            format!(", in {wchan}")
+        },
+        if stack.is_empty() {
+            String::new()
+        } else {
+            format!(" [{stack}]")
+        },
+    )
+}
+
+/// What the watchdog remembers of the one reader between looks.
+#[derive(Default)]
+struct ReaderWatch {
+    starving: crate::follow::Starving,
+    /// The handler the accounting is of.
+    looked_at: Option<usize>,
 }
 
 #[cfg(test)]

@@ -214,6 +214,46 @@ pub unsafe extern "C" fn munmap(addr: *mut c_void, len: usize) -> c_int {
     0
 }
 
+/// The target of a MREMAP_FIXED move of `old_len` bytes at `addr` to `to`: made ready (given
+/// back to the region, or mapped fresh outside it). The error is what mremap returns.
+///
+/// # Safety
+/// The mremap(2) contract: the program gives up what it had at the target.
+unsafe fn fixed_target(
+    rt: &Runtime,
+    addr: usize,
+    old_len: usize,
+    new_len: usize,
+    to: usize,
+) -> Result<usize, *mut c_void> {
+    if to < addr + old_len && addr < to + new_len {
+        return Err(fail(libc::EINVAL));
+    }
+    if rt.holds(to, new_len) {
+        // SAFETY: the program gives up what it had at the target (mremap's contract).
+        if let Err(e) = unsafe { rt.place(to, new_len, RW) } {
+            return Err(fail(e));
+        }
+    } else {
+        // Outside the region: fresh memory of the kernel's there.
+        // SAFETY: as above; a private anonymous mapping at the program's address.
+        let p = unsafe {
+            sys_mmap(
+                to as *mut c_void,
+                new_len,
+                RW,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        if p == MAP_FAILED {
+            return Err(MAP_FAILED);
+        }
+    }
+    Ok(to)
+}
+
 /// mremap is variadic in C (the fifth argument exists only with MREMAP_FIXED). On x86-64 a
 /// variadic call passes its arguments exactly as a call with a fixed fifth one would, so it is
 /// declared with the fifth argument and reads it only when the flag says it is there.
@@ -286,33 +326,11 @@ pub unsafe extern "C" fn mremap(
     }
     // Moving: to the address given, else wherever there is room.
     let target = if fixed {
-        let to = new_addr as usize;
-        if to < addr + old_len && addr < to + new_len {
-            return fail(libc::EINVAL);
+        // SAFETY: mremap's contract, passed on.
+        match unsafe { fixed_target(rt, addr, old_len, new_len, new_addr as usize) } {
+            Ok(to) => to,
+            Err(failed) => return failed,
         }
-        if rt.holds(to, new_len) {
-            // SAFETY: the program gives up what it had at the target (mremap's contract).
-            if let Err(e) = unsafe { rt.place(to, new_len, RW) } {
-                return fail(e);
-            }
-        } else {
-            // Outside the region: fresh memory of the kernel's there.
-            // SAFETY: as above; a private anonymous mapping at the program's address.
-            let p = unsafe {
-                sys_mmap(
-                    new_addr,
-                    new_len,
-                    RW,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                    -1,
-                    0,
-                )
-            };
-            if p == MAP_FAILED {
-                return MAP_FAILED;
-            }
-        }
-        to
     } else {
         match paging().and_then(|rt| rt.take(new_len, Some(rt.large.section_at(addr)))) {
             Some(p) => p,
