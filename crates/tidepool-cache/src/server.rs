@@ -36,12 +36,26 @@ const SLEPT: std::time::Duration = std::time::Duration::from_micros(20);
 /// Replies waiting beyond this stop the reading of more commands until they are sent.
 const WRITE_HIGH: usize = 1 << 20;
 
-/// How the server listens.
+/// How the server listens. The defaults are `tidepool cache`'s (and memcached's): 4 worker
+/// threads, items up to 1 MiB, 1024 connections.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
+    /// Worker threads serving connections (memcached's -t).
     pub threads: usize,
+    /// What a connection's parser accepts (the largest item, the longest line).
     pub limits: Limits,
+    /// Most simultaneous connections (memcached's -c); more are refused with an error line.
     pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            threads: 4,
+            limits: Limits::default(),
+            max_connections: 1024,
+        }
+    }
 }
 
 /// A running server; stopped when dropped.

@@ -223,7 +223,8 @@ fn keep_proposal(profile: &Profile, round: &Round, tried: &[Change], local: u64)
         let to = match now.keep {
             KeepName::Normal => KeepName::High,
             KeepName::High => KeepName::Pin,
-            KeepName::Pin => return None,
+            // Pinned, or a kind of keep this ladder does not know: nothing further to try.
+            _ => return None,
         };
         let to = Setting { keep: to, ..now };
         (!tried.iter().any(|t| t.0 == s.name && t.1 == to)).then(|| (s.name.clone(), to))

@@ -57,6 +57,7 @@ pub(crate) const LINE_BITS: u32 = 40;
 
 /// What can go wrong with far data.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum FarError {
     #[error("far store: {0}")]
     Store(#[from] StoreError),

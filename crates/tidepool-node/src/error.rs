@@ -2,6 +2,7 @@ use std::path::PathBuf;
 
 /// Why the node could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum NodeError {
     #[error("cannot listen on {addr} (is another server using that port?)")]
     Listen {

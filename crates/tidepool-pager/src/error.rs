@@ -3,6 +3,7 @@ use std::io;
 /// What can go wrong setting up the pager. Failures while it runs (the far store becoming
 /// unreachable) stop the program instead: its memory cannot be given back to it.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PagerError {
     #[error("cannot open a userfaultfd object: {0}")]
     Userfaultfd(#[source] io::Error),

@@ -1,21 +1,15 @@
-//! Eviction: the evictor thread (and any handler short of room) takes the pages streams walked
-//! past, then GCLOCK victims with unused neighbours; runs of consecutive victims may move to the
-//! region's shadow (frames), everything else is saved in spans (one write-protection a span:
-//! clean pages dropped, dirty ones copied to write-back slots) and dropped with one vectored
-//! `MADV_DONTNEED`.
+//! Eviction: the evictor thread (and any handler short of room) takes a batch of victims (see
+//! `victims.rs`); runs of consecutive victims may move to the region's shadow (frames),
+//! everything else is saved in spans (one write-protection a span: clean pages dropped, dirty
+//! ones copied to write-back slots) and dropped with one vectored `MADV_DONTNEED`.
 
 use crate::buffer::{PageWrite, StoreJob};
-use crate::pager::{
-    hash_page, is_zero_page, Inner, RegionInner, EVICT_BATCH, EVICT_NEIGHBOURS, EVICT_REACH,
-    RUN_NEIGHBOURS,
-};
-use crate::region_inner::{clock_entry, stale};
-use crate::sections::Keep;
+use crate::pager::{hash_page, is_zero_page, Inner, RegionInner, EVICT_BATCH, EVICT_REACH};
+use crate::region_inner::clock_entry;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
 use crate::table::{
-    kind, BUSY, CHANCES, CHANCE_SHIFT, DIRTY, FAR, FAR_VALID, HEAT, HISTORY, INHERITED, REFERENCED,
-    RESIDENT, SLOT_SHIFT, UNTOUCHED, WAS_DIRTY, WP_CLEAN, WRITEBACK,
+    DIRTY, FAR, FAR_VALID, HEAT, HISTORY, SLOT_SHIFT, UNTOUCHED, WAS_DIRTY, WP_CLEAN, WRITEBACK,
 };
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
@@ -32,68 +26,7 @@ pub(crate) struct SavedRun {
     zero: u64,
 }
 
-/// A page chosen for eviction, locked: its region, its index, its word before the lock.
-type Victim = (Arc<RegionInner>, usize, u64);
-type Victims = Vec<Victim>;
-
-/// One pass of the clock hand: how many entries it may still look at, and the reach that pins
-/// and shares give it (see `Inner::take_from_clock`).
-struct Pass {
-    budget: usize,
-    /// Pinned sections' pages are passed over without counting against the pass's budget, up
-    /// to a turn of the clock (they gather in a block, which a pass must get across). A pass
-    /// that passes a whole turn of them (more is pinned than the budget holds) takes them from
-    /// there on, and pins give way for the next batches (see `Sections::pins_hold`), so such a
-    /// pass costs one batch in many.
-    pin_reach: usize,
-    /// Sections over their share of the budget (a bit each): their pages lose their second
-    /// chances, and other sections' pages are passed over, up to a turn of the clock, to find
-    /// them (shares then give way for some batches, as pins do).
-    over: u128,
-    share_reach: usize,
-}
-
-impl Pass {
-    fn new(inner: &Inner, clock_len: usize) -> Pass {
-        let over = inner.sections.over_shares(inner.budget_pages.load(Relaxed));
-        Pass {
-            budget: clock_len.min(EVICT_BATCH * 8),
-            pin_reach: if inner.sections.pins_hold() {
-                clock_len
-            } else {
-                0
-            },
-            over,
-            share_reach: if over != 0 { clock_len } else { 0 },
-        }
-    }
-}
-
-/// What the clock hand does with an entry.
-enum Seen {
-    /// A stale entry: dropped.
-    Gone,
-    /// Back to the end of the clock (a second chance, held by another thread, unreadable).
-    Stays,
-    /// Back to the end of the clock without counting against the pass's budget (a pin's or a
-    /// share's reach paid for it).
-    PassedOver,
-    /// To be evicted.
-    Victim,
-}
-
-/// Spends one of a pass's `reach`; true if that was the last.
-fn spend(reach: &mut usize) -> bool {
-    *reach -= 1;
-    *reach == 0
-}
-
-/// A page nothing maps in the program's view but through its lock (not mapped, and not the
-/// program's own mapping): a write-protection over it changes nothing, and one that lands on it
-/// after an install costs at most one write-protect fault (`serve_write_protect`).
-fn is_hole(word: u64) -> bool {
-    matches!(kind(word), FAR | UNTOUCHED | WRITEBACK)
-}
+use crate::victims::{is_hole, Victim, Victims};
 
 /// Splits sorted victims into spans: victims of one region at most [`EVICT_REACH`] pages apart
 /// with only holes (see [`is_hole`]) between them. One write-protection freezes a span, where
@@ -204,115 +137,6 @@ impl Inner {
         self.evict_victims(victims)
     }
 
-    /// Pages a stream is done with, which go first.
-    fn take_done(&self, victims: &mut Victims) {
-        let mut done = self.done.lock();
-        while victims.len() < EVICT_BATCH {
-            let Some((region, page)) = done.pop_back() else {
-                break;
-            };
-            let word = region.table.state(page).load(Acquire);
-            if region.dead.load(Acquire)
-                || kind(word) != RESIDENT
-                || word & (REFERENCED | INHERITED) != 0
-                || self.sections.keep_of(&region.sections, page) == Keep::Pin
-                || !self.readable(&region, page)
-            {
-                continue;
-            }
-            if let Some(w) = region.table.try_lock(page, &[RESIDENT]) {
-                victims.push((region, page, w));
-            }
-        }
-    }
-
-    /// Moves the clock hand until the batch is full or the pass's reach is spent, locking the
-    /// victims it chooses and their cold neighbours.
-    fn take_from_clock(&self, victims: &mut Victims) {
-        let mut clock = self.clock.lock();
-        let mut pass = Pass::new(self, clock.len());
-        while victims.len() < EVICT_BATCH && pass.budget > 0 {
-            pass.budget -= 1;
-            let Some(entry) = clock.pop_front() else {
-                break;
-            };
-            if stale(&entry) {
-                // Gone, or an entry left by an eviction that took the page out of turn
-                // (a stream's, a neighbour's): the page is on the clock elsewhere if at all.
-                continue;
-            }
-            let (region, page) = (entry.0.clone(), entry.1);
-            match self.look_at(&mut pass, &region, page) {
-                Seen::Gone => {}
-                Seen::Stays => clock.push_back(entry),
-                Seen::PassedOver => {
-                    pass.budget += 1;
-                    clock.push_back(entry);
-                }
-                Seen::Victim => match region.table.try_lock(page, &[RESIDENT]) {
-                    Some(w) => {
-                        let more = EVICT_BATCH.saturating_sub(victims.len() + 1);
-                        self.take_cold_neighbours(&region, page, more, victims);
-                        victims.push((region, page, w));
-                    }
-                    None => clock.push_back(entry),
-                },
-            }
-        }
-    }
-
-    /// What the clock hand does with page `page` of `region`: passes it by (spending a second
-    /// chance, or the reach pins and shares give the pass), drops a stale entry, or takes it.
-    fn look_at(&self, pass: &mut Pass, region: &RegionInner, page: usize) -> Seen {
-        let s = region.table.state(page);
-        let word = s.load(Acquire);
-        if kind(word) == BUSY {
-            // Another thread holds the page (a write fault lifting its protection, say): it
-            // may stay mapped, and must stay on the clock.
-            return Seen::Stays;
-        }
-        if kind(word) != RESIDENT || word & INHERITED != 0 {
-            // A stale entry (evicted or discarded already), or a page a forked child shares
-            // with its parent.
-            return Seen::Gone;
-        }
-        // Second chances: a reference, then each chance the page's heat gave it.
-        let spared = if word & REFERENCED != 0 {
-            Some(word & !REFERENCED)
-        } else if word & CHANCES != 0 {
-            Some(word - (1 << CHANCE_SHIFT))
-        } else {
-            None
-        };
-        let over_share = pass.over != 0 && pass.over & (1 << region.sections.of(page).index()) != 0;
-        if let (Some(spared), false) = (spared, over_share) {
-            if s.compare_exchange(word, spared, AcqRel, Relaxed).is_ok() {
-                return Seen::Stays;
-            }
-        }
-        // Passed over for a section over its share, or kept for being pinned: each spends
-        // the pass's reach for it, not its budget.
-        let for_share = pass.share_reach > 0 && !over_share;
-        let for_pin = !for_share
-            && pass.pin_reach > 0
-            && self.sections.keep_of(&region.sections, page) == Keep::Pin;
-        if for_share && spend(&mut pass.share_reach) {
-            self.sections.shares_give_way();
-        }
-        if for_pin && spend(&mut pass.pin_reach) {
-            self.sections.pins_give_way();
-        }
-        if for_share || for_pin {
-            return Seen::PassedOver;
-        }
-        if !self.readable(region, page) {
-            // Inaccessible (PROT_NONE): it cannot be read to be saved; it stays until the
-            // program opens it again.
-            return Seen::Stays;
-        }
-        Seen::Victim
-    }
-
     /// Evicts the locked `victims`: moved to frames where a frame tier has room, the rest
     /// copied out. Returns how many.
     fn evict_victims(&self, mut victims: Victims) -> usize {
@@ -360,69 +184,6 @@ impl Inner {
             }
         }
         refused
-    }
-
-    /// Locks up to `max` resident neighbours of clock victim `page` that show no use and adds
-    /// them to `victims`: victims then come in runs or spans, frozen or moved by one system call
-    /// and one TLB shootdown where scattered victims cost one each (about a miss's worth, more
-    /// when the program runs on another CPU). Their clock entries stay behind, stale (see
-    /// [`stale`]).
-    ///
-    /// Written out in spans ([`Inner::evicts_in_spans`]), a neighbour is any resident page up
-    /// to [`EVICT_REACH`] pages away, across holes, not referenced since the hand last passed
-    /// (a write to a page installed clean, the one use the pager sees without a miss): its
-    /// chances and heat do not count, since they only say how soon the page came back after its
-    /// last eviction, and a neighbour left behind splits the span (measured, ARCHITECTURE.md). Moved as frames, only a
-    /// page with no reference, chance or heat goes, one page apart (a page whose chances the
-    /// hand has just used up is still warm, and went to the back of the line).
-    fn take_cold_neighbours(
-        &self,
-        region: &Arc<RegionInner>,
-        page: usize,
-        max: usize,
-        victims: &mut Vec<(Arc<RegionInner>, usize, u64)>,
-    ) {
-        let spans = self.evicts_in_spans();
-        let unused = if spans {
-            REFERENCED | INHERITED
-        } else {
-            REFERENCED | CHANCES | HEAT | INHERITED
-        };
-        let (max, reach) = if spans {
-            (max.min(EVICT_NEIGHBOURS), EVICT_REACH)
-        } else {
-            (max.min(RUN_NEIGHBOURS), RUN_NEIGHBOURS)
-        };
-        let pages = region.table.pages();
-        let mut taken = 0;
-        for step in [1isize, -1] {
-            let mut p = page;
-            for _ in 0..reach {
-                if taken == max {
-                    return;
-                }
-                match p.checked_add_signed(step) {
-                    Some(next) if next < pages => p = next,
-                    _ => break,
-                }
-                let w = region.table.state(p).load(Acquire);
-                if spans && is_hole(w) {
-                    continue;
-                }
-                if kind(w) != RESIDENT || w & unused != 0 || !self.readable(region, p) {
-                    break;
-                }
-                // A section kept longer than by heat keeps its pages out of others' spans.
-                if self.sections.keep_of(&region.sections, p) != Keep::Normal {
-                    break;
-                }
-                match region.table.try_lock(p, &[RESIDENT]) {
-                    Some(w) => victims.push((region.clone(), p, w)),
-                    None => break,
-                }
-                taken += 1;
-            }
-        }
     }
 
     /// Evicts locked pages (sorted) by copying them out: the write-back path. Returns how many

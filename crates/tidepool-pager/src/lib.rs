@@ -41,6 +41,7 @@ pub(crate) use tr;
 mod activity;
 mod advice;
 mod buffer;
+mod config;
 pub mod control;
 pub mod coord;
 pub mod cpu;
@@ -81,14 +82,16 @@ mod tier;
 #[cfg(feature = "trace")]
 pub mod trace;
 pub mod verify;
+mod victims;
 mod watchdog;
 mod writeback;
 
+pub use config::{Config, DEFAULT_FAULT_DEADLINE};
 pub use error::PagerError;
 pub use follow::FollowReport;
 pub use fork::{in_forked_child, install as install_fork_handlers};
 pub use marks::ForkAdvice;
-pub use pager::{Config, Pager, DEFAULT_FAULT_DEADLINE, FATAL_EXIT_CODE};
+pub use pager::{Pager, FATAL_EXIT_CODE};
 pub use region::{AdoptedRegion, Region};
 pub use sections::{Keep, Policy, Prefetch, SectionId, SectionStats, LINE_MAX, SECTIONS_MAX};
 pub use stats::{PagerStats, StoreMemory};

@@ -24,6 +24,7 @@
 //! no copy. Everything else (write protection, hashes, slots, the write-back thread) serves the
 //! copying path: other stores, and pages the kernel will not move.
 use crate::buffer::{JobQueue, PageWrite, Slots};
+use crate::config::Config;
 use crate::prefetch::Detector;
 pub(crate) use crate::region_inner::{ClockEntry, RegionInner};
 use crate::sections::{SectionCounts, SectionId, SectionMap, Sections};
@@ -72,100 +73,6 @@ pub(crate) fn is_zero_page(bytes: &[u8]) -> bool {
     bytes
         .chunks_exact(256)
         .all(|c| c.iter().fold(0u8, |a, &b| a | b) == 0)
-}
-
-/// How to build a pager.
-#[derive(Debug, Clone)]
-pub struct Config {
-    /// Local memory the pager may map, in bytes (rounded down to pages, at least 64 pages).
-    /// Faults are served before eviction makes room, so for a moment the pager may hold a
-    /// margin more: a 32nd of the budget, at least 64 pages and at most 4096.
-    pub local_budget: usize,
-    /// Largest prefetch window in pages.
-    pub prefetch_window_max: u32,
-    /// CPUs to run fault handlers on, one pinned handler each (default: every CPU this process
-    /// may run on, at most 8).
-    pub handler_cpus: Option<Vec<usize>>,
-    /// Runs first on every thread the pager starts (the preload library uses it to keep those
-    /// threads' allocations out of the memory they page: a pager thread touching a page out in
-    /// far memory would wait for itself).
-    pub thread_start: Option<fn()>,
-    /// Called with true in a forked child before the pager's threads are started again, and
-    /// with false after: until then nothing serves faults, so the calling thread's allocations
-    /// (glibc's, for the new threads) must stay out of paged memory meanwhile.
-    pub around_child_restart: Option<fn(bool)>,
-    /// Keep far pages in this process as page frames, in a shadow mapping beside each region,
-    /// moved in and out with UFFDIO_MOVE (Linux 6.8): eviction and fault-in change page-table
-    /// entries and copy nothing. For the in-process backend only; the store then receives just
-    /// the pages the kernel will not move (pages shared with a forked child), and the option
-    /// is ignored where the kernel lacks UFFDIO_MOVE.
-    pub in_process_frames: bool,
-    /// With a far store elsewhere (not the in-process one), keep a probation tier: evicted pages
-    /// wait as frames in the shadow (part of the budget, sized by how often the program touches
-    /// them there) before they go to the store, so a page in use that CLOCK evicted comes back
-    /// for a fault, not a round trip (see `tier.rs`). Ignored where the kernel lacks UFFDIO_MOVE.
-    pub probation: bool,
-    /// Whether the probation tier's share may grow past its least (a hundredth of the budget).
-    /// `None`: it grows in front of a store elsewhere and keeps its least share in front of
-    /// one in this process (see `tier.rs`).
-    pub probation_grows: Option<bool>,
-    /// Keep no far copy of a page once it is back: a page read from the store is removed from
-    /// it and installed writable, and written again when next evicted. For a store in this
-    /// process, where a copy costs the process memory (the compressed size of every resident
-    /// page that came from far), as zram frees a swapped page's copy when it comes back. Costs
-    /// a compression per eviction of a page that was only read.
-    pub drop_far_copies: bool,
-    /// The budget of a forked child, for the pages it brings in or writes; the pages it
-    /// shares with its parent at the fork (copy-on-write) are the parent's and not counted
-    /// (the table calls them inherited). `None`: a quarter of the parent's budget at the fork.
-    pub child_local_budget: Option<usize>,
-    /// While the budget has room to spare (it grew), bring evicted pages back from far memory
-    /// in batches, hottest first, before the program faults on them (see `refill.rs`).
-    pub refill: bool,
-    /// The longest a page fault may wait: past it the watchdog stops the program with exit
-    /// status [`FATAL_EXIT_CODE`] and a message naming the cause and where every pager thread
-    /// is, rather than let it hang (see `watchdog.rs`). While the far store is being waited
-    /// for, its own patience is added ([`FarStore::patience`]). Zero: no watchdog.
-    pub fault_deadline: Duration,
-    /// While the program's faults come from one CPU, one handler reads them there and the
-    /// pager's other threads run there below the program (see `follow.rs`). Needs a watchdog
-    /// ([`Config::fault_deadline`] not zero), two handler CPUs or more, and the right to
-    /// leave SCHED_IDLE.
-    pub follow_program: bool,
-    /// Runs in a forking thread just before the fork, once no pager work is under way and none
-    /// can start: whatever memory it touches is mapped at the fork and stays so in the child
-    /// until its pager runs. The preload library touches glibc's stdio locks there, which
-    /// glibc resets in the child before any fork handler could restart a pager.
-    pub before_fork: Option<fn()>,
-    /// For tests of the watchdog: fault handlers stop for good once this many faults were
-    /// served, as if stuck.
-    #[doc(hidden)]
-    pub stall_handlers_after: Option<u64>,
-}
-
-/// [`Config::fault_deadline`]'s default.
-pub const DEFAULT_FAULT_DEADLINE: Duration = Duration::from_secs(5);
-
-impl Config {
-    pub fn new(local_budget: usize) -> Config {
-        Config {
-            local_budget,
-            prefetch_window_max: 512,
-            handler_cpus: None,
-            thread_start: None,
-            around_child_restart: None,
-            in_process_frames: false,
-            probation: false,
-            probation_grows: None,
-            drop_far_copies: false,
-            child_local_budget: None,
-            refill: false,
-            fault_deadline: DEFAULT_FAULT_DEADLINE,
-            follow_program: true,
-            before_fork: None,
-            stall_handlers_after: None,
-        }
-    }
 }
 
 pub(crate) struct Inner {

@@ -110,6 +110,7 @@ pub fn exe_name(link: &Path) -> String {
 
 /// How a profile relates to a program.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fit {
     /// The same build: the profile applies.
     Applies,
@@ -150,6 +151,7 @@ fn is_zero(n: &u8) -> bool {
 /// [`Prefetch`] as a profile spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum PrefetchName {
     #[default]
     Shared,
@@ -186,6 +188,7 @@ impl From<Prefetch> for PrefetchName {
 /// [`Keep`] as a profile spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum KeepName {
     #[default]
     Normal,

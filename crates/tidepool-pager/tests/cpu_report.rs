@@ -48,8 +48,7 @@ fn a_run_of_faults_reports_sleeps_interrupts_and_sampled_delivery() {
 fn every_byte_survives_with_one_reader_following_the_threads() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     for threads in [1, 4, 8] {
-        let mut config = Config::new(8 << 20);
-        config.follow_program = true;
+        let config = Config::new(8 << 20).follow_program(true);
         let pager = Pager::start(config, tidepool_store::open("local:").unwrap()).unwrap();
         let mut region = Region::new(&pager, 32 << 20).unwrap();
         let report = verify::run(region.as_mut_slice(), threads, 2);

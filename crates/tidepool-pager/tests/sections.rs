@@ -8,8 +8,7 @@ use tidepool_pager::{
 
 fn two_halves(url: &str, probation: bool) {
     let store = tidepool_store::open(url).unwrap();
-    let mut config = Config::new(4 << 20);
-    config.probation = probation;
+    let config = Config::new(4 << 20).probation(probation);
     let pager = Pager::start(config, store).unwrap();
     let len = 32 << 20;
     let mut region = Region::new(&pager, len).unwrap();

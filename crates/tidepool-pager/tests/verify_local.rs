@@ -61,10 +61,10 @@ fn every_byte_survives_eviction_through_the_compressing_store_and_its_probation_
         ("local:?compress=lz4", false),
         ("local:?compress=zstd", true),
     ] {
-        let mut config = Config::new(8 << 20);
-        config.probation = true;
-        config.refill = true;
-        config.drop_far_copies = drop_far_copies;
+        let config = Config::new(8 << 20)
+            .probation(true)
+            .refill(true)
+            .drop_far_copies(drop_far_copies);
         let stats = verify_over(url, config, 64 << 20);
         assert!(
             stats.written_back > 0 && stats.far_fetches > 0,
@@ -85,8 +85,7 @@ fn every_byte_survives_eviction_through_the_compressing_store_and_its_probation_
 #[test]
 fn every_byte_survives_eviction_with_in_process_frames() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
-    let mut config = Config::new(8 << 20);
-    config.in_process_frames = true;
+    let config = Config::new(8 << 20).in_process_frames(true);
     let stats = verify_64m_in_8m(config);
     // Pages went out as frames, came back, and zero pages were not kept.
     assert!(stats.moved_out > 0 && stats.far_fetches > 0, "{stats:?}");
@@ -130,9 +129,7 @@ fn discarded_pages_read_zero_and_untouched_pages_are_never_fetched() {
 #[test]
 fn every_byte_survives_eviction_through_a_probation_tier() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
-    let mut config = Config::new(12 << 20);
-    config.probation = true;
-    config.probation_grows = Some(true);
+    let config = Config::new(12 << 20).probation(true).probation_grows(true);
     let stats = verify_in(config, 16 << 20);
     if stats.tier_cap_pages == 0 {
         eprintln!("skipped: a probation tier needs UFFDIO_MOVE (Linux 6.8)");

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 /// Why a peer server could not be started.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PeerError {
     #[error("{binary} not found on PATH; install it (apt-get install {package}) or run .ci/run")]
     NotInstalled {

@@ -341,31 +341,36 @@ extern "C" fn start() {
 /// The pager's configuration for the settings `tidepool run` gave.
 fn pager_config(env: &RunEnv) -> Config {
     use tidepool_store::{Compression, StoreUrl};
-    let mut config = Config::new(env.local as usize);
-    config.thread_start = Some(|| tidepool_alloc::set_thread_unpaged(true));
-    config.around_child_restart = Some(tidepool_alloc::set_arenas_aside);
-    config.before_fork = Some(stdio::touch_locks);
     let in_process = match StoreUrl::parse(&env.backend) {
         Ok(StoreUrl::Local { compression }) => Some(compression),
         _ => None,
     };
-    // The plain in-process store keeps far pages as frames moved with UFFDIO_MOVE (copying
-    // nothing); the compressing one keeps no copy of a page that came back (it would cost this
-    // process the page's compressed size).
-    config.in_process_frames = env.switches.frames && in_process == Some(Compression::None);
-    config.drop_far_copies =
-        env.switches.drop_copies && in_process.is_some_and(|c| c != Compression::None);
-    config.child_local_budget = env.child_local.map(|b| b as usize);
-    // Any other store gets a probation tier in front of it.
-    config.probation = env.switches.probation;
-    // A budget that grows brings evicted pages back before they are asked for.
-    config.refill = env.switches.refill;
-    // One fault handler follows the program's CPU (see the pager's `follow.rs`).
-    config.follow_program = env.switches.follow;
-    if let Some(deadline) = env.fault_deadline {
-        config.fault_deadline = deadline;
+    let mut config = Config::new(env.local as usize)
+        .thread_start(|| tidepool_alloc::set_thread_unpaged(true))
+        .around_child_restart(tidepool_alloc::set_arenas_aside)
+        .before_fork(stdio::touch_locks)
+        // The plain in-process store keeps far pages as frames moved with UFFDIO_MOVE (copying
+        // nothing); the compressing one keeps no copy of a page that came back (it would cost
+        // this process the page's compressed size).
+        .in_process_frames(env.switches.frames && in_process == Some(Compression::None))
+        .drop_far_copies(
+            env.switches.drop_copies && in_process.is_some_and(|c| c != Compression::None),
+        )
+        // Any other store gets a probation tier in front of it.
+        .probation(env.switches.probation)
+        // A budget that grows brings evicted pages back before they are asked for.
+        .refill(env.switches.refill)
+        // One fault handler follows the program's CPU (see the pager's `follow.rs`).
+        .follow_program(env.switches.follow);
+    if let Some(bytes) = env.child_local {
+        config = config.child_local_budget(bytes as usize);
     }
-    config.stall_handlers_after = env.stall_after;
+    if let Some(deadline) = env.fault_deadline {
+        config = config.fault_deadline(deadline);
+    }
+    if let Some(faults) = env.stall_after {
+        config = config.stall_handlers_after(faults);
+    }
     config
 }
 

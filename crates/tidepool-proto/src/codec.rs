@@ -26,6 +26,7 @@ pub struct Header {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     #[error("bad magic {0:02x?}: the peer does not speak the tidepool protocol")]
     BadMagic([u8; 2]),

@@ -172,6 +172,7 @@ pub enum FromCoord {
 }
 
 #[derive(Debug, Clone, PartialEq, Error)]
+#[non_exhaustive]
 pub enum DecodeError {
     #[error("bad magic {0:02x?}: the peer does not speak the tidepool coordinator protocol")]
     BadMagic([u8; 2]),

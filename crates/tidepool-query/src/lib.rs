@@ -25,6 +25,7 @@ mod tests;
 
 /// Why a scan cannot run (the whole request fails with this).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ScanError {
     #[error("a scan needs 1 to {MAX_COLUMNS} columns and 1 to {MAX_AGGS} aggregations")]
     Shape,

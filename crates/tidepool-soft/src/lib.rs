@@ -66,6 +66,7 @@ pub use value::SoftValue;
 
 /// What can go wrong in soft memory.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SoftError {
     #[error("cannot create the soft-memory arena")]
     Arena(#[source] std::io::Error),

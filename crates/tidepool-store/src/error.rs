@@ -3,6 +3,7 @@ use tidepool_proto::ErrorCode;
 /// Why a far-store operation failed. Every message names the backend and says what to check.
 /// Debug prints the message too, so that neither form shows a password.
 #[derive(thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error("bad store URL '{url}': {reason}")]
     BadUrl { url: String, reason: String },

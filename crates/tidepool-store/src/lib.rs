@@ -58,6 +58,7 @@ pub type Key = u64;
 
 /// What happens to the far copy when a value is fetched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FetchMode {
     /// Keep the far copy (a clean page can later be dropped without writing it back).
     Keep,

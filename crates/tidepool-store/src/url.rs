@@ -8,6 +8,7 @@ use std::path::PathBuf;
 /// A parsed store URL. Its Debug form hides tokens and passwords.
 /// How a store over several memory nodes keeps each value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Redundancy {
     /// Whole copies on this many nodes (1: no redundancy, the nodes share the data).
     Replicas(usize),
@@ -74,6 +75,7 @@ impl std::fmt::Display for Redundancy {
 }
 
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StoreUrl {
     /// `local:[?compress=lz4|zstd|none]`: in this process, compressed (by default
     /// [`Compression::DEFAULT`]) or, with `none`, whole.

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// How the packed store compresses what it keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Compression {
     /// Nothing compressed (the plain in-process store: [`crate::LocalStore`]).
     None,
