@@ -1,10 +1,14 @@
 //! mprotect and madvise on paged memory, made on the program's behalf and remembered in the
 //! region's marks (see `marks.rs` for what they change), and ranges given back or mapped over.
 
+use crate::buffer::StoreJob;
 use crate::marks::{ForkAdvice, Inherit};
 use crate::pager::{Inner, RegionInner};
+use crate::stats::Counters;
 use crate::sys::{self, PAGE};
-use crate::table::{FOREIGN, UNTOUCHED};
+use crate::table::{
+    kind, FAR, FAR_VALID, FOREIGN, FRAMED, INHERITED, RESIDENT, STORE_OLD, UNTOUCHED, WRITEBACK,
+};
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::Ordering::*;
@@ -168,5 +172,90 @@ impl Inner {
             marks.prot.insert(r, libc::PROT_NONE);
         }
         region.inaccessible.store(marks.any_inaccessible(), Release);
+    }
+}
+
+impl Inner {
+    /// Forgets pages `[first, end)` of a region: their contents are no longer needed and the
+    /// next touch reads zeros. Pages the program mapped something else over (FOREIGN) are left
+    /// alone.
+    pub(crate) fn discard(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
+        let _section = crate::gate::section();
+        self.discard_in_section(region, first, end);
+    }
+
+    /// [`Inner::discard`], for a caller already inside a section (or a forked child's restart,
+    /// which runs with the gate closed).
+    pub(crate) fn discard_in_section(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
+        let end = end.min(region.table.pages());
+        let mut removes = Vec::new();
+        let mut page = first;
+        while page < end {
+            let chunk_end = (page + 512).min(end);
+            let mut resident = 0;
+            let mut words = Vec::with_capacity(chunk_end - page);
+            for p in page..chunk_end {
+                let w = region.table.lock_any(p);
+                words.push(w);
+                match kind(w) {
+                    RESIDENT => {
+                        // A page shared with the parent is not in this process's count.
+                        if w & INHERITED == 0 {
+                            resident += 1;
+                            self.count_resident(region, p, -1);
+                        }
+                        if w & FAR_VALID != 0 {
+                            self.tags.drop_copy(region.key(p), &mut removes);
+                        }
+                    }
+                    // A frame in the probation tier, and perhaps the store's copy.
+                    FAR if w & FRAMED != 0 && self.probation => {
+                        if w & INHERITED == 0 {
+                            self.tier.held.fetch_sub(1, Relaxed);
+                        }
+                        if w & (FAR_VALID | STORE_OLD) != 0 {
+                            self.tags.drop_copy(region.key(p), &mut removes);
+                        }
+                    }
+                    FAR if w & FRAMED != 0 => {}
+                    // A page on its way to the store: removed (or kept for a forked child) after
+                    // the write in flight lands, the jobs running in order.
+                    FAR | WRITEBACK => self.tags.drop_copy(region.key(p), &mut removes),
+                    _ => {}
+                }
+            }
+            // Drop the pages in runs that leave out what the program mapped over the region.
+            let mut run_start = None;
+            for (i, w) in words.iter().chain(std::iter::once(&FOREIGN)).enumerate() {
+                match (kind(*w) == FOREIGN, run_start) {
+                    (false, None) => run_start = Some(page + i),
+                    (true, Some(start)) => {
+                        let n = page + i - start;
+                        sys::discard(region.addr(start), n * PAGE);
+                        if region.shadow.is_some() {
+                            sys::discard(region.shadow_addr(start), n * PAGE);
+                        }
+                        run_start = None;
+                    }
+                    _ => {}
+                }
+            }
+            // Queued before the pages are released: a page written and evicted again at once
+            // must not have its new copy removed by a remove queued after its write.
+            if !removes.is_empty() {
+                self.jobs
+                    .send(StoreJob::Remove(std::mem::take(&mut removes)));
+            }
+            // Waiters are woken below, the whole chunk at once.
+            for (p, w) in (page..chunk_end).zip(words) {
+                let _ = region
+                    .table
+                    .unlock(p, if kind(w) == FOREIGN { w } else { UNTOUCHED });
+            }
+            self.resident.fetch_sub(resident, Relaxed);
+            Counters::add(&self.counters.discarded, resident as u64);
+            self.uffd.wake(region.addr(page), (chunk_end - page) * PAGE);
+            page = chunk_end;
+        }
     }
 }

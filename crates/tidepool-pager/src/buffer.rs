@@ -1,7 +1,7 @@
 //! The write-back buffer: slots of a pager-private mapping where dirty pages wait for the
 //! write-back thread (`writeback.rs`), and the jobs that thread runs.
 
-use crate::region_inner::RegionInner;
+use crate::region::RegionInner;
 use crate::sys::{Mapping, PAGE};
 use parking_lot::Mutex;
 use std::collections::VecDeque;

@@ -5,7 +5,7 @@
 
 use crate::buffer::{PageWrite, StoreJob};
 use crate::pager::{hash_page, is_zero_page, Inner, RegionInner, EVICT_BATCH, EVICT_REACH};
-use crate::region_inner::clock_entry;
+use crate::region::clock_entry;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
 use crate::table::{
@@ -382,7 +382,7 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::{runs_of, spans_of};
-    use crate::region_inner::stale;
+    use crate::region::stale;
     use crate::table::*;
     use crate::testkit::*;
     use std::sync::atomic::Ordering::Relaxed;

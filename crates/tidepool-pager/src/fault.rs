@@ -5,7 +5,7 @@
 use crate::buffer::StoreJob;
 use crate::pager::{hash_page, Inner, RegionInner, PREFETCH_BATCH, ZERO_PAGE};
 use crate::prefetch::{Detector, Plan};
-use crate::region_inner::clock_entry;
+use crate::region::clock_entry;
 use crate::sections::{Keep, Prefetch, SectionId};
 use crate::stats::Counters;
 use crate::successor::SuccessorDetector;

@@ -4,7 +4,7 @@
 use crate::fault::Staging;
 use crate::pager::{hash_page, Inner, RegionInner, PREFETCH_BATCH};
 use crate::prefetch::Plan;
-use crate::region_inner::clock_entry;
+use crate::region::clock_entry;
 use crate::stats::Counters;
 use crate::successor::Chain;
 use crate::sys::PAGE;

@@ -26,7 +26,7 @@
 use crate::buffer::{JobQueue, PageWrite, Slots};
 use crate::config::Config;
 use crate::prefetch::Detector;
-pub(crate) use crate::region_inner::{ClockEntry, RegionInner};
+pub(crate) use crate::region::{ClockEntry, RegionInner};
 use crate::sections::{SectionCounts, SectionId, SectionMap, Sections};
 use crate::stats::{snapshot, Counters, PagerStats, StoreMemory};
 use crate::sys::{self, Mapping, Uffd, PAGE};
@@ -451,7 +451,7 @@ impl Pager {
             let mut seen = std::collections::HashSet::with_capacity(clock.len());
             for entry in clock.iter() {
                 let (region, page, _) = entry;
-                if !crate::region_inner::stale(entry)
+                if !crate::region::stale(entry)
                     && kind(region.table.state(*page).load(Relaxed)) == RESIDENT
                     && seen.insert((region.id, *page))
                 {

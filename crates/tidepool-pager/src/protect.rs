@@ -3,7 +3,7 @@
 //! which makes it the child's own.
 
 use crate::pager::{Inner, RegionInner};
-use crate::region_inner::clock_entry;
+use crate::region::clock_entry;
 use crate::stats::Counters;
 use crate::sys::PAGE;
 use crate::table::{

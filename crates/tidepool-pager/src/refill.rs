@@ -15,7 +15,7 @@
 
 use crate::fault::Staging;
 use crate::pager::{Inner, PREFETCH_BATCH};
-use crate::region_inner::{RegionInner, CHUNK_PAGES};
+use crate::region::{RegionInner, CHUNK_PAGES};
 use crate::stats::Counters;
 use crate::table::{kind, BUSY, FAR, FRAMED, HEAT, HEAT_SHIFT, WRITEBACK};
 use std::sync::atomic::Ordering::*;

@@ -1,343 +1,140 @@
-//! [`Region`]: memory whose pages the pager keeps, for any Rust program.
+//! A region as the pager's threads share it: where it is, its page table, its prefetch
+//! detector, its shadow of frames and what the program said about its parts.
 
-use crate::buffer::StoreJob;
-use crate::pager::{Inner, Pager, RegionInner};
-use crate::stats::Counters;
-use crate::sys;
-use crate::sys::PAGE;
-use crate::table::{
-    kind, FAR, FAR_VALID, FOREIGN, FRAMED, INHERITED, RESIDENT, STORE_OLD, UNTOUCHED, WRITEBACK,
-};
-use crate::ForkAdvice;
-use crate::PagerError;
-use crate::SectionId;
-use std::sync::atomic::Ordering::*;
+use crate::marks::Marks;
+use crate::prefetch::Detector;
+use crate::sections::SectionMap;
+use crate::successor::SuccessorDetector;
+use crate::sweep_detector::SweepDetector;
+use crate::sys::{Mapping, PAGE};
+use crate::table::PageTable;
+use crate::tags;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
+use tidepool_store::Key;
 
-/// A range of memory backed by far memory: at most the pager's local budget of it (shared with
-/// the pager's other regions) is mapped at a time; the rest lives in the far store and comes
-/// back on the next touch. Reads and writes are ordinary memory accesses.
-///
-/// ```no_run
-/// use tidepool_pager::{Config, Pager, Region};
-/// let store = tidepool_store::open("local:").unwrap();
-/// let pager = Pager::start(Config::new(64 << 20), store).unwrap();
-/// let mut region = Region::new(&pager, 1 << 30).unwrap(); // 1 GiB, 64 MiB of it local
-/// region.as_mut_slice()[123_456_789] = 7;
-/// assert_eq!(region.as_slice()[123_456_789], 7);
-/// ```
-#[derive(Debug)]
-pub struct Region {
-    pager: Pager,
-    inner: Arc<RegionInner>,
+/// Pages one bit of [`RegionInner::evicted_chunks`] stands for (16 MiB).
+pub(crate) const CHUNK_PAGES: usize = 1 << 12;
+
+pub(crate) struct RegionInner {
+    pub(crate) id: u32,
+    pub(crate) base: usize,
+    pub(crate) len: usize,
+    pub(crate) table: PageTable,
+    pub(crate) detector: Mutex<Detector>,
+    /// Which section each page is in (see `sections.rs`).
+    pub(crate) sections: SectionMap,
+    /// The detectors of sections whose policy is [`crate::Prefetch::Own`], made at their
+    /// first fault here.
+    pub(crate) section_detectors: Box<[Mutex<Option<Detector>>]>,
+    /// Likewise for [`crate::Prefetch::Sweep`].
+    pub(crate) section_sweeps: Box<[Mutex<Option<SweepDetector>>]>,
+    /// Likewise for [`crate::Prefetch::Successor`].
+    pub(crate) section_successors: Box<[Mutex<Option<SuccessorDetector>>]>,
+    /// Highest page index ever mapped + 1 (bounds the walk when the region is dropped).
+    pub(crate) touched_end: AtomicUsize,
+    /// A bit per [`CHUNK_PAGES`] pages, set once a page of the chunk was evicted (never
+    /// cleared): refill reads the page states of these chunks only. The preload library's
+    /// large-object region spans a terabyte, and a sweep of every state word of it brought
+    /// back 826 pages of CPython's in 3 s.
+    pub(crate) evicted_chunks: Box<[AtomicU64]>,
+    pub(crate) dead: AtomicBool,
+    /// Where the region's far pages live as frames ([`crate::Config::in_process_frames`]): page `i`
+    /// of the region at page `i` of the shadow. Registered too (UFFDIO_MOVE wants both ends
+    /// registered), and never touched where it holds no frame.
+    pub(crate) shadow: Option<Mapping>,
+    /// Protections and fork advice the program gave parts of the region (see `marks.rs`).
+    pub(crate) marks: Mutex<Marks>,
+    /// Some page of the region is inaccessible (PROT_NONE): eviction asks `marks` first.
+    pub(crate) inaccessible: AtomicBool,
+    /// The reservation, if the pager made it.
+    pub(crate) _mapping: Option<Mapping>,
 }
 
-impl Region {
-    /// Reserves `len` bytes (rounded up to whole pages), reading as zeros until written.
-    pub fn new(pager: &Pager, len: usize) -> Result<Region, PagerError> {
-        let inner = pager.create_region(len)?;
-        Ok(Region {
-            pager: pager.clone(),
-            inner,
-        })
-    }
-
-    pub fn as_ptr(&self) -> *const u8 {
-        self.inner.base as *const u8
-    }
-
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.inner.base as *mut u8
-    }
-
-    /// Length in bytes (a whole number of pages).
-    pub fn len(&self) -> usize {
-        self.inner.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.inner.len == 0
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: the range is a live, readable and writable reservation owned by this region
-        // for its whole life; pages that are not mapped are faulted in by the pager, so every
-        // byte is readable. Shared borrows of self exclude writes through the region.
-        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and the exclusive borrow of self excludes other access.
-        unsafe { std::slice::from_raw_parts_mut(self.as_mut_ptr(), self.len()) }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn inner(&self) -> &Arc<RegionInner> {
-        &self.inner
-    }
-
-    /// Puts the pages of `[offset, offset + len)` (whole pages, cut at the region's end) in
-    /// section `id` ([`Pager::section`]).
-    pub fn set_section(&self, offset: usize, len: usize, id: SectionId) {
-        let end = offset
-            .saturating_add(len)
-            .min(self.inner.len)
-            .div_ceil(PAGE);
-        self.inner.sections.set(offset / PAGE..end, id);
-    }
-
-    /// Forgets the contents of `[offset, offset + len)` (whole pages inside it): they read as
-    /// zeros afterwards, and their far copies are freed.
-    pub fn discard(&mut self, offset: usize, len: usize) {
-        discard_pages_within(&self.pager, &self.inner, offset, len);
+impl std::fmt::Debug for RegionInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.id)
+            .field("base", &format_args!("{:#x}", self.base))
+            .field("len", &self.len)
+            .finish()
     }
 }
 
-impl Drop for Region {
-    fn drop(&mut self) {
-        self.pager.remove_region(&self.inner);
+impl RegionInner {
+    /// The key of the page's far copy (see `tags.rs`).
+    #[inline]
+    pub(crate) fn key(&self, page: usize) -> Key {
+        tags::key(self.table.tag(page).load(Relaxed), self.id, page)
     }
-}
-
-/// A reservation made by someone else (an allocator's heap, say) whose pages the pager
-/// serves from now on. Pages the owner touched before adoption stay mapped and are managed
-/// from their first eviction on.
-#[derive(Debug)]
-pub struct AdoptedRegion {
-    pager: Pager,
-    inner: Arc<RegionInner>,
-}
-
-impl Pager {
-    /// Registers `[base, base + len)` with this pager.
-    ///
-    /// # Safety
-    /// The range must be page aligned, a private anonymous mapping (or several) made readable
-    /// and writable, registered with no other userfaultfd object, and stay mapped for as long
-    /// as the returned value lives.
-    pub unsafe fn adopt(&self, base: usize, len: usize) -> Result<AdoptedRegion, PagerError> {
-        let inner = self.adopt_range(base, len)?;
-        Ok(AdoptedRegion {
-            pager: self.clone(),
-            inner,
-        })
+    #[inline]
+    pub(crate) fn addr(&self, page: usize) -> usize {
+        self.base + page * PAGE
     }
-}
-
-impl AdoptedRegion {
-    pub fn base(&self) -> usize {
-        self.inner.base
+    #[inline]
+    pub(crate) fn shadow_addr(&self, page: usize) -> usize {
+        self.shadow.as_ref().expect("a framed region").addr() + page * PAGE
+    }
+    pub(crate) fn note_touched(&self, page: usize) {
+        self.touched_end.fetch_max(page + 1, Relaxed);
     }
 
-    pub fn len(&self) -> usize {
-        self.inner.len
+    /// The bitmap [`RegionInner::evicted_chunks`] for a region of `pages` pages.
+    pub(crate) fn chunk_bits(pages: usize) -> Box<[AtomicU64]> {
+        (0..pages.div_ceil(CHUNK_PAGES).div_ceil(64))
+            .map(|_| AtomicU64::new(0))
+            .collect()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.inner.len == 0
-    }
-
-    pub fn contains(&self, addr: usize) -> bool {
-        addr.wrapping_sub(self.inner.base) < self.inner.len
-    }
-
-    /// Forgets the whole pages inside `[addr, addr + len)`: they read as zeros afterwards and
-    /// their far copies are freed.
-    ///
-    /// # Safety
-    /// Nothing may reference the bytes of those pages (they change to zero).
-    pub unsafe fn discard(&self, addr: usize, len: usize) {
-        if let Some(offset) = addr.checked_sub(self.inner.base) {
-            discard_pages_within(&self.pager, &self.inner, offset, len);
-        }
-    }
-}
-
-impl AdoptedRegion {
-    /// The pages of `[addr, addr + len)` (len rounded up to whole pages, cut at the region's
-    /// end); `None` unless `addr` is a page boundary inside the region.
-    fn pages_of(&self, addr: usize, len: usize) -> Option<std::ops::Range<usize>> {
-        let offset = addr.checked_sub(self.inner.base)?;
-        if !offset.is_multiple_of(PAGE) || offset >= self.inner.len {
-            return None;
-        }
-        let end = offset
-            .saturating_add(len)
-            .min(self.inner.len)
-            .div_ceil(PAGE);
-        Some(offset / PAGE..end)
-    }
-
-    /// Puts the pages of `[addr, addr + len)` in section `id` ([`Pager::section`]): their
-    /// faults, far reads, prefetches and evictions are counted there from now on. `addr` must
-    /// be a page boundary inside the region.
-    pub fn set_section(&self, addr: usize, len: usize, id: SectionId) -> std::io::Result<()> {
-        let pages = self.pages_of(addr, len).ok_or_else(einval)?;
-        self.inner.sections.set(pages, id);
-        Ok(())
-    }
-
-    /// The section of the page holding `addr` ([`SectionId::REST`] outside the region).
-    pub fn section_at(&self, addr: usize) -> SectionId {
-        match addr.checked_sub(self.inner.base) {
-            Some(offset) if offset < self.inner.len => self.inner.sections.of(offset / PAGE),
-            _ => SectionId::REST,
-        }
-    }
-
-    /// Cuts the whole region into spans of `1 << shift` bytes from its base, span `i` in
-    /// section `ids[i]` and every span past the last in the last (an allocator whose size
-    /// classes each own a span names them so; at most 64 spans are told apart).
-    pub fn set_section_spans(&self, shift: u32, ids: &[SectionId]) {
-        self.inner.sections.set_spans(shift, ids);
-    }
-
-    /// mprotect on the pages of `[addr, addr + len)`, remembered by the pager: a page made
-    /// inaccessible is not evicted until it is opened again (it could not be read to be
-    /// saved). `addr` must be a page boundary inside the region.
-    pub fn protect(&self, addr: usize, len: usize, prot: i32) -> std::io::Result<()> {
-        let pages = self.pages_of(addr, len).ok_or_else(einval)?;
-        self.pager.inner().protect(&self.inner, pages, prot)
-    }
-
-    /// Fork advice (MADV_DONTFORK and the like) on the pages of `[addr, addr + len)`, given to
-    /// the kernel and remembered for the pager of a forked child.
-    pub fn advise_fork(&self, addr: usize, len: usize, advice: ForkAdvice) -> std::io::Result<()> {
-        let pages = self.pages_of(addr, len).ok_or_else(einval)?;
-        self.pager.inner().advise_fork(&self.inner, pages, advice)
-    }
-
-    /// The program gave up `[addr, addr + len)`: zeros, readable and writable, inherited by
-    /// forked children as usual.
-    ///
-    /// # Safety
-    /// Nothing may reference the bytes of those pages (they change to zero).
-    pub unsafe fn reset(&self, addr: usize, len: usize) {
-        if let Some(pages) = self.pages_of(addr, len) {
-            self.pager.inner().reset(&self.inner, pages);
-        }
-    }
-
-    /// The program is about to map something else (a file, shared memory) over
-    /// `[addr, addr + len)`: the pager forgets those pages and leaves them alone until
-    /// [`AdoptedRegion::reclaim`].
-    ///
-    /// # Safety
-    /// As for [`AdoptedRegion::reset`].
-    pub unsafe fn cede(&self, addr: usize, len: usize) {
-        if let Some(pages) = self.pages_of(addr, len) {
-            self.pager.inner().cede(&self.inner, pages);
-        }
-    }
-
-    /// The program unmapped what it had mapped over `[addr, addr + len)` (see
-    /// [`AdoptedRegion::cede`]): the range becomes fresh paged memory, zeros.
-    pub fn reclaim(&self, addr: usize, len: usize) -> std::io::Result<()> {
-        let pages = self.pages_of(addr, len).ok_or_else(einval)?;
-        self.pager.inner().reclaim(&self.inner, pages)
-    }
-}
-
-fn einval() -> std::io::Error {
-    std::io::Error::from_raw_os_error(libc::EINVAL)
-}
-
-impl Drop for AdoptedRegion {
-    fn drop(&mut self) {
-        self.pager.remove_region(&self.inner);
-    }
-}
-
-/// Discards the whole pages inside `[offset, offset + len)` of a region.
-fn discard_pages_within(pager: &Pager, region: &Arc<RegionInner>, offset: usize, len: usize) {
-    let first = offset.div_ceil(PAGE);
-    let end = (offset.saturating_add(len) / PAGE).min(region.len / PAGE);
-    if first < end {
-        pager.inner().discard(region, first, end);
-    }
-}
-
-impl Inner {
-    /// Forgets pages `[first, end)` of a region: their contents are no longer needed and the
-    /// next touch reads zeros. Pages the program mapped something else over (FOREIGN) are left
-    /// alone.
-    pub(crate) fn discard(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
-        let _section = crate::gate::section();
-        self.discard_in_section(region, first, end);
-    }
-
-    /// [`Inner::discard`], for a caller already inside a section (or a forked child's restart,
-    /// which runs with the gate closed).
-    pub(crate) fn discard_in_section(&self, region: &Arc<RegionInner>, first: usize, end: usize) {
-        let end = end.min(region.table.pages());
-        let mut removes = Vec::new();
-        let mut page = first;
-        while page < end {
-            let chunk_end = (page + 512).min(end);
-            let mut resident = 0;
-            let mut words = Vec::with_capacity(chunk_end - page);
-            for p in page..chunk_end {
-                let w = region.table.lock_any(p);
-                words.push(w);
-                match kind(w) {
-                    RESIDENT => {
-                        // A page shared with the parent is not in this process's count.
-                        if w & INHERITED == 0 {
-                            resident += 1;
-                            self.count_resident(region, p, -1);
-                        }
-                        if w & FAR_VALID != 0 {
-                            self.tags.drop_copy(region.key(p), &mut removes);
-                        }
-                    }
-                    // A frame in the probation tier, and perhaps the store's copy.
-                    FAR if w & FRAMED != 0 && self.probation => {
-                        if w & INHERITED == 0 {
-                            self.tier.held.fetch_sub(1, Relaxed);
-                        }
-                        if w & (FAR_VALID | STORE_OLD) != 0 {
-                            self.tags.drop_copy(region.key(p), &mut removes);
-                        }
-                    }
-                    FAR if w & FRAMED != 0 => {}
-                    // A page on its way to the store: removed (or kept for a forked child) after
-                    // the write in flight lands, the jobs running in order.
-                    FAR | WRITEBACK => self.tags.drop_copy(region.key(p), &mut removes),
-                    _ => {}
-                }
+    /// Notes that `page` is being evicted (before it leaves).
+    pub(crate) fn note_evicted(&self, page: usize) {
+        let c = page / CHUNK_PAGES;
+        if let Some(w) = self.evicted_chunks.get(c / 64) {
+            let bit = 1u64 << (c % 64);
+            if w.load(Relaxed) & bit == 0 {
+                w.fetch_or(bit, Release);
             }
-            // Drop the pages in runs that leave out what the program mapped over the region.
-            let mut run_start = None;
-            for (i, w) in words.iter().chain(std::iter::once(&FOREIGN)).enumerate() {
-                match (kind(*w) == FOREIGN, run_start) {
-                    (false, None) => run_start = Some(page + i),
-                    (true, Some(start)) => {
-                        let n = page + i - start;
-                        sys::discard(region.addr(start), n * PAGE);
-                        if region.shadow.is_some() {
-                            sys::discard(region.shadow_addr(start), n * PAGE);
-                        }
-                        run_start = None;
-                    }
-                    _ => {}
-                }
-            }
-            // Queued before the pages are released: a page written and evicted again at once
-            // must not have its new copy removed by a remove queued after its write.
-            if !removes.is_empty() {
-                self.jobs
-                    .send(StoreJob::Remove(std::mem::take(&mut removes)));
-            }
-            // Waiters are woken below, the whole chunk at once.
-            for (p, w) in (page..chunk_end).zip(words) {
-                let _ = region
-                    .table
-                    .unlock(p, if kind(w) == FOREIGN { w } else { UNTOUCHED });
-            }
-            self.resident.fetch_sub(resident, Relaxed);
-            Counters::add(&self.counters.discarded, resident as u64);
-            self.uffd.wake(region.addr(page), (chunk_end - page) * PAGE);
-            page = chunk_end;
         }
     }
+
+    /// The first page at or after `from`, below `end`, of a chunk that had evictions; `end`
+    /// if none.
+    pub(crate) fn next_evicted_chunk(&self, from: usize, end: usize) -> usize {
+        let mut c = from / CHUNK_PAGES;
+        while c * CHUNK_PAGES < end {
+            let bits = self
+                .evicted_chunks
+                .get(c / 64)
+                .map_or(0, |w| w.load(Acquire))
+                >> (c % 64);
+            if bits == 0 {
+                c = (c / 64 + 1) * 64;
+                continue;
+            }
+            c += bits.trailing_zeros() as usize;
+            return (c * CHUNK_PAGES).max(from).min(end);
+        }
+        end
+    }
+}
+
+/// A page on the clock: region, page, and the page's `evicted_at` when it joined, which
+/// tells a stale entry (the page went out and came back since, by another way than this entry)
+/// from the live one.
+pub(crate) type ClockEntry = (Arc<RegionInner>, usize, u32);
+
+/// The clock entry of `page`, which joins now.
+pub(crate) fn clock_entry(region: &Arc<RegionInner>, page: usize) -> ClockEntry {
+    (
+        region.clone(),
+        page,
+        region.table.evicted_at(page).load(Relaxed),
+    )
+}
+
+/// Whether a clock entry is left over: its region is gone, or its page went out since it
+/// joined (and may be back, with an entry of its own).
+pub(crate) fn stale((region, page, joined): &ClockEntry) -> bool {
+    region.dead.load(Acquire) || region.table.evicted_at(*page).load(Relaxed) != *joined
 }

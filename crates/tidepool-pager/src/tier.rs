@@ -27,7 +27,7 @@
 //! median 19.3), against 14.6-19.4 s (eight runs, median 15.9) with the least share;
 //! CPython's dict, the JVM's HashMap and V8's Map shrank it to the least share by themselves.
 
-use crate::region_inner::RegionInner;
+use crate::region::RegionInner;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};

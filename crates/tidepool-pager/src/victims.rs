@@ -5,7 +5,7 @@
 use crate::pager::{
     Inner, RegionInner, EVICT_BATCH, EVICT_NEIGHBOURS, EVICT_REACH, RUN_NEIGHBOURS,
 };
-use crate::region_inner::stale;
+use crate::region::stale;
 use crate::sections::Keep;
 use crate::table::{
     kind, BUSY, CHANCES, CHANCE_SHIFT, FAR, HEAT, INHERITED, REFERENCED, RESIDENT, UNTOUCHED,
