@@ -7,6 +7,7 @@ use crate::store::{Arith, ArithError, Deleted, Items, StoreMode, Stored, View};
 use std::io::Write;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
+use tidepool_soft::SoftError;
 
 /// What the connection does after a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,36 +92,7 @@ impl Session {
 pub fn execute(items: &Items, settings: &Settings, req: Request<'_>, out: &mut Vec<u8>) -> Flow {
     let c = &items.counters;
     match req {
-        Request::Get { keys, cas, touch } => {
-            for key in Request::keys(keys) {
-                bump(&c.cmd_get);
-                if touch.is_some() {
-                    bump(&c.cmd_touch);
-                }
-                let hit = items.get(key, true, touch, out, |v, out| {
-                    out.extend_from_slice(b"VALUE ");
-                    out.extend_from_slice(key);
-                    let _ = write!(out, " {} {}", v.flags, v.len);
-                    if cas {
-                        let _ = write!(out, " {}", v.cas);
-                    }
-                    out.extend_from_slice(b"\r\n");
-                });
-                if hit.is_some() {
-                    out.extend_from_slice(b"\r\n");
-                    bump(&c.get_hits);
-                    if touch.is_some() {
-                        bump(&c.touch_hits);
-                    }
-                } else {
-                    bump(&c.get_misses);
-                    if touch.is_some() {
-                        bump(&c.touch_misses);
-                    }
-                }
-            }
-            out.extend_from_slice(b"END\r\n");
-        }
+        Request::Get { keys, cas, touch } => get(items, keys, cas, touch, out),
         Request::Store {
             mode,
             key,
@@ -139,28 +111,7 @@ pub fn execute(items: &Items, settings: &Settings, req: Request<'_>, out: &mut V
                 Mode::Cas(u) => (StoreMode::Set, Some(u)),
             };
             let r = items.store(m, key, flags, exptime, data, cas);
-            if cas.is_some() {
-                match r {
-                    Ok(Stored::Stored(_)) => bump(&c.cas_hits),
-                    Ok(Stored::Exists) => bump(&c.cas_badval),
-                    Ok(Stored::NotFound) => bump(&c.cas_misses),
-                    _ => {}
-                }
-            }
-            let reply = match r {
-                Ok(Stored::Stored(_)) => "STORED",
-                Ok(Stored::NotStored) => "NOT_STORED",
-                Ok(Stored::Exists) => "EXISTS",
-                Ok(Stored::NotFound) => "NOT_FOUND",
-                Err(_) => {
-                    bump(&c.out_of_memory);
-                    OUT_OF_MEMORY
-                }
-            };
-            // Errors are sent even under noreply.
-            if !noreply || r.is_err() {
-                line(out, reply);
-            }
+            store_reply(items, cas.is_some(), r, noreply, out);
         }
         Request::Delete { key, noreply } => {
             let hit = items.delete(key, None) == Deleted::Deleted;
@@ -178,32 +129,7 @@ pub fn execute(items: &Items, settings: &Settings, req: Request<'_>, out: &mut V
             incr,
             delta,
             noreply,
-        } => {
-            let r = items.arith(key, &Arith::by(incr, delta));
-            let (hits, misses) = if incr {
-                (&c.incr_hits, &c.incr_misses)
-            } else {
-                (&c.decr_hits, &c.decr_misses)
-            };
-            let reply = match r {
-                Ok((n, _)) => {
-                    bump(hits);
-                    n.to_string()
-                }
-                Err(ArithError::NotFound) => {
-                    bump(misses);
-                    "NOT_FOUND".into()
-                }
-                Err(ArithError::NonNumeric) => {
-                    "CLIENT_ERROR cannot increment or decrement non-numeric value".into()
-                }
-                Err(ArithError::Exists) => "EXISTS".into(),
-                Err(ArithError::Memory) => OUT_OF_MEMORY.into(),
-            };
-            if !noreply || matches!(r, Err(ArithError::NonNumeric | ArithError::Memory)) {
-                line(out, &reply);
-            }
-        }
+        } => arith(items, key, incr, delta, noreply, out),
         Request::Touch {
             key,
             exptime,
@@ -223,28 +149,7 @@ pub fn execute(items: &Items, settings: &Settings, req: Request<'_>, out: &mut V
                 line(out, "OK");
             }
         }
-        Request::Stats(arg) => {
-            let pairs = match arg {
-                None => stats::general(items, settings),
-                Some(b"settings") => stats::settings(settings),
-                Some(b"reset") => {
-                    stats::reset(c);
-                    line(out, "RESET");
-                    return Flow::Continue;
-                }
-                // memcached's other groups describe its slab allocator, which this server
-                // does not have: empty.
-                Some(b"items" | b"slabs" | b"sizes" | b"conns" | b"extstore") => Vec::new(),
-                Some(_) => {
-                    line(out, "ERROR");
-                    return Flow::Continue;
-                }
-            };
-            for (k, v) in pairs {
-                let _ = write!(out, "STAT {k} {v}\r\n");
-            }
-            out.extend_from_slice(b"END\r\n");
-        }
+        Request::Stats(arg) => stats_reply(items, settings, arg, out),
         Request::Version => line(out, &format!("VERSION {}", crate::VERSION)),
         Request::Verbosity { noreply } => {
             if !noreply {
@@ -255,35 +160,158 @@ pub fn execute(items: &Items, settings: &Settings, req: Request<'_>, out: &mut V
         Request::MetaNoop => line(out, "MN"),
         Request::MetaGet { key, flags } => meta_get(items, &key, &flags, out),
         Request::MetaSet { key, data, flags } => meta_set(items, &key, data, &flags, out),
-        Request::MetaDelete { key, flags } => {
-            let r = if flags.has(b'x') {
-                // Drops the value but keeps the item: an empty value, flags cleared.
-                match items.store(StoreMode::Replace, &key, 0, 0, b"", flags.compare_cas) {
-                    Ok(Stored::Stored(_)) => Deleted::Deleted,
-                    Ok(Stored::Exists) => Deleted::Exists,
-                    _ => Deleted::NotFound,
-                }
-            } else {
-                items.delete(&key, flags.compare_cas)
-            };
-            let code = match r {
-                Deleted::Deleted => {
-                    bump(&c.delete_hits);
-                    "HD"
-                }
-                Deleted::NotFound => {
-                    bump(&c.delete_misses);
-                    "NF"
-                }
-                Deleted::Exists => "EX",
-            };
-            if !(flags.quiet() && code == "HD") {
-                meta_line(out, code, None, &key, &flags);
-            }
-        }
+        Request::MetaDelete { key, flags } => meta_delete(items, &key, &flags, out),
         Request::MetaArith { key, flags } => meta_arith(items, &key, &flags, out),
     }
     Flow::Continue
+}
+
+/// `get` and its kin: a `VALUE` block per hit, then `END`.
+fn get(items: &Items, keys: &[u8], cas: bool, touch: Option<i64>, out: &mut Vec<u8>) {
+    let c = &items.counters;
+    for key in Request::keys(keys) {
+        bump(&c.cmd_get);
+        if touch.is_some() {
+            bump(&c.cmd_touch);
+        }
+        let hit = items.get(key, true, touch, out, |v, out| {
+            out.extend_from_slice(b"VALUE ");
+            out.extend_from_slice(key);
+            let _ = write!(out, " {} {}", v.flags, v.len);
+            if cas {
+                let _ = write!(out, " {}", v.cas);
+            }
+            out.extend_from_slice(b"\r\n");
+        });
+        if hit.is_some() {
+            out.extend_from_slice(b"\r\n");
+            bump(&c.get_hits);
+            if touch.is_some() {
+                bump(&c.touch_hits);
+            }
+        } else {
+            bump(&c.get_misses);
+            if touch.is_some() {
+                bump(&c.touch_misses);
+            }
+        }
+    }
+    out.extend_from_slice(b"END\r\n");
+}
+
+/// Counts a storage command's outcome and replies to it (`cas`: it was a `cas` command).
+fn store_reply(
+    items: &Items,
+    cas: bool,
+    r: Result<Stored, SoftError>,
+    noreply: bool,
+    out: &mut Vec<u8>,
+) {
+    let c = &items.counters;
+    if cas {
+        match r {
+            Ok(Stored::Stored(_)) => bump(&c.cas_hits),
+            Ok(Stored::Exists) => bump(&c.cas_badval),
+            Ok(Stored::NotFound) => bump(&c.cas_misses),
+            _ => {}
+        }
+    }
+    let reply = match r {
+        Ok(Stored::Stored(_)) => "STORED",
+        Ok(Stored::NotStored) => "NOT_STORED",
+        Ok(Stored::Exists) => "EXISTS",
+        Ok(Stored::NotFound) => "NOT_FOUND",
+        Err(_) => {
+            bump(&c.out_of_memory);
+            OUT_OF_MEMORY
+        }
+    };
+    // Errors are sent even under noreply.
+    if !noreply || r.is_err() {
+        line(out, reply);
+    }
+}
+
+/// `incr`/`decr`: the new value, counted as a hit or a miss.
+fn arith(items: &Items, key: &[u8], incr: bool, delta: u64, noreply: bool, out: &mut Vec<u8>) {
+    let c = &items.counters;
+    let r = items.arith(key, &Arith::by(incr, delta));
+    let (hits, misses) = if incr {
+        (&c.incr_hits, &c.incr_misses)
+    } else {
+        (&c.decr_hits, &c.decr_misses)
+    };
+    let reply = match r {
+        Ok((n, _)) => {
+            bump(hits);
+            n.to_string()
+        }
+        Err(ArithError::NotFound) => {
+            bump(misses);
+            "NOT_FOUND".into()
+        }
+        Err(ArithError::NonNumeric) => {
+            "CLIENT_ERROR cannot increment or decrement non-numeric value".into()
+        }
+        Err(ArithError::Exists) => "EXISTS".into(),
+        Err(ArithError::Memory) => OUT_OF_MEMORY.into(),
+    };
+    if !noreply || matches!(r, Err(ArithError::NonNumeric | ArithError::Memory)) {
+        line(out, &reply);
+    }
+}
+
+/// `stats [group]`: the group's `STAT` lines, then `END`; `stats reset` zeroes the counters.
+fn stats_reply(items: &Items, settings: &Settings, arg: Option<&[u8]>, out: &mut Vec<u8>) {
+    let pairs = match arg {
+        None => stats::general(items, settings),
+        Some(b"settings") => stats::settings(settings),
+        Some(b"reset") => {
+            stats::reset(&items.counters);
+            line(out, "RESET");
+            return;
+        }
+        // memcached's other groups describe its slab allocator, which this server
+        // does not have: empty.
+        Some(b"items" | b"slabs" | b"sizes" | b"conns" | b"extstore") => Vec::new(),
+        Some(_) => {
+            line(out, "ERROR");
+            return;
+        }
+    };
+    for (k, v) in pairs {
+        let _ = write!(out, "STAT {k} {v}\r\n");
+    }
+    out.extend_from_slice(b"END\r\n");
+}
+
+/// `md`: deletes the item (with `x`, only its value) and replies `HD`, `NF` or `EX`.
+fn meta_delete(items: &Items, key: &[u8], flags: &MetaFlags<'_>, out: &mut Vec<u8>) {
+    let c = &items.counters;
+    let r = if flags.has(b'x') {
+        // Drops the value but keeps the item: an empty value, flags cleared.
+        match items.store(StoreMode::Replace, key, 0, 0, b"", flags.compare_cas) {
+            Ok(Stored::Stored(_)) => Deleted::Deleted,
+            Ok(Stored::Exists) => Deleted::Exists,
+            _ => Deleted::NotFound,
+        }
+    } else {
+        items.delete(key, flags.compare_cas)
+    };
+    let code = match r {
+        Deleted::Deleted => {
+            bump(&c.delete_hits);
+            "HD"
+        }
+        Deleted::NotFound => {
+            bump(&c.delete_misses);
+            "NF"
+        }
+        Deleted::Exists => "EX",
+    };
+    if !(flags.quiet() && code == "HD") {
+        meta_line(out, code, None, key, flags);
+    }
 }
 
 /// A meta reply line: the code, then the flags asked for in their order (`v` only for the

@@ -149,73 +149,14 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
     let rest = &buf[used..];
     match cmd {
         b"get" | b"gets" => get(&args, line, cmd.len(), cmd == b"gets", None, used),
-        b"gat" | b"gats" => {
-            let Some(t) = args.first() else {
-                return error(ERROR, used);
-            };
-            let Some(exptime) = parse_i64(t) else {
-                return error(BAD_EXPTIME, used);
-            };
-            // The keys follow the command and the expiry.
-            let at = offset_of(line, args.get(1).copied()).unwrap_or(line.len());
-            get(&args[1..], line, at, cmd == b"gats", Some(exptime), used)
-        }
+        b"gat" | b"gats" => gat(&args, line, cmd == b"gats", used),
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
             storage(cmd, &args, used, rest, limits)
         }
         b"delete" => delete(&args, used),
-        b"incr" | b"decr" => {
-            if !(2..=3).contains(&args.len()) {
-                return error(ERROR, used);
-            }
-            if !key_ok(args[0]) {
-                return error(BAD_FORMAT, used);
-            }
-            let Some(delta) = parse_u64(args[1]) else {
-                return error(BAD_DELTA, used);
-            };
-            request(
-                Request::Arith {
-                    key: args[0],
-                    incr: cmd == b"incr",
-                    delta,
-                    noreply: noreply(args.get(2)),
-                },
-                used,
-            )
-        }
-        b"touch" => {
-            if !(2..=3).contains(&args.len()) {
-                return error(ERROR, used);
-            }
-            if !key_ok(args[0]) {
-                return error(BAD_FORMAT, used);
-            }
-            let Some(exptime) = parse_i64(args[1]) else {
-                return error(BAD_EXPTIME, used);
-            };
-            request(
-                Request::Touch {
-                    key: args[0],
-                    exptime,
-                    noreply: noreply(args.get(2)),
-                },
-                used,
-            )
-        }
-        b"flush_all" => {
-            let (delay, nr) = match args.as_slice() {
-                [] => (Some(0), false),
-                [a] if *a == b"noreply" => (Some(0), true),
-                [a] => (parse_i64(a), false),
-                [a, b] => (parse_i64(a), noreply(Some(b))),
-                _ => return error(ERROR, used),
-            };
-            match delay {
-                Some(delay) => request(Request::FlushAll { delay, noreply: nr }, used),
-                None => error(BAD_EXPTIME, used),
-            }
-        }
+        b"incr" | b"decr" => arith(&args, cmd == b"incr", used),
+        b"touch" => touch(&args, used),
+        b"flush_all" => flush_all(&args, used),
         b"stats" => request(Request::Stats(args.first().copied()), used),
         b"version" => request(Request::Version, used),
         b"verbosity" => match args.len() {
@@ -232,6 +173,77 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
         b"mg" | b"md" | b"ma" => meta_keyed(cmd, &args, used),
         b"ms" => meta_set(&args, used, rest, limits),
         _ => error(ERROR, used),
+    }
+}
+
+/// `gat`/`gats <exptime> <key>*`: a get that also sets the keys' expiry.
+fn gat<'a>(args: &[&'a [u8]], line: &'a [u8], cas: bool, used: usize) -> Parsed<'a> {
+    let Some(t) = args.first() else {
+        return error(ERROR, used);
+    };
+    let Some(exptime) = parse_i64(t) else {
+        return error(BAD_EXPTIME, used);
+    };
+    // The keys follow the command and the expiry.
+    let at = offset_of(line, args.get(1).copied()).unwrap_or(line.len());
+    get(&args[1..], line, at, cas, Some(exptime), used)
+}
+
+/// `incr`/`decr <key> <delta> [noreply]`.
+fn arith<'a>(args: &[&'a [u8]], incr: bool, used: usize) -> Parsed<'a> {
+    if !(2..=3).contains(&args.len()) {
+        return error(ERROR, used);
+    }
+    if !key_ok(args[0]) {
+        return error(BAD_FORMAT, used);
+    }
+    let Some(delta) = parse_u64(args[1]) else {
+        return error(BAD_DELTA, used);
+    };
+    request(
+        Request::Arith {
+            key: args[0],
+            incr,
+            delta,
+            noreply: noreply(args.get(2)),
+        },
+        used,
+    )
+}
+
+/// `touch <key> <exptime> [noreply]`.
+fn touch<'a>(args: &[&'a [u8]], used: usize) -> Parsed<'a> {
+    if !(2..=3).contains(&args.len()) {
+        return error(ERROR, used);
+    }
+    if !key_ok(args[0]) {
+        return error(BAD_FORMAT, used);
+    }
+    let Some(exptime) = parse_i64(args[1]) else {
+        return error(BAD_EXPTIME, used);
+    };
+    request(
+        Request::Touch {
+            key: args[0],
+            exptime,
+            noreply: noreply(args.get(2)),
+        },
+        used,
+    )
+}
+
+/// `flush_all [delay] [noreply]`.
+fn flush_all<'a>(args: &[&'a [u8]], used: usize) -> Parsed<'a> {
+    let (delay, nr) = match args {
+        [] => (Some(0), false),
+        [a] if *a == b"noreply" => (Some(0), true),
+        [a] => (parse_i64(a), false),
+        [a, b] => (parse_i64(a), noreply(Some(b))),
+        _ => return error(ERROR, used),
+    };
+    match delay {
+        Some(delay) => request(Request::FlushAll { delay, noreply: nr }, used),
+        None => error(BAD_EXPTIME, used),
     }
 }
 

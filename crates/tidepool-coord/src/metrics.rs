@@ -62,6 +62,7 @@ impl Default for Latencies {
     }
 }
 
+/// The metrics in OpenMetrics text: the build, the pool's, then each application's.
 pub(crate) fn render(s: &Snapshot, latencies: &Latencies) -> String {
     let mut r = Registry::default();
     r.register(
@@ -73,6 +74,17 @@ pub(crate) fn render(s: &Snapshot, latencies: &Latencies) -> String {
         }),
     );
     let c = r.sub_registry_with_prefix("tidepool_coord");
+    register_pool(c, s, latencies);
+    register_apps(c, s);
+    register_miss_time(c, s);
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut out, &r);
+    out
+}
+
+/// The host's and the pool's gauges and counters, and the coordinator's latencies.
+fn register_pool(c: &mut Registry, s: &Snapshot, latencies: &Latencies) {
     let gauges: [(&str, &str, f64); 7] = [
         (
             "reserve_bytes",
@@ -127,6 +139,10 @@ pub(crate) fn render(s: &Snapshot, latencies: &Latencies) -> String {
         "One control tick: memory measured, budgets planned and applied",
         latencies.tick.clone(),
     );
+}
+
+/// Each application's gauges and counters.
+fn register_apps(c: &mut Registry, s: &Snapshot) {
     let app_gauges: [AppMetric; 6] = [
         ("app_budget_bytes", "Budget", |a| a.budget as f64),
         ("app_min_bytes", "Least budget it registered for", |a| {
@@ -173,6 +189,10 @@ pub(crate) fn render(s: &Snapshot, latencies: &Latencies) -> String {
         }
         c.register(name, help, fam);
     }
+}
+
+/// Each application's time spent on misses, and its miss curve.
+fn register_miss_time(c: &mut Registry, s: &Snapshot) {
     let rebuilt = Family::<AppLabels, F64Counter>::default();
     for a in &s.apps {
         rebuilt
@@ -204,10 +224,6 @@ pub(crate) fn render(s: &Snapshot, latencies: &Latencies) -> String {
          a second, from ghost hits over the last epochs)",
         curve,
     );
-    let mut out = String::new();
-    // Writing to a String cannot fail.
-    let _ = encode(&mut out, &r);
-    out
 }
 
 /// An application's labels, its name escaped (names come from the applications).

@@ -153,6 +153,22 @@ struct Seen {
 /// Budgets remembered per application.
 const SEEN: usize = 64;
 
+/// Raises budgets to their minimums (within capacity), most valuable first, as far as idle
+/// memory (`spare`) allows.
+fn give_minimums(apps: &[Candidate], b: &mut [u64], spare: &mut u64) {
+    let mut order: Vec<usize> = (0..apps.len()).collect();
+    order.sort_by(|&x, &y| apps[y].value().total_cmp(&apps[x].value()));
+    for &i in &order {
+        let g = apps[i]
+            .min
+            .min(apps[i].capacity)
+            .saturating_sub(b[i])
+            .min(*spare);
+        b[i] += g;
+        *spare -= g;
+    }
+}
+
 impl Planner {
     pub fn new(policy: Policy, segment: u64, floor: u64) -> Planner {
         Planner {
@@ -237,33 +253,34 @@ impl Planner {
             return b;
         }
         let mut spare = total - sum;
-        // Minimums first, most valuable first, as far as idle memory allows.
-        let mut order: Vec<usize> = (0..apps.len()).collect();
-        order.sort_by(|&x, &y| apps[y].value().total_cmp(&apps[x].value()));
-        for &i in &order {
-            let g = apps[i]
-                .min
-                .min(apps[i].capacity)
-                .saturating_sub(b[i])
-                .min(spare);
-            b[i] += g;
-            spare -= g;
+        give_minimums(apps, &mut b, &mut spare);
+        let wanting = self.grant(apps, &mut b, &mut spare, total);
+        // The climb: from the one that would lose least to the most valuable that wants more.
+        if let Some(&to) = wanting.first() {
+            self.climb(apps, &mut b, to, total);
         }
-        // Grants: idle memory to the applications that want more, most valuable first.
+        b
+    }
+
+    /// Grants idle memory (`spare`) to the applications that want more, most valuable
+    /// first; returns them in that order.
+    fn grant(&self, apps: &[Candidate], b: &mut [u64], spare: &mut u64, total: u64) -> Vec<usize> {
         let mut wanting: Vec<usize> = (0..apps.len()).filter(|&i| apps[i].demand).collect();
         wanting.sort_by(|&x, &y| apps[y].value().total_cmp(&apps[x].value()));
         let grant = self.round(total / 8).max(self.segment);
         for &i in &wanting {
             let g = self
-                .round(spare.min(grant))
+                .round((*spare).min(grant))
                 .min(apps[i].room(b[i], self.segment));
             b[i] += g;
-            spare -= g;
+            *spare -= g;
         }
-        // The climb: from the one that would lose least to the most valuable that wants more.
-        let Some(&to) = wanting.first() else {
-            return b;
-        };
+        wanting
+    }
+
+    /// One move of the climb to application `to`, from the one that would lose least, if
+    /// `to` is worth more than that loss (by the hysteresis).
+    fn climb(&mut self, apps: &[Candidate], b: &mut [u64], to: usize, total: u64) {
         let step = self.step(apps[to].id);
         let loss: Vec<f64> = apps.iter().map(|a| self.loss(a, step)).collect();
         let from = (0..apps.len())
@@ -271,7 +288,7 @@ impl Planner {
             .min_by(|&x, &y| loss[x].total_cmp(&loss[y]));
         let Some(from) = from else {
             tracing::debug!(to = apps[to].id, "no move: nobody to take from");
-            return b;
+            return;
         };
         let (vt, vf) = (apps[to].value(), loss[from]);
         if vt <= 0.0 || vt <= vf * self.hysteresis {
@@ -282,9 +299,20 @@ impl Planner {
                 vf,
                 "no move: not worth it"
             );
-            return b;
+            return;
         }
         let pair = (apps[from].id, apps[to].id);
+        let moved = self.stride_move(pair, total);
+        let room = apps[to].room(b[to], self.segment);
+        let moved = moved.min(b[from] - apps[from].min).min(room);
+        b[from] -= moved;
+        b[to] += moved;
+        tracing::debug!(from = pair.0, to = pair.1, moved, vt, vf, "move");
+    }
+
+    /// Updates the strides of a move from `pair.0` to `pair.1` and returns the receiver's
+    /// stride before it lengthened: what this move shifts, at most.
+    fn stride_move(&mut self, pair: (u32, u32), total: u64) -> u64 {
         let (first, segment, cap) = (
             self.step,
             self.segment,
@@ -312,12 +340,7 @@ impl Planner {
                 .min(cap);
         }
         r.received = true;
-        let room = apps[to].room(b[to], segment);
-        let moved = moved.min(b[from] - apps[from].min).min(room);
-        b[from] -= moved;
-        b[to] += moved;
-        tracing::debug!(from = pair.0, to = pair.1, moved, vt, vf, "move");
-        b
+        moved
     }
 
     /// Takes `over` bytes back: from the one that loses least first, down to its minimum;

@@ -178,34 +178,53 @@ pub fn tune(profile: &Profile, budget: u64) -> Tuning {
     let mut left = budget;
     let mut others = Vec::new();
     for s in &profile.sites {
-        let bytes = (s.len * s.elem_bytes) as u64;
-        let seq = s.strides.sequential();
-        if seq >= STREAM && bytes > STREAM_LINE * 64 {
-            let lines = (64u64).min((budget / 8 / STREAM_LINE).max(2 * STREAM_AHEAD as u64 + 2));
-            let cap = lines * STREAM_LINE;
-            left = left.saturating_sub(cap + table_bytes(bytes, STREAM_LINE));
-            notes.push(format!(
-                "{}: a stream ({:.0}% forward strides): direct-mapped, {} lines of {} B, {} ahead",
-                s.site,
-                seq * 100.0,
-                lines,
-                STREAM_LINE,
-                STREAM_AHEAD
-            ));
-            config.site.insert(
-                s.site.clone(),
-                SiteConfig::new(
-                    Structure::Direct,
-                    STREAM_LINE as usize,
-                    cap as usize,
-                    STREAM_AHEAD,
-                ),
-            );
-        } else {
-            others.push(s);
+        match stream(s, budget) {
+            Some((site, spent, note)) => {
+                left = left.saturating_sub(spent);
+                notes.push(note);
+                config.site.insert(s.site.clone(), site);
+            }
+            None => others.push(s),
         }
     }
-    // The rest, a slice at a time, to whoever it saves most.
+    let room = share(&others, left);
+    for (s, &r) in others.iter().zip(&room) {
+        let (site, note) = sized(s, r);
+        notes.push(note);
+        config.site.insert(s.site.clone(), site);
+    }
+    Tuning { config, notes }
+}
+
+/// A site that streams through more than 64 lines: a direct-mapped section reading ahead,
+/// the bytes it takes of the budget, and the note saying so (`None`: not a stream).
+fn stream(s: &SiteProfile, budget: u64) -> Option<(SiteConfig, u64, String)> {
+    let bytes = (s.len * s.elem_bytes) as u64;
+    let seq = s.strides.sequential();
+    if seq < STREAM || bytes <= STREAM_LINE * 64 {
+        return None;
+    }
+    let lines = (64u64).min((budget / 8 / STREAM_LINE).max(2 * STREAM_AHEAD as u64 + 2));
+    let cap = lines * STREAM_LINE;
+    let note = format!(
+        "{}: a stream ({:.0}% forward strides): direct-mapped, {} lines of {} B, {} ahead",
+        s.site,
+        seq * 100.0,
+        lines,
+        STREAM_LINE,
+        STREAM_AHEAD
+    );
+    let site = SiteConfig::new(
+        Structure::Direct,
+        STREAM_LINE as usize,
+        cap as usize,
+        STREAM_AHEAD,
+    );
+    Some((site, cap + table_bytes(bytes, STREAM_LINE), note))
+}
+
+/// Shares `left` bytes among the other sites, a slice at a time, to whoever it saves most.
+fn share(others: &[&SiteProfile], left: u64) -> Vec<u64> {
     let slice = (left / SLICES).max(1);
     let mut room = vec![0u64; others.len()];
     let mut spent = 0;
@@ -233,44 +252,48 @@ pub fn tune(profile: &Profile, budget: u64) -> Tuning {
         room[i] += slice;
         spent += slice;
     }
-    for (s, &r) in others.iter().zip(&room) {
-        let bytes = (s.len * s.elem_bytes) as u64;
-        let seq = s.strides.sequential();
-        let (t, line) = cost(s, r);
-        let site = match line {
-            None => {
-                notes.push(format!(
-                    "{}: fits in its {} B: direct-mapped, all of it (a plain slice)",
-                    s.site, r
-                ));
-                let whole = bytes.div_ceil(STREAM_LINE) * STREAM_LINE;
-                SiteConfig::new(Structure::Direct, STREAM_LINE as usize, whole as usize, 0)
-            }
-            Some(l) => {
-                let cap = r.saturating_sub(table_bytes(bytes, l as u64)) / (8 * l as u64)
-                    * (8 * l as u64);
-                let cap = cap.max(8 * l as u64);
-                let prefetch = if seq >= 0.5 { 4 } else { 0 };
-                let ratio = s
-                    .curves
-                    .iter()
-                    .find(|c| c.line_bytes == l)
-                    .map_or(1.0, |c| c.miss_ratio(cap / l as u64));
-                notes.push(format!(
-                    "{}: {:.0}% forward strides, {} accesses: 8-way, {} lines of {} B, \
-                     expected miss ratio {:.3} ({:.1} ms of fetching)",
-                    s.site,
-                    seq * 100.0,
-                    s.accesses(),
-                    cap / l as u64,
-                    l,
-                    ratio,
-                    t / 1e6
-                ));
-                SiteConfig::new(Structure::SetAssociative(8), l, cap as usize, prefetch)
-            }
-        };
-        config.site.insert(s.site.clone(), site);
+    room
+}
+
+/// The section for a site given `r` bytes, and the note saying why: all of it if it fits,
+/// else 8-way with the line size that fetches least.
+fn sized(s: &SiteProfile, r: u64) -> (SiteConfig, String) {
+    let bytes = (s.len * s.elem_bytes) as u64;
+    let seq = s.strides.sequential();
+    let (t, line) = cost(s, r);
+    match line {
+        None => {
+            let note = format!(
+                "{}: fits in its {} B: direct-mapped, all of it (a plain slice)",
+                s.site, r
+            );
+            let whole = bytes.div_ceil(STREAM_LINE) * STREAM_LINE;
+            let site = SiteConfig::new(Structure::Direct, STREAM_LINE as usize, whole as usize, 0);
+            (site, note)
+        }
+        Some(l) => {
+            let cap =
+                r.saturating_sub(table_bytes(bytes, l as u64)) / (8 * l as u64) * (8 * l as u64);
+            let cap = cap.max(8 * l as u64);
+            let prefetch = if seq >= 0.5 { 4 } else { 0 };
+            let ratio = s
+                .curves
+                .iter()
+                .find(|c| c.line_bytes == l)
+                .map_or(1.0, |c| c.miss_ratio(cap / l as u64));
+            let note = format!(
+                "{}: {:.0}% forward strides, {} accesses: 8-way, {} lines of {} B, \
+                 expected miss ratio {:.3} ({:.1} ms of fetching)",
+                s.site,
+                seq * 100.0,
+                s.accesses(),
+                cap / l as u64,
+                l,
+                ratio,
+                t / 1e6
+            );
+            let site = SiteConfig::new(Structure::SetAssociative(8), l, cap as usize, prefetch);
+            (site, note)
+        }
     }
-    Tuning { config, notes }
 }

@@ -12,10 +12,10 @@ use crossbeam_channel::{Receiver, Sender};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tidepool_proto::{
-    decode_request, ErrorCode, EvictItem, FrameWriter, Handle, HelloInfo, Op, Request, Response,
-    RESPONSE_BIT,
+    decode_request, ErrorCode, FrameWriter, Handle, HelloInfo, Op, Request, Response, RESPONSE_BIT,
 };
 
+mod batch;
 mod offload;
 
 /// Hand freed slots back once this many are pending for one section.
@@ -97,6 +97,21 @@ fn refusal(r: Refusal) -> ErrorCode {
         Refusal::Invalid => ErrorCode::InvalidHandle,
         Refusal::Stale => ErrorCode::StaleHandle,
     }
+}
+
+/// Whether a request takes exclusive access to objects (then the splices this connection
+/// holds read guards for are copied out first).
+fn takes_exclusive(op: Op) -> bool {
+    matches!(
+        op,
+        Op::Write
+            | Op::Free
+            | Op::Take
+            | Op::WriteMany
+            | Op::FreeMany
+            | Op::TakeMany
+            | Op::EvictFetch
+    )
 }
 
 impl<'a> Conn<'a> {
@@ -216,19 +231,10 @@ impl<'a> Conn<'a> {
         *out = whole;
     }
 
+    /// Answers one request, appending its answer frame to `out`.
     fn serve(&mut self, id: u64, req: Request, out: &mut BytesMut) {
         let op = req.op();
-        let takes_exclusive = matches!(
-            op,
-            Op::Write
-                | Op::Free
-                | Op::Take
-                | Op::WriteMany
-                | Op::FreeMany
-                | Op::TakeMany
-                | Op::EvictFetch
-        );
-        if takes_exclusive {
+        if takes_exclusive(op) {
             self.materialize_splices(out);
         }
         let splices_before = (self.splices.len(), self.splice_bytes);
@@ -259,140 +265,73 @@ impl<'a> Conn<'a> {
             Request::Take { handle } => self.fetch(handle, true, &mut w),
             Request::Write { handle, data } => self.write(handle, &data).map(|()| w.put_u8(0)),
             Request::Free { handle } => self.free(handle).map(|()| w.put_u8(0)),
-            Request::PutMany { items } => {
-                w.put_u8(0);
-                w.put_u32(items.len() as u32);
-                for data in items {
-                    let r = self.put(&data);
-                    self.put_handle_item(&mut w, r);
-                }
-                Ok(())
-            }
+            Request::PutMany { items } => self.put_many(items, &mut w),
             Request::GetMany { handles } | Request::TakeMany { handles } => {
-                let take = op == Op::TakeMany;
-                w.put_u8(0);
-                w.put_u32(handles.len() as u32);
-                for h in handles {
-                    self.fetch_item(h, take, &mut w);
-                }
-                Ok(())
+                self.fetch_many(handles, op == Op::TakeMany, &mut w)
             }
-            Request::WriteMany { items } => {
-                w.put_u8(0);
-                w.put_u32(items.len() as u32);
-                for (h, data) in items {
-                    let r = self.write(h, &data);
-                    self.status_item(&mut w, r);
-                }
-                Ok(())
-            }
-            Request::FreeMany { handles } => {
-                w.put_u8(0);
-                w.put_u32(handles.len() as u32);
-                for h in handles {
-                    let r = self.free(h);
-                    self.status_item(&mut w, r);
-                }
-                Ok(())
-            }
+            Request::WriteMany { items } => self.write_many(items, &mut w),
+            Request::FreeMany { handles } => self.free_many(handles, &mut w),
             Request::EvictFetch { evict, fetch, take } => {
-                w.put_u8(0);
-                w.put_u32(evict.len() as u32);
-                for EvictItem { handle, data } in evict {
-                    let r = match handle {
-                        Some(h) => self.write(h, &data).map(|()| h),
-                        None => self.put(&data),
-                    };
-                    self.put_handle_item(&mut w, r);
-                }
-                w.put_u32(fetch.len() as u32);
-                for h in fetch {
-                    self.fetch_item(h, take, &mut w);
-                }
-                Ok(())
+                self.evict_fetch(evict, fetch, take, &mut w)
             }
             Request::Stats => {
-                let Some(auth) = &self.auth else {
-                    unreachable!("checked above")
-                };
-                let mut stats: Vec<(String, u64)> = auth
-                    .tenant
-                    .counters()
-                    .into_iter()
-                    .map(|(k, v)| (format!("tenant.{k}"), v))
-                    .collect();
-                stats.extend(self.sh.node_counters());
                 w.abandon();
-                Response::Stats(stats).encode(op, id, out);
+                self.stats(op, id, out);
                 return;
             }
             Request::Scan(_) | Request::Gather { .. } => {
-                let answer = match &req {
-                    Request::Scan(scan) => self.scan(scan).map(Response::Values),
-                    Request::Gather { column, indices } => self
-                        .gather(column, indices)
-                        .map(|b| Response::Data(b.freeze())),
-                    _ => unreachable!("matched above"),
-                };
                 w.abandon();
-                let resp = answer.unwrap_or_else(|(code, message)| {
-                    self.tenant().stats.errors.fetch_add(1, Ordering::Relaxed);
-                    self.metrics.failure(Failure::Code(code));
-                    Response::Error { code, message }
-                });
-                resp.encode(op, id, out);
+                self.answer_offload(&req, op, id, out);
                 return;
             }
         };
-        if let Err(code) = result {
-            if let Some(a) = &self.auth {
-                a.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Err(code) => {
+                w.abandon();
+                self.refuse(code, splices_before, op, id, out);
             }
-            self.metrics.failure(Failure::Code(code));
-            if code == ErrorCode::AuthFailed {
-                self.metrics.auth_failure();
-            }
-            self.splices.truncate(splices_before.0);
-            self.splice_bytes = splices_before.1;
-            w.abandon();
-            let mut w = FrameWriter::begin(out, op as u8 | RESPONSE_BIT, id);
-            w.put_u8(code as u8);
-            w.put_str16(code.describe());
-            w.finish();
-        } else {
-            w.finish();
+            Ok(()) => w.finish(),
         }
     }
 
-    fn put_handle_item(&self, w: &mut FrameWriter<'_>, r: Result<Handle, ErrorCode>) {
-        match r {
-            Ok(h) => {
-                w.put_u8(0);
-                w.put_handle(h);
-            }
-            Err(code) => self.item_error(w, code),
-        }
+    /// The tenant's counters and the node's, as a stats answer.
+    fn stats(&self, op: Op, id: u64, out: &mut BytesMut) {
+        let Some(auth) = &self.auth else {
+            unreachable!("checked above")
+        };
+        let mut stats: Vec<(String, u64)> = auth
+            .tenant
+            .counters()
+            .into_iter()
+            .map(|(k, v)| (format!("tenant.{k}"), v))
+            .collect();
+        stats.extend(self.sh.node_counters());
+        Response::Stats(stats).encode(op, id, out);
     }
 
-    fn status_item(&self, w: &mut FrameWriter<'_>, r: Result<(), ErrorCode>) {
-        match r {
-            Ok(()) => w.put_u8(0),
-            Err(code) => self.item_error(w, code),
-        }
-    }
-
-    fn item_error(&self, w: &mut FrameWriter<'_>, code: ErrorCode) {
+    /// Answers a refused request with its error code, counting it, after dropping the splices
+    /// its half-written answer had taken.
+    fn refuse(
+        &mut self,
+        code: ErrorCode,
+        splices_before: (usize, usize),
+        op: Op,
+        id: u64,
+        out: &mut BytesMut,
+    ) {
         if let Some(a) = &self.auth {
             a.tenant.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
         self.metrics.failure(Failure::Code(code));
-        w.put_u8(code as u8);
-    }
-
-    fn fetch_item(&mut self, h: Handle, take: bool, w: &mut FrameWriter<'_>) {
-        if let Err(code) = self.fetch(h, take, w) {
-            self.item_error(w, code);
+        if code == ErrorCode::AuthFailed {
+            self.metrics.auth_failure();
         }
+        self.splices.truncate(splices_before.0);
+        self.splice_bytes = splices_before.1;
+        let mut w = FrameWriter::begin(out, op as u8 | RESPONSE_BIT, id);
+        w.put_u8(code as u8);
+        w.put_str16(code.describe());
+        w.finish();
     }
 
     fn hello(

@@ -124,6 +124,8 @@ impl Client<'_> {
         self.tls.as_ref().is_some_and(|t| t.conn.wants_write())
     }
 
+    /// One turn of a connection: reads and serves until the socket is drained, the read
+    /// budget is spent or the outstanding limit reached, then sends.
     fn drive(&mut self, registry: &Registry, limit: usize, metrics: &WorkerMetrics) -> Drive {
         if self.flush(metrics).is_err() {
             return Drive::Close;
@@ -151,18 +153,8 @@ impl Client<'_> {
                 self.rbuf.reserve(READ_RESERVE);
             }
             let room = self.rbuf.capacity() - self.rbuf.len();
-            let received = match &mut self.tls {
-                None => tidepool_sys::recv_into(&self.stream, &mut self.rbuf).inspect(|&n| {
-                    metrics.received(n);
-                }),
-                Some(tls) => match tls_receive(tls, &mut self.stream, &mut self.rbuf, metrics) {
-                    Ok(Received::Plain(n)) => Ok(n),
-                    Ok(Received::PlainClient) => {
-                        refuse_plain_client(&mut self.stream, metrics);
-                        return Drive::Close;
-                    }
-                    Err(e) => Err(e),
-                },
+            let Some(received) = self.receive(metrics) else {
+                return Drive::Close;
             };
             match received {
                 Ok(0) => return Drive::Close,
@@ -185,6 +177,38 @@ impl Client<'_> {
                 }
             }
         }
+        self.end_turn(registry, limit, at_limit, outcome, metrics)
+    }
+
+    /// Reads what the socket has into `rbuf` (through rustls on a TLS connection): the bytes
+    /// of requests read, or `None` if a plain-TCP client came to a TLS node (it was told so
+    /// and is to be closed).
+    fn receive(&mut self, metrics: &WorkerMetrics) -> Option<io::Result<usize>> {
+        Some(match &mut self.tls {
+            None => tidepool_sys::recv_into(&self.stream, &mut self.rbuf).inspect(|&n| {
+                metrics.received(n);
+            }),
+            Some(tls) => match tls_receive(tls, &mut self.stream, &mut self.rbuf, metrics) {
+                Ok(Received::Plain(n)) => Ok(n),
+                Ok(Received::PlainClient) => {
+                    refuse_plain_client(&mut self.stream, metrics);
+                    return None;
+                }
+                Err(e) => Err(e),
+            },
+        })
+    }
+
+    /// After a turn's reads: sends what the answers left, asks for write readiness while
+    /// anything waits, updates the unsent-bytes gauge, and says when to drive again.
+    fn end_turn(
+        &mut self,
+        registry: &Registry,
+        limit: usize,
+        at_limit: bool,
+        mut outcome: Drive,
+        metrics: &WorkerMetrics,
+    ) -> Drive {
         if self.flush(metrics).is_err()
             || (self.closing && self.wbuf.is_empty() && !self.tls_wants_write())
         {
@@ -498,6 +522,8 @@ fn refuse_plain_client(stream: &mut TcpStream, metrics: &WorkerMetrics) {
     }
 }
 
+/// A worker's event loop: adopts the connections the accept thread hands over and drives
+/// every ready one, until the node stops.
 fn run(shared: &Shared, index: usize, mut poll: Poll, rx: Receiver<(std::net::TcpStream, u64)>) {
     let metrics = &shared.metrics.workers[index];
     let limit = shared.max_outstanding;
@@ -507,11 +533,6 @@ fn run(shared: &Shared, index: usize, mut poll: Poll, rx: Receiver<(std::net::Tc
     // Until this instant the worker polls without sleeping: a client that sends its next request
     // soon after an answer finds the worker awake, and neither side pays a wake-up.
     let mut spin_until = Instant::now();
-    let close = |mut c: Client<'_>| {
-        metrics.unsent_changed(c.reported_unsent, 0);
-        c.conn.close();
-        shared.connections.fetch_sub(1, Ordering::Relaxed);
-    };
     loop {
         let spinning = Instant::now() < spin_until;
         let timeout = (!again.is_empty() || spinning).then_some(Duration::ZERO);
@@ -531,59 +552,23 @@ fn run(shared: &Shared, index: usize, mut poll: Poll, rx: Receiver<(std::net::Tc
             std::thread::yield_now();
         }
         for event in events.iter() {
-            if event.token() == WAKE {
-                if shared.stopping.load(Ordering::SeqCst) {
-                    for (_, c) in clients.drain() {
-                        close(c);
-                    }
-                    return;
+            if event.token() != WAKE {
+                ready.push(event.token().0);
+                continue;
+            }
+            if shared.stopping.load(Ordering::SeqCst) {
+                for (_, c) in clients.drain() {
+                    close(shared, metrics, c);
                 }
-                while let Ok((stream, id)) = rx.try_recv() {
-                    let token = Token(id as usize);
-                    let mut stream = TcpStream::from_std(stream);
-                    let tls = match &shared.tls {
-                        None => None,
-                        Some(t) => match ServerConnection::new(Arc::clone(&t.config)) {
-                            Ok(conn) => Some(Box::new(Tls {
-                                conn,
-                                checked_first_byte: false,
-                            })),
-                            Err(e) => {
-                                tracing::warn!("cannot start a TLS connection: {e}");
-                                metrics.failure(Failure::Tls);
-                                shared.connections.fetch_sub(1, Ordering::Relaxed);
-                                continue;
-                            }
-                        },
-                    };
-                    if poll
-                        .registry()
-                        .register(&mut stream, token, Interest::READABLE)
-                        .is_err()
-                    {
-                        shared.connections.fetch_sub(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    clients.insert(
-                        token.0,
-                        Client {
-                            token,
-                            stream,
-                            rbuf: BytesMut::with_capacity(READ_RESERVE),
-                            wbuf: BytesMut::with_capacity(READ_RESERVE),
-                            conn: Conn::new(shared, id, metrics),
-                            tls,
-                            writable_interest: false,
-                            closing: false,
-                            unserved: false,
-                            reported_unsent: 0,
-                        },
-                    );
+                return;
+            }
+            while let Ok((stream, id)) = rx.try_recv() {
+                if let Some(c) = new_client(shared, metrics, poll.registry(), stream, id) {
+                    let token = c.token;
+                    clients.insert(token.0, c);
                     // Data may have arrived before registration.
                     ready.push(token.0);
                 }
-            } else {
-                ready.push(event.token().0);
             }
         }
         for id in ready {
@@ -600,9 +585,64 @@ fn run(shared: &Shared, index: usize, mut poll: Poll, rx: Receiver<(std::net::Tc
                 Drive::Close => {
                     let mut c = clients.remove(&id).expect("present");
                     let _ = poll.registry().deregister(&mut c.stream);
-                    close(c);
+                    close(shared, metrics, c);
                 }
             }
         }
     }
+}
+
+/// A connection the accept thread handed over, with its TLS state if the node uses TLS,
+/// registered for reading; `None` if it cannot be (it is dropped, and no longer counted).
+fn new_client<'a>(
+    shared: &'a Shared,
+    metrics: &'a WorkerMetrics,
+    registry: &Registry,
+    stream: std::net::TcpStream,
+    id: u64,
+) -> Option<Client<'a>> {
+    let token = Token(id as usize);
+    let mut stream = TcpStream::from_std(stream);
+    let tls = match &shared.tls {
+        None => None,
+        Some(t) => match ServerConnection::new(Arc::clone(&t.config)) {
+            Ok(conn) => Some(Box::new(Tls {
+                conn,
+                checked_first_byte: false,
+            })),
+            Err(e) => {
+                tracing::warn!("cannot start a TLS connection: {e}");
+                metrics.failure(Failure::Tls);
+                shared.connections.fetch_sub(1, Ordering::Relaxed);
+                return None;
+            }
+        },
+    };
+    if registry
+        .register(&mut stream, token, Interest::READABLE)
+        .is_err()
+    {
+        shared.connections.fetch_sub(1, Ordering::Relaxed);
+        return None;
+    }
+    Some(Client {
+        token,
+        stream,
+        rbuf: BytesMut::with_capacity(READ_RESERVE),
+        wbuf: BytesMut::with_capacity(READ_RESERVE),
+        conn: Conn::new(shared, id, metrics),
+        tls,
+        writable_interest: false,
+        closing: false,
+        unserved: false,
+        reported_unsent: 0,
+    })
+}
+
+/// Closes a connection: its unsent bytes leave the gauge, what its client held is released,
+/// and it is no longer counted.
+fn close(shared: &Shared, metrics: &WorkerMetrics, mut c: Client<'_>) {
+    metrics.unsent_changed(c.reported_unsent, 0);
+    c.conn.close();
+    shared.connections.fetch_sub(1, Ordering::Relaxed);
 }

@@ -103,7 +103,6 @@ fn gauge(value: u64) -> Gauge {
 
 /// The node's metrics now, as OpenMetrics text.
 pub(crate) fn render(sh: &Shared) -> String {
-    let m = &sh.metrics;
     let mut root = Registry::default();
     root.register(
         "tidepool_build",
@@ -114,8 +113,20 @@ pub(crate) fn render(sh: &Shared) -> String {
         }),
     );
     let r = root.sub_registry_with_prefix("tidepool_node");
+    register_counters(r, sh);
+    register_latency(r, sh);
+    register_gauges(r, sh);
+    register_tenants(r, sh);
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut out, &root);
+    out
+}
 
-    // Counters (prometheus-client appends `_total`).
+/// The counters: requests by op, errors by kind, bytes, connections (prometheus-client
+/// appends `_total`).
+fn register_counters(r: &mut Registry, sh: &Shared) {
+    let m = &sh.metrics;
     let requests = Series {
         kind: MetricType::Counter,
         series: OPS
@@ -164,8 +175,11 @@ pub(crate) fn render(sh: &Shared) -> String {
         "Connections accepted",
         counter(m.accepted.load(Ordering::Relaxed)),
     );
+}
 
-    // The latency histogram.
+/// The latency histogram, summed over the workers.
+fn register_latency(r: &mut Registry, sh: &Shared) {
+    let m = &sh.metrics;
     let mut buckets: Vec<(f64, u64)> = BUCKETS_NS
         .iter()
         .enumerate()
@@ -182,8 +196,11 @@ pub(crate) fn render(sh: &Shared) -> String {
             buckets,
         },
     );
+}
 
-    // Gauges.
+/// The node's gauges: connections, memory, unsent answers.
+fn register_gauges(r: &mut Registry, sh: &Shared) {
+    let m = &sh.metrics;
     let node = sh.node_counters();
     let get = |name: &str| node.iter().find(|(k, _)| k == name).map_or(0, |(_, v)| *v);
     for (name, help, value) in [
@@ -221,6 +238,10 @@ pub(crate) fn render(sh: &Shared) -> String {
     ] {
         r.register(name, help, gauge(value));
     }
+}
+
+/// Each tenant's gauges, tenants in the order they first connected.
+fn register_tenants(r: &mut Registry, sh: &Shared) {
     let tenants = sh.tenants.all();
     let per_tenant: [TenantGauge; 5] = [
         (
@@ -262,11 +283,6 @@ pub(crate) fn render(sh: &Shared) -> String {
             },
         );
     }
-
-    let mut out = String::new();
-    // Writing to a String cannot fail.
-    let _ = encode(&mut out, &root);
-    out
 }
 
 #[cfg(test)]

@@ -58,22 +58,8 @@ impl Server {
                 source,
             }
         })?;
-        let listener = TcpListener::bind(&cfg.listen).map_err(|source| NodeError::Listen {
-            addr: cfg.listen.clone(),
-            source,
-        })?;
-        let addr = listener.local_addr().map_err(|source| NodeError::Listen {
-            addr: cfg.listen.clone(),
-            source,
-        })?;
-
-        let mut secs = vec![];
-        let mut allocators = vec![];
-        for i in 0..sections {
-            let (s, rx) = Section::new(i as u16, i as u64 * section_len, section_len);
-            allocators.push(s.spawn_allocator(rx).map_err(NodeError::Thread)?);
-            secs.push(s);
-        }
+        let (listener, addr) = bind(&cfg.listen)?;
+        let (secs, allocators) = start_sections(sections, section_len)?;
         let capacity = section_len * sections as u64;
         let io_threads = cfg.io_threads.max(1);
         let shared = Arc::new(Shared {
@@ -94,16 +80,7 @@ impl Server {
         });
         let metrics = cfg
             .metrics
-            .map(|addr| {
-                MetricsServer::start(
-                    {
-                        let shared = Arc::clone(&shared);
-                        Arc::new(move || crate::metrics::render(&shared))
-                    },
-                    addr,
-                )
-                .map_err(|source| NodeError::Metrics { addr, source })
-            })
+            .map(|addr| start_metrics(&shared, addr))
             .transpose()?;
         let workers = Arc::new(
             (0..io_threads)
@@ -111,14 +88,7 @@ impl Server {
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(NodeError::Thread)?,
         );
-        let accept = {
-            let shared = Arc::clone(&shared);
-            let workers = Arc::clone(&workers);
-            std::thread::Builder::new()
-                .name("tp-accept".into())
-                .spawn(move || accept_loop(listener, shared, workers))
-                .map_err(NodeError::Thread)?
-        };
+        let accept = spawn_accept(listener, &shared, &workers)?;
         tracing::info!(%addr, capacity, sections, "memory node listening");
         Ok(Server {
             shared,
@@ -198,6 +168,55 @@ impl Server {
             let _ = a.join();
         }
     }
+}
+
+/// Binds the listening socket, and says which address it got.
+fn bind(listen: &str) -> Result<(TcpListener, SocketAddr), NodeError> {
+    let listener = TcpListener::bind(listen).map_err(|source| NodeError::Listen {
+        addr: listen.to_string(),
+        source,
+    })?;
+    let addr = listener.local_addr().map_err(|source| NodeError::Listen {
+        addr: listen.to_string(),
+        source,
+    })?;
+    Ok((listener, addr))
+}
+
+/// The sections of the arena, and their allocator threads.
+type SectionThreads = (Vec<Arc<Section>>, Vec<JoinHandle<()>>);
+
+/// The arena's sections, `section_len` bytes each, with an allocator thread apiece.
+fn start_sections(sections: usize, section_len: u64) -> Result<SectionThreads, NodeError> {
+    let mut secs = vec![];
+    let mut allocators = vec![];
+    for i in 0..sections {
+        let (s, rx) = Section::new(i as u16, i as u64 * section_len, section_len);
+        allocators.push(s.spawn_allocator(rx).map_err(NodeError::Thread)?);
+        secs.push(s);
+    }
+    Ok((secs, allocators))
+}
+
+/// Serves `/metrics` at `addr`.
+fn start_metrics(shared: &Arc<Shared>, addr: SocketAddr) -> Result<MetricsServer, NodeError> {
+    let shared = Arc::clone(shared);
+    MetricsServer::start(Arc::new(move || crate::metrics::render(&shared)), addr)
+        .map_err(|source| NodeError::Metrics { addr, source })
+}
+
+/// The thread that accepts connections and hands them to the I/O workers.
+fn spawn_accept(
+    listener: TcpListener,
+    shared: &Arc<Shared>,
+    workers: &Arc<Vec<WorkerHandle>>,
+) -> Result<JoinHandle<()>, NodeError> {
+    let shared = Arc::clone(shared);
+    let workers = Arc::clone(workers);
+    std::thread::Builder::new()
+        .name("tp-accept".into())
+        .spawn(move || accept_loop(listener, shared, workers))
+        .map_err(NodeError::Thread)
 }
 
 fn accept_loop(listener: TcpListener, shared: Arc<Shared>, workers: Arc<Vec<WorkerHandle>>) {

@@ -119,90 +119,7 @@ pub fn decode_request(
     }
     let op = Op::try_from(h.op).map_err(|_| DecodeError::UnknownOp(h.op))?;
     let mut r = Reader(body);
-    let req = match op {
-        Op::Hello => Request::Hello {
-            tenant: r.str16("tenant name")?,
-            token: r.str16("token")?,
-            session: r.u64("session id")?,
-            // Absent from clients that predate it.
-            store: if r.0.is_empty() {
-                String::new()
-            } else {
-                r.str16("store settings")?
-            },
-        },
-        Op::Put => Request::Put { data: r.blob()? },
-        Op::Get => Request::Get {
-            handle: r.handle()?,
-        },
-        Op::Take => Request::Take {
-            handle: r.handle()?,
-        },
-        Op::Write => Request::Write {
-            handle: r.handle()?,
-            data: r.blob()?,
-        },
-        Op::Free => Request::Free {
-            handle: r.handle()?,
-        },
-        Op::PutMany => {
-            let n = r.count(4)?;
-            let mut items = Vec::with_capacity(n);
-            for _ in 0..n {
-                items.push(r.blob()?);
-            }
-            Request::PutMany { items }
-        }
-        Op::GetMany => Request::GetMany {
-            handles: r.handles()?,
-        },
-        Op::TakeMany => Request::TakeMany {
-            handles: r.handles()?,
-        },
-        Op::WriteMany => {
-            let n = r.count(Handle::ENCODED_LEN + 4)?;
-            let mut items = Vec::with_capacity(n);
-            for _ in 0..n {
-                items.push((r.handle()?, r.blob()?));
-            }
-            Request::WriteMany { items }
-        }
-        Op::FreeMany => Request::FreeMany {
-            handles: r.handles()?,
-        },
-        Op::EvictFetch => {
-            let take = r.flag("take flag")?;
-            let n = r.count(5)?;
-            let mut evict = Vec::with_capacity(n);
-            for _ in 0..n {
-                let handle = if r.flag("evict item")? {
-                    Some(r.handle()?)
-                } else {
-                    None
-                };
-                evict.push(EvictItem {
-                    handle,
-                    data: r.blob()?,
-                });
-            }
-            Request::EvictFetch {
-                evict,
-                fetch: r.handles()?,
-                take,
-            }
-        }
-        Op::Stats => Request::Stats,
-        Op::Scan => Request::Scan(r.scan()?),
-        Op::Gather => Request::Gather {
-            column: r.column()?,
-            indices: {
-                let n = r.count(8)?;
-                (0..n)
-                    .map(|_| r.u64("row index"))
-                    .collect::<Result<_, _>>()?
-            },
-        },
-    };
+    let req = r.request(op)?;
     r.finish()?;
     Ok(Some((h.id, req)))
 }
@@ -272,6 +189,107 @@ pub fn decode_response(
 struct Reader(Bytes);
 
 impl Reader {
+    /// The body of a request whose op is `op`.
+    fn request(&mut self, op: Op) -> Result<Request, DecodeError> {
+        Ok(match op {
+            Op::Hello => self.hello()?,
+            Op::Put => Request::Put { data: self.blob()? },
+            Op::Get => Request::Get {
+                handle: self.handle()?,
+            },
+            Op::Take => Request::Take {
+                handle: self.handle()?,
+            },
+            Op::Write => Request::Write {
+                handle: self.handle()?,
+                data: self.blob()?,
+            },
+            Op::Free => Request::Free {
+                handle: self.handle()?,
+            },
+            Op::PutMany => Request::PutMany {
+                items: self.blobs()?,
+            },
+            Op::GetMany => Request::GetMany {
+                handles: self.handles()?,
+            },
+            Op::TakeMany => Request::TakeMany {
+                handles: self.handles()?,
+            },
+            Op::WriteMany => Request::WriteMany {
+                items: self.writes()?,
+            },
+            Op::FreeMany => Request::FreeMany {
+                handles: self.handles()?,
+            },
+            Op::EvictFetch => self.evict_fetch()?,
+            Op::Stats => Request::Stats,
+            Op::Scan => Request::Scan(self.scan()?),
+            Op::Gather => Request::Gather {
+                column: self.column()?,
+                indices: self.row_indices()?,
+            },
+        })
+    }
+    /// A hello request: tenant, token, session and the store settings newer clients send.
+    fn hello(&mut self) -> Result<Request, DecodeError> {
+        Ok(Request::Hello {
+            tenant: self.str16("tenant name")?,
+            token: self.str16("token")?,
+            session: self.u64("session id")?,
+            // Absent from clients that predate it.
+            store: if self.0.is_empty() {
+                String::new()
+            } else {
+                self.str16("store settings")?
+            },
+        })
+    }
+    /// A counted list of blobs (the items of a batched put).
+    fn blobs(&mut self) -> Result<Vec<Bytes>, DecodeError> {
+        let n = self.count(4)?;
+        let mut items = Vec::with_capacity(n);
+        for _ in 0..n {
+            items.push(self.blob()?);
+        }
+        Ok(items)
+    }
+    /// A counted list of (handle, blob) pairs (the items of a batched write).
+    fn writes(&mut self) -> Result<Vec<(Handle, Bytes)>, DecodeError> {
+        let n = self.count(Handle::ENCODED_LEN + 4)?;
+        let mut items = Vec::with_capacity(n);
+        for _ in 0..n {
+            items.push((self.handle()?, self.blob()?));
+        }
+        Ok(items)
+    }
+    /// An evict-and-fetch request: the take flag, the items to evict, the handles to fetch.
+    fn evict_fetch(&mut self) -> Result<Request, DecodeError> {
+        let take = self.flag("take flag")?;
+        let n = self.count(5)?;
+        let mut evict = Vec::with_capacity(n);
+        for _ in 0..n {
+            let handle = if self.flag("evict item")? {
+                Some(self.handle()?)
+            } else {
+                None
+            };
+            evict.push(EvictItem {
+                handle,
+                data: self.blob()?,
+            });
+        }
+        Ok(Request::EvictFetch {
+            evict,
+            fetch: self.handles()?,
+            take,
+        })
+    }
+    /// A counted list of row indices (what a gather reads).
+    fn row_indices(&mut self) -> Result<Vec<u64>, DecodeError> {
+        let n = self.count(8)?;
+        (0..n).map(|_| self.u64("row index")).collect()
+    }
     fn need(&self, n: usize, what: &'static str) -> Result<(), DecodeError> {
         if self.0.remaining() < n {
             Err(DecodeError::Truncated(what))

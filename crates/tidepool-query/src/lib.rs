@@ -114,85 +114,14 @@ pub struct Evaluator {
 impl Evaluator {
     /// Checks a scan (lines of every column: `lines[c]`) and readies its accumulators.
     pub fn new<L>(scan: &Scan<L>) -> Result<Evaluator, ScanError> {
-        let nc = scan.columns.len();
-        if nc == 0 || nc > MAX_COLUMNS || scan.aggs.is_empty() || scan.aggs.len() > MAX_AGGS {
-            return Err(ScanError::Shape);
-        }
-        let le = scan.columns[0].line_elems;
-        if le == 0
-            || le as usize * 8 > MAX_LINE_BYTES
-            || scan.columns.iter().any(|c| c.line_elems != le)
-        {
-            return Err(ScanError::LineElems);
-        }
-        let need = scan.rows.div_ceil(le as u64);
-        for (i, c) in scan.columns.iter().enumerate() {
-            if (c.lines.len() as u64) < need {
-                return Err(ScanError::TooFewLines {
-                    column: i,
-                    have: c.lines.len(),
-                    need,
-                    rows: scan.rows,
-                });
-            }
-        }
-        let col = |c: u8| {
-            scan.columns
-                .get(c as usize)
-                .map(|x| x.ty)
-                .ok_or(ScanError::NoColumn(c, nc))
-        };
-        let mut used = vec![false; nc];
-        if let Some(f) = scan.filter {
-            col(f.column)?;
-            used[f.column as usize] = true;
-        }
-        let groups = match scan.group {
-            Some(g) => {
-                if col(g.column)?.is_float() || g.groups == 0 || g.groups > MAX_GROUPS {
-                    return Err(ScanError::BadGroup);
-                }
-                used[g.column as usize] = true;
-                g.groups as usize
-            }
-            None => 1,
-        };
-        let mut offsets = Vec::with_capacity(scan.aggs.len());
-        let mut init = Vec::new();
-        let mut fused = Vec::new();
-        for a in &scan.aggs {
-            let ty = col(a.column)?;
-            offsets.push(init.len());
-            if let AggKind::Histogram { lo, hi, buckets } = a.kind {
-                let ok = buckets > 0
-                    && buckets <= MAX_GROUPS
-                    && value(ty, lo).cmp_to(value(ty, hi)) == Some(std::cmp::Ordering::Less);
-                if !ok {
-                    return Err(ScanError::BadHistogram);
-                }
-            }
-            let start = identity(a.kind, ty);
-            if matches!(a.kind, AggKind::Sum | AggKind::Min | AggKind::Max)
-                && !fused.iter().any(|f: &Fused| f.column == a.column)
-            {
-                fused.push(Fused {
-                    column: a.column,
-                    stats: vec![
-                        [
-                            identity(AggKind::Sum, ty),
-                            identity(AggKind::Min, ty),
-                            identity(AggKind::Max, ty),
-                            0,
-                        ];
-                        groups
-                    ],
-                });
-            }
-            if a.kind != AggKind::Count {
-                used[a.column as usize] = true;
-            }
-            init.extend(std::iter::repeat_n(start, a.width()));
-        }
+        let le = check_shape(scan)?;
+        let mut used = vec![false; scan.columns.len()];
+        let groups = filter_and_groups(scan, &mut used)?;
+        let Accumulators {
+            offsets,
+            init,
+            fused,
+        } = accumulators(scan, groups, &mut used)?;
         let stride = init.len();
         let total = stride * groups;
         if total > MAX_RESULTS {
@@ -245,89 +174,16 @@ impl Evaluator {
         if missing && self.zeros.is_empty() {
             self.zeros = vec![0; self.line_elems * 8];
         }
-        let mut data: [&[u8]; MAX_COLUMNS] = [&[]; MAX_COLUMNS];
-        for (c, slot) in data.iter_mut().enumerate().take(nc) {
-            if !self.used[c] {
-                continue;
-            }
-            let need = n * self.types[c].size();
-            *slot = match columns.get(c).copied().flatten() {
-                None => &self.zeros[..need],
-                Some(d) if d.len() < need => {
-                    return Err(ScanError::ShortLine {
-                        column: c,
-                        line,
-                        have: d.len(),
-                        need,
-                    })
-                }
-                Some(d) => &d[..need],
-            };
-        }
-        let sel = match self.filter {
-            Some(f) => {
-                let d = data[f.column as usize];
-                with_type!(
-                    self.types[f.column as usize],
-                    T,
-                    select::<T>(d, f.cmp, f.value, &mut self.sel)
-                );
-                Some(&self.sel[..])
-            }
-            None => None,
-        };
-        let keys = match self.group {
-            Some(g) => {
-                self.keys.clear();
-                let d = data[g.column as usize];
-                let bad = with_type!(
-                    self.types[g.column as usize],
-                    T,
-                    group_keys::<T>(d, g.groups, &mut self.keys)
-                );
-                if let Some(key) = bad {
-                    return Err(ScanError::GroupKey {
-                        key,
-                        groups: g.groups,
-                    });
-                }
-                Some(&self.keys[..])
-            }
-            None => None,
-        };
+        let data = line_data(&self.types, &self.used, &self.zeros, columns, line, n)?;
+        let sel = select_line(self.filter, &self.types, &data, &mut self.sel);
+        let keys = group_line(self.group, &self.types, &data, &mut self.keys)?;
         let rows = Rows {
             n,
             sel,
             keys,
             stride: self.stride,
         };
-        // Rows are counted in the first fused pass, or in a pass of their own.
-        if let Some((f, rest)) = self.fused.split_first_mut() {
-            let c = f.column as usize;
-            if self.counts.is_empty() {
-                with_type!(
-                    self.types[c],
-                    T,
-                    fused::<T, false>(data[c], &rows, &mut f.stats)
-                );
-            } else {
-                with_type!(
-                    self.types[c],
-                    T,
-                    fused::<T, true>(data[c], &rows, &mut f.stats)
-                );
-            }
-            for f in rest {
-                let c = f.column as usize;
-                with_type!(
-                    self.types[c],
-                    T,
-                    fused::<T, false>(data[c], &rows, &mut f.stats)
-                );
-            }
-        } else if !self.counts.is_empty() {
-            count_rows(&rows, &mut self.counts);
-        }
+        fused_line(&mut self.fused, &mut self.counts, &self.types, &data, &rows);
         for (a, &off) in self.aggs.iter().zip(&self.offsets) {
             if let AggKind::Histogram { lo, hi, buckets } = a.kind {
                 let d = data[a.column as usize];
@@ -369,6 +225,222 @@ impl Evaluator {
             }
         }
         self.acc
+    }
+}
+
+/// The scan's elements per line, once its columns and aggregations are counted and every
+/// column is checked to have that many elements per line and lines enough for the rows.
+fn check_shape<L>(scan: &Scan<L>) -> Result<u32, ScanError> {
+    let nc = scan.columns.len();
+    if nc == 0 || nc > MAX_COLUMNS || scan.aggs.is_empty() || scan.aggs.len() > MAX_AGGS {
+        return Err(ScanError::Shape);
+    }
+    let le = scan.columns[0].line_elems;
+    if le == 0
+        || le as usize * 8 > MAX_LINE_BYTES
+        || scan.columns.iter().any(|c| c.line_elems != le)
+    {
+        return Err(ScanError::LineElems);
+    }
+    let need = scan.rows.div_ceil(le as u64);
+    for (i, c) in scan.columns.iter().enumerate() {
+        if (c.lines.len() as u64) < need {
+            return Err(ScanError::TooFewLines {
+                column: i,
+                have: c.lines.len(),
+                need,
+                rows: scan.rows,
+            });
+        }
+    }
+    Ok(le)
+}
+
+/// The type of column `c` of the scan, if it has one.
+fn column_type<L>(scan: &Scan<L>, c: u8) -> Result<ElemType, ScanError> {
+    scan.columns
+        .get(c as usize)
+        .map(|x| x.ty)
+        .ok_or(ScanError::NoColumn(c, scan.columns.len()))
+}
+
+/// Checks the filter's and the grouping's columns, marks them `used`, and returns how many
+/// groups there are (one if not grouped).
+fn filter_and_groups<L>(scan: &Scan<L>, used: &mut [bool]) -> Result<usize, ScanError> {
+    if let Some(f) = scan.filter {
+        column_type(scan, f.column)?;
+        used[f.column as usize] = true;
+    }
+    Ok(match scan.group {
+        Some(g) => {
+            if column_type(scan, g.column)?.is_float() || g.groups == 0 || g.groups > MAX_GROUPS {
+                return Err(ScanError::BadGroup);
+            }
+            used[g.column as usize] = true;
+            g.groups as usize
+        }
+        None => 1,
+    })
+}
+
+/// What a scan's aggregations start from (see [`accumulators`]).
+struct Accumulators {
+    /// Each aggregation's first value in a group's results.
+    offsets: Vec<usize>,
+    /// A group's results before the first line.
+    init: Vec<u64>,
+    /// The fused sum/minimum/maximum passes, one per column that needs one.
+    fused: Vec<Fused>,
+}
+
+/// Checks the aggregations and readies their accumulators; marks the columns they read
+/// `used`.
+fn accumulators<L>(
+    scan: &Scan<L>,
+    groups: usize,
+    used: &mut [bool],
+) -> Result<Accumulators, ScanError> {
+    let mut offsets = Vec::with_capacity(scan.aggs.len());
+    let mut init = Vec::new();
+    let mut fused = Vec::new();
+    for a in &scan.aggs {
+        let ty = column_type(scan, a.column)?;
+        offsets.push(init.len());
+        if let AggKind::Histogram { lo, hi, buckets } = a.kind {
+            let ok = buckets > 0
+                && buckets <= MAX_GROUPS
+                && value(ty, lo).cmp_to(value(ty, hi)) == Some(std::cmp::Ordering::Less);
+            if !ok {
+                return Err(ScanError::BadHistogram);
+            }
+        }
+        let start = identity(a.kind, ty);
+        if matches!(a.kind, AggKind::Sum | AggKind::Min | AggKind::Max)
+            && !fused.iter().any(|f: &Fused| f.column == a.column)
+        {
+            fused.push(Fused {
+                column: a.column,
+                stats: vec![
+                    [
+                        identity(AggKind::Sum, ty),
+                        identity(AggKind::Min, ty),
+                        identity(AggKind::Max, ty),
+                        0,
+                    ];
+                    groups
+                ],
+            });
+        }
+        if a.kind != AggKind::Count {
+            used[a.column as usize] = true;
+        }
+        init.extend(std::iter::repeat_n(start, a.width()));
+    }
+    Ok(Accumulators {
+        offsets,
+        init,
+        fused,
+    })
+}
+
+/// The bytes of the current line's `n` rows of every column the scan reads (`zeros` for a
+/// column not handed in), refused if a line handed in is short.
+fn line_data<'a>(
+    types: &[ElemType],
+    used: &[bool],
+    zeros: &'a [u8],
+    columns: &[Option<&'a [u8]>],
+    line: usize,
+    n: usize,
+) -> Result<[&'a [u8]; MAX_COLUMNS], ScanError> {
+    let mut data: [&[u8]; MAX_COLUMNS] = [&[]; MAX_COLUMNS];
+    for (c, slot) in data.iter_mut().enumerate().take(types.len()) {
+        if !used[c] {
+            continue;
+        }
+        let need = n * types[c].size();
+        *slot = match columns.get(c).copied().flatten() {
+            None => &zeros[..need],
+            Some(d) if d.len() < need => {
+                return Err(ScanError::ShortLine {
+                    column: c,
+                    line,
+                    have: d.len(),
+                    need,
+                })
+            }
+            Some(d) => &d[..need],
+        };
+    }
+    Ok(data)
+}
+
+/// The rows of the line that pass the filter, listed in `sel` (`None`: no filter, all pass).
+fn select_line<'s>(
+    filter: Option<Filter>,
+    types: &[ElemType],
+    data: &[&[u8]],
+    sel: &'s mut Vec<u32>,
+) -> Option<&'s [u32]> {
+    let f = filter?;
+    let d = data[f.column as usize];
+    with_type!(
+        types[f.column as usize],
+        T,
+        select::<T>(d, f.cmp, f.value, sel)
+    );
+    Some(&sel[..])
+}
+
+/// Each row's group, listed in `keys` (`None`: not grouped), refused if a key is not below
+/// the groups asked for.
+fn group_line<'k>(
+    group: Option<Group>,
+    types: &[ElemType],
+    data: &[&[u8]],
+    keys: &'k mut Vec<u32>,
+) -> Result<Option<&'k [u32]>, ScanError> {
+    let Some(g) = group else {
+        return Ok(None);
+    };
+    keys.clear();
+    let d = data[g.column as usize];
+    let bad = with_type!(
+        types[g.column as usize],
+        T,
+        group_keys::<T>(d, g.groups, keys)
+    );
+    if let Some(key) = bad {
+        return Err(ScanError::GroupKey {
+            key,
+            groups: g.groups,
+        });
+    }
+    Ok(Some(&keys[..]))
+}
+
+/// Runs the line's fused sum/minimum/maximum passes; rows are counted in the first of them, or
+/// in a pass of their own if there is none.
+fn fused_line(
+    passes: &mut [Fused],
+    counts: &mut [u64],
+    types: &[ElemType],
+    data: &[&[u8]],
+    rows: &Rows<'_>,
+) {
+    if let Some((f, rest)) = passes.split_first_mut() {
+        let c = f.column as usize;
+        if counts.is_empty() {
+            with_type!(types[c], T, fused::<T, false>(data[c], rows, &mut f.stats));
+        } else {
+            with_type!(types[c], T, fused::<T, true>(data[c], rows, &mut f.stats));
+        }
+        for f in rest {
+            let c = f.column as usize;
+            with_type!(types[c], T, fused::<T, false>(data[c], rows, &mut f.stats));
+        }
+    } else if !counts.is_empty() {
+        count_rows(rows, counts);
     }
 }
 

@@ -178,33 +178,61 @@ fn keep_link(held: Held, config: CoordConfig, link: Arc<CoordLink>) {
     }
 }
 
+/// One session with the coordinator: the hello and its welcome, then a report every heartbeat
+/// and the coordinator's orders in between, until the link is lost or the arena gone.
 fn session(held: &Held, config: &CoordConfig, link: &CoordLink, outage_said: &mut bool) -> Ended {
-    let lost = Ended::Lost;
     let ch = match Channel::connect(&config.socket) {
         Ok(ch) => ch,
-        Err(e) => return lost(e),
+        Err(e) => return Ended::Lost(e),
     };
-    let hello = {
-        let Some(arena) = held.get() else {
-            return Ended::ArenaGone;
-        };
-        let msg = ToCoord::Hello {
-            kind: AppKind::Soft,
-            pid: std::process::id(),
-            weight: config.weight,
-            segment: SEGMENT as u32,
-            capacity: arena.capacity() as u64,
-            min: 0,
-            budget: arena.budget() as u64,
-            name: config.name.clone(),
-        };
-        ch.send_with_fd(&msg.encode(), arena.memfd())
-    };
-    if let Err(e) = hello {
-        return lost(e);
+    if let Err(ended) = hello(held, config, &ch) {
+        return ended;
     }
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let heartbeat = match ch.recv(&mut buf, Some(Duration::from_secs(5))) {
+    let heartbeat = match welcome(held, link, &ch, &mut buf) {
+        Ok(heartbeat) => heartbeat,
+        Err(ended) => return ended,
+    };
+    link.connected.store(true, Release);
+    if *outage_said {
+        tracing::info!(socket = %config.socket.display(), "soft memory: coordinator is back");
+        *outage_said = false;
+    }
+    loop {
+        if let Err(ended) = send_report(held, link, &ch) {
+            return ended;
+        }
+        let due = Instant::now() + heartbeat;
+        if let Err(ended) = follow_orders(held, link, &ch, &mut buf, due) {
+            return ended;
+        }
+    }
+}
+
+/// Introduces the arena to the coordinator, handing over its memfd.
+fn hello(held: &Held, config: &CoordConfig, ch: &Channel) -> Result<(), Ended> {
+    let Some(arena) = held.get() else {
+        return Err(Ended::ArenaGone);
+    };
+    let msg = ToCoord::Hello {
+        kind: AppKind::Soft,
+        pid: std::process::id(),
+        weight: config.weight,
+        segment: SEGMENT as u32,
+        capacity: arena.capacity() as u64,
+        min: 0,
+        budget: arena.budget() as u64,
+        name: config.name.clone(),
+    };
+    ch.send_with_fd(&msg.encode(), arena.memfd())
+        .map_err(Ended::Lost)
+}
+
+/// Waits up to 5 s for the coordinator's welcome, follows the budget it sets, and returns the
+/// heartbeat it asks for.
+fn welcome(held: &Held, link: &CoordLink, ch: &Channel, buf: &mut [u8]) -> Result<Duration, Ended> {
+    let lost = Ended::Lost;
+    match ch.recv(buf, Some(Duration::from_secs(5))) {
         Ok(Some((n, _))) => match FromCoord::decode(&buf[..n]) {
             Ok(FromCoord::Welcome {
                 app,
@@ -213,68 +241,73 @@ fn session(held: &Held, config: &CoordConfig, link: &CoordLink, outage_said: &mu
             }) => {
                 link.app.store(app, Relaxed);
                 let Some(arena) = held.get() else {
-                    return Ended::ArenaGone;
+                    return Err(Ended::ArenaGone);
                 };
                 arena.follow_budget(budget as usize);
                 link.budgets.fetch_add(1, Relaxed);
-                Duration::from_millis(heartbeat_ms.clamp(1, 10_000) as u64)
+                Ok(Duration::from_millis(heartbeat_ms.clamp(1, 10_000) as u64))
             }
             Ok(FromCoord::Error { message }) => {
-                return lost(io::Error::other(format!("refused: {message}")))
+                Err(lost(io::Error::other(format!("refused: {message}"))))
             }
-            Ok(other) => {
-                return lost(io::Error::other(format!(
-                    "expected a welcome, got {other:?}"
-                )))
-            }
-            Err(e) => return lost(io::Error::new(io::ErrorKind::InvalidData, e)),
+            Ok(other) => Err(lost(io::Error::other(format!(
+                "expected a welcome, got {other:?}"
+            )))),
+            Err(e) => Err(lost(io::Error::new(io::ErrorKind::InvalidData, e))),
         },
-        Ok(None) => return lost(io::Error::other("no welcome within 5 s")),
-        Err(e) => return lost(e),
-    };
-    link.connected.store(true, Release);
-    if *outage_said {
-        tracing::info!(socket = %config.socket.display(), "soft memory: coordinator is back");
-        *outage_said = false;
+        Ok(None) => Err(lost(io::Error::other("no welcome within 5 s"))),
+        Err(e) => Err(lost(e)),
     }
+}
+
+/// Sends this heartbeat's report, or says goodbye if the arena is gone.
+fn send_report(held: &Held, link: &CoordLink, ch: &Channel) -> Result<(), Ended> {
+    let Some(arena) = held.get() else {
+        let _ = ch.send(&ToCoord::Bye.encode());
+        return Err(Ended::ArenaGone);
+    };
+    ch.send(&ToCoord::Report(Box::new(report(&arena))).encode())
+        .map_err(Ended::Lost)?;
+    link.reports.fetch_add(1, Relaxed);
+    Ok(())
+}
+
+/// Follows the budgets and punched segments the coordinator sends until `due`.
+fn follow_orders(
+    held: &Held,
+    link: &CoordLink,
+    ch: &Channel,
+    buf: &mut [u8],
+    due: Instant,
+) -> Result<(), Ended> {
+    let lost = Ended::Lost;
     loop {
-        {
-            let Some(arena) = held.get() else {
-                let _ = ch.send(&ToCoord::Bye.encode());
-                return Ended::ArenaGone;
-            };
-            if let Err(e) = ch.send(&ToCoord::Report(Box::new(report(&arena))).encode()) {
-                return lost(e);
+        let n = match ch.recv_until(buf, due) {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(lost(e)),
+        };
+        let Some(arena) = held.get() else {
+            let _ = ch.send(&ToCoord::Bye.encode());
+            return Err(Ended::ArenaGone);
+        };
+        match FromCoord::decode(&buf[..n]) {
+            Ok(FromCoord::Budget { budget }) => {
+                arena.follow_budget(budget as usize);
+                link.budgets.fetch_add(1, Relaxed);
             }
-            link.reports.fetch_add(1, Relaxed);
-        }
-        let due = Instant::now() + heartbeat;
-        loop {
-            let n = match ch.recv_until(&mut buf, due) {
-                Ok(Some(n)) => n,
-                Ok(None) => break,
-                Err(e) => return lost(e),
-            };
-            let Some(arena) = held.get() else {
-                let _ = ch.send(&ToCoord::Bye.encode());
-                return Ended::ArenaGone;
-            };
-            match FromCoord::decode(&buf[..n]) {
-                Ok(FromCoord::Budget { budget }) => {
-                    arena.follow_budget(budget as usize);
-                    link.budgets.fetch_add(1, Relaxed);
-                }
-                Ok(FromCoord::Punched { runs }) => {
-                    let n: u64 = runs.iter().map(|r| r.len as u64).sum();
-                    arena.punched(&runs);
-                    link.punched_segments.fetch_add(n, Relaxed);
-                }
-                Ok(FromCoord::Weight { .. } | FromCoord::Welcome { .. }) => {}
-                Ok(FromCoord::Error { message }) => {
-                    return lost(io::Error::other(format!("the coordinator said: {message}")))
-                }
-                Err(e) => return lost(io::Error::new(io::ErrorKind::InvalidData, e)),
+            Ok(FromCoord::Punched { runs }) => {
+                let n: u64 = runs.iter().map(|r| r.len as u64).sum();
+                arena.punched(&runs);
+                link.punched_segments.fetch_add(n, Relaxed);
             }
+            Ok(FromCoord::Weight { .. } | FromCoord::Welcome { .. }) => {}
+            Ok(FromCoord::Error { message }) => {
+                return Err(lost(io::Error::other(format!(
+                    "the coordinator said: {message}"
+                ))))
+            }
+            Err(e) => return Err(lost(io::Error::new(io::ErrorKind::InvalidData, e))),
         }
     }
 }

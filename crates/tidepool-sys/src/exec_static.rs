@@ -187,6 +187,39 @@ fn check_map(r: libc::c_long, what: &str) -> io::Result<u64> {
 pub fn map(path: &Path) -> io::Result<Image> {
     let file = std::fs::File::open(path)?;
     let (kind, entry, phoff, segs) = headers(&file)?;
+    let loads = loadable(&segs)?;
+    let lo = loads.iter().map(|s| down(s.vaddr)).min().unwrap();
+    let hi = loads.iter().map(|s| up(s.vaddr + s.memsz)).max().unwrap();
+    let base = reserve(kind, lo, hi)?;
+    let mut phdr = segs.iter().find(|s| s.kind == PT_PHDR).map(|s| s.vaddr);
+    let mut text = (u64::MAX, 0u64);
+    for s in &loads {
+        // SAFETY: every loadable segment lies in `[lo, hi)`, which `reserve` just reserved at
+        // `base` for the program alone.
+        unsafe { map_segment(&file, base, s)? };
+        if phdr.is_none() && phoff >= s.offset && phoff < s.offset + s.filesz {
+            phdr = Some(s.vaddr + (phoff - s.offset));
+        }
+        if s.flags & PF_X != 0 {
+            let start = down(s.vaddr);
+            let file_end = s.vaddr + s.filesz;
+            text = (text.0.min(base + start), text.1.max(base + up(file_end)));
+        }
+    }
+    let phdr = phdr.ok_or_else(|| bad("program headers outside the loaded segments"))?;
+    if text.0 >= text.1 {
+        return Err(bad("no executable segment"));
+    }
+    Ok(Image {
+        entry: base + entry,
+        phdr: base + phdr,
+        phnum: segs.len() as u64,
+        text,
+    })
+}
+
+/// The program's loadable segments, refused if it has an interpreter or nothing to load.
+fn loadable(segs: &[Segment]) -> io::Result<Vec<Segment>> {
     if segs.iter().any(|s| s.kind == PT_INTERP) {
         return Err(bad("a dynamically linked program"));
     }
@@ -194,11 +227,13 @@ pub fn map(path: &Path) -> io::Result<Image> {
     if loads.is_empty() {
         return Err(bad("no loadable segment"));
     }
-    let lo = loads.iter().map(|s| down(s.vaddr)).min().unwrap();
-    let hi = loads.iter().map(|s| up(s.vaddr + s.memsz)).max().unwrap();
-    // The program's whole span first, inaccessible, replaced below segment by segment:
-    // anywhere for a PIE; at its own addresses otherwise, refused if anything of this process
-    // lies there.
+    Ok(loads)
+}
+
+/// Reserves the program's whole span `[lo, hi)`, inaccessible, to be replaced segment by
+/// segment, and returns the load bias: anywhere for a PIE; at its own addresses otherwise,
+/// refused if anything of this process lies there.
+fn reserve(kind: u16, lo: u64, hi: u64) -> io::Result<u64> {
     let (at, placed) = match kind {
         ET_DYN => (0, 0),
         _ => (lo, libc::MAP_FIXED_NOREPLACE),
@@ -221,73 +256,63 @@ pub fn map(path: &Path) -> io::Result<Image> {
         // A kernel without MAP_FIXED_NOREPLACE (before 4.17) takes the address as a hint.
         return Err(bad("the program's own addresses are taken in this process"));
     }
+    Ok(base)
+}
+
+/// Maps one loadable segment at `base` plus its address: its file part, then the zero-filled
+/// rest.
+///
+/// # Safety
+///
+/// The segment's span at `base` must lie in the program's own reservation ([`reserve`]): the
+/// mappings are made with MAP_FIXED and replace whatever lies there.
+unsafe fn map_segment(file: &std::fs::File, base: u64, s: &Segment) -> io::Result<()> {
     use std::os::fd::AsRawFd;
-    let mut phdr = segs.iter().find(|s| s.kind == PT_PHDR).map(|s| s.vaddr);
-    let mut text = (u64::MAX, 0u64);
-    for s in &loads {
-        let prot = prot_of(s.flags);
-        let start = down(s.vaddr);
-        let file_end = s.vaddr + s.filesz;
-        let mem_end = up(s.vaddr + s.memsz);
-        let offset = s.offset - (s.vaddr - start);
-        if s.filesz > 0 {
-            // SAFETY: MAP_FIXED inside the program's own reservation, made above.
-            let r = unsafe {
-                crate::syscall!(
-                    libc::SYS_mmap,
-                    base + start,
-                    up(file_end) - start,
-                    prot | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_FIXED,
-                    file.as_raw_fd(),
-                    offset
-                )
-            };
-            check_map(r, "the program's segments")?;
-            // The rest of the last file page belongs to the zero-filled part.
-            let tail = up(file_end) - file_end;
-            if s.memsz > s.filesz && tail > 0 {
-                // SAFETY: inside the writable mapping just made.
-                unsafe { std::ptr::write_bytes((base + file_end) as *mut u8, 0, tail as usize) };
-            }
-            // SAFETY: the mapping just made.
-            unsafe {
-                crate::syscall!(libc::SYS_mprotect, base + start, up(file_end) - start, prot)
-            };
+    let prot = prot_of(s.flags);
+    let start = down(s.vaddr);
+    let file_end = s.vaddr + s.filesz;
+    let mem_end = up(s.vaddr + s.memsz);
+    let offset = s.offset - (s.vaddr - start);
+    if s.filesz > 0 {
+        // SAFETY: MAP_FIXED inside the program's own reservation (the caller's promise).
+        let r = unsafe {
+            crate::syscall!(
+                libc::SYS_mmap,
+                base + start,
+                up(file_end) - start,
+                prot | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_FIXED,
+                file.as_raw_fd(),
+                offset
+            )
+        };
+        check_map(r, "the program's segments")?;
+        // The rest of the last file page belongs to the zero-filled part.
+        let tail = up(file_end) - file_end;
+        if s.memsz > s.filesz && tail > 0 {
+            // SAFETY: inside the writable mapping just made.
+            unsafe { std::ptr::write_bytes((base + file_end) as *mut u8, 0, tail as usize) };
         }
-        let anon_from = if s.filesz > 0 { up(file_end) } else { start };
-        if mem_end > anon_from {
-            // SAFETY: as above, for the zero-filled rest.
-            let r = unsafe {
-                crate::syscall!(
-                    libc::SYS_mmap,
-                    base + anon_from,
-                    mem_end - anon_from,
-                    prot,
-                    libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_ANONYMOUS,
-                    -1,
-                    0
-                )
-            };
-            check_map(r, "the program's zero-filled data")?;
-        }
-        if phdr.is_none() && phoff >= s.offset && phoff < s.offset + s.filesz {
-            phdr = Some(s.vaddr + (phoff - s.offset));
-        }
-        if s.flags & PF_X != 0 {
-            text = (text.0.min(base + start), text.1.max(base + up(file_end)));
-        }
+        // SAFETY: the mapping just made.
+        unsafe { crate::syscall!(libc::SYS_mprotect, base + start, up(file_end) - start, prot) };
     }
-    let phdr = phdr.ok_or_else(|| bad("program headers outside the loaded segments"))?;
-    if text.0 >= text.1 {
-        return Err(bad("no executable segment"));
+    let anon_from = if s.filesz > 0 { up(file_end) } else { start };
+    if mem_end > anon_from {
+        // SAFETY: as above, for the zero-filled rest.
+        let r = unsafe {
+            crate::syscall!(
+                libc::SYS_mmap,
+                base + anon_from,
+                mem_end - anon_from,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_FIXED | libc::MAP_ANONYMOUS,
+                -1,
+                0
+            )
+        };
+        check_map(r, "the program's zero-filled data")?;
     }
-    Ok(Image {
-        entry: base + entry,
-        phdr: base + phdr,
-        phnum: segs.len() as u64,
-        text,
-    })
+    Ok(())
 }
 
 const AT_NULL: u64 = 0;

@@ -141,6 +141,30 @@ impl std::fmt::Debug for Items {
     }
 }
 
+/// What a store answers without storing, given the current item (`live`: its CAS unique,
+/// flags, expiry and access time), if it is refused: a CAS that does not match, an add of an
+/// existing key (which counts as an access), a replace or append of a missing one.
+fn refused(
+    mode: StoreMode,
+    cas: Option<u64>,
+    live: Option<(u64, u32, u32, &AtomicU32)>,
+    now: u32,
+) -> Option<Stored> {
+    match (mode, cas, live) {
+        (_, Some(_), None) => Some(Stored::NotFound),
+        (_, Some(c), Some((have, ..))) if have != c => Some(Stored::Exists),
+        (StoreMode::Add, _, Some((.., atime))) => {
+            // An add of an existing key counts as an access (memcached bumps it).
+            atime.store(now, Relaxed);
+            Some(Stored::NotStored)
+        }
+        (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, _, None) => {
+            Some(Stored::NotStored)
+        }
+        _ => None,
+    }
+}
+
 /// The scratch buffer read-modify-write commands read the old value into.
 fn with_scratch<R>(f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
     thread_local! {
@@ -368,20 +392,10 @@ impl Items {
             .get(key)
             .filter(|e| !self.dead(e, now) && self.blobs.present(&e.blob))
             .map(|e| (e.cas, e.flags, e.exptime.load(Relaxed), &e.atime));
-        let exists = live.is_some();
-        match (mode, cas, live) {
-            (_, Some(_), None) => return Ok(Stored::NotFound),
-            (_, Some(c), Some((have, ..))) if have != c => return Ok(Stored::Exists),
-            (StoreMode::Add, _, Some((.., atime))) => {
-                // An add of an existing key counts as an access (memcached bumps it).
-                atime.store(now, Relaxed);
-                return Ok(Stored::NotStored);
-            }
-            (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, _, None) => {
-                return Ok(Stored::NotStored)
-            }
-            _ => {}
+        if let Some(refused) = refused(mode, cas, live, now) {
+            return Ok(refused);
         }
+        let exists = live.is_some();
         let new_cas = self.cas();
         let old_cas = live.map(|(c, ..)| c);
         let (flags, expiry) = match (mode, live) {
@@ -405,24 +419,53 @@ impl Items {
         let entry = match shard.get_mut(key) {
             Some(e) => e,
             None => {
-                shard.insert(
-                    key.into(),
-                    Entry {
-                        blob: self.blobs.blob(),
-                        len: 0,
-                        flags: 0,
-                        cas: 0,
-                        stored: 0,
-                        exptime: AtomicU32::new(0),
-                        atime: AtomicU32::new(0),
-                        fetched: AtomicBool::new(false),
-                        missed_ms: AtomicU32::new(0),
-                    },
-                );
+                shard.insert(key.into(), self.new_entry());
                 shard.get_mut(key).expect("just inserted")
             }
         };
-        let written = match mode {
+        if !self.write_value(entry, mode, data, new_cas)? {
+            // The value went between the check and the read.
+            return Ok(Stored::NotStored);
+        }
+        entry.flags = flags;
+        entry.cas = new_cas;
+        entry.stored = now;
+        entry.exptime.store(expiry, Relaxed);
+        entry.atime.store(now, Relaxed);
+        entry.fetched.store(false, Relaxed);
+        // The new version's far copy was queued with its write; the old one's goes.
+        if let (Some(s), Some(old)) = (&self.spill, old_cas) {
+            s.remove(old);
+        }
+        self.counters.total_items.fetch_add(1, Relaxed);
+        Ok(Stored::Stored(new_cas))
+    }
+
+    /// A new item's entry, empty until its value is written.
+    fn new_entry(&self) -> Entry {
+        Entry {
+            blob: self.blobs.blob(),
+            len: 0,
+            flags: 0,
+            cas: 0,
+            stored: 0,
+            exptime: AtomicU32::new(0),
+            atime: AtomicU32::new(0),
+            fetched: AtomicBool::new(false),
+            missed_ms: AtomicU32::new(0),
+        }
+    }
+
+    /// Writes the entry's new value (`data`, or its old value with `data` appended or
+    /// prepended) and its far copy; `false` if the old value to append to is gone.
+    fn write_value(
+        &self,
+        entry: &mut Entry,
+        mode: StoreMode,
+        data: &[u8],
+        new_cas: u64,
+    ) -> Result<bool, SoftError> {
+        Ok(match mode {
             StoreMode::Append | StoreMode::Prepend => with_scratch(|old| {
                 if !self.blobs.peek_into(&entry.blob, old) {
                     return Ok(false);
@@ -456,23 +499,7 @@ impl Items {
                 }
                 true
             }
-        };
-        if !written {
-            // The value went between the check and the read.
-            return Ok(Stored::NotStored);
-        }
-        entry.flags = flags;
-        entry.cas = new_cas;
-        entry.stored = now;
-        entry.exptime.store(expiry, Relaxed);
-        entry.atime.store(now, Relaxed);
-        entry.fetched.store(false, Relaxed);
-        // The new version's far copy was queued with its write; the old one's goes.
-        if let (Some(s), Some(old)) = (&self.spill, old_cas) {
-            s.remove(old);
-        }
-        self.counters.total_items.fetch_add(1, Relaxed);
-        Ok(Stored::Stored(new_cas))
+        })
     }
 
     /// Deletes `key`. With `cas`, only the item with that CAS unique.

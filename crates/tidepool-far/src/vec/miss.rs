@@ -8,11 +8,14 @@ use crate::section::FILLING;
 use crate::section::REFERENCED;
 use crate::FarError;
 use std::time::Instant;
-use tidepool_store::Key;
+use tidepool_store::{Key, StoreError};
 use zerocopy::FromBytes;
 use zerocopy::Immutable;
 use zerocopy::IntoBytes;
 use zerocopy::KnownLayout;
+
+/// A slot taken for a fill: (slot, new key, old tag, old flags).
+type Taken = (usize, Key, u64, u8);
 
 impl<T> FarVec<T>
 where
@@ -131,25 +134,7 @@ where
         ready: Option<(&[u8], &[Option<usize>])>,
     ) -> Result<(), FarError> {
         let sec = &self.section;
-        // (slot, new key, old tag, old flags), and the line's place in `lines`.
-        let mut taken: Vec<(usize, Key, u64, u8)> = Vec::new();
-        let mut place: Vec<usize> = Vec::new();
-        for (n, &line) in lines.iter().enumerate() {
-            if self.resident(line).is_some() {
-                continue;
-            }
-            let key = self.base + line as u64;
-            let Some(slot) = sec.victim(key) else {
-                if required && n == 0 {
-                    self.undo(&taken);
-                    return Err(FarError::AllBorrowed { index });
-                }
-                continue;
-            };
-            taken.push((slot, key, sec.tag(slot), sec.flags(slot)));
-            place.push(n);
-            sec.install(slot, key, FILLING | REFERENCED);
-        }
+        let (taken, place) = self.take_slots(lines, required, index)?;
         if taken.is_empty() {
             return Ok(());
         }
@@ -171,34 +156,20 @@ where
         let mut lens = vec![None; if ready.is_some() { 0 } else { taken.len() }];
         let fetch: Vec<Key> = taken.iter().map(|t| t.1).collect();
         let t0 = Instant::now();
-        let (result, writebacks) = {
-            // Victims are never borrowed, so their old contents can be read for write-back.
-            let dirty: Vec<(Key, LineRef<'_, u8>)> = taken
-                .iter()
-                .filter(|t| t.2 != 0 && t.3 & DIRTY != 0)
-                .map(|t| {
-                    (
-                        t.2 - 1,
-                        sec.buf.bytes(t.0).expect("a victim is not borrowed"),
-                    )
-                })
-                .collect();
-            let evict: Vec<(Key, &[u8])> = dirty.iter().map(|(k, g)| (*k, &g[..])).collect();
-            let r = match ready {
-                None => self
-                    .far
-                    .store
-                    .evict_fetch_into(&evict, &fetch, lb, &mut data, &mut lens),
-                Some(_) if evict.is_empty() => Ok(()),
-                Some(_) => self.far.store.write_many(&evict),
-            };
-            (r, evict.len() as u64)
+        let writebacks = match self.write_back_and_fetch(
+            &taken,
+            &fetch,
+            ready.is_some(),
+            &mut data,
+            &mut lens,
+        ) {
+            Ok(writebacks) => writebacks,
+            Err(e) => {
+                // Nothing lost: the dirty lines are still here, under their own keys.
+                self.undo(&taken);
+                return Err(e.into());
+            }
         };
-        if let Err(e) = result {
-            // Nothing lost: the dirty lines are still here, under their own keys.
-            self.undo(&taken);
-            return Err(e.into());
-        }
         // Fetched ahead, the round trip was not waited for here: it is not one to learn from.
         let nanos = if ready.is_some() {
             0
@@ -211,6 +182,97 @@ where
         if let Some(p) = &self.prof {
             p.borrow_mut().fetched(taken.len() as u64, nanos);
         }
+        let bad = self.install_lines(&taken, &place, ready, &data, &lens);
+        let n = taken.len() as u64;
+        sec.bump(|s| {
+            s.misses += n;
+            s.fetched += n;
+            s.prefetched += n - required as u64;
+            s.writebacks += writebacks;
+            s.fetches += 1;
+            s.fetch_nanos += nanos;
+        });
+        bad.map_or(Ok(()), Err)
+    }
+
+    /// Takes a slot, marked filling, for each line of `lines` not resident: (slot, new key,
+    /// old tag, old flags), and the line's place in `lines`. With `required`, the first line
+    /// must find one (else the slots taken are given back).
+    fn take_slots(
+        &self,
+        lines: &[usize],
+        required: bool,
+        index: usize,
+    ) -> Result<(Vec<Taken>, Vec<usize>), FarError> {
+        let sec = &self.section;
+        let mut taken: Vec<Taken> = Vec::new();
+        let mut place: Vec<usize> = Vec::new();
+        for (n, &line) in lines.iter().enumerate() {
+            if self.resident(line).is_some() {
+                continue;
+            }
+            let key = self.base + line as u64;
+            let Some(slot) = sec.victim(key) else {
+                if required && n == 0 {
+                    self.undo(&taken);
+                    return Err(FarError::AllBorrowed { index });
+                }
+                continue;
+            };
+            taken.push((slot, key, sec.tag(slot), sec.flags(slot)));
+            place.push(n);
+            sec.install(slot, key, FILLING | REFERENCED);
+        }
+        Ok((taken, place))
+    }
+
+    /// Writes the dirty victims of `taken` back and, unless the lines were fetched ahead
+    /// (`ready`), fetches `fetch` into `data` and `lens`, in one round trip; returns the
+    /// lines written back.
+    fn write_back_and_fetch(
+        &self,
+        taken: &[Taken],
+        fetch: &[Key],
+        ready: bool,
+        data: &mut [u8],
+        lens: &mut [Option<usize>],
+    ) -> Result<u64, StoreError> {
+        let sec = &self.section;
+        // Victims are never borrowed, so their old contents can be read for write-back.
+        let dirty: Vec<(Key, LineRef<'_, u8>)> = taken
+            .iter()
+            .filter(|t| t.2 != 0 && t.3 & DIRTY != 0)
+            .map(|t| {
+                (
+                    t.2 - 1,
+                    sec.buf.bytes(t.0).expect("a victim is not borrowed"),
+                )
+            })
+            .collect();
+        let evict: Vec<(Key, &[u8])> = dirty.iter().map(|(k, g)| (*k, &g[..])).collect();
+        if !ready {
+            let lb = sec.line_bytes();
+            self.far
+                .store
+                .evict_fetch_into(&evict, fetch, lb, data, lens)?;
+        } else if !evict.is_empty() {
+            self.far.store.write_many(&evict)?;
+        }
+        Ok(evict.len() as u64)
+    }
+
+    /// Installs the lines fetched (or `ready`, fetched ahead) in the slots taken for them;
+    /// a line of the wrong length leaves its slot empty and is the error returned.
+    fn install_lines(
+        &self,
+        taken: &[Taken],
+        place: &[usize],
+        ready: Option<(&[u8], &[Option<usize>])>,
+        data: &[u8],
+        lens: &[Option<usize>],
+    ) -> Option<FarError> {
+        let sec = &self.section;
+        let lb = sec.line_bytes();
         let mut bad = None;
         for (k, t) in taken.iter().enumerate() {
             let (len, bytes) = match ready {
@@ -228,20 +290,11 @@ where
             };
             sec.set_flags(t.0, REFERENCED);
         }
-        let n = taken.len() as u64;
-        sec.bump(|s| {
-            s.misses += n;
-            s.fetched += n;
-            s.prefetched += n - required as u64;
-            s.writebacks += writebacks;
-            s.fetches += 1;
-            s.fetch_nanos += nanos;
-        });
-        bad.map_or(Ok(()), Err)
+        bad
     }
 
     /// Gives slots taken for a fill that failed back to the lines they held.
-    pub(super) fn undo(&self, taken: &[(usize, Key, u64, u8)]) {
+    pub(super) fn undo(&self, taken: &[Taken]) {
         for &(slot, _, old, flags) in taken.iter().rev() {
             if old == 0 {
                 self.section.clear(slot);

@@ -2,14 +2,33 @@
 //! gathers of single elements, run where the data lives.
 
 use super::{refusal, Conn};
+use crate::counters::Failure;
 use crate::slots::ReadGuard;
 use bytes::BytesMut;
 use std::sync::atomic::Ordering;
 use tidepool_proto::scan::{Column, Scan};
-use tidepool_proto::{ErrorCode, Handle};
+use tidepool_proto::{ErrorCode, Handle, Op, Request, Response};
 use tidepool_query::Evaluator;
 
 impl<'a> Conn<'a> {
+    /// Answers a scan or a gather: its values or data, or its error with a message saying
+    /// what was wrong with it.
+    pub(super) fn answer_offload(&self, req: &Request, op: Op, id: u64, out: &mut BytesMut) {
+        let answer = match req {
+            Request::Scan(scan) => self.scan(scan).map(Response::Values),
+            Request::Gather { column, indices } => self
+                .gather(column, indices)
+                .map(|b| Response::Data(b.freeze())),
+            _ => unreachable!("only scans and gathers are offloaded"),
+        };
+        let resp = answer.unwrap_or_else(|(code, message)| {
+            self.tenant().stats.errors.fetch_add(1, Ordering::Relaxed);
+            self.metrics.failure(Failure::Code(code));
+            Response::Error { code, message }
+        });
+        resp.encode(op, id, out);
+    }
+
     /// A read guard on the object behind `h`, and its section's base in the arena.
     fn read_line(&self, h: Handle) -> Result<(ReadGuard<'a>, u64), (ErrorCode, String)> {
         let refused = |code: ErrorCode| (code, format!("a line of the scan: {}", code.describe()));

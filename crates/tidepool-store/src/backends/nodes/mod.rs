@@ -403,80 +403,12 @@ impl NodeSet {
     /// Reads a batch (the keys' stripes held by the caller).
     fn read_locked(&self, keys: &[Key]) -> Result<Vec<Option<Bytes>>, StoreError> {
         let placed: Vec<Option<Placed>> = keys.iter().map(|&k| self.placed(k)).collect();
-        let needed = self.redundancy.needed();
         let mut got: Vec<Vec<(usize, Bytes)>> = vec![Vec::new(); keys.len()];
         let mut todo: Vec<usize> = (0..keys.len()).filter(|&j| placed[j].is_some()).collect();
         while !todo.is_empty() {
-            // (value, piece) to ask each member for: data pieces first, on nodes still up.
-            let mut groups: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.members.len()];
-            for &j in &todo {
-                let p = placed[j].as_ref().expect("only placed keys");
-                if p.is_broken() {
-                    return Err(StoreError::Backend {
-                        backend: BACKEND,
-                        message: format!(
-                            "key {:#x}: its last write failed part way (see that error), so its \
-                             value is lost",
-                            keys[j]
-                        ),
-                        source: None,
-                    });
-                }
-                let mut want = needed - got[j].len();
-                for (piece, m) in p.pieces() {
-                    if want == 0 {
-                        break;
-                    }
-                    if self.up(m) && !got[j].iter().any(|(q, _)| *q == piece) {
-                        groups[m].push((j, piece));
-                        want -= 1;
-                    }
-                }
-                if want > 0 {
-                    return Err(self.lost(format!(
-                        "key {:#x} has {} of its pieces on nodes still up and needs {needed} \
-                         ({}); its data is lost",
-                        keys[j],
-                        needed - want,
-                        self.redundancy
-                    )));
-                }
-            }
+            let groups = self.plan_reads(keys, &placed, &got, &todo)?;
             todo.clear();
-            let mut pending = Vec::new();
-            for (i, g) in groups.iter().enumerate() {
-                if g.is_empty() {
-                    continue;
-                }
-                let ks: Vec<Key> = g.iter().map(|&(j, _)| keys[j]).collect();
-                match self.members[i].store.read_begin(&ks) {
-                    Ok(r) => pending.push((i, r)),
-                    Err(e) => {
-                        self.failed(i, e)?;
-                        todo.extend(g.iter().map(|&(j, _)| j));
-                    }
-                }
-            }
-            for (i, r) in pending {
-                match r.finish() {
-                    Ok(values) => {
-                        for (&(j, piece), v) in groups[i].iter().zip(values) {
-                            let v = v.ok_or_else(|| StoreError::Protocol {
-                                backend: BACKEND,
-                                detail: format!(
-                                    "memory node {} has no piece {piece} of key {:#x}",
-                                    self.members[i].name, keys[j]
-                                ),
-                            })?;
-                            got[j].push((piece, v));
-                        }
-                    }
-                    Err(e) => {
-                        self.failed(i, e)?;
-                        todo.extend(groups[i].iter().map(|&(j, _)| j));
-                    }
-                }
-            }
+            self.read_pieces(keys, &groups, &mut got, &mut todo)?;
             todo.sort_unstable();
             todo.dedup();
         }
@@ -501,6 +433,100 @@ impl NodeSet {
             out[j] = Some(v);
         }
         Ok(out)
+    }
+
+    /// The (value, piece) pairs to ask each member for so that every value in `todo` has the
+    /// pieces it needs: data pieces first, on nodes still up. Refused if a value's last write
+    /// failed, or if too few of its pieces are left on nodes still up.
+    fn plan_reads(
+        &self,
+        keys: &[Key],
+        placed: &[Option<Placed>],
+        got: &[Vec<(usize, Bytes)>],
+        todo: &[usize],
+    ) -> Result<Vec<Vec<(usize, usize)>>, StoreError> {
+        let needed = self.redundancy.needed();
+        let mut groups: Vec<Vec<(usize, usize)>> = vec![Vec::new(); self.members.len()];
+        for &j in todo {
+            let p = placed[j].as_ref().expect("only placed keys");
+            if p.is_broken() {
+                return Err(StoreError::Backend {
+                    backend: BACKEND,
+                    message: format!(
+                        "key {:#x}: its last write failed part way (see that error), so its \
+                         value is lost",
+                        keys[j]
+                    ),
+                    source: None,
+                });
+            }
+            let mut want = needed - got[j].len();
+            for (piece, m) in p.pieces() {
+                if want == 0 {
+                    break;
+                }
+                if self.up(m) && !got[j].iter().any(|(q, _)| *q == piece) {
+                    groups[m].push((j, piece));
+                    want -= 1;
+                }
+            }
+            if want > 0 {
+                return Err(self.lost(format!(
+                    "key {:#x} has {} of its pieces on nodes still up and needs {needed} \
+                     ({}); its data is lost",
+                    keys[j],
+                    needed - want,
+                    self.redundancy
+                )));
+            }
+        }
+        Ok(groups)
+    }
+
+    /// Asks every member for its pieces of `groups` at once and adds what comes back to `got`;
+    /// the values a member failed to answer for go back on `todo`.
+    fn read_pieces(
+        &self,
+        keys: &[Key],
+        groups: &[Vec<(usize, usize)>],
+        got: &mut [Vec<(usize, Bytes)>],
+        todo: &mut Vec<usize>,
+    ) -> Result<(), StoreError> {
+        let mut pending = Vec::new();
+        for (i, g) in groups.iter().enumerate() {
+            if g.is_empty() {
+                continue;
+            }
+            let ks: Vec<Key> = g.iter().map(|&(j, _)| keys[j]).collect();
+            match self.members[i].store.read_begin(&ks) {
+                Ok(r) => pending.push((i, r)),
+                Err(e) => {
+                    self.failed(i, e)?;
+                    todo.extend(g.iter().map(|&(j, _)| j));
+                }
+            }
+        }
+        for (i, r) in pending {
+            match r.finish() {
+                Ok(values) => {
+                    for (&(j, piece), v) in groups[i].iter().zip(values) {
+                        let v = v.ok_or_else(|| StoreError::Protocol {
+                            backend: BACKEND,
+                            detail: format!(
+                                "memory node {} has no piece {piece} of key {:#x}",
+                                self.members[i].name, keys[j]
+                            ),
+                        })?;
+                        got[j].push((piece, v));
+                    }
+                }
+                Err(e) => {
+                    self.failed(i, e)?;
+                    todo.extend(groups[i].iter().map(|&(j, _)| j));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
