@@ -37,7 +37,7 @@ use tidepool_proto::scan::{Column, Scan};
 pub use backends::local::LocalStore;
 pub use backends::memcached::MemcachedStore;
 pub use backends::node::{NodeClient, NodeOptions, NodeStore, DEFAULT_POLL as NODE_DEFAULT_POLL};
-pub use backends::nodes::NodeSet;
+pub use backends::node_set::NodeSet;
 pub use backends::packed::{Compression, PackedStore};
 pub use backends::redis::{ClusterOptions, RedisStore};
 pub use error::StoreError;
@@ -277,13 +277,13 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
                     other => unreachable!("a node set of {other:?}"),
                 })
                 .collect();
-            let settings = backends::nodes::settings(
+            let settings = backends::node_set::settings(
                 redundancy,
                 &addrs.iter().map(String::as_str).collect::<Vec<_>>(),
             );
             // Nodes added later are opened like the first one listed (tenant, token, options).
             let template = nodes[0].clone();
-            let connect: backends::nodes::Connect = Box::new(move |addr, settings| {
+            let connect: backends::node_set::Connect = Box::new(move |addr, settings| {
                 let mut node = template.clone();
                 if let StoreUrl::Node { addr: a, .. } = &mut node {
                     *a = addr.to_string();

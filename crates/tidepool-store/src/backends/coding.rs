@@ -1,4 +1,4 @@
-//! Reed-Solomon erasure coding of batches of values, for [`super::nodes::NodeSet`].
+//! Reed-Solomon erasure coding of batches of values, for [`super::node_set::NodeSet`].
 //!
 //! A value of `len` bytes is cut into `data` pieces of [`piece_len`] bytes (the last padded with
 //! zeros) and `parity` more pieces are computed from them; any `data` of the `data + parity`
