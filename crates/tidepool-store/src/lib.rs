@@ -10,15 +10,16 @@
 //! | URL | backend |
 //! |---|---|
 //! | `local:[?compress=lz4\|zstd\|none]` | in-process, compressed (the embedded default: saves memory like zram) or, with `none`, pages kept whole (the pager alone: saves no memory) |
-//! | `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]]` | a `tidepool node` memory node |
+//! | `node://[tenant[:token]@]host:port[?tls=1[&ca=FILE]][&poll_us=N][&timeout_ms=N]` | a `tidepool node` memory node |
+//! | `node://[tenant[:token]@]h1:p1,h2:p2,...?replicas=R` or `?ec=K+M` | several memory nodes as one store: whole copies on R nodes, or Reed-Solomon pieces ([`NodeSet`]) |
 //! | `redis://[:password@]host:port[/DB][?prefix=P]` | one Redis server |
 //! | `redis+cluster://h1:p1,h2:p2,...[?prefix=P][&wait=N][&failover_ms=MS]` | a Redis Cluster: writes wait for N replicas; calls retry through a failover for MS (default 15000) |
 //! | `rediss://...`, `rediss+cluster://...` `[?ca=FILE]` | the same over TLS |
+//! | `memcached://host:port[?prefix=P]` | a memcached server |
 //!
 //! With TLS, `ca=FILE` names a PEM file of CA certificates to trust (a private CA); without it
 //! the system's root certificates are trusted. The server's certificate must name the URL's
 //! host (DNS name or IP address).
-//! | `memcached://host:port[?prefix=P]` | a memcached server |
 // The one exception: the packed store's slots (backends/slots/).
 #![deny(unsafe_code)]
 

@@ -9,7 +9,6 @@ use std::path::PathBuf;
 
 mod parse;
 
-/// A parsed store URL. Its Debug form hides tokens and passwords.
 /// How a store over several memory nodes keeps each value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -78,6 +77,7 @@ impl std::fmt::Display for Redundancy {
     }
 }
 
+/// A parsed store URL. Its Debug form hides tokens and passwords.
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreUrl {
