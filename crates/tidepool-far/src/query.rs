@@ -415,7 +415,7 @@ impl<'a> Query<'a> {
                 c.flush()?;
             }
             let t0 = Instant::now();
-            match far.store.scan(&scan)? {
+            match far.store.offload().map(|o| o.scan(&scan)).transpose()? {
                 Some(values) => {
                     let ns = t0.elapsed().as_nanos() as f64;
                     let mut k = far.costs.lock().expect("cost lock");
@@ -602,7 +602,12 @@ impl<T: Elem> FarVec<T> {
         if offload {
             self.flush()?;
             let rows: Vec<u64> = indices.iter().map(|&i| i as u64).collect();
-            match far.store.gather(&Source::column(self), &rows)? {
+            match far
+                .store
+                .offload()
+                .map(|o| o.gather(&Source::column(self), &rows))
+                .transpose()?
+            {
                 Some(bytes) => {
                     let size = std::mem::size_of::<T>();
                     if bytes.len() != indices.len() * size {

@@ -415,7 +415,7 @@ impl Pager {
             i.total_budget_pages() as u64,
             &i.tier,
         );
-        s.store_health = i.store.health();
+        s.store_health = i.store.topology().and_then(|t| t.health());
         s.handler_sleeps = i.handler_tids.sleeps();
         s.interrupts = i.interrupts.taken();
         s.follow = i.follow.report();
@@ -482,7 +482,7 @@ impl Pager {
     /// Adds a memory node to the far store while the program runs (a store over several
     /// memory nodes only; others refuse).
     pub fn add_store_node(&self, addr: &str) -> Result<(), tidepool_store::StoreError> {
-        self.inner().store.add_node(addr)
+        tidepool_store::add_node(self.inner().store.as_ref(), addr)
     }
 
     /// A description of the far store, for messages.

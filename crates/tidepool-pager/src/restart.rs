@@ -91,7 +91,9 @@ impl Shared {
         // The parent's threads are not here; the handler on this thread's CPU reads first.
         i.follow.start_here();
         i.activity.reset();
-        i.store.after_fork_in_child();
+        if let Some(store) = i.store.fork_aware() {
+            store.after_fork_in_child();
+        }
     }
 
     /// In a forked child, second half (every pager's regions are registered again, and the

@@ -162,19 +162,22 @@ pub trait FarStore: Send + Sync + fmt::Debug {
         Ok(())
     }
 
-    /// Runs an offloaded scan (aggregations over far vectors, see [`tidepool_proto::scan`])
-    /// where the data is, over lines named by keys (a missing key is a line of zeros).
-    /// `Ok(None)`: this backend cannot compute; the caller fetches and computes itself.
-    fn scan(&self, scan: &Scan<Key>) -> Result<Option<Vec<u64>>, StoreError> {
-        let _ = scan;
-        Ok(None)
+    /// Scans and gathers where the data is, if this backend computes next to its data
+    /// (a memory node does); `None` (the default): the caller fetches and computes itself.
+    fn offload(&self) -> Option<&dyn Offload> {
+        None
     }
 
-    /// The elements at `indices` of one far vector, concatenated, gathered where the data is;
-    /// `Ok(None)` as for [`FarStore::scan`].
-    fn gather(&self, column: &Column<Key>, indices: &[u64]) -> Result<Option<Bytes>, StoreError> {
-        let _ = (column, indices);
-        Ok(None)
+    /// Membership and health, if this store spans several servers it manages itself (a set of
+    /// memory nodes); `None` (the default) otherwise.
+    fn topology(&self) -> Option<&dyn Topology> {
+        None
+    }
+
+    /// What a forked child must do before it uses the store, if the store holds connections
+    /// or sessions (every store on a server); `None` (the default): nothing.
+    fn fork_aware(&self) -> Option<&dyn ForkAware> {
+        None
     }
 
     /// How much longer than a pager's fault deadline one call may take on a store that works:
@@ -185,27 +188,6 @@ pub trait FarStore: Send + Sync + fmt::Debug {
     /// saying so; the default, zero, says that.
     fn patience(&self) -> std::time::Duration {
         std::time::Duration::ZERO
-    }
-
-    /// One line on the store's health for people, from what the client knows without asking
-    /// the servers (memory nodes down, data not yet protected again); `None` (the default)
-    /// when there is nothing to say.
-    fn health(&self) -> Option<String> {
-        None
-    }
-
-    /// Adds a memory node (`host:port`) to a store over several
-    /// (`node://h1:p1,h2:p2,...`) while it is in use; other stores refuse.
-    fn add_node(&self, addr: &str) -> Result<(), StoreError> {
-        Err(StoreError::Backend {
-            backend: "far store",
-            message: format!(
-                "cannot add {addr}: {} is not a store over several memory nodes \
-                 (node://h1:p1,h2:p2,...)",
-                self.describe()
-            ),
-            source: None,
-        })
     }
 
     /// What the backend can tell about its use.
@@ -221,12 +203,6 @@ pub trait FarStore: Send + Sync + fmt::Debug {
         false
     }
 
-    /// Called in a forked child before its first use of the store: connections inherited from
-    /// the parent are shared with it (a request from the child would interleave with the
-    /// parent's on the same socket), so the child must open its own. What the parent stored
-    /// stays readable from the child. The default does nothing.
-    fn after_fork_in_child(&self) {}
-
     fn write(&self, key: Key, value: &[u8]) -> Result<(), StoreError> {
         self.write_many(&[(key, value)])
     }
@@ -241,6 +217,54 @@ pub trait FarStore: Send + Sync + fmt::Debug {
 
     fn remove(&self, key: Key) -> Result<(), StoreError> {
         self.remove_many(&[key])
+    }
+}
+
+/// A store that computes next to its data ([`FarStore::offload`]).
+pub trait Offload {
+    /// Runs an offloaded scan (aggregations over far vectors, see [`tidepool_proto::scan`])
+    /// where the data is, over lines named by keys (a missing key is a line of zeros).
+    fn scan(&self, scan: &Scan<Key>) -> Result<Vec<u64>, StoreError>;
+
+    /// The elements at `indices` of one far vector, concatenated, gathered where the data is.
+    fn gather(&self, column: &Column<Key>, indices: &[u64]) -> Result<Bytes, StoreError>;
+}
+
+/// A store over several servers that it manages itself ([`FarStore::topology`]).
+pub trait Topology {
+    /// Adds a memory node (`host:port`) while the store is in use.
+    fn add_node(&self, addr: &str) -> Result<(), StoreError>;
+
+    /// One line on the store's health for people, from what the client knows without asking
+    /// the servers (memory nodes down, data not yet protected again); `None` when there is
+    /// nothing to say.
+    fn health(&self) -> Option<String>;
+}
+
+/// A store holding connections or sessions that a forked child must not share
+/// ([`FarStore::fork_aware`]).
+pub trait ForkAware {
+    /// Called in a forked child before its first use of the store: connections inherited from
+    /// the parent are shared with it (a request from the child would interleave with the
+    /// parent's on the same socket), so the child must open its own. What the parent stored
+    /// stays readable from the child.
+    fn after_fork_in_child(&self);
+}
+
+/// Adds memory node `addr` to `store` if it is a set of memory nodes; any other store refuses,
+/// saying what it is.
+pub fn add_node(store: &dyn FarStore, addr: &str) -> Result<(), StoreError> {
+    match store.topology() {
+        Some(t) => t.add_node(addr),
+        None => Err(StoreError::Backend {
+            backend: "far store",
+            message: format!(
+                "cannot add {addr}: {} is not a store over several memory nodes \
+                 (node://h1:p1,h2:p2,...)",
+                store.describe()
+            ),
+            source: None,
+        }),
     }
 }
 

@@ -125,7 +125,8 @@ fn the_node_runs_a_fused_filter_group_aggregate_scan_and_a_gather() {
             },
         ],
     };
-    let got = store.scan(&scan).unwrap().expect("the node computes");
+    let node = store.offload().expect("the node computes");
+    let got = node.scan(&scan).unwrap();
     for g in 0..5u64 {
         let kept: Vec<f64> = (0..rows)
             .filter(|&i| key(i) == g && fare(i) >= 100.0)
@@ -143,9 +144,8 @@ fn the_node_runs_a_fused_filter_group_aggregate_scan_and_a_gather() {
         );
         assert_eq!(got[at + 2], kept.len() as u64);
     }
-    let picked = store
+    let picked = node
         .gather(&col(ElemType::F64, 2000), &[5, 200, 999])
-        .unwrap()
         .unwrap();
     let want: Vec<u8> = [5, 200, 999]
         .iter()
@@ -158,14 +158,11 @@ fn the_node_runs_a_fused_filter_group_aggregate_scan_and_a_gather() {
         column: 1,
         groups: 5,
     });
-    let err = store.scan(&bad).unwrap_err().to_string();
+    let err = node.scan(&bad).unwrap_err().to_string();
     assert!(err.contains("integer column"), "{err}");
-    assert!(store.scan(&scan).unwrap().is_some());
+    assert!(node.scan(&scan).is_ok());
     // The in-process store does not compute: the caller does.
-    assert!(tidepool_store::LocalStore::new()
-        .scan(&scan)
-        .unwrap()
-        .is_none());
+    assert!(tidepool_store::LocalStore::new().offload().is_none());
     server.shutdown();
 }
 

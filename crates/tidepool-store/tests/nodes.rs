@@ -280,11 +280,10 @@ fn a_node_added_while_in_use_restores_full_protection() {
     // Six pieces, five nodes: nothing can be done until a node joins.
     assert_eq!(stat(store.as_ref(), "bytes_not_protected"), 2000 * 4096);
     let extra = Server::start(NodeConfig::new("127.0.0.1:0", 256 << 20)).unwrap();
-    let e = store
-        .add_node(&servers[0].local_addr().to_string())
-        .unwrap_err();
+    let e =
+        tidepool_store::add_node(store.as_ref(), &servers[0].local_addr().to_string()).unwrap_err();
     assert!(e.to_string().contains("already one of"), "{e}");
-    store.add_node(&extra.local_addr().to_string()).unwrap();
+    tidepool_store::add_node(store.as_ref(), &extra.local_addr().to_string()).unwrap();
     let mut rounds = 0;
     while stat(store.as_ref(), "bytes_not_protected") > 0 {
         store.read(0).unwrap();
@@ -295,7 +294,7 @@ fn a_node_added_while_in_use_restores_full_protection() {
     servers.remove(0).shutdown();
     check_all(store.as_ref(), &keys, 1);
     // Other stores cannot take nodes.
-    let e = open("local:").unwrap().add_node("127.0.0.1:1").unwrap_err();
+    let e = tidepool_store::add_node(open("local:").unwrap().as_ref(), "127.0.0.1:1").unwrap_err();
     assert!(
         e.to_string()
             .contains("not a store over several memory nodes"),

@@ -19,7 +19,7 @@
 //! whether the operation can be repeated.
 
 use crate::tls::{ClientTls, TlsOptions};
-use crate::{FarStore, Key, StoreError, StoreStats};
+use crate::{FarStore, ForkAware, Key, StoreError, StoreStats};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterConnection};
@@ -487,6 +487,10 @@ fn to_io_error(e: &RedisError, message: String) -> io::Error {
 }
 
 impl FarStore for RedisStore {
+    fn fork_aware(&self) -> Option<&dyn ForkAware> {
+        Some(self)
+    }
+
     /// A cluster call retries through a failover for `failover`, a write with `wait` then
     /// waits as long for its replicas, and its last try may take the I/O timeout.
     fn patience(&self) -> Duration {
@@ -496,13 +500,6 @@ impl FarStore for RedisStore {
                 2 * options.failover + IO_TIMEOUT
             }
             Target::Cluster { options, .. } => options.failover + IO_TIMEOUT,
-        }
-    }
-
-    fn after_fork_in_child(&self) {
-        match &self.target {
-            Target::Single { pool, .. } => pool.forget_idle(),
-            Target::Cluster { pool, .. } => pool.forget_idle(),
         }
     }
 
@@ -733,6 +730,15 @@ fn refused_or_unreachable(backend: &'static str, addr: &str, e: RedisError) -> S
         backend,
         addr: addr.to_string(),
         cause: to_io_error(&e, format!("{e}")),
+    }
+}
+
+impl ForkAware for RedisStore {
+    fn after_fork_in_child(&self) {
+        match &self.target {
+            Target::Single { pool, .. } => pool.forget_idle(),
+            Target::Cluster { pool, .. } => pool.forget_idle(),
+        }
     }
 }
 

@@ -37,7 +37,7 @@
 mod conn;
 mod protocol;
 
-use crate::{FarStore, Key, StoreError, StoreStats};
+use crate::{FarStore, ForkAware, Key, StoreError, StoreStats};
 use bytes::Bytes;
 use conn::{Conn, IO_TIMEOUT};
 use parking_lot::Mutex;
@@ -329,9 +329,8 @@ fn check_prefix(prefix: &str) -> Result<(), String> {
 }
 
 impl FarStore for MemcachedStore {
-    fn after_fork_in_child(&self) {
-        // Closing the child's copies of the sockets leaves the parent's connections open.
-        self.pool.lock().clear();
+    fn fork_aware(&self) -> Option<&dyn ForkAware> {
+        Some(self)
     }
 
     fn describe(&self) -> String {
@@ -480,6 +479,13 @@ pub(crate) fn parse_replies(data: &[u8], max_value: usize) -> usize {
         n += 1;
     }
     n
+}
+
+impl ForkAware for MemcachedStore {
+    fn after_fork_in_child(&self) {
+        // Closing the child's copies of the sockets leaves the parent's connections open.
+        self.pool.lock().clear();
+    }
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@
 //!
 //! [`NodeStore`] is the [`FarStore`] over it: it maps the caller's keys to the node's handles.
 
-use crate::{FarStore, FetchMode, Key, StoreError, StoreStats};
+use crate::{FarStore, FetchMode, ForkAware, Key, Offload, StoreError, StoreStats};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -384,8 +384,12 @@ pub(crate) fn last_per_key<'a>(items: &[(Key, &'a [u8])]) -> Vec<(Key, &'a [u8])
 }
 
 impl FarStore for NodeStore {
-    fn after_fork_in_child(&self) {
-        self.client.after_fork_in_child();
+    fn offload(&self) -> Option<&dyn Offload> {
+        Some(self)
+    }
+
+    fn fork_aware(&self) -> Option<&dyn ForkAware> {
+        Some(self)
     }
 
     fn describe(&self) -> String {
@@ -432,31 +436,6 @@ impl FarStore for NodeStore {
     fn remove_many(&self, keys: &[Key]) -> Result<(), StoreError> {
         let handles: Vec<Handle> = keys.iter().filter_map(|k| self.forget(*k)).collect();
         self.free_quietly(handles)
-    }
-
-    fn scan(&self, scan: &Scan<Key>) -> Result<Option<Vec<u64>>, StoreError> {
-        let req = Request::Scan(Scan {
-            rows: scan.rows,
-            columns: scan.columns.iter().map(|c| self.column(c)).collect(),
-            filter: scan.filter,
-            group: scan.group,
-            aggs: scan.aggs.clone(),
-        });
-        match self.client.call(&req)? {
-            Response::Values(v) => Ok(Some(v)),
-            other => Err(unexpected("scan", &other)),
-        }
-    }
-
-    fn gather(&self, column: &Column<Key>, indices: &[u64]) -> Result<Option<Bytes>, StoreError> {
-        let req = Request::Gather {
-            column: self.column(column),
-            indices: indices.to_vec(),
-        };
-        match self.client.call(&req)? {
-            Response::Data(d) => Ok(Some(d)),
-            other => Err(unexpected("gather", &other)),
-        }
     }
 
     fn evict_fetch(
@@ -541,5 +520,39 @@ impl FarStore for NodeStore {
             objects: get("tenant.objects"),
             extra: counters,
         })
+    }
+}
+
+/// A memory node runs scans and gathers next to the data.
+impl Offload for NodeStore {
+    fn scan(&self, scan: &Scan<Key>) -> Result<Vec<u64>, StoreError> {
+        let req = Request::Scan(Scan {
+            rows: scan.rows,
+            columns: scan.columns.iter().map(|c| self.column(c)).collect(),
+            filter: scan.filter,
+            group: scan.group,
+            aggs: scan.aggs.clone(),
+        });
+        match self.client.call(&req)? {
+            Response::Values(v) => Ok(v),
+            other => Err(unexpected("scan", &other)),
+        }
+    }
+
+    fn gather(&self, column: &Column<Key>, indices: &[u64]) -> Result<Bytes, StoreError> {
+        let req = Request::Gather {
+            column: self.column(column),
+            indices: indices.to_vec(),
+        };
+        match self.client.call(&req)? {
+            Response::Data(d) => Ok(d),
+            other => Err(unexpected("gather", &other)),
+        }
+    }
+}
+
+impl ForkAware for NodeStore {
+    fn after_fork_in_child(&self) {
+        self.client.after_fork_in_child();
     }
 }

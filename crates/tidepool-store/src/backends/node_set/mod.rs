@@ -34,7 +34,7 @@
 use crate::backends::coding::Coder;
 use crate::backends::node::{last_per_key, runs, NodeStore};
 use crate::url::{Redundancy, MAX_PIECES};
-use crate::{FarStore, Key, StoreError, StoreStats};
+use crate::{FarStore, ForkAware, Key, StoreError, StoreStats, Topology};
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashMap;
@@ -42,6 +42,40 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 mod loss;
 mod members;
+
+impl Topology for NodeSet {
+    fn add_node(&self, addr: &str) -> Result<(), StoreError> {
+        NodeSet::add_node(self, addr)
+    }
+
+    fn health(&self) -> Option<String> {
+        let live = self.live();
+        let (values, bytes) = self.unprotected_bytes();
+        let mut h = format!(
+            "{live} of {} memory nodes up ({})",
+            self.members.len(),
+            self.redundancy
+        );
+        if live < self.members.len() {
+            h += &format!("; down: {}", self.down_names());
+        }
+        h += &format!(
+            "; {:.1} MiB in {values} values not yet protected again, {:.1} MiB protected again",
+            bytes as f64 / (1 << 20) as f64,
+            self.reprotected_bytes.load(Relaxed) as f64 / (1 << 20) as f64
+        );
+        Some(h)
+    }
+}
+
+impl ForkAware for NodeSet {
+    fn after_fork_in_child(&self) {
+        for m in self.members.iter() {
+            m.store.after_fork_in_child();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
 
@@ -531,6 +565,14 @@ impl NodeSet {
 }
 
 impl FarStore for NodeSet {
+    fn topology(&self) -> Option<&dyn Topology> {
+        Some(self)
+    }
+
+    fn fork_aware(&self) -> Option<&dyn ForkAware> {
+        Some(self)
+    }
+
     /// A silent member is declared down after its timeout, and the read goes on to the next
     /// copy, which may be as slow to give up on: two timeouts.
     fn patience(&self) -> std::time::Duration {
@@ -601,29 +643,6 @@ impl FarStore for NodeSet {
         self.remove_pieces(&on)
     }
 
-    fn add_node(&self, addr: &str) -> Result<(), StoreError> {
-        NodeSet::add_node(self, addr)
-    }
-
-    fn health(&self) -> Option<String> {
-        let live = self.live();
-        let (values, bytes) = self.unprotected_bytes();
-        let mut h = format!(
-            "{live} of {} memory nodes up ({})",
-            self.members.len(),
-            self.redundancy
-        );
-        if live < self.members.len() {
-            h += &format!("; down: {}", self.down_names());
-        }
-        h += &format!(
-            "; {:.1} MiB in {values} values not yet protected again, {:.1} MiB protected again",
-            bytes as f64 / (1 << 20) as f64,
-            self.reprotected_bytes.load(Relaxed) as f64 / (1 << 20) as f64
-        );
-        Some(h)
-    }
-
     fn stats(&self) -> Result<StoreStats, StoreError> {
         let mut far = 0;
         let mut extra = vec![];
@@ -652,11 +671,5 @@ impl FarStore for NodeSet {
             objects: Some(objects),
             extra,
         })
-    }
-
-    fn after_fork_in_child(&self) {
-        for m in self.members.iter() {
-            m.store.after_fork_in_child();
-        }
     }
 }
