@@ -36,7 +36,7 @@ impl Inner {
             region.inaccessible.store(marks.any_inaccessible(), Release);
         }
         // Batches evicted nothing while this held the lock.
-        if self.local_pages() > self.budget_pages.load(Relaxed) {
+        if self.local_pages() > self.budget.pages() {
             self.kick_evictor();
         }
         Ok(())
@@ -252,7 +252,7 @@ impl Inner {
                     .table
                     .unlock(p, if kind(w) == FOREIGN { w } else { UNTOUCHED });
             }
-            self.resident.fetch_sub(resident, Relaxed);
+            self.budget.resident.fetch_sub(resident, Relaxed);
             Counters::add(&self.counters.discarded, resident as u64);
             self.uffd.wake(region.addr(page), (chunk_end - page) * PAGE);
             page = chunk_end;

@@ -3,8 +3,9 @@
 //! everything else is saved in spans (one write-protection a span: clean pages dropped, dirty
 //! ones copied to write-back slots) and dropped with one vectored `MADV_DONTNEED`.
 
+use crate::budget::EVICT_BATCH;
 use crate::buffer::{PageWrite, StoreJob};
-use crate::pager::{hash_page, is_zero_page, Inner, RegionInner, EVICT_BATCH, EVICT_REACH};
+use crate::pager::{hash_page, is_zero_page, Inner, RegionInner, EVICT_REACH};
 use crate::region::clock_entry;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
@@ -93,9 +94,9 @@ impl Inner {
             // Over budget: evict down to a margin below it, so that the next faults find room
             // without waiting. At or under budget nothing is evicted, so a working set that
             // fits the budget never churns.
-            let wanted = self.room_wanted.swap(0, Relaxed);
-            if self.local_pages() + wanted > self.budget_pages.load(Relaxed) {
-                while self.local_pages() + self.margin() > self.budget_pages.load(Relaxed)
+            let wanted = self.budget.room_wanted.swap(0, Relaxed);
+            if self.local_pages() + wanted > self.budget.pages() {
+                while self.local_pages() + self.budget.margin() > self.budget.pages()
                     && !self.shutdown.load(Acquire)
                 {
                     if self.evict_batch() == 0 {
@@ -366,7 +367,7 @@ impl Inner {
             Counters::add(&self.section_counts(region, *page).evicted, 1);
             self.count_resident(region, *page, -1);
         }
-        self.resident.fetch_sub(run.len(), Relaxed);
+        self.budget.resident.fetch_sub(run.len(), Relaxed);
         if waiters {
             // Threads that faulted after the discard retry now and find the pages' new
             // states. (Writers that hit the write protection wait the eviction out in

@@ -186,7 +186,7 @@ impl Inner {
         let section = region.sections.of(page);
         let counts = self.sections.counts(section);
         let policy = self.sections.policy(section);
-        let budget = self.budget_pages.load(Relaxed);
+        let budget = self.budget.pages();
         if self.local_pages() > budget && self.follow.one_reads() {
             // One reader, on the program's CPU: it evicts itself, while the program runs on
             // (a kicked evictor would share the reader's CPU at the same idle priority, and
@@ -199,9 +199,10 @@ impl Inner {
             // Every handler reads: the evictor thread does the work.
             self.kick_evictor();
             // Far over budget (the evictor is behind): reclaim here before going on.
-            if self.local_pages() > budget + self.margin() {
+            if self.local_pages() > budget + self.budget.margin() {
                 let t = Instant::now();
-                while self.local_pages() > budget + self.margin() && self.evict_batch() > 0 {}
+                while self.local_pages() > budget + self.budget.margin() && self.evict_batch() > 0 {
+                }
                 self.timings.evicted_inline(t.elapsed());
             }
         }
@@ -257,8 +258,7 @@ impl Inner {
         let counts = self.sections.counts(section);
         let far = |p: i64| region.table.is(p, FAR);
         let mut successors = region.section_successors[section.index()].lock();
-        let d = successors
-            .get_or_insert_with(|| SuccessorDetector::new(2 * self.budget_pages.load(Relaxed)));
+        let d = successors.get_or_insert_with(|| SuccessorDetector::new(2 * self.budget.pages()));
         let before = d.credited;
         let chain = d.on_fault(page as i64, far);
         let credited = d.credited - before;
@@ -284,7 +284,7 @@ impl Inner {
             }
         }
         // Old hints are the least useful: the newest are taken first.
-        let cap = self.budget_pages.load(Relaxed);
+        let cap = self.budget.pages();
         while done.len() > cap {
             done.pop_front();
         }
@@ -464,7 +464,7 @@ impl Inner {
             _ => 3,
         };
         let new = (new & !(HEAT | CHANCES)) | (heat << HEAT_SHIFT) | (chances << CHANCE_SHIFT);
-        self.resident.fetch_add(1, Relaxed);
+        self.budget.resident.fetch_add(1, Relaxed);
         self.count_resident(region, page, 1);
         region.note_touched(page);
         // Installed with a wake-up (before this): anyone waiting on the page is awake.
@@ -573,8 +573,7 @@ impl Inner {
     pub(crate) fn evicted_within(&self, region: &RegionInner, page: usize, part: usize) -> bool {
         let at = region.table.evicted_at(page).load(Relaxed);
         at != 0
-            && self.evict_seq.load(Relaxed).wrapping_sub(at) as usize
-                <= self.budget_pages.load(Relaxed) / part
+            && self.evict_seq.load(Relaxed).wrapping_sub(at) as usize <= self.budget.pages() / part
     }
 
     /// Makes room for `pages` more pages under the budget, evicting on this thread (a hand-off
@@ -582,16 +581,16 @@ impl Inner {
     /// false if there is none to be had.
     pub(crate) fn make_room(&self, pages: usize) -> bool {
         for _ in 0..10 {
-            while self.local_pages() + pages > self.budget_pages.load(Relaxed) {
+            while self.local_pages() + pages > self.budget.pages() {
                 if self.evict_batch() == 0 {
                     break;
                 }
             }
-            if self.local_pages() + pages <= self.budget_pages.load(Relaxed) {
+            if self.local_pages() + pages <= self.budget.pages() {
                 return true;
             }
             // Everything evictable is locked by others right now.
-            self.room_wanted.fetch_max(pages, Relaxed);
+            self.budget.room_wanted.fetch_max(pages, Relaxed);
             self.kick_evictor();
             std::thread::sleep(Duration::from_micros(100));
             if self.shutdown.load(Acquire) {

@@ -113,7 +113,7 @@ impl Inner {
             self.count_prefetch_misses(&ghosts, t.elapsed());
             Counters::add(&self.counters.prefetched, batch.len() as u64);
             installed += batch.len();
-            if self.local_pages() > self.budget_pages.load(Relaxed) {
+            if self.local_pages() > self.budget.pages() {
                 self.kick_evictor();
             }
         }
@@ -256,7 +256,7 @@ impl Inner {
     ) {
         // Counted before the pages are published: once unlocked, another thread may evict or
         // discard them and subtract them again.
-        self.resident.fetch_add(batch.len(), Relaxed);
+        self.budget.resident.fetch_add(batch.len(), Relaxed);
         for &(p, _) in batch {
             self.count_resident(region, p, 1);
         }

@@ -393,7 +393,7 @@ impl Inner {
                     m.removes.push(region.key(page));
                     self.queue_removes(&mut m.removes);
                 }
-                self.resident.fetch_sub(1, Relaxed);
+                self.budget.resident.fetch_sub(1, Relaxed);
                 self.count_resident(region, page, -1);
                 m.waiters |= region.table.unlock(page, UNTOUCHED);
                 Refusal::Next
@@ -438,7 +438,7 @@ impl Inner {
     /// Counts a finished `move_out` of the `len` pages from `first` of `region`, and wakes the
     /// threads that faulted on them meanwhile.
     fn moved_out_done(&self, region: &RegionInner, first: usize, len: usize, m: MoveOut) {
-        self.resident.fetch_sub(m.moved as usize, Relaxed);
+        self.budget.resident.fetch_sub(m.moved as usize, Relaxed);
         if !m.framed.is_empty() {
             self.tier.fifo.lock().extend(m.framed);
         }

@@ -40,6 +40,7 @@ pub(crate) use tr;
 
 mod activity;
 mod advice;
+mod budget;
 mod buffer;
 mod config;
 pub mod control;

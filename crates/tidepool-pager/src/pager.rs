@@ -23,6 +23,7 @@
 //! mapping beside each region, and move between the two with UFFDIO_MOVE: a page-table change,
 //! no copy. Everything else (write protection, hashes, slots, the write-back thread) serves the
 //! copying path: other stores, and pages the kernel will not move.
+use crate::budget::{pages_for, Budget};
 use crate::buffer::{JobQueue, PageWrite, Slots};
 use crate::config::Config;
 use crate::prefetch::Detector;
@@ -43,8 +44,6 @@ use tidepool_sys::RawThread;
 
 /// The exit status of a program whose far memory became unreachable.
 pub const FATAL_EXIT_CODE: i32 = 70;
-/// Pages evicted in one batch.
-pub(crate) const EVICT_BATCH: usize = 64;
 /// Unused resident neighbours a clock victim takes along, one page apart, when eviction moves
 /// pages into the frames that are the store (see `Inner::take_cold_neighbours`): measured
 /// against none, CPython's 3M-entry dict at 50% local 7% faster (`local:?compress=none`),
@@ -79,8 +78,7 @@ pub(crate) struct Inner {
     pub(crate) uffd: Uffd,
     pub(crate) store: Arc<dyn FarStore>,
     pub(crate) regions: RwLock<Vec<Arc<RegionInner>>>,
-    pub(crate) budget_pages: AtomicUsize,
-    pub(crate) resident: AtomicUsize,
+    pub(crate) budget: Budget,
     pub(crate) clock: Mutex<VecDeque<ClockEntry>>,
     /// In a forked child, the pages it shares with its parent ([`crate::table::INHERITED`]):
     /// a fork of its own write-protects them again.
@@ -132,8 +130,6 @@ pub(crate) struct Inner {
     /// evicts nothing if `mprotect` holds it): the program thread in `mprotect` may wait in a
     /// fault that the batch's thread must serve.
     pub(crate) protecting: RwLock<()>,
-    /// Pages the prefetcher is waiting to have room for.
-    pub(crate) room_wanted: AtomicUsize,
     /// [`Config::refill`].
     pub(crate) refill: bool,
     /// Where refill's sweep is (see `refill.rs`).
@@ -155,8 +151,8 @@ impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pager")
             .field("store", &self.store.describe())
-            .field("budget_pages", &self.budget_pages.load(Relaxed))
-            .field("resident", &self.resident.load(Relaxed))
+            .field("budget_pages", &self.budget.pages())
+            .field("resident", &self.budget.resident.load(Relaxed))
             .finish()
     }
 }
@@ -298,16 +294,15 @@ impl Inner {
                 .unwrap_or(!store.private_to_process()),
         );
         let budget = if probation {
-            tier.set_total(budget_pages(config.local_budget))
+            tier.set_total(pages_for(config.local_budget))
         } else {
-            budget_pages(config.local_budget)
+            pages_for(config.local_budget)
         };
         Ok(Inner {
             uffd,
             store,
             regions: RwLock::new(Vec::new()),
-            budget_pages: AtomicUsize::new(budget),
-            resident: AtomicUsize::new(0),
+            budget: Budget::new(budget),
             clock: Mutex::new(VecDeque::new()),
             inherited: Mutex::new(Vec::new()),
             done: Mutex::new(VecDeque::new()),
@@ -328,7 +323,6 @@ impl Inner {
             sections: Sections::new(),
             timings: crate::stats::Timings::new(),
             shutdown: AtomicBool::new(false),
-            room_wanted: AtomicUsize::new(0),
             refill: config.refill,
             sweep: Mutex::new(Default::default()),
             window_max: config.prefetch_window_max,
@@ -411,7 +405,7 @@ impl Pager {
         let mut s = snapshot(
             &i.counters,
             &i.timings,
-            i.resident.load(Relaxed) as u64,
+            i.budget.resident.load(Relaxed) as u64,
             i.total_budget_pages() as u64,
             &i.tier,
         );
@@ -579,10 +573,6 @@ impl Pager {
     }
 }
 
-fn budget_pages(bytes: usize) -> usize {
-    (bytes / PAGE).max(64)
-}
-
 fn allowed_cpus() -> Vec<usize> {
     // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -623,11 +613,11 @@ impl Inner {
     /// Changes the budget; shrinking evicts at once.
     pub(crate) fn set_budget(&self, bytes: usize) {
         let pages = if self.probation {
-            self.tier.set_total(budget_pages(bytes))
+            self.tier.set_total(pages_for(bytes))
         } else {
-            budget_pages(bytes)
+            pages_for(bytes)
         };
-        self.budget_pages.store(pages, Relaxed);
+        self.budget.set_pages(pages);
         self.kick_evictor();
     }
 
@@ -653,20 +643,16 @@ impl Inner {
         if self.probation {
             self.tier.total.load(Relaxed)
         } else {
-            self.budget_pages.load(Relaxed)
+            self.budget.pages()
         }
     }
 
     pub(crate) fn local_pages(&self) -> usize {
         // Modular sum: a counter that dips below zero for a moment still adds up right.
-        self.resident
+        self.budget
+            .resident
             .load(Relaxed)
             .wrapping_add(self.slots.in_use.load(Relaxed))
-    }
-
-    /// Pages kept free below the budget so that faults rarely wait for eviction.
-    pub(crate) fn margin(&self) -> usize {
-        (self.budget_pages.load(Relaxed) / 32).clamp(EVICT_BATCH, 4096)
     }
 
     /// The far store failed: the program cannot get its memory back, so it must stop rather

@@ -58,10 +58,10 @@ impl Inner {
     /// frame of its own: counted in its budget and on its clock from now on.
     pub(crate) fn adopt_inherited(&self, region: &Arc<RegionInner>, page: usize, word: u64) {
         if word & INHERITED != 0 {
-            self.resident.fetch_add(1, Relaxed);
+            self.budget.resident.fetch_add(1, Relaxed);
             self.count_resident(region, page, 1);
             self.clock.lock().push_back(clock_entry(region, page));
-            if self.local_pages() > self.budget_pages.load(Relaxed) {
+            if self.local_pages() > self.budget.pages() {
                 self.kick_evictor();
             }
         }

@@ -45,9 +45,9 @@ impl Inner {
         }
         sweep.idle = None;
         let room = self
-            .budget_pages
-            .load(Relaxed)
-            .saturating_sub(self.local_pages().saturating_add(2 * self.margin()))
+            .budget
+            .pages()
+            .saturating_sub(self.local_pages().saturating_add(2 * self.budget.margin()))
             .min(REFILL_PAGES);
         if room < PREFETCH_BATCH {
             return 0;
@@ -153,7 +153,7 @@ impl Inner {
                 continue;
             }
             // The program may have taken the room meanwhile: never evict for a guess.
-            if self.local_pages() + batch.len() + self.margin() > self.budget_pages.load(Relaxed)
+            if self.local_pages() + batch.len() + self.budget.margin() > self.budget.pages()
                 || self.shutdown.load(Acquire)
             {
                 for &(p, w) in &batch {

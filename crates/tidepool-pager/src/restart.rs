@@ -81,7 +81,7 @@ impl Shared {
             i.tier.held.store(0, Relaxed);
         }
         *i.inherited.lock() = inherited;
-        i.resident.store(0, Relaxed);
+        i.budget.resident.store(0, Relaxed);
         i.set_budget(i.child_budget.unwrap_or(parent_budget / 4));
         i.drop_far_copies.store(false, Relaxed);
         i.counters.reset();

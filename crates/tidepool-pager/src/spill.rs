@@ -2,8 +2,9 @@
 //! oldest frames leave for the store when the tier needs room; the tier's share is resized from
 //! what it caught.
 
+use crate::budget::EVICT_BATCH;
 use crate::buffer::{PageWrite, StoreJob};
-use crate::pager::{Inner, EVICT_BATCH};
+use crate::pager::Inner;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
 use crate::table::{
@@ -160,7 +161,7 @@ impl Inner {
             return;
         };
         t.cap.store(cap, Relaxed);
-        self.budget_pages.store(total - cap, Relaxed);
+        self.budget.set_pages(total - cap);
     }
 }
 
@@ -287,9 +288,6 @@ mod tests {
         assert_eq!((s.budget_pages, pager.local_budget()), (16384, 64 << 20));
         assert_eq!(s.tier_cap_pages, 16384 / 100, "{s:?}");
         let i = inner(&pager);
-        assert_eq!(
-            i.budget_pages.load(std::sync::atomic::Ordering::Relaxed) as u64 + s.tier_cap_pages,
-            16384
-        );
+        assert_eq!(i.budget.pages() as u64 + s.tier_cap_pages, 16384);
     }
 }

@@ -39,7 +39,7 @@ pub(crate) const WINDOW: u64 = 1024;
 /// The tier's state (all zero and unused when the tier is off).
 #[derive(Debug, Default)]
 pub(crate) struct Tier {
-    /// Pages the whole budget allows: the tier's share plus `Inner::budget_pages`.
+    /// Pages the whole budget allows: the tier's share plus `Budget::pages`.
     pub(crate) total: AtomicUsize,
     /// The tier's share now, in pages.
     pub(crate) cap: AtomicUsize,

@@ -2,9 +2,8 @@
 //! chances for referenced and hot pages; pinned sections and sections under their share passed
 //! over within a reach), each with its cold neighbours, so that victims come in runs.
 
-use crate::pager::{
-    Inner, RegionInner, EVICT_BATCH, EVICT_NEIGHBOURS, EVICT_REACH, RUN_NEIGHBOURS,
-};
+use crate::budget::EVICT_BATCH;
+use crate::pager::{Inner, RegionInner, EVICT_NEIGHBOURS, EVICT_REACH, RUN_NEIGHBOURS};
 use crate::region::stale;
 use crate::sections::Keep;
 use crate::table::{
@@ -37,7 +36,7 @@ struct Pass {
 
 impl Pass {
     fn new(inner: &Inner, clock_len: usize) -> Pass {
-        let over = inner.sections.over_shares(inner.budget_pages.load(Relaxed));
+        let over = inner.sections.over_shares(inner.budget.pages());
         Pass {
             budget: clock_len.min(EVICT_BATCH * 8),
             pin_reach: if inner.sections.pins_hold() {

@@ -118,7 +118,7 @@ impl Inner {
         for w in pages {
             self.finish_writeback(w, deferred);
         }
-        if self.local_pages() > self.budget_pages.load(Relaxed) {
+        if self.local_pages() > self.budget.pages() {
             // An evictor short of slots may be waiting for these.
             self.kick_evictor();
         }
