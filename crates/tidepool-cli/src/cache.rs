@@ -72,7 +72,56 @@ enum Sizing {
     Auto,
 }
 
+/// Starts the cache as the arguments say and serves until it is told to stop.
 pub fn run(args: CacheArgs) -> Result<()> {
+    let (item_max, max_bytes) = check(&args)?;
+    // Before any thread starts, so that all inherit the mask and the signal comes here.
+    tidepool_sys::block_stop_signals()?;
+    let (listener, addr) = listen(&args.listen)?;
+    let (runtime, sizing) = soft_memory(&args, max_bytes)?;
+    let spill = far_tier(args.far.as_deref())?;
+    let items = Arc::new(Items::new(runtime.arena(), spill.clone()));
+    let settings = Settings {
+        threads: args.threads,
+        item_max,
+        max_connections: args.max_connections,
+        max_bytes: args.max,
+    };
+    let config = ServerConfig {
+        threads: args.threads,
+        limits: Limits {
+            item_max,
+            ..Limits::default()
+        },
+        max_connections: args.max_connections,
+    };
+    let metrics = args
+        .metrics
+        .map(|addr| serve_metrics(addr, &items, &settings))
+        .transpose()?;
+    let _server = Server::start(listener, items, settings, &config)?;
+    // One write, and none of it fatal: whoever started us may read only the first line
+    // and close the pipe.
+    let mut said = format!("tidepool cache listening on {addr}\n");
+    said += &memory_line(&args, &sizing, max_bytes);
+    if let Some(s) = &spill {
+        said += &format!("  far tier: {}\n", s.describe());
+    }
+    if let Some(m) = &metrics {
+        said += &format!("  metrics: http://{}/metrics\n", m.addr);
+    }
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = out.write_all(said.as_bytes()).and_then(|()| out.flush());
+    }
+    let signal = tidepool_sys::wait_for_stop()?;
+    eprintln!("tidepool cache: {signal}: stopping");
+    Ok(())
+}
+
+/// Checks the arguments; returns the largest item and the most memory items may hold.
+fn check(args: &CacheArgs) -> Result<(usize, u64)> {
     if !(args.weight.is_finite() && args.weight > 0.0) {
         bail!("--weight {} must be a positive number", args.weight);
     }
@@ -96,10 +145,13 @@ pub fn run(args: CacheArgs) -> Result<()> {
         Some(m) => m.next_multiple_of(SEGMENT as u64).min(64 << 30),
         None => 64 << 30,
     };
-    // Before any thread starts, so that all inherit the mask and the signal comes here.
-    tidepool_sys::block_stop_signals()?;
-    let listener = std::net::TcpListener::bind(&args.listen)
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    Ok((item_max, max_bytes))
+}
+
+/// The listening socket, and its address; a warning if other machines can reach it.
+fn listen(at: &str) -> Result<(std::net::TcpListener, std::net::SocketAddr)> {
+    let listener =
+        std::net::TcpListener::bind(at).with_context(|| format!("cannot listen on {at}"))?;
     let addr = listener.local_addr()?;
     if !addr.ip().is_loopback() {
         // memcached's protocol has no authentication: say so once.
@@ -109,9 +161,12 @@ pub fn run(args: CacheArgs) -> Result<()> {
              every item (bind 127.0.0.1, or keep the port behind a firewall)"
         );
     }
+    Ok((listener, addr))
+}
 
-    // Soft memory: a fixed budget, else one from the coordinator, else one that follows the
-    // host, starting at memcached's default -m and growing as items arrive.
+/// Soft memory for the items: a fixed budget, else one from the coordinator, else one that
+/// follows the host, starting at memcached's default -m and growing as items arrive.
+fn soft_memory(args: &CacheArgs, max_bytes: u64) -> Result<(SoftRuntime, Sizing)> {
     let sizing = match args.memory {
         Some(_) => Sizing::Fixed,
         None => match crate::run::coord_socket(args.coord.as_deref(), args.no_coord)? {
@@ -154,58 +209,48 @@ pub fn run(args: CacheArgs) -> Result<()> {
                 .context("cannot start the auto budget")?;
         }
     }
-    let spill = match &args.far {
-        Some(url) => {
-            let store = tidepool_store::open(url).with_context(|| {
-                format!("cannot open the far store {}", tidepool_store::redact(url))
-            })?;
-            Some(Spill::start(store).context("cannot start the far tier's writer")?)
-        }
-        None => None,
+    Ok((runtime, sizing))
+}
+
+/// The far tier's writer, if `--far` names a store.
+fn far_tier(far: Option<&str>) -> Result<Option<Arc<Spill>>> {
+    let Some(url) = far else {
+        return Ok(None);
     };
-    let items = Arc::new(Items::new(runtime.arena(), spill.clone()));
-    let settings = Settings {
-        threads: args.threads,
-        item_max,
-        max_connections: args.max_connections,
-        max_bytes: args.max,
-    };
-    let config = ServerConfig {
-        threads: args.threads,
-        limits: Limits {
-            item_max,
-            ..Limits::default()
-        },
-        max_connections: args.max_connections,
-    };
-    let metrics = match args.metrics {
-        Some(addr) => {
-            if !addr.ip().is_loopback() {
-                eprintln!(
-                    "tidepool cache: the metrics at {addr} are reachable from other machines; \
-                     bind 127.0.0.1 unless that is meant"
-                );
-            }
-            let (items, settings) = (items.clone(), settings.clone());
-            Some(
-                tidepool_node::http::MetricsServer::start(
-                    Arc::new(move || tidepool_cache::metrics::render(&items, &settings)),
-                    addr,
-                )
-                .with_context(|| format!("cannot serve metrics on {addr}"))?,
-            )
-        }
-        None => None,
-    };
-    let _server = Server::start(listener, items, settings, &config)?;
-    // One write, and none of it fatal: whoever started us may read only the first line
-    // and close the pipe.
-    let mut said = format!("tidepool cache listening on {addr}\n");
+    let store = tidepool_store::open(url)
+        .with_context(|| format!("cannot open the far store {}", tidepool_store::redact(url)))?;
+    Ok(Some(
+        Spill::start(store).context("cannot start the far tier's writer")?,
+    ))
+}
+
+/// Serves the `stats` counters as Prometheus metrics at `addr`.
+fn serve_metrics(
+    addr: std::net::SocketAddr,
+    items: &Arc<Items>,
+    settings: &Settings,
+) -> Result<tidepool_node::http::MetricsServer> {
+    if !addr.ip().is_loopback() {
+        eprintln!(
+            "tidepool cache: the metrics at {addr} are reachable from other machines; \
+             bind 127.0.0.1 unless that is meant"
+        );
+    }
+    let (items, settings) = (items.clone(), settings.clone());
+    tidepool_node::http::MetricsServer::start(
+        Arc::new(move || tidepool_cache::metrics::render(&items, &settings)),
+        addr,
+    )
+    .with_context(|| format!("cannot serve metrics on {addr}"))
+}
+
+/// The line of the greeting that says how soft memory is sized.
+fn memory_line(args: &CacheArgs, sizing: &Sizing, max_bytes: u64) -> String {
     let most = args
         .max
         .map(|m| format!(", at most {}", format_size(m)))
         .unwrap_or_default();
-    said += &match &sizing {
+    match sizing {
         Sizing::Fixed => format!(
             "  memory: soft, a fixed budget of {}\n",
             format_size(max_bytes)
@@ -218,19 +263,5 @@ pub fn run(args: CacheArgs) -> Result<()> {
             "  memory: soft, `auto` budget: the host's available memory minus {}{most}\n",
             format_size(args.reserve)
         ),
-    };
-    if let Some(s) = &spill {
-        said += &format!("  far tier: {}\n", s.describe());
     }
-    if let Some(m) = &metrics {
-        said += &format!("  metrics: http://{}/metrics\n", m.addr);
-    }
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(said.as_bytes()).and_then(|()| out.flush());
-    }
-    let signal = tidepool_sys::wait_for_stop()?;
-    eprintln!("tidepool cache: {signal}: stopping");
-    Ok(())
 }

@@ -166,8 +166,25 @@ fn mib(x: u64) -> String {
     format!("{:.0}", x as f64 / (1u64 << 20) as f64)
 }
 
+/// `tidepool top`'s screen: the pool, a line per application, and their miss curves.
 pub fn render(s: &Snapshot) -> String {
-    let mut o = format!(
+    let mut o = summary(s);
+    push_apps(&mut o, s);
+    if s.apps.is_empty() {
+        o.push_str(
+            "(no applications: start soft-memory programs with TIDEPOOL_COORD set, or programs \
+             under `tidepool run`)\n",
+        );
+    } else {
+        // The curves: what more memory would save each, as a share of its time.
+        push_curves(&mut o, s);
+    }
+    o
+}
+
+/// The first lines: the policy, the pool and what is granted and held of it, the host.
+fn summary(s: &Snapshot) -> String {
+    format!(
         "tidepool coord · policy {} · up {:.0} s\n\
          idle pool {} MiB · granted {} · held {} · MemAvailable {} · reserve {} · pressure {:.1}% · \
          longest under reserve {:.0} ms · punched {} MiB\n\n",
@@ -181,7 +198,11 @@ pub fn render(s: &Snapshot) -> String {
         100.0 * s.pressure,
         s.longest_below_reserve_ms,
         mib(s.punched_bytes)
-    );
+    )
+}
+
+/// The table of applications: a header, then a line each.
+fn push_apps(o: &mut String, s: &Snapshot) {
     o.push_str(&format!(
         "{:>4} {:<20} {:<5} {:>8} {:>6} {:>10} {:>10} {:>6} {:>10} {:>8} {:>9} {:>12}\n",
         "id",
@@ -220,43 +241,38 @@ pub fn render(s: &Snapshot) -> String {
             a.utility_per_mib
         ));
     }
-    // The curves: what more memory would save each, as a share of its time.
+}
+
+/// The miss curves' table: per application, the share of its time 4 MiB to 4 GiB more
+/// would save.
+fn push_curves(o: &mut String, s: &Snapshot) {
     const AT: [u64; 6] = [4, 16, 64, 256, 1024, 4096];
-    if !s.apps.is_empty() {
-        o.push_str("\nmiss curves: share of time more memory would save\n");
-        o.push_str(&format!("{:>4} {:<20}", "id", "application"));
+    o.push_str("\nmiss curves: share of time more memory would save\n");
+    o.push_str(&format!("{:>4} {:<20}", "id", "application"));
+    for x in AT {
+        o.push_str(&format!(
+            " {:>8}",
+            format!("+{}", tidepool_node::format_size(x << 20))
+        ));
+    }
+    o.push('\n');
+    for a in &s.apps {
+        o.push_str(&format!(
+            "{:>4} {:<20}",
+            a.id,
+            as_text(&a.name).chars().take(20).collect::<String>()
+        ));
         for x in AT {
-            o.push_str(&format!(
-                " {:>8}",
-                format!("+{}", tidepool_node::format_size(x << 20))
-            ));
+            let saved = a
+                .curve
+                .iter()
+                .take_while(|p| p.extra_mib <= x)
+                .last()
+                .map_or(0.0, |p| p.saved_ms_per_s / 10.0);
+            o.push_str(&format!(" {:>7.1}%", saved));
         }
         o.push('\n');
-        for a in &s.apps {
-            o.push_str(&format!(
-                "{:>4} {:<20}",
-                a.id,
-                as_text(&a.name).chars().take(20).collect::<String>()
-            ));
-            for x in AT {
-                let saved = a
-                    .curve
-                    .iter()
-                    .take_while(|p| p.extra_mib <= x)
-                    .last()
-                    .map_or(0.0, |p| p.saved_ms_per_s / 10.0);
-                o.push_str(&format!(" {:>7.1}%", saved));
-            }
-            o.push('\n');
-        }
     }
-    if s.apps.is_empty() {
-        o.push_str(
-            "(no applications: start soft-memory programs with TIDEPOOL_COORD set, or programs \
-             under `tidepool run`)\n",
-        );
-    }
-    o
 }
 
 /// Where `tidepool weight` sends the change.

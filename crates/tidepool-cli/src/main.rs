@@ -4,16 +4,16 @@
 mod cache;
 mod coord;
 mod demo;
+mod node;
 mod run;
 mod run_static;
 mod tune;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 use std::ffi::OsString;
-use std::io::Write;
 use std::path::PathBuf;
-use tidepool_node::{format_size, parse_size, NodeConfig, Server, TlsFiles, TokensFile};
+use tidepool_node::parse_size;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -47,50 +47,7 @@ enum Cmd {
     /// With --tls-cert and --tls-key it accepts only TLS connections (clients add ?tls=1 to
     /// their node:// URL). With --metrics ADDR it serves Prometheus metrics at
     /// http://ADDR/metrics.
-    Node {
-        /// Address to listen on, e.g. 0.0.0.0:7070 (port 0 picks a free port).
-        #[arg(long, default_value = "127.0.0.1:7070")]
-        listen: String,
-        /// Memory to serve, e.g. 512M, 8G.
-        #[arg(long, value_parser = parse_size_arg)]
-        capacity: u64,
-        /// TOML file of tenants: [[tenant]] name = "web" token = "..." quota = "2G".
-        /// Without it any tenant name is accepted (open mode: for trusted hosts only).
-        #[arg(long)]
-        tokens: Option<PathBuf>,
-        /// Memory sections (one allocator thread each); default: one per CPU.
-        #[arg(long)]
-        sections: Option<usize>,
-        /// Event-loop threads serving connections; default: half the CPUs, at least one.
-        #[arg(long)]
-        io_threads: Option<usize>,
-        /// Microseconds an I/O thread keeps polling after its last request before it sleeps.
-        /// Saves a wake-up per request (tens of microseconds on VMs). The poll yields between
-        /// tries, so other processes on the node's CPUs still run, but the CPU does not idle
-        /// while it polls.
-        #[arg(long, default_value_t = 0)]
-        busy_poll_us: u64,
-        /// Most simultaneous client connections.
-        #[arg(long, default_value_t = 4096)]
-        max_connections: usize,
-        /// Largest object (and frame) accepted.
-        #[arg(long, default_value = "16M", value_parser = parse_size_arg)]
-        max_object: u64,
-        /// Answers a connection may have waiting for its client to read them; past this the
-        /// node stops reading its requests until it drains (at least 64K).
-        #[arg(long, default_value = "4M", value_parser = parse_size_arg)]
-        max_outstanding: u64,
-        /// PEM file of the node's certificate chain: accept only TLS connections.
-        #[arg(long, requires = "tls_key")]
-        tls_cert: Option<PathBuf>,
-        /// PEM file of the private key of --tls-cert.
-        #[arg(long, requires = "tls_cert")]
-        tls_key: Option<PathBuf>,
-        /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (port 0 picks a
-        /// free port; the first line of output names it).
-        #[arg(long, value_name = "ADDR")]
-        metrics: Option<std::net::SocketAddr>,
-    },
+    Node(node::NodeArgs),
     /// Print a far store's counters: the bytes it holds and the values it keeps, then its own
     /// (a memory node's for one tenant and for the node; the in-process store's bytes before
     /// compression, same-filled pages and pages kept whole).
@@ -387,91 +344,8 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Cmd::Node {
-            listen,
-            capacity,
-            tokens,
-            sections,
-            io_threads,
-            busy_poll_us,
-            max_connections,
-            max_object,
-            max_outstanding,
-            tls_cert,
-            tls_key,
-            metrics,
-        } => {
-            let mut cfg = NodeConfig::new(listen, capacity);
-            if let Some(s) = sections {
-                cfg.sections = s;
-            }
-            if let Some(n) = io_threads {
-                cfg.io_threads = n;
-            }
-            cfg.busy_poll = std::time::Duration::from_micros(busy_poll_us);
-            cfg.max_connections = max_connections;
-            cfg.max_body =
-                u32::try_from(max_object + 64).context("--max-object must be below 4 GiB")?;
-            cfg.max_outstanding = usize::try_from(max_outstanding)
-                .context("--max-outstanding does not fit this machine's address space")?;
-            if let (Some(cert), Some(key)) = (tls_cert, tls_key) {
-                cfg.tls = Some(TlsFiles { cert, key });
-            }
-            if let Some(addr) = metrics {
-                if !addr.ip().is_loopback() {
-                    eprintln!(
-                        "tidepool node: the metrics at {addr} are reachable from other machines \
-                         and name every tenant and what it holds; bind 127.0.0.1 unless that is meant"
-                    );
-                }
-                cfg.metrics = Some(addr);
-            }
-            let mode = match &tokens {
-                Some(path) => {
-                    let f = TokensFile::load(path)?;
-                    let n = f.tenants.len();
-                    cfg.tokens = Some(f);
-                    format!("{n} tenants from {}", path.display())
-                }
-                None => "open mode: any tenant accepted; use --tokens FILE on shared networks"
-                    .to_string(),
-            };
-            let sections = cfg.sections;
-            // SIGTERM and SIGINT stop the server in order (below) rather than kill it.
-            tidepool_sys::block_stop_signals()?;
-            let server = Server::start(cfg)?;
-            let tls = if server.uses_tls() { ", TLS only" } else { "" };
-            let metrics = server
-                .metrics_addr()
-                .map(|a| format!("; metrics at http://{a}/metrics"))
-                .unwrap_or_default();
-            // The first line names the address: scripts and `tidepool bench` read it.
-            println!(
-                "tidepool node listening on {} with {} in {} sections ({mode}){tls}{metrics}",
-                server.local_addr(),
-                format_size(server.capacity()),
-                sections
-            );
-            std::io::stdout().flush()?;
-            let signal = tidepool_sys::wait_for_stop()?;
-            eprintln!("tidepool node: {signal}: closing every connection and stopping");
-            let addr = server.local_addr();
-            server.shutdown();
-            eprintln!("tidepool node: stopped ({addr} is free)");
-            Ok(())
-        }
-        Cmd::Stats { url } => {
-            let store = tidepool_store::open(&url)?;
-            let stats = store.stats()?;
-            // What the store cannot count is said so, not printed as a Rust Option.
-            let shown = |v: Option<u64>| v.map_or("unknown".to_string(), |n| n.to_string());
-            println!("{:32} {}", "far_bytes", shown(stats.far_bytes));
-            println!("{:32} {}", "objects", shown(stats.objects));
-            for (k, v) in &stats.extra {
-                println!("{k:32} {v}");
-            }
-            Ok(())
-        }
+        Cmd::Node(args) => node::run(args),
+        Cmd::Stats { url } => stats(&url),
         Cmd::Demo { backend, size } => demo::run(backend.as_deref(), size),
         Cmd::Bench {
             suite,
@@ -480,25 +354,16 @@ fn run(cli: Cli) -> Result<()> {
             list,
             placement,
             mimalloc_bench,
-        } => {
-            if list {
-                for s in tidepool_bench::suites() {
-                    println!("{:10} {}", s.name(), s.about());
-                }
-                return Ok(());
-            }
-            let suite = suite.expect("clap requires it");
-            tidepool_bench::run(
-                &suite,
-                tidepool_bench::BenchOpts {
-                    quick,
-                    out,
-                    placement,
-                    mimalloc_bench,
-                },
-            )?;
-            Ok(())
-        }
+        } => bench(
+            suite,
+            list,
+            tidepool_bench::BenchOpts {
+                quick,
+                out,
+                placement,
+                mimalloc_bench,
+            },
+        ),
         Cmd::Run {
             local,
             backend,
@@ -517,20 +382,7 @@ fn run(cli: Cli) -> Result<()> {
             socket,
             http,
             token_file,
-        } => {
-            let via = match http {
-                Some(addr) => coord::WeightVia::Http {
-                    addr,
-                    token_file: token_file.unwrap_or_else(|| {
-                        tidepool_coord::default_token_file(&tidepool_coord::default_socket())
-                    }),
-                },
-                None => {
-                    coord::WeightVia::Socket(socket.unwrap_or_else(tidepool_coord::default_socket))
-                }
-            };
-            coord::set_weight(via, app, weight)
-        }
+        } => coord::set_weight(weight_via(socket, http, token_file), app, weight),
         Cmd::Status { pid } => run::status(pid),
         Cmd::Tune {
             profile,
@@ -563,18 +415,68 @@ fn run(cli: Cli) -> Result<()> {
             ),
         },
         Cmd::Cache(args) => cache::run(args),
-        Cmd::BenchWorker { kind, args } => match kind.as_str() {
-            "verify" => run::verify_worker(&args),
-            "share" => {
-                tidepool_bench::store::share_worker(tidepool_bench::store::ShareArgs::parse(&args)?)
-            }
-            "alloc" => tidepool_bench::alloc::worker(&args),
-            "pager" => tidepool_bench::pager::worker(&args),
-            "far-graph" => tidepool_bench::far::graph_worker(&args),
-            "coord-app" => tidepool_bench::coord::worker(&args),
-            "antagonist" => tidepool_bench::coord::antagonist_worker(&args),
-            "paged-app" => tidepool_bench::coord::paged_worker(&args),
-            other => anyhow::bail!("unknown bench worker '{other}'"),
+        Cmd::BenchWorker { kind, args } => bench_worker(&kind, &args),
+    }
+}
+
+/// `tidepool stats`: a far store's counters, one a line.
+fn stats(url: &str) -> Result<()> {
+    let store = tidepool_store::open(url)?;
+    let stats = store.stats()?;
+    // What the store cannot count is said so, not printed as a Rust Option.
+    let shown = |v: Option<u64>| v.map_or("unknown".to_string(), |n| n.to_string());
+    println!("{:32} {}", "far_bytes", shown(stats.far_bytes));
+    println!("{:32} {}", "objects", shown(stats.objects));
+    for (k, v) in &stats.extra {
+        println!("{k:32} {v}");
+    }
+    Ok(())
+}
+
+/// `tidepool bench`: lists the suites, or runs one.
+fn bench(suite: Option<String>, list: bool, opts: tidepool_bench::BenchOpts) -> Result<()> {
+    if list {
+        for s in tidepool_bench::suites() {
+            println!("{:10} {}", s.name(), s.about());
+        }
+        return Ok(());
+    }
+    let suite = suite.expect("clap requires it");
+    tidepool_bench::run(&suite, opts)?;
+    Ok(())
+}
+
+/// How `tidepool weight` reaches the coordinator: over HTTP with its token if given an
+/// address, else over its socket (the default ones if not named).
+fn weight_via(
+    socket: Option<PathBuf>,
+    http: Option<String>,
+    token_file: Option<PathBuf>,
+) -> coord::WeightVia {
+    match http {
+        Some(addr) => coord::WeightVia::Http {
+            addr,
+            token_file: token_file.unwrap_or_else(|| {
+                tidepool_coord::default_token_file(&tidepool_coord::default_socket())
+            }),
         },
+        None => coord::WeightVia::Socket(socket.unwrap_or_else(tidepool_coord::default_socket)),
+    }
+}
+
+/// A benchmark's client process, of the kind the suite asked for.
+fn bench_worker(kind: &str, args: &[String]) -> Result<()> {
+    match kind {
+        "verify" => run::verify_worker(args),
+        "share" => {
+            tidepool_bench::store::share_worker(tidepool_bench::store::ShareArgs::parse(args)?)
+        }
+        "alloc" => tidepool_bench::alloc::worker(args),
+        "pager" => tidepool_bench::pager::worker(args),
+        "far-graph" => tidepool_bench::far::graph_worker(args),
+        "coord-app" => tidepool_bench::coord::worker(args),
+        "antagonist" => tidepool_bench::coord::antagonist_worker(args),
+        "paged-app" => tidepool_bench::coord::paged_worker(args),
+        other => anyhow::bail!("unknown bench worker '{other}'"),
     }
 }

@@ -335,24 +335,8 @@ fn run_round(
     let out = dir.join(format!("round-{n}"));
     std::fs::create_dir(&out)?;
     let log = dir.join(format!("round-{n}.stderr"));
-    let exe = std::env::current_exe()?;
-    let mut cmd = Command::new(exe);
-    cmd.args([
-        "run",
-        "--no-coord",
-        "--local",
-        &t.local.to_string(),
-        "--backend",
-        &t.backend,
-    ]);
-    if let Some(profile) = profile {
-        let profile_file = dir.join(format!("profile-{n}.toml"));
-        std::fs::write(&profile_file, profile.to_toml())?;
-        cmd.arg("--profile").arg(&profile_file);
-    }
-    cmd.arg("--")
-        .args(&t.program)
-        .env(tidepool_pager::run_env::SECTIONS_OUT, &out)
+    let mut cmd = round_command(t, profile, dir, n)?;
+    cmd.env(tidepool_pager::run_env::SECTIONS_OUT, &out)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log)?);
@@ -375,19 +359,70 @@ fn run_round(
     }
     let records = tidepool_pager::profile::Observed::read_dir(&out)?;
     if me.is_none() {
-        // The program whose processes faulted most: a wrapper (a pyenv shim, a shell script)
-        // hardly faults at all.
-        let mut faults: BTreeMap<String, (u64, Program)> = BTreeMap::new();
-        for o in &records {
-            let f: u64 = o.sections.iter().map(|s| s.faults).sum();
-            let key = format!("{}\0{:?}", o.program.name, o.program.build_id);
-            faults.entry(key).or_insert((0, o.program.clone())).0 += f;
-        }
-        *me = faults.into_values().max_by_key(|v| v.0).map(|v| v.1);
+        *me = busiest_program(&records);
     }
+    let sections = sections_of(records, me.as_ref());
+    if sections.is_empty() {
+        bail!(
+            "no process reported its sections in round {n}: did the program run under \
+             tidepool run, fault at all at --local {}, and exit (not die by a signal)?",
+            tidepool_node::format_size(t.local)
+        );
+    }
+    Ok(Round {
+        seconds,
+        output: result.stdout,
+        sections,
+    })
+}
+
+/// `tidepool run` of the program at the tuning's budget and store, with `profile` (written
+/// into `dir` for round `n`) if there is one.
+fn round_command(
+    t: &ProgramTune,
+    profile: Option<&Profile>,
+    dir: &Path,
+    n: u32,
+) -> Result<Command> {
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        "run",
+        "--no-coord",
+        "--local",
+        &t.local.to_string(),
+        "--backend",
+        &t.backend,
+    ]);
+    if let Some(profile) = profile {
+        let profile_file = dir.join(format!("profile-{n}.toml"));
+        std::fs::write(&profile_file, profile.to_toml())?;
+        cmd.arg("--profile").arg(&profile_file);
+    }
+    cmd.arg("--").args(&t.program);
+    Ok(cmd)
+}
+
+/// The program whose processes faulted most: a wrapper (a pyenv shim, a shell script)
+/// hardly faults at all.
+fn busiest_program(records: &[tidepool_pager::profile::Observed]) -> Option<Program> {
+    let mut faults: BTreeMap<String, (u64, Program)> = BTreeMap::new();
+    for o in records {
+        let f: u64 = o.sections.iter().map(|s| s.faults).sum();
+        let key = format!("{}\0{:?}", o.program.name, o.program.build_id);
+        faults.entry(key).or_insert((0, o.program.clone())).0 += f;
+    }
+    faults.into_values().max_by_key(|v| v.0).map(|v| v.1)
+}
+
+/// The sections of program `me`, each one's counters summed over its processes.
+fn sections_of(
+    records: Vec<tidepool_pager::profile::Observed>,
+    me: Option<&Program>,
+) -> BTreeMap<String, ObservedSection> {
     let mut sections: BTreeMap<String, ObservedSection> = BTreeMap::new();
     for o in records {
-        if Some(&o.program) != me.as_ref() {
+        if Some(&o.program) != me {
             continue;
         }
         for s in o.sections {
@@ -406,18 +441,7 @@ fn run_round(
             }
         }
     }
-    if sections.is_empty() {
-        bail!(
-            "no process reported its sections in round {n}: did the program run under \
-             tidepool run, fault at all at --local {}, and exit (not die by a signal)?",
-            tidepool_node::format_size(t.local)
-        );
-    }
-    Ok(Round {
-        seconds,
-        output: result.stdout,
-        sections,
-    })
+    sections
 }
 
 fn summary(r: &Round) -> String {
@@ -498,52 +522,10 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
             continue;
         }
         best_seconds = best_seconds.min(round.seconds);
-        if keeping {
-            // One section's pages kept: judged by the whole program's cost.
-            let (name, to) = &tried[0];
-            let (was, now) = (total_cost(&last), total_cost(&round));
-            let kept = now < was * 0.95;
-            let why = format!(
-                "the program's far reads {} -> {} (cost {was:.0} -> {now:.0})",
-                last.far_reads(),
-                round.far_reads()
-            );
-            eprintln!(
-                "  {name}: keep {:?}, share {}% {} ({why})",
-                to.keep,
-                to.share,
-                if kept { "kept" } else { "dropped" }
-            );
-            if kept {
-                set_policy(&mut profile, name, *to, why);
-                last = round;
-            }
-            continue;
-        }
-        let mut next = round.sections.clone();
-        for (name, to) in &tried {
-            let (Some(before), Some(after)) = (last.sections.get(name), round.sections.get(name))
-            else {
-                continue;
-            };
-            let kept = cost(after) < cost(before) * 0.97
-                && fetches_earn_their_place(policy_of(&profile, name).prefetch, *to, after);
-            let why = counters_moved(before, after);
-            eprintln!(
-                "  {name}: {:?}/{} {} ({why})",
-                to.prefetch,
-                to.line,
-                if kept { "kept" } else { "dropped" }
-            );
-            if kept {
-                set_policy(&mut profile, name, *to, why);
-            } else {
-                next.insert(name.clone(), before.clone());
-            }
-        }
-        last = Round {
-            sections: next,
-            ..round
+        last = if keeping {
+            judge_keep(&mut profile, &tried[0], last, round)
+        } else {
+            judge_changes(&mut profile, &tried, &last, round)
         };
     }
     let checked = check(t, &me, &profile, &dir)?;
@@ -551,6 +533,68 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         eprintln!("{why}: the profile is left empty");
         profile.sections.clear();
     }
+    write_profile(t, &mut profile, &times)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Judges keeping one section's pages (`tried`), by the whole program's cost: the round
+/// that comes next starts from `round` if it is kept, else from `last`.
+fn judge_keep(profile: &mut Profile, tried: &Change, last: Round, round: Round) -> Round {
+    let (name, to) = tried;
+    let (was, now) = (total_cost(&last), total_cost(&round));
+    let kept = now < was * 0.95;
+    let why = format!(
+        "the program's far reads {} -> {} (cost {was:.0} -> {now:.0})",
+        last.far_reads(),
+        round.far_reads()
+    );
+    eprintln!(
+        "  {name}: keep {:?}, share {}% {} ({why})",
+        to.keep,
+        to.share,
+        if kept { "kept" } else { "dropped" }
+    );
+    if kept {
+        set_policy(profile, name, *to, why);
+        round
+    } else {
+        last
+    }
+}
+
+/// Judges each section's change (`tried`) by its own counters: the round that comes next
+/// has `round`'s counters for the sections whose change is kept, `last`'s for the others.
+fn judge_changes(profile: &mut Profile, tried: &[Change], last: &Round, round: Round) -> Round {
+    let mut next = round.sections.clone();
+    for (name, to) in tried {
+        let (Some(before), Some(after)) = (last.sections.get(name), round.sections.get(name))
+        else {
+            continue;
+        };
+        let kept = cost(after) < cost(before) * 0.97
+            && fetches_earn_their_place(policy_of(profile, name).prefetch, *to, after);
+        let why = counters_moved(before, after);
+        eprintln!(
+            "  {name}: {:?}/{} {} ({why})",
+            to.prefetch,
+            to.line,
+            if kept { "kept" } else { "dropped" }
+        );
+        if kept {
+            set_policy(profile, name, *to, why);
+        } else {
+            next.insert(name.clone(), before.clone());
+        }
+    }
+    Round {
+        sections: next,
+        ..round
+    }
+}
+
+/// Notes how the profile was made and writes it to `--out` or standard output.
+fn write_profile(t: &ProgramTune, profile: &mut Profile, times: &[f64]) -> Result<()> {
     profile.tuned = Some(format!(
         "tidepool tune --local {} -- {}; rounds took {} s",
         tidepool_node::format_size(t.local),
@@ -571,7 +615,6 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?,
         None => print!("{text}"),
     }
-    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
 

@@ -109,55 +109,23 @@ fn measure(launch: &Launch) -> Result<Finished> {
         None => std::fs::File::open("/dev/null"),
     }
     .with_context(|| format!("cannot open the input {:?}", launch.stdin))?;
-    let c = |bytes: &[u8]| CString::new(bytes).context("a NUL byte in an argument");
-    let program = c(launch.program.as_os_str().as_bytes())?;
-    let mut argv = vec![program.clone()];
-    for a in &launch.args {
-        argv.push(c(a.as_bytes())?);
-    }
-    let mut envp = Vec::new();
-    for (k, v) in std::env::vars_os().filter(|(k, _)| k != "LD_PRELOAD") {
-        envp.push(c(&[k.as_bytes(), b"=", v.as_bytes()].concat())?);
-    }
-    if let Some(lib) = &launch.preload {
-        envp.push(c(&[b"LD_PRELOAD=", lib.as_os_str().as_bytes()].concat())?);
-    }
-    let cwd = c(launch.cwd.as_os_str().as_bytes())?;
+    let exec = ExecArgs::of(launch)?;
     let (out_r, out_w) = std::io::pipe()?;
     let (err_r, err_w) = std::io::pipe()?;
     let start = Instant::now();
     let id = tidepool_sys::fork_exec(
-        &program,
-        &argv,
-        &envp,
-        &cwd,
+        &exec.program,
+        &exec.argv,
+        &exec.envp,
+        &exec.cwd,
         [stdin.as_fd(), out_w.as_fd(), err_w.as_fd()],
     )
     .with_context(|| format!("cannot start {}", launch.program.display()))?;
     drop((out_w, err_w, stdin));
     let pid = Pid::from_raw(id as i32).context("odd pid")?;
-    let drain = |mut stream: std::io::PipeReader| {
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut text = Vec::new();
-            let _ = stream.read_to_end(&mut text);
-            let _ = tx.send(String::from_utf8_lossy(&text).into_owned());
-        });
-        rx
-    };
     let (stdout, stderr) = (drain(out_r), drain(err_r));
-    // Kills the program if it outlives the timeout. It kills only before the program is
-    // reaped (the wait below leaves it a zombie until the watchdog is done), so the pid is
-    // still the program's.
     let timeout = Duration::from_secs(launch.timeout_s);
-    let (done, watch) = mpsc::channel::<()>();
-    let watchdog = std::thread::spawn(move || {
-        let late = watch.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout);
-        if late {
-            let _ = rustix::process::kill_process(pid, Signal::KILL);
-        }
-        late
-    });
+    let (done, watchdog) = watchdog(pid, timeout);
     let loaded = watch_loading(pid, launch.preload.as_deref());
     // Exited, not yet reaped.
     let exited = loop {
@@ -192,6 +160,67 @@ fn measure(launch: &Launch) -> Result<Finished> {
         stderr,
         preload_checked,
     })
+}
+
+/// What `execve` is given: the program, its arguments, its environment (with the preload, if
+/// any, as the only `LD_PRELOAD`), and the directory to run in.
+struct ExecArgs {
+    program: CString,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    cwd: CString,
+}
+
+impl ExecArgs {
+    /// The exec arguments of `launch`; refused if any holds a NUL byte.
+    fn of(launch: &Launch) -> Result<ExecArgs> {
+        let c = |bytes: &[u8]| CString::new(bytes).context("a NUL byte in an argument");
+        let program = c(launch.program.as_os_str().as_bytes())?;
+        let mut argv = vec![program.clone()];
+        for a in &launch.args {
+            argv.push(c(a.as_bytes())?);
+        }
+        let mut envp = Vec::new();
+        for (k, v) in std::env::vars_os().filter(|(k, _)| k != "LD_PRELOAD") {
+            envp.push(c(&[k.as_bytes(), b"=", v.as_bytes()].concat())?);
+        }
+        if let Some(lib) = &launch.preload {
+            envp.push(c(&[b"LD_PRELOAD=", lib.as_os_str().as_bytes()].concat())?);
+        }
+        let cwd = c(launch.cwd.as_os_str().as_bytes())?;
+        Ok(ExecArgs {
+            program,
+            argv,
+            envp,
+            cwd,
+        })
+    }
+}
+
+/// Reads a pipe to its end on a thread of its own; the text comes on the channel.
+fn drain(mut stream: std::io::PipeReader) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = stream.read_to_end(&mut text);
+        let _ = tx.send(String::from_utf8_lossy(&text).into_owned());
+    });
+    rx
+}
+
+/// Kills the program if it outlives the timeout: dropping the sender says it is done; the
+/// thread says whether it killed. It kills only before the program is reaped (the caller
+/// leaves it a zombie until the watchdog is done), so the pid is still the program's.
+fn watchdog(pid: Pid, timeout: Duration) -> (mpsc::Sender<()>, std::thread::JoinHandle<bool>) {
+    let (done, watch) = mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        let late = watch.recv_timeout(timeout) == Err(mpsc::RecvTimeoutError::Timeout);
+        if late {
+            let _ = rustix::process::kill_process(pid, Signal::KILL);
+        }
+        late
+    });
+    (done, watchdog)
 }
 
 /// Watches `pid`'s maps until its libraries are loaded, then checks the allocator mapped in it.

@@ -4,6 +4,9 @@ use super::worker::{current_rss_kib, object_size, peak_rss_kib, preloaded_alloca
 use anyhow::{bail, Result};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// A block whose every byte is derived from its address and a stamp, so corruption, overlap
@@ -34,8 +37,6 @@ impl Stamped {
 /// to each other to free, for `seconds`; RSS is sampled every second. Fails on the first
 /// corrupted block; reports RSS in the first and last tenth of the run.
 pub(super) fn stress(seconds: u64) -> Result<()> {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::Arc;
     let stop = Arc::new(AtomicBool::new(false));
     let corrupt = Arc::new(AtomicU64::new(0));
     let ops = Arc::new(AtomicU64::new(0));
@@ -48,47 +49,7 @@ pub(super) fn stress(seconds: u64) -> Result<()> {
         let next = senders[(t + 1) % threads].clone();
         let (stop, corrupt, ops) = (stop.clone(), corrupt.clone(), ops.clone());
         handles.push(std::thread::spawn(move || {
-            let mut rng = SmallRng::seed_from_u64(t as u64 + 1);
-            let mut mine: Vec<Stamped> = Vec::new();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                for _ in 0..1000 {
-                    let size = match rng.gen_range(0..1000) {
-                        0..=4 => rng.gen_range(40_000..2_000_000),
-                        _ => object_size(&mut rng),
-                    };
-                    mine.push(Stamped::new(size, rng.gen()));
-                    // Keep the live set bounded but churning: random frees, some passed on.
-                    while mine.len() > 2000 {
-                        let b = mine.swap_remove(rng.gen_range(0..mine.len()));
-                        if !b.intact() {
-                            corrupt.fetch_add(1, Ordering::Relaxed);
-                        }
-                        if rng.gen_range(0..4) == 0 {
-                            let _ = next.try_send(b);
-                        }
-                    }
-                    while let Ok(b) = rx.try_recv() {
-                        if !b.intact() {
-                            corrupt.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    n += 1;
-                }
-                // Now and then a thread comes and goes, as thread pools resize.
-                if rng.gen_range(0..50) == 0 {
-                    let v: Vec<Stamped> = (0..200).map(|i| Stamped::new(64 + i, 7)).collect();
-                    let back =
-                        std::thread::spawn(move || v.into_iter().filter(|b| b.intact()).count())
-                            .join()
-                            .unwrap_or(0);
-                    if back != 200 {
-                        corrupt.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-                ops.store(ops.load(Ordering::Relaxed) + 1000, Ordering::Relaxed);
-            }
-            n
+            churn(t, &rx, &next, &stop, &corrupt, &ops)
         }));
     }
     drop(senders);
@@ -129,4 +90,61 @@ pub(super) fn stress(seconds: u64) -> Result<()> {
         bail!("RSS grew from {early} KiB to {late} KiB over the run");
     }
     Ok(())
+}
+
+/// One stress thread (number `t`) until `stop`: allocates, verifies and frees, passes some
+/// blocks on to `next` and frees what comes from `rx`; counts corrupted blocks in `corrupt`.
+/// Returns its allocations.
+fn churn(
+    t: usize,
+    rx: &Receiver<Stamped>,
+    next: &SyncSender<Stamped>,
+    stop: &AtomicBool,
+    corrupt: &AtomicU64,
+    ops: &AtomicU64,
+) -> u64 {
+    let mut rng = SmallRng::seed_from_u64(t as u64 + 1);
+    let mut mine: Vec<Stamped> = Vec::new();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..1000 {
+            let size = match rng.gen_range(0..1000) {
+                0..=4 => rng.gen_range(40_000..2_000_000),
+                _ => object_size(&mut rng),
+            };
+            mine.push(Stamped::new(size, rng.gen()));
+            // Keep the live set bounded but churning: random frees, some passed on.
+            while mine.len() > 2000 {
+                let b = mine.swap_remove(rng.gen_range(0..mine.len()));
+                if !b.intact() {
+                    corrupt.fetch_add(1, Ordering::Relaxed);
+                }
+                if rng.gen_range(0..4) == 0 {
+                    let _ = next.try_send(b);
+                }
+            }
+            while let Ok(b) = rx.try_recv() {
+                if !b.intact() {
+                    corrupt.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            n += 1;
+        }
+        // Now and then a thread comes and goes, as thread pools resize.
+        if rng.gen_range(0..50) == 0 && !passing_thread_keeps_blocks() {
+            corrupt.fetch_add(1, Ordering::Relaxed);
+        }
+        ops.store(ops.load(Ordering::Relaxed) + 1000, Ordering::Relaxed);
+    }
+    n
+}
+
+/// Hands 200 fresh blocks to a thread that checks and frees them before it exits: whether
+/// all of them were intact.
+fn passing_thread_keeps_blocks() -> bool {
+    let v: Vec<Stamped> = (0..200).map(|i| Stamped::new(64 + i, 7)).collect();
+    let back = std::thread::spawn(move || v.into_iter().filter(|b| b.intact()).count())
+        .join()
+        .unwrap_or(0);
+    back == 200
 }

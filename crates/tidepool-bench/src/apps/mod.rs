@@ -49,6 +49,7 @@ mod redis;
 mod resp;
 pub mod runtimes;
 mod tuned;
+mod workload;
 
 use crate::harness::{BenchOpts, Ctx, Suite};
 use crate::meter::Held;
@@ -60,6 +61,8 @@ pub use programs::{
     pandas, python, python_dict, sort, sort_input, Outcome, Ran, Sizes, PANDAS_SCRIPT,
 };
 pub use redis::{redis, redis_value, verify_rdb, RedisResult, RedisRun};
+use std::ffi::OsString;
+use workload::{Inputs, Runs};
 
 #[derive(Debug)]
 pub struct AppsSuite;
@@ -95,73 +98,28 @@ impl Suite for AppsSuite {
         let s = Sizes::of(&ctx.opts);
         let exe = std::env::current_exe()?;
         let preload = crate::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")?;
-        // As in the pager suite, a node with a CPU of its own polls for requests before it
-        // sleeps (a cross-CPU wake-up per miss costs this VM more than serving the page). The
-        // Redis workloads' load generator shares that CPU, and a polling node halves its
-        // throughput there: Redis pages to a node that sleeps.
-        let poll = crate::node::NODE_BUSY_POLL_US.to_string();
-        let polling = NodeProcess::start_with("4G", &["--busy-poll-us", &poll])?;
-        ctx.opts.placement.pin_server(polling.pid())?;
-        let sleeping = NodeProcess::start("4G")?;
-        ctx.opts.placement.pin_server(sleeping.pid())?;
-        ctx.note(format!(
-            "tidepool-node: the node polls {poll} us for requests before it sleeps, except \
-             under Redis, whose load generator shares the node's CPU"
-        ));
-        ctx.note(
-            "programs other than Redis run on any CPU, as a user's would, except node-backed \
-             ones, which stay off the node's CPU; Redis and its load generator keep their CPUs",
-        );
+        let (polling, sleeping) = start_nodes(ctx)?;
         let node_url = |n: &NodeProcess| format!("node://apps@{}", n.addr);
         let mut l = Launcher::new(exe, preload, Some(node_url(&polling)));
         l.load_cpus = ctx.opts.placement.server_cpus();
-        let mut systems: Vec<System> = System::CONSTRAINED
-            .into_iter()
-            .filter(|s| crate::harness::wanted(s.name()))
-            .collect();
-        match Zram::start(8 << 30) {
-            Ok(z) => l.zram = Some(z),
-            Err(e) => {
-                ctx.note(format!("linux-zram skipped: {e:#}"));
-                systems.retain(|&sy| sy != System::LinuxZram);
-            }
-        }
+        let systems = constrained_systems(ctx, &mut l);
         let dir = ctx.opts.out.join("apps-work");
         std::fs::create_dir_all(&dir)?;
         l.sections_dir = Some(dir.join("sections"));
         let (python, has_pandas) = python()?;
         let sort_file = sort_input(&dir, s.sort_lines)?;
+        let inputs = Inputs {
+            s: &s,
+            dir: &dir,
+            python: &python,
+            sort_file: &sort_file,
+        };
         for workload in WORKLOADS {
-            if !workload_wanted(workload) {
+            let Some(runtime_argv) = ready(ctx, workload, &inputs, has_pandas) else {
                 for _ in 0..self.steps(&ctx.opts) / WORKLOADS.len() as u64 {
                     ctx.advance();
                 }
                 continue;
-            }
-            if workload == "pandas-groupby" && !has_pandas {
-                ctx.note(format!(
-                    "pandas-groupby skipped: {} has no pandas (scripts/setup installs it)",
-                    python.display()
-                ));
-                for _ in 0..self.steps(&ctx.opts) / WORKLOADS.len() as u64 {
-                    ctx.advance();
-                }
-                continue;
-            }
-            let runtime_argv = match workload {
-                "go-map" | "jvm-hashmap" | "node-map" => {
-                    match runtimes::argv(workload, &dir, s.runtime_entries(workload)) {
-                        Ok(argv) => Some(argv),
-                        Err(e) => {
-                            ctx.note(format!("{workload} skipped: {e:#}"));
-                            for _ in 0..self.steps(&ctx.opts) / WORKLOADS.len() as u64 {
-                                ctx.advance();
-                            }
-                            continue;
-                        }
-                    }
-                }
-                _ => None,
             };
             ctx.step(format!("{workload}: native"));
             l.node = Some(node_url(if workload == "redis" {
@@ -169,140 +127,82 @@ impl Suite for AppsSuite {
             } else {
                 &polling
             }));
-            let mut port = 17_000u16;
-            let run = |l: &Launcher, system: System, local: u64, port: u16| -> Result<Measured> {
-                Ok(match workload {
-                    "redis" => Measured::Redis(redis(l, system, local, &s, port, &dir)?),
-                    "pandas-groupby" => {
-                        Measured::Program(pandas(l, system, local, &python, s.pandas_rows, &dir)?)
-                    }
-                    "sort" => Measured::Program(sort(l, system, local, &sort_file, &dir)?),
-                    "go-map" | "jvm-hashmap" | "node-map" => Measured::Program(runtimes::run(
-                        l,
-                        system,
-                        local,
-                        workload,
-                        runtime_argv.as_deref().unwrap_or_default(),
-                    )?),
-                    _ => Measured::Program(python_dict(
-                        l,
-                        system,
-                        local,
-                        &python,
-                        s.dict_strings,
-                        &dir,
-                    )?),
-                })
-            };
-            let native = run(&l, System::Native, 0, port)?;
-            port += 1;
-            let peak = native.peak_rss();
-            let want = native.answer();
-            native.report(ctx, System::Native, workload, 1.0, peak, None)?;
-            ctx.advance();
-            // tidepool-default is measured beside tidepool-tuned when both are (`paired.rs`).
-            let pairing = systems.contains(&System::TidepoolTuned)
-                && systems.contains(&System::TidepoolDefault);
-            for ratio in RATIOS.into_iter().filter(|&r| ratio_wanted(r)) {
-                let local = local_bytes(peak, ratio);
-                for &system in &systems {
-                    if pairing && system == System::TidepoolDefault {
-                        continue;
-                    }
-                    if system == System::TidepoolTuned {
-                        ctx.step(format!(
-                            "{workload}: tidepool tune on a tenth of the input at {:.0}% local",
-                            ratio * 100.0
-                        ));
-                        match tuned::tune(&l, workload, ratio, (&s, ctx.opts.quick), &dir, &python)
-                        {
-                            Ok(profile) => {
-                                ctx.note(format!(
-                                    "{workload} at {:.0}% local: tidepool-tuned's profile: {}",
-                                    ratio * 100.0,
-                                    tuned::summary(&profile)
-                                ));
-                                l.profile = Some(profile);
-                            }
-                            Err(e) => {
-                                ctx.note(format!(
-                                    "{workload} at {:.0}% local: tidepool-tuned skipped: {e:#}",
-                                    ratio * 100.0
-                                ));
-                                ctx.advance();
-                                if pairing {
-                                    let sys = System::TidepoolDefault;
-                                    let m = run(&l, sys, local, port)?;
-                                    port += 1;
-                                    m.report(ctx, sys, workload, ratio, peak, want.as_deref())?;
-                                    ctx.advance();
-                                }
-                                continue;
-                            }
-                        }
-                    }
-                    if pairing && system == System::TidepoolTuned {
-                        let pair = [System::TidepoolDefault, System::TidepoolTuned];
-                        let n = paired::runs(ctx.opts.quick);
-                        let mut runs: [Vec<Measured>; 2] = Default::default();
-                        for i in 0..n {
-                            for (k, sys) in pair.into_iter().enumerate() {
-                                ctx.step(format!(
-                                    "{workload}: {} at {:.0}% local, run {} of {n}",
-                                    sys.name(),
-                                    ratio * 100.0,
-                                    i + 1
-                                ));
-                                runs[k].push(run(&l, sys, local, port)?);
-                                port += 1;
-                            }
-                        }
-                        if n > 1 {
-                            let shown = [
-                                (pair[0].name(), runs[0].as_slice()),
-                                (pair[1].name(), runs[1].as_slice()),
-                            ];
-                            paired::note(ctx, workload, ratio, &shown);
-                        }
-                        for (sys, ms) in pair.into_iter().zip(runs) {
-                            paired::median(ms).report(
-                                ctx,
-                                sys,
-                                workload,
-                                ratio,
-                                peak,
-                                want.as_deref(),
-                            )?;
-                            ctx.advance();
-                        }
-                        continue;
-                    }
-                    ctx.step(format!(
-                        "{workload}: {} at {:.0}% local",
-                        system.name(),
-                        ratio * 100.0
-                    ));
-                    let mut m = run(&l, system, local, port)?;
-                    port += 1;
-                    // The kernel's memory-cgroup reclaim into zram gives up now and then
-                    // while a program allocates (dmesg: "Memory cgroup out of memory"; CPython's
-                    // dict at 25% local in most runs, at 50% in some): one such run says little
-                    // about zram's speed, so it gets a second one, as a user would give it.
-                    if system == System::LinuxZram && m.oom_killed() {
-                        ctx.note(format!(
-                            "{workload}: linux-zram at {:.0}% local was OOM-killed; running it again",
-                            ratio * 100.0
-                        ));
-                        m = run(&l, system, local, port)?;
-                        port += 1;
-                    }
-                    m.report(ctx, system, workload, ratio, peak, want.as_deref())?;
-                    ctx.advance();
-                }
-            }
+            Runs::new(workload, &inputs, runtime_argv).measure(ctx, &mut l, &systems)?;
         }
         verdict(ctx);
         Ok(())
+    }
+}
+
+/// The suite's two memory nodes, each on the server's CPU: one that polls for requests
+/// before it sleeps, and one that sleeps at once (for Redis).
+fn start_nodes(ctx: &mut Ctx) -> Result<(NodeProcess, NodeProcess)> {
+    // As in the pager suite, a node with a CPU of its own polls for requests before it
+    // sleeps (a cross-CPU wake-up per miss costs this VM more than serving the page). The
+    // Redis workloads' load generator shares that CPU, and a polling node halves its
+    // throughput there: Redis pages to a node that sleeps.
+    let poll = crate::node::NODE_BUSY_POLL_US.to_string();
+    let polling = NodeProcess::start_with("4G", &["--busy-poll-us", &poll])?;
+    ctx.opts.placement.pin_server(polling.pid())?;
+    let sleeping = NodeProcess::start("4G")?;
+    ctx.opts.placement.pin_server(sleeping.pid())?;
+    ctx.note(format!(
+        "tidepool-node: the node polls {poll} us for requests before it sleeps, except \
+         under Redis, whose load generator shares the node's CPU"
+    ));
+    ctx.note(
+        "programs other than Redis run on any CPU, as a user's would, except node-backed \
+         ones, which stay off the node's CPU; Redis and its load generator keep their CPUs",
+    );
+    Ok((polling, sleeping))
+}
+
+/// The constrained systems this run wants; linux-zram only if zram starts (it is then the
+/// launcher's).
+fn constrained_systems(ctx: &mut Ctx, l: &mut Launcher) -> Vec<System> {
+    let mut systems: Vec<System> = System::CONSTRAINED
+        .into_iter()
+        .filter(|s| crate::harness::wanted(s.name()))
+        .collect();
+    match Zram::start(8 << 30) {
+        Ok(z) => l.zram = Some(z),
+        Err(e) => {
+            ctx.note(format!("linux-zram skipped: {e:#}"));
+            systems.retain(|&sy| sy != System::LinuxZram);
+        }
+    }
+    systems
+}
+
+/// Whether `workload` runs: `None` if it is skipped (not wanted, or pandas or its runtime is
+/// missing, which a note says); else its runtime's command line, if it is a runtime workload.
+fn ready(
+    ctx: &mut Ctx,
+    workload: &str,
+    inputs: &Inputs<'_>,
+    has_pandas: bool,
+) -> Option<Option<Vec<OsString>>> {
+    if !workload_wanted(workload) {
+        return None;
+    }
+    if workload == "pandas-groupby" && !has_pandas {
+        ctx.note(format!(
+            "pandas-groupby skipped: {} has no pandas (scripts/setup installs it)",
+            inputs.python.display()
+        ));
+        return None;
+    }
+    match workload {
+        "go-map" | "jvm-hashmap" | "node-map" => {
+            match runtimes::argv(workload, inputs.dir, inputs.s.runtime_entries(workload)) {
+                Ok(argv) => Some(Some(argv)),
+                Err(e) => {
+                    ctx.note(format!("{workload} skipped: {e:#}"));
+                    None
+                }
+            }
+        }
+        _ => Some(None),
     }
 }
 
@@ -561,16 +461,12 @@ fn verdict(ctx: &mut Ctx) {
         "redis" => vec!["redis-get", "redis-set", "redis-bgsave"],
         w => vec![w],
     });
+    let results = &ctx.report.results;
     for w in figures {
         for ratio in RATIOS {
-            let (metric, higher_better) = if w == "redis-get" || w == "redis-set" {
-                ("ops_per_s", true)
-            } else {
-                ("seconds", false)
-            };
+            let higher_better = w == "redis-get" || w == "redis-set";
             let at = |sys: &str, m: &str| {
-                ctx.report
-                    .results
+                results
                     .iter()
                     .find(|r| {
                         r.system == sys
@@ -580,8 +476,6 @@ fn verdict(ctx: &mut Ctx) {
                     })
                     .map(|r| r.value)
             };
-            let zram = at("linux-zram", metric);
-            let zram_mib = at("linux-zram", "machine_mib");
             if let Some(n) = tuned_note(w, ratio, higher_better, &at) {
                 notes.push(n);
             }
@@ -591,75 +485,100 @@ fn verdict(ctx: &mut Ctx) {
                 "tidepool-local",
                 "tidepool-node",
             ] {
-                let (Some(t), Some(t_mib)) = (at(system, metric), at(system, "machine_mib")) else {
-                    continue;
-                };
-                let pct = ratio * 100.0;
-                let text = match (zram, zram_mib) {
-                    (Some(z), Some(z_mib)) => {
-                        let speed = if higher_better { t / z } else { z / t };
-                        let bytes = t_mib / z_mib;
-                        let verdict = match (speed >= 1.0, bytes <= 1.0) {
-                            (true, true) => "wins",
-                            (true, false) => "faster but larger",
-                            (false, true) => "smaller but slower",
-                            (false, false) => "loses",
-                        };
-                        let irqs = match (at(system, "interrupts"), at("linux-zram", "interrupts"))
-                        {
-                            (Some(t), Some(z)) => format!(
-                                "; {t:.0} cross-CPU interrupts, {:.1}x linux-zram's {z:.0}",
-                                t / z.max(1.0)
-                            ),
-                            _ => String::new(),
-                        };
-                        format!(
-                            "{w} at {pct:.0}% local: {system} {speed:.2}x linux-zram's speed at \
-                             {bytes:.2}x its machine_mib ({t_mib:.0} vs {z_mib:.0} MiB): \
-                             {verdict}{irqs}"
-                        )
-                    }
-                    _ if at("linux-zram", "oom_killed").is_some() => format!(
-                        "{w} at {pct:.0}% local: linux-zram was OOM-killed, {system} finished \
-                         holding {t_mib:.0} MiB"
-                    ),
-                    _ => continue,
-                };
-                notes.push(text);
+                notes.extend(against_zram(w, ratio, system, higher_better, &at));
             }
-            // A memory node takes the pages off this machine: what stays is the budget and
-            // what the pager does not page.
-            if let (Some(m), Some(u), Some(peak)) = (
-                at("tidepool-node", "machine_mib"),
-                at("tidepool-node", "unpaged_mib"),
-                ctx.report
-                    .results
-                    .iter()
-                    .find(|r| r.workload == w && r.params.get("local_ratio") == Some(&ratio))
-                    .and_then(|r| r.params.get("peak_rss_mib").copied()),
-            ) {
-                let mut budget = (local_bytes((peak as u64) << 20, ratio) >> 20) as f64;
-                // BGSAVE's forked child has a budget of its own: a quarter of its parent's
-                // (`tidepool run --child-local`'s default).
-                let child = if w == "redis-bgsave" {
-                    budget *= 1.25;
-                    ", its forked child's quarter included"
-                } else {
-                    ""
-                };
-                notes.push(crate::meter::budget_note(
-                    w,
-                    ratio,
-                    "tidepool-node",
-                    m,
-                    budget,
-                    child,
-                    u,
-                ));
-            }
+            notes.extend(node_budget_note(results, w, ratio, &at));
         }
     }
     for n in notes {
         ctx.note(n);
     }
+}
+
+/// `system` against linux-zram on workload `w` at `ratio` (see [`verdict`]); `None` if
+/// either has no figure. `at(system, metric)` finds a figure.
+fn against_zram(
+    w: &str,
+    ratio: f64,
+    system: &str,
+    higher_better: bool,
+    at: &dyn Fn(&str, &str) -> Option<f64>,
+) -> Option<String> {
+    let metric = if higher_better {
+        "ops_per_s"
+    } else {
+        "seconds"
+    };
+    let (Some(t), Some(t_mib)) = (at(system, metric), at(system, "machine_mib")) else {
+        return None;
+    };
+    let pct = ratio * 100.0;
+    match (at("linux-zram", metric), at("linux-zram", "machine_mib")) {
+        (Some(z), Some(z_mib)) => {
+            let speed = if higher_better { t / z } else { z / t };
+            let bytes = t_mib / z_mib;
+            let verdict = match (speed >= 1.0, bytes <= 1.0) {
+                (true, true) => "wins",
+                (true, false) => "faster but larger",
+                (false, true) => "smaller but slower",
+                (false, false) => "loses",
+            };
+            let irqs = match (at(system, "interrupts"), at("linux-zram", "interrupts")) {
+                (Some(t), Some(z)) => format!(
+                    "; {t:.0} cross-CPU interrupts, {:.1}x linux-zram's {z:.0}",
+                    t / z.max(1.0)
+                ),
+                _ => String::new(),
+            };
+            Some(format!(
+                "{w} at {pct:.0}% local: {system} {speed:.2}x linux-zram's speed at \
+                 {bytes:.2}x its machine_mib ({t_mib:.0} vs {z_mib:.0} MiB): \
+                 {verdict}{irqs}"
+            ))
+        }
+        _ if at("linux-zram", "oom_killed").is_some() => Some(format!(
+            "{w} at {pct:.0}% local: linux-zram was OOM-killed, {system} finished \
+             holding {t_mib:.0} MiB"
+        )),
+        _ => None,
+    }
+}
+
+/// A memory node takes the pages off this machine: what stays is the budget and what the
+/// pager does not page. The note comparing the two on workload `w` at `ratio`, if the node
+/// ran it.
+fn node_budget_note(
+    results: &[crate::report::Row],
+    w: &str,
+    ratio: f64,
+    at: &dyn Fn(&str, &str) -> Option<f64>,
+) -> Option<String> {
+    let (Some(m), Some(u), Some(peak)) = (
+        at("tidepool-node", "machine_mib"),
+        at("tidepool-node", "unpaged_mib"),
+        results
+            .iter()
+            .find(|r| r.workload == w && r.params.get("local_ratio") == Some(&ratio))
+            .and_then(|r| r.params.get("peak_rss_mib").copied()),
+    ) else {
+        return None;
+    };
+    let mut budget = (local_bytes((peak as u64) << 20, ratio) >> 20) as f64;
+    // BGSAVE's forked child has a budget of its own: a quarter of its parent's
+    // (`tidepool run --child-local`'s default).
+    let child = if w == "redis-bgsave" {
+        budget *= 1.25;
+        ", its forked child's quarter included"
+    } else {
+        ""
+    };
+    Some(crate::meter::budget_note(
+        w,
+        ratio,
+        "tidepool-node",
+        m,
+        budget,
+        child,
+        u,
+    ))
 }

@@ -171,26 +171,7 @@ pub fn fill(addr: SocketAddr, keys: std::ops::Range<u64>) -> Result<()> {
 /// Runs the load for `spec.duration`.
 pub fn run(spec: &Spec) -> Result<Outcome> {
     let mut poll = Poll::new()?;
-    let mut conns = Vec::new();
-    for i in 0..spec.conns {
-        let s = std::net::TcpStream::connect(spec.addr)
-            .with_context(|| format!("connecting to {}", spec.addr))?;
-        s.set_nodelay(true)?;
-        s.set_nonblocking(true)?;
-        let mut stream = TcpStream::from_std(s);
-        poll.registry().register(
-            &mut stream,
-            Token(i),
-            Interest::READABLE | Interest::WRITABLE,
-        )?;
-        conns.push(Conn {
-            stream,
-            rbuf: Vec::with_capacity(4096),
-            wbuf: Vec::with_capacity(2048),
-            wpos: 0,
-            inflight: VecDeque::new(),
-        });
-    }
+    let mut conns = connect_all(spec, &poll)?;
     let mut rng = rand::rngs::SmallRng::seed_from_u64(spec.seed);
     let mut latency = Histogram::<u64>::new_with_bounds(1_000, 10_000_000_000, 3)?;
     let (mut ops, mut gets, mut hits, mut errors) = (0u64, 0u64, 0u64, 0u64);
@@ -215,15 +196,7 @@ pub fn run(spec: &Spec) -> Result<Outcome> {
         for ev in events.iter() {
             let c = &mut conns[ev.token().0];
             flush(c)?;
-            loop {
-                match c.stream.read(&mut chunk) {
-                    Ok(0) => bail!("the server closed a connection"),
-                    Ok(n) => c.rbuf.extend_from_slice(&chunk[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e).context("reading a reply"),
-                }
-            }
+            read_available(c, &mut chunk)?;
             let mut used_total = 0;
             while let Some(&(op, at)) = c.inflight.front() {
                 let Some((used, hit, error)) = reply(op, &c.rbuf[used_total..])? else {
@@ -264,6 +237,44 @@ pub fn run(spec: &Spec) -> Result<Outcome> {
         hits,
         errors,
     })
+}
+
+/// Opens `spec.conns` connections to the server, registered for readiness with `poll`.
+fn connect_all(spec: &Spec, poll: &Poll) -> Result<Vec<Conn>> {
+    let mut conns = Vec::new();
+    for i in 0..spec.conns {
+        let s = std::net::TcpStream::connect(spec.addr)
+            .with_context(|| format!("connecting to {}", spec.addr))?;
+        s.set_nodelay(true)?;
+        s.set_nonblocking(true)?;
+        let mut stream = TcpStream::from_std(s);
+        poll.registry().register(
+            &mut stream,
+            Token(i),
+            Interest::READABLE | Interest::WRITABLE,
+        )?;
+        conns.push(Conn {
+            stream,
+            rbuf: Vec::with_capacity(4096),
+            wbuf: Vec::with_capacity(2048),
+            wpos: 0,
+            inflight: VecDeque::new(),
+        });
+    }
+    Ok(conns)
+}
+
+/// Reads everything the connection has into its buffer (through `chunk`).
+fn read_available(c: &mut Conn, chunk: &mut [u8]) -> Result<()> {
+    loop {
+        match c.stream.read(chunk) {
+            Ok(0) => bail!("the server closed a connection"),
+            Ok(n) => c.rbuf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e).context("reading a reply"),
+        }
+    }
 }
 
 fn send(c: &mut Conn, op: Op) -> Result<()> {

@@ -287,21 +287,61 @@ pub(super) fn spin_iters(n: u64) {
     std::hint::black_box(x);
 }
 
+/// The arguments of `tidepool bench-worker coord-app` (see [`worker`]).
+struct AppArgs {
+    objects: u64,
+    skew: f64,
+    rebuild_us: f64,
+    work_us: f64,
+    seconds: f64,
+    budget: u64,
+    seed: u64,
+}
+
+impl AppArgs {
+    /// `NAME OBJECTS SKEW REBUILD_US WORK_US SECONDS BUDGET SEED`, each a number but the name.
+    fn parse(args: &[String]) -> Result<AppArgs> {
+        let [_name, objects, skew, rebuild_us, work_us, seconds, budget, seed] = args else {
+            bail!("usage: bench-worker coord-app NAME OBJECTS SKEW REBUILD_US WORK_US SECONDS BUDGET SEED");
+        };
+        Ok(AppArgs {
+            objects: objects.parse().context("OBJECTS")?,
+            skew: skew.parse().context("SKEW")?,
+            rebuild_us: rebuild_us.parse().context("REBUILD_US")?,
+            work_us: work_us.parse().context("WORK_US")?,
+            seconds: seconds.parse().context("SECONDS")?,
+            budget: budget.parse().context("BUDGET")?,
+            seed: seed.parse().context("SEED")?,
+        })
+    }
+}
+
+/// With TIDEPOOL_BENCH_JOIN_LATE, the coordinator to join after the warm-up (taken out of the
+/// environment, so that the arena does not join it when it is made); else `None`.
+fn late_coordinator() -> Option<tidepool_soft::coord::CoordConfig> {
+    if std::env::var_os("TIDEPOOL_BENCH_JOIN_LATE").is_some() {
+        let c = tidepool_soft::coord::CoordConfig::from_env();
+        std::env::remove_var(tidepool_soft::coord::ENV_SOCKET);
+        c
+    } else {
+        None
+    }
+}
+
 /// `tidepool bench-worker coord-app NAME OBJECTS SKEW REBUILD_US WORK_US SECONDS BUDGET SEED`:
 /// one synthetic application. With TIDEPOOL_COORD set the coordinator sets the budget (with
 /// TIDEPOOL_BENCH_JOIN_LATE too, only after a warm-up on BUDGET; 0 is 8 MiB). Prints a JSON line every quarter second: seconds, operations, hits,
 /// misses, budget, bytes held.
 pub fn worker(args: &[String]) -> Result<()> {
-    let [_name, objects, skew, rebuild_us, work_us, seconds, budget, seed] = args else {
-        bail!("usage: bench-worker coord-app NAME OBJECTS SKEW REBUILD_US WORK_US SECONDS BUDGET SEED");
-    };
-    let objects: u64 = objects.parse().context("OBJECTS")?;
-    let skew: f64 = skew.parse().context("SKEW")?;
-    let rebuild_us: f64 = rebuild_us.parse().context("REBUILD_US")?;
-    let work_us: f64 = work_us.parse().context("WORK_US")?;
-    let seconds: f64 = seconds.parse().context("SECONDS")?;
-    let budget: u64 = budget.parse().context("BUDGET")?;
-    let seed: u64 = seed.parse().context("SEED")?;
+    let AppArgs {
+        objects,
+        skew,
+        rebuild_us,
+        work_us,
+        seconds,
+        budget,
+        seed,
+    } = AppArgs::parse(args)?;
     // Before any thread starts: the evacuator and the coordinator link inherit it.
     pin_from_env()?;
     // The clock starts before the warm-up: applications started together end together, and
@@ -312,13 +352,7 @@ pub fn worker(args: &[String]) -> Result<()> {
     // coordinator afterwards (as in Midas §7.1, where every application starts with the same
     // soft memory): a warm-up scan has no ghost hits, and would look worth nothing to the
     // coordinator. Otherwise the arena joins as any program does, when it is made.
-    let coordinator = if std::env::var_os("TIDEPOOL_BENCH_JOIN_LATE").is_some() {
-        let c = tidepool_soft::coord::CoordConfig::from_env();
-        std::env::remove_var(tidepool_soft::coord::ENV_SOCKET);
-        c
-    } else {
-        None
-    };
+    let coordinator = late_coordinator();
     let arena = tidepool_soft::SoftRuntime::from_env(tidepool_soft::ArenaConfig {
         budget: if budget == 0 {
             8 << 20

@@ -5,7 +5,8 @@ use super::app::{Guard, Spinner, PIN_ENV, SPIN_ENV};
 use crate::harness::{median, BenchOpts, Ctx, Matrix, Sample, System, Workload};
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{ChildStdout, Command, Stdio};
 
 /// One synthetic application.
 #[derive(Debug, Clone, Copy)]
@@ -292,62 +293,16 @@ fn run_apps(
     let exe = std::env::current_exe()?;
     let socket =
         std::env::temp_dir().join(format!("tidepool-bench-coord-{}.sock", std::process::id()));
-    let mut coord = None;
-    if let Some((policy, idle)) = policy {
-        let mut c = Command::new(&exe);
-        c.args([
-            "coord",
-            "--policy",
-            policy,
-            "--reserve",
-            "64M",
-            "--floor",
-            "4M",
-        ])
-        .args(["--http", "127.0.0.1:0", "--max"])
-        .arg(format!("{idle}"))
-        .arg("--socket")
-        .arg(&socket)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-        let mut child = Guard(c.spawn().context("cannot start tidepool coord")?);
-        let mut first = String::new();
-        let mut out = BufReader::new(child.0.stdout.take().expect("piped"));
-        out.read_line(&mut first)?;
-        if !first.starts_with("tidepool coord listening") {
-            bail!("tidepool coord did not start: {first:?}");
-        }
-        // Kept open: the coordinator's next line must not meet a closed pipe.
-        coord = Some((child, out));
-    }
+    let coord = match policy {
+        Some((policy, idle)) => Some(start_coord(&exe, policy, idle, &socket)?),
+        None => None,
+    };
+    let budget = fixed_budget
+        .or(policy.map(|(_, idle)| idle / APPS.len() as u64))
+        .unwrap_or(0);
     let mut apps = Vec::new();
     for (i, a) in APPS.iter().enumerate() {
-        let mut c = Command::new(&exe);
-        c.args(["bench-worker", "coord-app"])
-            .arg(a.name)
-            .arg(sc.objects.to_string())
-            .arg(a.skew.to_string())
-            .arg(a.rebuild_us.to_string())
-            .arg(WORK_US.to_string())
-            .arg(seconds.to_string())
-            .arg(
-                fixed_budget
-                    .or(policy.map(|(_, idle)| idle / APPS.len() as u64))
-                    .unwrap_or(0)
-                    .to_string(),
-            )
-            .arg((i as u64 + 1).to_string())
-            // Two applications to a CPU, each pinned: each gets half a CPU whatever the other
-            // does, as if on a (slower) CPU of its own. Unpinned, the scheduler's balancing
-            // moved shares between the four by up to 9% over a 40 s tail, in the ideal run as
-            // in the others, and the normalised figures moved with it (0.80 to 0.88 for the
-            // same policy).
-            .env(PIN_ENV, (i % tidepool_sys::online_cpus()).to_string())
-            .env(SPIN_ENV, sc.spin.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            // Rebuild-cost warnings are the point of this bench, not news.
-            .env("RUST_LOG", "error");
+        let mut c = app_command(&exe, sc, (i, a), seconds, budget);
         if coord.is_some() {
             c.env(tidepool_soft::coord::ENV_SOCKET, &socket)
                 .env("TIDEPOOL_APP", a.name)
@@ -364,20 +319,7 @@ fn run_apps(
         .iter_mut()
         .map(|g| {
             let out = g.0.stdout.take().expect("piped");
-            std::thread::spawn(move || {
-                let mut t = Trace::default();
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                        t.points.push((
-                            v["t"].as_f64().unwrap_or(0.0),
-                            v["ops"].as_u64().unwrap_or(0),
-                            v["budget"].as_u64().unwrap_or(0),
-                        ));
-                        t.lines.push(v);
-                    }
-                }
-                t
-            })
+            std::thread::spawn(move || read_trace(out))
         })
         .collect();
     let mut traces = Vec::new();
@@ -391,4 +333,87 @@ fn run_apps(
     drop(coord);
     let _ = std::fs::remove_file(&socket);
     Ok(traces)
+}
+
+/// Starts `tidepool coord` with `policy` and `idle` bytes to share, at `socket`; returns it
+/// once it says it listens, with its output (kept open: the coordinator's next line must not
+/// meet a closed pipe).
+fn start_coord(
+    exe: &Path,
+    policy: &str,
+    idle: u64,
+    socket: &Path,
+) -> Result<(Guard, BufReader<ChildStdout>)> {
+    let mut c = Command::new(exe);
+    c.args([
+        "coord",
+        "--policy",
+        policy,
+        "--reserve",
+        "64M",
+        "--floor",
+        "4M",
+    ])
+    .args(["--http", "127.0.0.1:0", "--max"])
+    .arg(format!("{idle}"))
+    .arg("--socket")
+    .arg(socket)
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    let mut child = Guard(c.spawn().context("cannot start tidepool coord")?);
+    let mut first = String::new();
+    let mut out = BufReader::new(child.0.stdout.take().expect("piped"));
+    out.read_line(&mut first)?;
+    if !first.starts_with("tidepool coord listening") {
+        bail!("tidepool coord did not start: {first:?}");
+    }
+    Ok((child, out))
+}
+
+/// The command of application `a` (the `i`th) of the bench, starting on `budget` bytes.
+fn app_command(
+    exe: &Path,
+    sc: &Scale,
+    (i, a): (usize, &AppSpec),
+    seconds: f64,
+    budget: u64,
+) -> Command {
+    let mut c = Command::new(exe);
+    c.args(["bench-worker", "coord-app"])
+        .arg(a.name)
+        .arg(sc.objects.to_string())
+        .arg(a.skew.to_string())
+        .arg(a.rebuild_us.to_string())
+        .arg(WORK_US.to_string())
+        .arg(seconds.to_string())
+        .arg(budget.to_string())
+        .arg((i as u64 + 1).to_string())
+        // Two applications to a CPU, each pinned: each gets half a CPU whatever the other
+        // does, as if on a (slower) CPU of its own. Unpinned, the scheduler's balancing
+        // moved shares between the four by up to 9% over a 40 s tail, in the ideal run as
+        // in the others, and the normalised figures moved with it (0.80 to 0.88 for the
+        // same policy).
+        .env(PIN_ENV, (i % tidepool_sys::online_cpus()).to_string())
+        .env(SPIN_ENV, sc.spin.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        // Rebuild-cost warnings are the point of this bench, not news.
+        .env("RUST_LOG", "error");
+    c
+}
+
+/// An application's trace: the JSON lines it prints until it exits.
+fn read_trace(out: ChildStdout) -> Trace {
+    let mut t = Trace::default();
+    for line in BufReader::new(out).lines().map_while(Result::ok) {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+            t.points.push((
+                v["t"].as_f64().unwrap_or(0.0),
+                v["ops"].as_u64().unwrap_or(0),
+                v["budget"].as_u64().unwrap_or(0),
+            ));
+            t.lines.push(v);
+        }
+    }
+    t
 }

@@ -35,16 +35,14 @@
 //! second over its all-local figure (4 is everything local), measured from the end of the
 //! warm-up to the end of the run, antagonist included; and `oom_kills` in the cgroup.
 
-use super::app::{read_json_lines, start_coordinator, Guard, PIN_ENV, SPEED_ENV, SPIN_ENV};
-use super::cgroup::Cgroup;
 use super::paged::Walk;
-use crate::harness::{median, wanted, BenchOpts, Ctx, Matrix, Pass, Sample, System, Workload};
+use crate::harness::{wanted, BenchOpts, Ctx, Matrix, Pass, Sample, System, Workload};
 use crate::node::NodeProcess;
 use anyhow::{Context, Result};
+use one_run::run_once;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+
+mod one_run;
 
 /// Bytes an object takes in soft memory (4 KiB and its header).
 const OBJECT: u64 = 4096 + 16;
@@ -223,6 +221,7 @@ fn grid() -> Vec<[f64; 4]> {
         .collect()
 }
 
+/// Runs the workload: the node, `static-best`'s search, then every system in each round.
 pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
     let mut sc = scale(&ctx.opts);
     sc.spin = super::app::Spinner::calibrate().iters_per_us;
@@ -236,7 +235,55 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
     ctx.report
         .notes
         .push(format!("coord mixed: the memory node runs at {priority}"));
-    ctx.report.notes.push(format!(
+    ctx.report.notes.push(setup_note(&sc));
+    let systems = [
+        Split::AllLocal,
+        Split::Midas,
+        Split::Equal,
+        Split::StaticBest,
+    ];
+    let workloads = [Mixed { limit: sc.limit }];
+    // TIDEPOOL_BENCH_SYSTEMS=midas,equal runs only some (all-local always: it normalises).
+    let best = if wanted(Split::StaticBest.name()) {
+        Some(search(ctx, &sc, &node)?)
+    } else {
+        None
+    };
+    ctx.advance();
+    // This round's all-local outcome, and every round's (for the note).
+    let mut local = Outcome::default();
+    let mut locals = Vec::new();
+    // Each system's normalized figure, round by round (for the note).
+    let mut by_round: Vec<(&'static str, Vec<f64>)> = Vec::new();
+    let matrix = Matrix::new(&systems, &workloads, ROUNDS)
+        .only(|_, s: &Split| *s == Split::AllLocal || wanted(s.name()));
+    let samples = matrix.run(ctx, |ctx, pass, _, &split| {
+        let round = match pass {
+            Pass::Round(r) => r + 1,
+            Pass::WarmUp => 0,
+        };
+        let tag = format!("{}-{round}", split.name());
+        let outcome = run_once(ctx, &sc, &node, setup_of(split, best), &tag)?;
+        if split == Split::AllLocal {
+            local = outcome.clone();
+            locals.push(outcome.clone());
+        }
+        let n = normalized(&outcome, &local);
+        match by_round.iter_mut().find(|(s, _)| *s == split.name()) {
+            Some((_, v)) => v.push(n),
+            None => by_round.push((split.name(), vec![n])),
+        }
+        Ok(sample_of(&sc, split, &outcome, &local, n))
+    })?;
+    round_notes(ctx, &sc, &locals, &by_round);
+    samples.report(ctx);
+    Ok(())
+}
+
+/// The note saying how the workload is set up: the cgroup, the programs, the antagonist, the
+/// runs and the search.
+fn setup_note(sc: &Scale) -> String {
+    format!(
         "coord mixed: in a {} MiB memory cgroup (reserve {} MiB): {}; far memory on a memory \
          node outside the cgroup; an antagonist takes {} MiB at {:.0} s for {:.0} s; runs of \
          {:.0} s measured from {:.0} s. static-best: the best of {} fixed splits (weights 1 or \
@@ -271,81 +318,62 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
         sc.run_s,
         sc.from_s,
         grid().len()
-    ));
-    let systems = [
-        Split::AllLocal,
-        Split::Midas,
-        Split::Equal,
-        Split::StaticBest,
-    ];
-    let workloads = [Mixed { limit: sc.limit }];
-    // TIDEPOOL_BENCH_SYSTEMS=midas,equal runs only some (all-local always: it normalises).
-    let best = if wanted(Split::StaticBest.name()) {
-        Some(search(ctx, &sc, &node)?)
-    } else {
-        None
-    };
-    ctx.advance();
-    // This round's all-local outcome, and every round's (for the note).
-    let mut local = Outcome::default();
-    let mut locals = Vec::new();
-    // Each system's normalized figure, round by round (for the note).
-    let mut by_round: Vec<(&'static str, Vec<f64>)> = Vec::new();
-    let matrix = Matrix::new(&systems, &workloads, ROUNDS)
-        .only(|_, s: &Split| *s == Split::AllLocal || wanted(s.name()));
-    let samples = matrix.run(ctx, |ctx, pass, _, &split| {
-        let round = match pass {
-            Pass::Round(r) => r + 1,
-            Pass::WarmUp => 0,
-        };
-        let tag = format!("{}-{round}", split.name());
-        let setup = match split {
-            Split::AllLocal => Setup::AllLocal,
-            Split::Midas => Setup::Coordinated {
-                policy: "midas",
-                weights: [1.0; 4],
-            },
-            Split::Equal => Setup::Coordinated {
-                policy: "static",
-                weights: [1.0; 4],
-            },
-            Split::StaticBest => Setup::Coordinated {
-                policy: "static",
-                weights: best.expect("static-best runs only after its search"),
-            },
-        };
-        let outcome = run_once(ctx, &sc, &node, setup, &tag)?;
-        if split == Split::AllLocal {
-            local = outcome.clone();
-            locals.push(outcome.clone());
+    )
+}
+
+/// How a system's run is set up (`best`: the weights `static-best`'s search chose).
+fn setup_of(split: Split, best: Option<[f64; 4]>) -> Setup {
+    match split {
+        Split::AllLocal => Setup::AllLocal,
+        Split::Midas => Setup::Coordinated {
+            policy: "midas",
+            weights: [1.0; 4],
+        },
+        Split::Equal => Setup::Coordinated {
+            policy: "static",
+            weights: [1.0; 4],
+        },
+        Split::StaticBest => Setup::Coordinated {
+            policy: "static",
+            weights: best.expect("static-best runs only after its search"),
+        },
+    }
+}
+
+/// A run's figures: normalised throughput `n`, OOM kills, failures, and each program's
+/// throughput (also normalised by this round's all-local run, `local`) and budget.
+fn sample_of(sc: &Scale, split: Split, outcome: &Outcome, local: &Outcome, n: f64) -> Sample {
+    let mut sample = Sample::new()
+        .median("normalized_throughput", "x", n)
+        .median("oom_kills", "", outcome.oom_kills as f64)
+        .median("programs that failed", "", outcome.failed as f64);
+    for (i, p) in sc.programs.iter().enumerate() {
+        sample = sample
+            .median(format!("{} ops/s", p.name), "ops/s", outcome.ops_per_s[i])
+            .median(
+                format!("{} normalized", p.name),
+                "x",
+                ratio(outcome.ops_per_s[i], local.ops_per_s[i]),
+            );
+        if split != Split::AllLocal {
+            sample = sample.median(
+                format!("{} budget MiB", p.name),
+                "MiB",
+                outcome.budgets[i] / (1 << 20) as f64,
+            );
         }
-        let n = normalized(&outcome, &local);
-        match by_round.iter_mut().find(|(s, _)| *s == split.name()) {
-            Some((_, v)) => v.push(n),
-            None => by_round.push((split.name(), vec![n])),
-        }
-        let mut sample = Sample::new()
-            .median("normalized_throughput", "x", n)
-            .median("oom_kills", "", outcome.oom_kills as f64)
-            .median("programs that failed", "", outcome.failed as f64);
-        for (i, p) in sc.programs.iter().enumerate() {
-            sample = sample
-                .median(format!("{} ops/s", p.name), "ops/s", outcome.ops_per_s[i])
-                .median(
-                    format!("{} normalized", p.name),
-                    "x",
-                    ratio(outcome.ops_per_s[i], local.ops_per_s[i]),
-                );
-            if split != Split::AllLocal {
-                sample = sample.median(
-                    format!("{} budget MiB", p.name),
-                    "MiB",
-                    outcome.budgets[i] / (1 << 20) as f64,
-                );
-            }
-        }
-        Ok(sample)
-    })?;
+    }
+    sample
+}
+
+/// The notes on the rounds: all-local's throughput in each, and each system's normalised
+/// figure in each.
+fn round_notes(
+    ctx: &mut Ctx,
+    sc: &Scale,
+    locals: &[Outcome],
+    by_round: &[(&'static str, Vec<f64>)],
+) {
     ctx.note(format!(
         "coord mixed all-local: ops/s in each of the {ROUNDS} rounds (each round's normalises \
          that round's other runs): {}",
@@ -379,8 +407,6 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    samples.report(ctx);
-    Ok(())
 }
 
 /// `static-best`'s grid search: an all-local run, then every split of the grid, each
@@ -437,253 +463,6 @@ fn normalized(o: &Outcome, local: &Outcome) -> f64 {
         .sum()
 }
 
-/// Waits for `child` until `deadline`; true if it exited successfully. One still running then
-/// is killed, with a message naming it.
-fn exits_by(child: &mut std::process::Child, deadline: Instant, name: &str) -> Result<bool> {
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(status.success());
-        }
-        if Instant::now() >= deadline {
-            eprintln!(
-                "coord mixed: program {name} (pid {}) is still running long after its time: \
-                 killed, and counted as failed",
-                child.id()
-            );
-            let _ = child.kill();
-            let _ = child.wait();
-            return Ok(false);
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// One run: the programs (and for a coordinated run the coordinator and the antagonist, in
-/// a fresh cgroup) until they finish.
-fn run_once(
-    ctx: &mut Ctx,
-    sc: &Scale,
-    node: &NodeProcess,
-    setup: Setup,
-    tag: &str,
-) -> Result<Outcome> {
-    let exe = std::env::current_exe()?;
-    let out_dir = ctx.opts.out.clone();
-    let log = |what: &str| -> Result<std::fs::File> {
-        Ok(std::fs::File::create(
-            out_dir.join(format!("coord-mixed-{tag}-{what}.log")),
-        )?)
-    };
-    let cg = match setup {
-        Setup::AllLocal => None,
-        Setup::Coordinated { .. } => Some(Cgroup::create(&format!("mixed-{tag}"), sc.limit)?),
-    };
-    // The command for `tidepool ARGS`: in the cgroup if there is one.
-    let tidepool = |args: Vec<String>| -> Result<Command> {
-        match &cg {
-            Some(cg) => cg.command(&args),
-            None => {
-                let mut c = Command::new(&exe);
-                c.args(args);
-                Ok(c)
-            }
-        }
-    };
-    let socket =
-        std::env::temp_dir().join(format!("tidepool-bench-mixed-{}.sock", std::process::id()));
-    let mut coord = None;
-    let mut http = None;
-    if let Setup::Coordinated { policy, .. } = setup {
-        let mut c = tidepool(vec![
-            "coord".into(),
-            "--policy".into(),
-            policy.into(),
-            "--reserve".into(),
-            sc.reserve.to_string(),
-            "--floor".into(),
-            "8M".into(),
-            "--http".into(),
-            "127.0.0.1:0".into(),
-            "--socket".into(),
-            socket.display().to_string(),
-        ])?;
-        // (TIDEPOOL_BENCH_COORD_LOG=tidepool_coord=debug logs every move.)
-        let filter = std::env::var("TIDEPOOL_BENCH_COORD_LOG");
-        c.stderr(log("coord")?).env(
-            "RUST_LOG",
-            filter.as_deref().unwrap_or("tidepool_coord=info"),
-        );
-        let (g, first) = start_coordinator(c)?;
-        http = first
-            .split("http://")
-            .nth(1)
-            .and_then(|r| r.split('/').next())
-            .map(str::to_string);
-        coord = Some(g);
-    }
-    // Where budgets start: an even share of what the machine leaves.
-    let start_budget = ((sc.limit - sc.reserve) / 5) >> 21 << 21;
-    let cpus = tidepool_sys::online_cpus().max(1);
-    let mut children = Vec::new();
-    for (i, p) in sc.programs.iter().enumerate() {
-        let weight = match setup {
-            Setup::Coordinated { weights, .. } => weights[i],
-            Setup::AllLocal => 1.0,
-        };
-        let mut c = match p.kind {
-            Kind::Paged { walk, bytes, skew } => {
-                let mut args: Vec<String> = vec!["run".into(), "--local".into()];
-                match setup {
-                    Setup::AllLocal => {
-                        args.push((bytes + bytes / 4 + (32 << 20)).to_string());
-                        args.push("--no-coord".into());
-                    }
-                    Setup::Coordinated { .. } => {
-                        args.extend([
-                            start_budget.to_string(),
-                            "--coord".into(),
-                            socket.display().to_string(),
-                            "--weight".into(),
-                            weight.to_string(),
-                            "--min".into(),
-                            "8M".into(),
-                        ]);
-                    }
-                }
-                args.extend([
-                    "--backend".into(),
-                    format!("node://mixed@{}", node.addr),
-                    "--name".into(),
-                    p.name.into(),
-                    "--".into(),
-                    exe.display().to_string(),
-                    "bench-worker".into(),
-                    "paged-app".into(),
-                    walk.name().into(),
-                    bytes.to_string(),
-                    skew.to_string(),
-                    sc.paged_work_us.to_string(),
-                    sc.run_s.to_string(),
-                    (i + 1).to_string(),
-                ]);
-                tidepool(args)?
-            }
-            Kind::Soft {
-                objects,
-                skew,
-                rebuild_us,
-            } => {
-                let budget = match setup {
-                    Setup::AllLocal => objects * OBJECT * 5 / 4 + (16 << 20),
-                    Setup::Coordinated { .. } => start_budget,
-                };
-                let mut c = tidepool(vec![
-                    "bench-worker".into(),
-                    "coord-app".into(),
-                    p.name.into(),
-                    objects.to_string(),
-                    skew.to_string(),
-                    rebuild_us.to_string(),
-                    sc.soft_work_us.to_string(),
-                    sc.run_s.to_string(),
-                    budget.to_string(),
-                    (i + 1).to_string(),
-                ])?;
-                match setup {
-                    Setup::AllLocal => {
-                        c.env_remove(tidepool_soft::coord::ENV_SOCKET);
-                    }
-                    Setup::Coordinated { .. } => {
-                        c.env(tidepool_soft::coord::ENV_SOCKET, &socket)
-                            .env("TIDEPOOL_APP", p.name)
-                            .env("TIDEPOOL_WEIGHT", weight.to_string())
-                            .env("TIDEPOOL_BENCH_JOIN_LATE", "1");
-                    }
-                }
-                c
-            }
-        };
-        // Two programs to a CPU, each pinned (see part (a)).
-        c.env(PIN_ENV, (i % cpus).to_string())
-            .env(SPEED_ENV, sc.speed.to_string())
-            .env(SPIN_ENV, sc.spin.to_string())
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log(p.name)?);
-        let child = Guard(
-            c.spawn()
-                .with_context(|| format!("cannot start program {}", p.name))?,
-        );
-        children.push(child);
-    }
-    let pids: Vec<u32> = children.iter().map(|g| g.0.id()).collect();
-    let readers: Vec<_> = children
-        .iter_mut()
-        .map(|g| read_json_lines(g.0.stdout.take().expect("piped"), ["t", "ops"]))
-        .collect();
-    let mut antagonist = match &cg {
-        Some(cg) => {
-            let mut c = cg.command(&[
-                "bench-worker".into(),
-                "antagonist".into(),
-                sc.antagonist.to_string(),
-                "256".into(),
-                sc.antagonist_at.to_string(),
-                sc.antagonist_hold.to_string(),
-            ])?;
-            c.stdout(Stdio::null()).stderr(log("antagonist")?);
-            Some(Guard(c.spawn().context("cannot start the antagonist")?))
-        }
-        None => None,
-    };
-    let stop = Arc::new(AtomicBool::new(false));
-    let poller = http.map(|addr| {
-        let (stop, pids, from) = (stop.clone(), pids.clone(), sc.from_s);
-        std::thread::spawn(move || poll_budgets(&addr, &pids, from, &stop))
-    });
-    // A program still running long after its time is stuck: it is killed and counted as
-    // failed, and the suite goes on.
-    let deadline = Instant::now() + Duration::from_secs_f64(sc.run_s + 120.0);
-    let mut failed = 0;
-    let names = sc.programs.iter().map(|p| p.name).chain(["antagonist"]);
-    for (g, name) in children.iter_mut().chain(antagonist.as_mut()).zip(names) {
-        if !exits_by(&mut g.0, deadline, name)? {
-            failed += 1;
-        }
-    }
-    stop.store(true, Relaxed);
-    let budgets = match poller {
-        Some(p) => {
-            let (budgets, states) = p
-                .join()
-                .map_err(|_| anyhow::anyhow!("budget poller panicked"))?;
-            // The coordinator's state every half second, to see where a split went.
-            std::fs::write(
-                out_dir.join(format!("coord-mixed-{tag}-states.json")),
-                serde_json::to_vec(&states)?,
-            )?;
-            budgets
-        }
-        None => [0.0; 4],
-    };
-    let oom_kills = cg.as_ref().map_or(0, |cg| cg.oom_kills());
-    drop(coord);
-    drop(children);
-    let _ = std::fs::remove_file(&socket);
-    let mut ops_per_s = [0.0; 4];
-    for (i, r) in readers.into_iter().enumerate() {
-        let points = r.join().map_err(|_| anyhow::anyhow!("reader panicked"))?;
-        ops_per_s[i] = throughput(&points, sc.from_s);
-    }
-    Ok(Outcome {
-        ops_per_s,
-        oom_kills,
-        failed,
-        budgets,
-    })
-}
-
 /// Puts every thread of process `pid` (and the threads they start) under SCHED_FIFO at
 /// priority 10, with `chrt` (root); else raises them to nice -10. The node serves each request
 /// in microseconds and blocks between them, so it cannot starve the programs.
@@ -712,55 +491,4 @@ fn prioritise(pid: u32) -> Result<String> {
         "neither chrt --fifo nor nice -10 could be applied (not root?)"
     );
     Ok("nice -10 (chrt --fifo failed)".into())
-}
-
-/// Operations per second from `from` seconds to the last point.
-fn throughput(points: &[[f64; 2]], from: f64) -> f64 {
-    let (Some(a), Some(b)) = (points.iter().find(|p| p[0] >= from), points.last()) else {
-        return 0.0;
-    };
-    if b[0] <= a[0] {
-        return 0.0;
-    }
-    (b[1] - a[1]) / (b[0] - a[0])
-}
-
-/// Every half second, each program's budget as the coordinator's state says (by process id);
-/// the medians over the measured part, and every state seen (for the timeline file).
-fn poll_budgets(
-    addr: &str,
-    pids: &[u32],
-    from: f64,
-    stop: &AtomicBool,
-) -> ([f64; 4], Vec<serde_json::Value>) {
-    let t0 = Instant::now();
-    let mut seen: [Vec<f64>; 4] = Default::default();
-    let mut states = Vec::new();
-    while !stop.load(Relaxed) {
-        std::thread::sleep(Duration::from_millis(500));
-        let Ok(mut state) = get_state(addr) else {
-            continue;
-        };
-        let t = t0.elapsed().as_secs_f64();
-        for a in state["apps"].as_array().into_iter().flatten() {
-            let pid = a["pid"].as_u64().unwrap_or(0) as u32;
-            if let Some(i) = pids.iter().position(|&p| p == pid) {
-                if t >= from {
-                    seen[i].push(a["budget"].as_f64().unwrap_or(0.0));
-                }
-            }
-        }
-        state["t"] = t.into();
-        states.push(state);
-    }
-    (seen.map(|mut v| median(&mut v)), states)
-}
-
-/// The coordinator's `/api/state`.
-fn get_state(addr: &str) -> Result<serde_json::Value> {
-    let body = ureq::get(&format!("http://{addr}/api/state"))
-        .timeout(Duration::from_secs(2))
-        .call()?
-        .into_string()?;
-    Ok(serde_json::from_str(&body)?)
 }

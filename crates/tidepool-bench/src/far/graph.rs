@@ -96,7 +96,44 @@ pub(super) fn run(ctx: &mut Ctx, s: &Sizes) -> Result<()> {
             None
         }
     };
-    // Each ratio's configurations: untuned, and what the tuning loop kept.
+    let workloads = tuned_workloads(ctx, s, footprint)?;
+    let mut systems = vec![
+        Graph::FarTuned,
+        Graph::FarUntuned,
+        Graph::FarSwap,
+        Graph::Pager,
+    ];
+    if zram.is_some() {
+        systems.push(Graph::LinuxZram);
+    }
+    systems.push(Graph::Native);
+    let launch = Launch {
+        exe: &exe,
+        preload: &preload,
+        zram: zram.as_ref(),
+        s,
+    };
+    let samples = Matrix::new(&systems, &workloads, s.rounds)
+        .turns(Turns::Rotate)
+        .only(|w, &sys| sys != Graph::Native || w.ratio == 1.0)
+        .note_failures()
+        .run(ctx, |_, _, w, &sys| {
+            let cmd = launch.command(sys, w)?;
+            Ok(Sample::new().median("edges_per_s", "edges/s", run_worker(cmd)?))
+        })?;
+    samples.report_by(ctx, |r| {
+        (
+            r.system.clone(),
+            r.params
+                .get("local_ratio")
+                .map(|x| (x * 100.0).round() as u64),
+        )
+    });
+    Ok(())
+}
+
+/// Each ratio's configurations: untuned, and what the tuning loop kept.
+fn tuned_workloads(ctx: &mut Ctx, s: &Sizes, footprint: u64) -> Result<Vec<GraphAt>> {
     let mut workloads = Vec::new();
     for &ratio in &RATIOS {
         ctx.step(format!("tuning the graph at {:.0}% local", ratio * 100.0));
@@ -118,63 +155,55 @@ pub(super) fn run(ctx: &mut Ctx, s: &Sizes) -> Result<()> {
         });
         ctx.advance();
     }
-    let mut systems = vec![
-        Graph::FarTuned,
-        Graph::FarUntuned,
-        Graph::FarSwap,
-        Graph::Pager,
-    ];
-    if zram.is_some() {
-        systems.push(Graph::LinuxZram);
+    Ok(workloads)
+}
+
+/// What the graph worker is started with: this executable, the preload library for the
+/// pager, zram's cgroup if it started, the sizes.
+struct Launch<'a> {
+    exe: &'a Path,
+    preload: &'a Path,
+    zram: Option<&'a Zram>,
+    s: &'a Sizes,
+}
+
+impl Launch<'_> {
+    /// The command of the graph worker under `sys` at `w`'s share of local memory.
+    fn command(&self, sys: Graph, w: &GraphAt) -> Result<Command> {
+        let (exe, s) = (self.exe, self.s);
+        let local = w.local();
+        let (worker_system, config) = match sys {
+            Graph::FarTuned => ("far", w.tuned.display().to_string()),
+            Graph::FarUntuned => ("far", w.untuned.display().to_string()),
+            Graph::FarSwap => ("far-swap", "-".into()),
+            _ => ("native", "-".into()),
+        };
+        let mut cmd = match sys {
+            Graph::LinuxZram => self
+                .zram
+                .expect("listed only if started")
+                .command(local + ALLOWANCE)?,
+            Graph::Pager => {
+                let mut c = Command::new(exe);
+                c.args(["run", "--local", &(local + ALLOWANCE).to_string()])
+                    .args(["--backend", "local:", "--"])
+                    .env("TIDEPOOL_PRELOAD", self.preload);
+                c
+            }
+            _ => Command::new("env"),
+        };
+        cmd.arg(exe).args([
+            "bench-worker",
+            "far-graph",
+            worker_system,
+            &s.nodes.to_string(),
+            &s.edges.to_string(),
+            &s.seconds.to_string(),
+            &local.to_string(),
+            &config,
+        ]);
+        Ok(cmd)
     }
-    systems.push(Graph::Native);
-    let samples = Matrix::new(&systems, &workloads, s.rounds)
-        .turns(Turns::Rotate)
-        .only(|w, &sys| sys != Graph::Native || w.ratio == 1.0)
-        .note_failures()
-        .run(ctx, |_, _, w, &sys| {
-            let local = w.local();
-            let (worker_system, config) = match sys {
-                Graph::FarTuned => ("far", w.tuned.display().to_string()),
-                Graph::FarUntuned => ("far", w.untuned.display().to_string()),
-                Graph::FarSwap => ("far-swap", "-".into()),
-                _ => ("native", "-".into()),
-            };
-            let mut cmd = match sys {
-                Graph::LinuxZram => zram
-                    .as_ref()
-                    .expect("listed only if started")
-                    .command(local + ALLOWANCE)?,
-                Graph::Pager => {
-                    let mut c = Command::new(&exe);
-                    c.args(["run", "--local", &(local + ALLOWANCE).to_string()])
-                        .args(["--backend", "local:", "--"])
-                        .env("TIDEPOOL_PRELOAD", &preload);
-                    c
-                }
-                _ => Command::new("env"),
-            };
-            cmd.arg(&exe).args([
-                "bench-worker",
-                "far-graph",
-                worker_system,
-                &s.nodes.to_string(),
-                &s.edges.to_string(),
-                &s.seconds.to_string(),
-                &local.to_string(),
-                &config,
-            ]);
-            Ok(Sample::new().median("edges_per_s", "edges/s", run_worker(cmd)?))
-        })?;
-    samples.report_by(ctx, |r| {
-        (
-            r.system.clone(),
-            r.params
-                .get("local_ratio")
-                .map(|x| (x * 100.0).round() as u64),
-        )
-    });
-    Ok(())
 }
 
 /// Mira's loop at one ratio: profile the program in the best configuration so far, tune

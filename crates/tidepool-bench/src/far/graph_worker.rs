@@ -3,6 +3,7 @@
 
 use crate::data::splitmix64;
 use anyhow::{bail, Context, Result};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidepool_far::{Config, Far, FarVec, Section, SectionConfig, Structure};
@@ -106,24 +107,17 @@ fn table_bytes(bytes: u64, line: u64) -> u64 {
     bytes.div_ceil(line) * 4
 }
 
-/// The graph over far vectors: in `config`'s sections (profiling into `profile` if given),
-/// or, without one, swap-like: one fully associative section, element by element.
-fn graph_far(
-    nodes: u64,
-    edges: u64,
-    run_for: Duration,
-    local: usize,
+/// The edges' and the nodes' sections, whether the nodes fit theirs whole, and how many lines
+/// the edges fetch ahead: `config`'s, or, without one, swap-like: one fully associative
+/// section of pages for both, in `local` bytes less the line tables.
+fn sections(
     config: Option<&Config>,
-    profile: Option<std::path::PathBuf>,
-) -> Result<(u64, f64, u64, String)> {
-    let far = Far::new(Arc::new(tidepool_store::LocalStore::new()));
-    if profile.is_some() {
-        far.enable_profiling();
-    }
-    let (node_bytes, edge_bytes) = (nodes * 8, edges * 8);
+    node_bytes: u64,
+    edge_bytes: u64,
+    local: usize,
+) -> Result<(Rc<Section>, Rc<Section>, bool, usize)> {
     const PAGE: u64 = 4096;
-    let swap_like = config.is_none();
-    let (es, ns, nodes_local, ahead) = match config {
+    Ok(match config {
         None => {
             let tables = table_bytes(node_bytes, PAGE) + table_bytes(edge_bytes, PAGE);
             let cap = (local as u64).saturating_sub(tables).max(2 * PAGE);
@@ -144,7 +138,53 @@ fn graph_far(
             let whole = n.structure()? == Structure::Direct && n.capacity as u64 >= node_bytes;
             (e.section()?, n.section()?, whole, e.prefetch)
         }
+    })
+}
+
+/// After the walk: the nodes' checksum (0 in a profiling run: the profile is of the walk, not
+/// of a check after it), the sections' misses and fetches as extra JSON fields, and the
+/// profile written to `profile` if asked for.
+fn after_walk(
+    far: &Far,
+    ev: FarVec<Edge>,
+    nv: FarVec<u64>,
+    (es, ns): (&Section, &Section),
+    profile: Option<std::path::PathBuf>,
+) -> Result<(u64, String)> {
+    let checksum = if profile.is_some() {
+        0
+    } else {
+        nv.iter().try_fold(0u64, |a, x| x.map(|x| a + x))?
     };
+    let (e, n) = (es.stats(), ns.stats());
+    let extra = format!(
+        ", \"node_misses\": {}, \"node_fetches\": {}, \"edge_misses\": {}",
+        n.misses, n.fetches, e.misses
+    );
+    if let Some(path) = profile {
+        drop((ev, nv));
+        std::fs::write(&path, far.profile().to_json())
+            .with_context(|| format!("writing the profile {}", path.display()))?;
+    }
+    Ok((checksum, extra))
+}
+
+/// The graph over far vectors: in `config`'s sections (profiling into `profile` if given),
+/// or, without one, swap-like: one fully associative section, element by element.
+fn graph_far(
+    nodes: u64,
+    edges: u64,
+    run_for: Duration,
+    local: usize,
+    config: Option<&Config>,
+    profile: Option<std::path::PathBuf>,
+) -> Result<(u64, f64, u64, String)> {
+    let far = Far::new(Arc::new(tidepool_store::LocalStore::new()));
+    if profile.is_some() {
+        far.enable_profiling();
+    }
+    let swap_like = config.is_none();
+    let (es, ns, nodes_local, ahead) = sections(config, nodes * 8, edges * 8, local)?;
     let ev: FarVec<Edge> = FarVec::named(&far, &es, edges as usize, "graph.edges")?;
     // Written a line at a time through the section (no fetch: whole lines), never all local.
     ev.fill_with(|i| edge(i as u64, nodes))?;
@@ -208,21 +248,6 @@ fn graph_far(
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    // Not in a profiling run: the profile is of the walk, not of a check after it.
-    let checksum = if profile.is_some() {
-        0
-    } else {
-        nv.iter().try_fold(0u64, |a, x| x.map(|x| a + x))?
-    };
-    let (e, n) = (es.stats(), ns.stats());
-    let extra = format!(
-        ", \"node_misses\": {}, \"node_fetches\": {}, \"edge_misses\": {}",
-        n.misses, n.fetches, e.misses
-    );
-    if let Some(path) = profile {
-        drop((ev, nv));
-        std::fs::write(&path, far.profile().to_json())
-            .with_context(|| format!("writing the profile {}", path.display()))?;
-    }
+    let (checksum, extra) = after_walk(&far, ev, nv, (&es, &ns), profile)?;
     Ok((done, secs, checksum, extra))
 }

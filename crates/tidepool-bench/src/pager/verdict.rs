@@ -1,10 +1,23 @@
 //! The pager suite's verdict: the issues' acceptance ratios, from this run, as notes.
 
 use crate::harness::Ctx;
+use crate::report::Report;
 
 /// The issue's acceptance ratios, from this run, as notes.
 pub(super) fn verdict(ctx: &mut Ctx) {
     let r = &ctx.report;
+    let mut notes = Vec::new();
+    acceptance(r, &mut notes);
+    default_against_zram(r, &mut notes);
+    node_budgets(r, &mut notes);
+    node_misses(r, &mut notes);
+    for n in notes {
+        ctx.note(n);
+    }
+}
+
+/// tidepool-local against its peers at the ratios the issue sets.
+fn acceptance(r: &Report, notes: &mut Vec<String>) {
     let at = |system: &str, workload: &str, ratio: f64| r.at_ratio(system, workload, ratio);
     // (workload, local ratio, peer, target ratio tidepool-local / peer)
     let targets = [
@@ -15,7 +28,6 @@ pub(super) fn verdict(ctx: &mut Ctx) {
         ("uniform-rmw", 1.0, "native", 0.95),
         ("zipf-0.99", 1.0, "native", 0.95),
     ];
-    let mut notes = Vec::new();
     for (workload, ratio, peer, want) in targets {
         if let (Some(t), Some(p)) = (
             at("tidepool-local", workload, ratio),
@@ -28,7 +40,11 @@ pub(super) fn verdict(ctx: &mut Ctx) {
             ));
         }
     }
-    // Issue 54: the default (what a user gets) against zram, speed and bytes.
+}
+
+/// Issue 54: the default (what a user gets) against zram, speed and bytes.
+fn default_against_zram(r: &Report, notes: &mut Vec<String>) {
+    let at = |system: &str, workload: &str, ratio: f64| r.at_ratio(system, workload, ratio);
     let mib = |system: &str, workload: &str, ratio: f64| {
         r.results
             .iter()
@@ -69,8 +85,11 @@ pub(super) fn verdict(ctx: &mut Ctx) {
             }
         }
     }
-    // Issue 54: a memory node takes the pages off this machine; what stays is the budget (the
-    // working set's share plus the allowance) and what the pager does not page, within 10%.
+}
+
+/// Issue 54: a memory node takes the pages off this machine; what stays is the budget (the
+/// working set's share plus the allowance) and what the pager does not page, within 10%.
+fn node_budgets(r: &Report, notes: &mut Vec<String>) {
     for row in r
         .results
         .iter()
@@ -100,7 +119,11 @@ pub(super) fn verdict(ctx: &mut Ctx) {
             u.value,
         ));
     }
-    // Issue 28: a node-backed miss near the wire's floor, and the node against zram.
+}
+
+/// Issue 28: a node-backed miss near the wire's floor, and the node against zram.
+fn node_misses(r: &Report, notes: &mut Vec<String>) {
+    let at = |system: &str, workload: &str, ratio: f64| r.at_ratio(system, workload, ratio);
     let metric = |system: &str, workload: &str, metric: &str, ratio: Option<f64>| {
         r.results
             .iter()
@@ -145,8 +168,5 @@ pub(super) fn verdict(ctx: &mut Ctx) {
                 "{workload} at 50% local: tidepool-node / linux-zram = {ratio:.2}x (target >= {want}x)"
             ));
         }
-    }
-    for n in notes {
-        ctx.note(n);
     }
 }

@@ -156,9 +156,14 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
         );
         ctx.advance();
     }
-    // One point run for real, work and reconstructions spun, against the model.
+    spot_check(ctx, n, work)
+}
+
+/// One point run for real, work (`work` us a request) and reconstructions spun, against the
+/// model, over `n` objects.
+fn spot_check(ctx: &mut Ctx, n: u64, work: f64) -> Result<()> {
     ctx.step("efficiency: spot check at 50%, 256 us, spun for real");
-    let spot = if quick { 20_000 } else { 60_000 };
+    let spot = if ctx.opts.quick { 20_000 } else { 60_000 };
     let (_, ideal) = synthetic(n, 1.2, spot, work, 256.0)?;
     let (miss, real) = synthetic(n, 0.5, spot, work, 256.0)?;
     let measured = ideal / real;

@@ -21,7 +21,7 @@ mod output;
 mod programs;
 
 use super::allocators::{Allocator, PEER_NAMES};
-use super::external::{self, Launch};
+use super::external::{self, Finished, Launch};
 use crate::harness::{
     geomean, matrix_steps, BenchOpts, Ctx, Matrix, Placement, Sample, Turns, Workload,
 };
@@ -101,29 +101,8 @@ pub(super) fn run(ctx: &mut Ctx, systems: &[Allocator]) -> Result<()> {
     let dir = std::fs::canonicalize(&dir)
         .with_context(|| format!("cannot resolve --mimalloc-bench {}", dir.display()))?;
     let (bin, bench) = (dir.join("out/bench"), dir.join("bench"));
-    let procs = tidepool_sys::online_cpus();
-    let workloads: Vec<PublicWorkload> = found
-        .iter()
-        .map(|&program| {
-            let args = match (ctx.opts.quick, program.quick_args) {
-                (true, Some(quick)) => quick,
-                _ => program.args,
-            };
-            PublicWorkload {
-                program,
-                args: args
-                    .split_whitespace()
-                    .map(|a| {
-                        a.replace("{procs}", &procs.to_string())
-                            .replace("{bench}", &bench.to_string_lossy())
-                    })
-                    .collect(),
-                threads: procs,
-            }
-        })
-        .collect();
-    let mut outputs: Vec<Output> = Vec::new();
-    let mut unchecked: Vec<String> = Vec::new();
+    let workloads = public_workloads(&found, ctx.opts.quick, &bench.to_string_lossy());
+    let mut seen = Seen::default();
     let placement = ctx.opts.placement;
     let samples = Matrix::new(systems, &workloads, rounds(&ctx.opts))
         .turns(Turns::Rotate)
@@ -139,28 +118,7 @@ pub(super) fn run(ctx: &mut Ctx, systems: &[Allocator]) -> Result<()> {
                 cpus: cpus_for(placement, p.threaded),
                 timeout_s: TIMEOUT.as_secs(),
             })?;
-            if !run.preload_checked {
-                unchecked.push(format!("{} on {}", p.name, a.name));
-            }
-            let (metric, unit) = p.figure.metric();
-            let value = match p.figure {
-                Figure::WallTime => run.seconds,
-                f => f
-                    .read(&run.stdout)
-                    .with_context(|| format!("no {metric} in its output: {}", run.stdout.trim()))?,
-            };
-            if p.check != Check::Nothing {
-                outputs.push(Output {
-                    program: p.name,
-                    system: a.name,
-                    text: comparable(p.check, &run.stdout, &run.stderr),
-                });
-            }
-            Ok(Sample::new().median(metric, unit, value).median(
-                "peak_rss_mib",
-                "MiB",
-                run.peak_rss_kib as f64 / 1024.0,
-            ))
+            seen.sample(p, a.name, &run)
         })?;
     let mut rows = samples.rows();
     let checked: Vec<output::Checked> = workloads
@@ -168,18 +126,13 @@ pub(super) fn run(ctx: &mut Ctx, systems: &[Allocator]) -> Result<()> {
         .filter(|w| w.program.check != Check::Nothing)
         .map(|w| (w.program.name, w.params_for("same_output")))
         .collect();
-    let (same, notes) = compare_outputs(&checked, &outputs, &ctx.opts.out);
+    let (same, notes) = compare_outputs(&checked, &seen.outputs, &ctx.opts.out);
     rows.extend(same);
     for n in notes {
         ctx.note(n);
     }
-    if !unchecked.is_empty() {
-        unchecked.sort();
-        unchecked.dedup();
-        ctx.note(format!(
-            "preload not verified (the program exited before its libraries were seen mapped): {}",
-            unchecked.join(", ")
-        ));
+    if let Some(note) = seen.unchecked_note() {
+        ctx.note(note);
     }
     let position = |s: &str| systems.iter().position(|a| a.name == s);
     rows.sort_by_key(|r| {
@@ -192,6 +145,82 @@ pub(super) fn run(ctx: &mut Ctx, systems: &[Allocator]) -> Result<()> {
     ctx.report.results.extend(rows);
     verdict(ctx, &found);
     Ok(())
+}
+
+/// The programs found, each at its arguments (the quick ones with `quick`), `{procs}` being
+/// this machine's CPU count and `{bench}` the inputs' directory.
+fn public_workloads(found: &[&'static Program], quick: bool, bench: &str) -> Vec<PublicWorkload> {
+    let procs = tidepool_sys::online_cpus();
+    found
+        .iter()
+        .map(|&program| {
+            let args = match (quick, program.quick_args) {
+                (true, Some(quick)) => quick,
+                _ => program.args,
+            };
+            PublicWorkload {
+                program,
+                args: args
+                    .split_whitespace()
+                    .map(|a| {
+                        a.replace("{procs}", &procs.to_string())
+                            .replace("{bench}", bench)
+                    })
+                    .collect(),
+                threads: procs,
+            }
+        })
+        .collect()
+}
+
+/// What the runs showed besides their figures: the outputs to compare with glibc's, and the
+/// runs whose preload could not be verified.
+#[derive(Default)]
+struct Seen {
+    outputs: Vec<Output>,
+    unchecked: Vec<String>,
+}
+
+impl Seen {
+    /// The sample of one run of `p` under allocator `system`: its figure and its peak RSS;
+    /// its output is kept for comparing.
+    fn sample(&mut self, p: &Program, system: &'static str, run: &Finished) -> Result<Sample> {
+        if !run.preload_checked {
+            self.unchecked.push(format!("{} on {}", p.name, system));
+        }
+        let (metric, unit) = p.figure.metric();
+        let value = match p.figure {
+            Figure::WallTime => run.seconds,
+            f => f
+                .read(&run.stdout)
+                .with_context(|| format!("no {metric} in its output: {}", run.stdout.trim()))?,
+        };
+        if p.check != Check::Nothing {
+            self.outputs.push(Output {
+                program: p.name,
+                system,
+                text: comparable(p.check, &run.stdout, &run.stderr),
+            });
+        }
+        Ok(Sample::new().median(metric, unit, value).median(
+            "peak_rss_mib",
+            "MiB",
+            run.peak_rss_kib as f64 / 1024.0,
+        ))
+    }
+
+    /// The note naming the runs whose preload was not verified, if there were any.
+    fn unchecked_note(&mut self) -> Option<String> {
+        if self.unchecked.is_empty() {
+            return None;
+        }
+        self.unchecked.sort();
+        self.unchecked.dedup();
+        Some(format!(
+            "preload not verified (the program exited before its libraries were seen mapped): {}",
+            self.unchecked.join(", ")
+        ))
+    }
 }
 
 /// The figures over the public programs, as notes: tidepool's speed against each peer
