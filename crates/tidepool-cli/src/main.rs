@@ -124,6 +124,16 @@ enum Cmd {
     /// host runs short. --no-coord keeps the budget fixed (`tidepool resize` still changes it).
     ///
     /// Example: tidepool run --local 256M --stats -- python3 script.py
+    #[command(after_long_help = "Environment (every variable, with its default, is in the \
+        README's table):\n  TIDEPOOL_PRELOAD        the preload library to load [default: \
+        next to tidepool]\n  TIDEPOOL_COORD          the coordinator's socket [default: the \
+        default socket, if one answers]\n  TIDEPOOL_TOKEN          a memory node's token when \
+        the URL has none\n  TIDEPOOL_RUN_FAULT_DEADLINE  --fault-deadline's default\n\
+        Passed on to the program from here, to compare or test:\n  TIDEPOOL_RUN_FRAMES, \
+        TIDEPOOL_RUN_DROP_COPIES, TIDEPOOL_RUN_PROBATION, TIDEPOOL_RUN_REFILL, \
+        TIDEPOOL_RUN_FOLLOW  =0 turns that part off\n  TIDEPOOL_RUN_SECTIONS_OUT  a directory \
+        each process writes its sections to\n  TIDEPOOL_RUN_STALL_AFTER  stop the fault \
+        handlers after this many faults (tests of the watchdog)")]
     Run {
         /// Local memory for the program's heap, e.g. 256M; the rest lives in far memory.
         #[arg(long, value_parser = parse_size_arg)]
@@ -191,6 +201,8 @@ enum Cmd {
     /// room to a share of the budget, and prints a profile for `tidepool run --profile`. Tune on
     /// an input smaller than the one you will run; the program's output must be the same every
     /// run.
+    #[command(after_long_help = "Environment: TIDEPOOL_PRELOAD, the preload library each \
+        round's `tidepool run` loads [default: next to tidepool].")]
     Tune {
         /// Profile JSON from a profiling run (far data structures).
         profile: Option<PathBuf>,
@@ -226,6 +238,12 @@ enum Cmd {
         pid: u32,
     },
     /// Run a benchmark suite side by side with its peers; writes SUITE.json and SUITE.png.
+    #[command(after_long_help = "Environment (the README's table has them all): \
+        TIDEPOOL_BENCH_SYSTEMS, TIDEPOOL_BENCH_WORKLOADS, TIDEPOOL_BENCH_RATIOS limit a run to \
+        some systems, workloads, local ratios (comma-separated); TIDEPOOL_BENCH_PARTS, \
+        TIDEPOOL_FAR_PARTS run some parts of the coord, cache and far suites; TIDEPOOL_BIN the \
+        tidepool binary to start nodes and workers from; TIDEPOOL_PRELOAD the preload library; \
+        TIDEPOOL_MIMALLOC_BENCH as --mimalloc-bench.")]
     Bench {
         /// Suite to run (`--list` shows them).
         #[arg(required_unless_present = "list")]
@@ -264,6 +282,9 @@ enum Cmd {
     /// coordinator punches holes in its coldest segments itself.
     ///
     /// Example: tidepool coord --http 127.0.0.1:7171 --policy midas
+    #[command(after_long_help = "Environment: programs join when started with \
+        TIDEPOOL_COORD=SOCKET (soft memory; `tidepool run` and `tidepool cache` join it by \
+        themselves), named by TIDEPOOL_APP and weighted by TIDEPOOL_WEIGHT.")]
     Coord(coord::CoordArgs),
     /// Show a coordinator's applications live in the terminal (needs `tidepool coord --http`).
     Top {
@@ -307,6 +328,9 @@ enum Cmd {
     /// --far, values also go to a far store and come back from there instead of being misses.
     ///
     /// Example: tidepool cache --listen 127.0.0.1:11211 --threads 4 --far node://cache@10.0.0.5:7070
+    #[command(after_long_help = "Environment: TIDEPOOL_COORD, the coordinator's socket to \
+        join [default: the default socket, if one answers]; TIDEPOOL_TOKEN, a memory node's \
+        token for --far when the URL has none.")]
     Cache(cache::CacheArgs),
     /// Internal: a client process of a benchmark.
     #[command(hide = true)]

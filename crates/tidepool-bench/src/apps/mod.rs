@@ -206,6 +206,16 @@ fn ready(
     }
 }
 
+/// The figure a workload's speed is read from: operations a second where higher is better,
+/// else seconds.
+fn speed_metric(higher_better: bool) -> &'static str {
+    if higher_better {
+        "ops_per_s"
+    } else {
+        "seconds"
+    }
+}
+
 /// `tidepool-tuned` against `tidepool-default` on workload `w` at `ratio`: the speed ratio
 /// (issue 57 asks 1.3x), each one's prefetch accuracy and far reads. `at(system, metric)`
 /// finds a figure.
@@ -215,11 +225,7 @@ fn tuned_note(
     higher_better: bool,
     at: &dyn Fn(&str, &str) -> Option<f64>,
 ) -> Option<String> {
-    let metric = if higher_better {
-        "ops_per_s"
-    } else {
-        "seconds"
-    };
+    let metric = speed_metric(higher_better);
     let (t, d) = (
         at("tidepool-tuned", metric)?,
         at("tidepool-default", metric)?,
@@ -504,11 +510,7 @@ fn against_zram(
     higher_better: bool,
     at: &dyn Fn(&str, &str) -> Option<f64>,
 ) -> Option<String> {
-    let metric = if higher_better {
-        "ops_per_s"
-    } else {
-        "seconds"
-    };
+    let metric = speed_metric(higher_better);
     let (Some(t), Some(t_mib)) = (at(system, metric), at(system, "machine_mib")) else {
         return None;
     };
