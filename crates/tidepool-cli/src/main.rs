@@ -124,7 +124,8 @@ enum Cmd {
     /// host runs short. --no-coord keeps the budget fixed (`tidepool resize` still changes it).
     ///
     /// Example: tidepool run --local 256M --stats -- python3 script.py
-    #[command(after_long_help = "Environment (every variable, with its default, is in the \
+    #[command(
+        after_long_help = "Environment (every variable, with its default, is in the \
         README's table):\n  TIDEPOOL_PRELOAD        the preload library to load [default: \
         next to tidepool]\n  TIDEPOOL_COORD          the coordinator's socket [default: the \
         default socket, if one answers]\n  TIDEPOOL_TOKEN          a memory node's token when \
@@ -133,7 +134,8 @@ enum Cmd {
         TIDEPOOL_RUN_DROP_COPIES, TIDEPOOL_RUN_PROBATION, TIDEPOOL_RUN_REFILL, \
         TIDEPOOL_RUN_FOLLOW  =0 turns that part off\n  TIDEPOOL_RUN_SECTIONS_OUT  a directory \
         each process writes its sections to\n  TIDEPOOL_RUN_STALL_AFTER  stop the fault \
-        handlers after this many faults (tests of the watchdog)")]
+        handlers after this many faults (tests of the watchdog)"
+    )]
     Run {
         /// Local memory for the program's heap, e.g. 256M; the rest lives in far memory.
         #[arg(long, value_parser = parse_size_arg)]
@@ -201,8 +203,10 @@ enum Cmd {
     /// room to a share of the budget, and prints a profile for `tidepool run --profile`. Tune on
     /// an input smaller than the one you will run; the program's output must be the same every
     /// run.
-    #[command(after_long_help = "Environment: TIDEPOOL_PRELOAD, the preload library each \
-        round's `tidepool run` loads [default: next to tidepool].")]
+    #[command(
+        after_long_help = "Environment: TIDEPOOL_PRELOAD, the preload library each \
+        round's `tidepool run` loads [default: next to tidepool]."
+    )]
     Tune {
         /// Profile JSON from a profiling run (far data structures).
         profile: Option<PathBuf>,
@@ -328,9 +332,11 @@ enum Cmd {
     /// --far, values also go to a far store and come back from there instead of being misses.
     ///
     /// Example: tidepool cache --listen 127.0.0.1:11211 --threads 4 --far node://cache@10.0.0.5:7070
-    #[command(after_long_help = "Environment: TIDEPOOL_COORD, the coordinator's socket to \
+    #[command(
+        after_long_help = "Environment: TIDEPOOL_COORD, the coordinator's socket to \
         join [default: the default socket, if one answers]; TIDEPOOL_TOKEN, a memory node's \
-        token for --far when the URL has none.")]
+        token for --far when the URL has none."
+    )]
     Cache(cache::CacheArgs),
     /// Internal: a client process of a benchmark.
     #[command(hide = true)]
