@@ -126,9 +126,8 @@ pub struct RunOpts {
     #[arg(long)]
     pub allow_unpaged: bool,
     /// Seconds a page fault may wait before the program is stopped (status 70) with a
-    /// message saying why; 0 turns the watchdog off [default: $TIDEPOOL_RUN_FAULT_DEADLINE,
-    /// else 5].
-    #[arg(long, value_parser = crate::parse_seconds)]
+    /// message saying why; 0 turns the watchdog off [default: 5].
+    #[arg(long, env = run_env::FAULT_DEADLINE, value_parser = crate::parse_seconds)]
     pub fault_deadline: Option<f64>,
     /// Local memory of each child the program forks without exec, for the pages the child
     /// brings in or writes; the pages it still shares with its parent are counted in the
