@@ -7,7 +7,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use tidepool_node::format_size;
-use tidepool_pager::run_env::{self, Join, RunEnv, Switches};
+use tidepool_pager::run_env::{self, Join, RunEnv};
 
 /// Where `tidepool run` finds libtidepool_preload.so: `TIDEPOOL_PRELOAD` if set, else next to
 /// this executable.
@@ -209,13 +209,7 @@ pub fn run(
     });
     // What tune and the tests ask of every process, and the comparison switches, pass on
     // from this process's environment.
-    env.sections_out = std::env::var_os(run_env::SECTIONS_OUT)
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from);
-    env.stall_after = std::env::var(run_env::STALL_AFTER)
-        .ok()
-        .and_then(|v| v.parse().ok());
-    env.switches = Switches::from_env();
+    env.pass_on_from_env();
     env.to_command(&mut cmd);
     if loaded.is_some() {
         return crate::run_static::supervise(cmd, name);

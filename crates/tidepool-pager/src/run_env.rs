@@ -259,13 +259,26 @@ impl RunEnv {
             let pid = text(PROFILE_PID).and_then(|p| p.parse().ok()).unwrap_or(0);
             (PathBuf::from(p), pid)
         });
-        env.sections_out = get(SECTIONS_OUT)
+        env.coord = Join::from_vars(&get)?;
+        env.pass_on_from_vars(&get);
+        Ok(Some(env))
+    }
+}
+
+impl RunEnv {
+    /// Takes from this process's environment what `tidepool run` passes on rather than sets:
+    /// where tune wants the sections written, the watchdog tests' stall, and the comparison
+    /// switches.
+    pub fn pass_on_from_env(&mut self) {
+        self.pass_on_from_vars(&|var| std::env::var_os(var));
+    }
+
+    fn pass_on_from_vars(&mut self, get: &impl Fn(&str) -> Option<OsString>) {
+        self.sections_out = get(SECTIONS_OUT)
             .filter(|d| !d.is_empty())
             .map(PathBuf::from);
-        env.coord = Join::from_vars(&get)?;
-        env.stall_after = text(STALL_AFTER).and_then(|v| v.parse().ok());
-        env.switches = Switches::from_vars(&get);
-        Ok(Some(env))
+        self.stall_after = get(STALL_AFTER).and_then(|v| v.to_string_lossy().parse().ok());
+        self.switches = Switches::from_vars(get);
     }
 }
 
@@ -294,11 +307,6 @@ impl Join {
 }
 
 impl Switches {
-    /// The switches this process's environment sets: `tidepool run` passes them on from its own.
-    pub fn from_env() -> Switches {
-        Switches::from_vars(&|var| std::env::var_os(var))
-    }
-
     fn from_vars(get: &impl Fn(&str) -> Option<OsString>) -> Switches {
         let on = |var| get(var).is_none_or(|v| v != "0");
         Switches {
