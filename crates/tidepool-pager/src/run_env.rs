@@ -78,8 +78,9 @@ pub const ALL: [&str; 19] = [
     FOLLOW,
 ];
 
-/// What `tidepool run` tells the preload library.
-#[derive(Debug, Clone, PartialEq)]
+/// What `tidepool run` tells the preload library. Its Debug form hides the store URL's
+/// password and token.
+#[derive(Clone, PartialEq)]
 pub struct RunEnv {
     /// The local budget, bytes.
     pub local: u64,
@@ -150,6 +151,23 @@ pub struct EnvError {
     pub var: &'static str,
     pub value: String,
     pub want: &'static str,
+}
+
+impl std::fmt::Debug for RunEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunEnv")
+            .field("local", &self.local)
+            .field("backend", &tidepool_store::redact(&self.backend))
+            .field("stats", &self.stats)
+            .field("child_local", &self.child_local)
+            .field("fault_deadline", &self.fault_deadline)
+            .field("profile", &self.profile)
+            .field("sections_out", &self.sections_out)
+            .field("coord", &self.coord)
+            .field("stall_after", &self.stall_after)
+            .field("switches", &self.switches)
+            .finish()
+    }
 }
 
 impl RunEnv {
@@ -382,6 +400,16 @@ mod tests {
         assert!(read(&[]).unwrap().is_none(), "no budget: paging is off");
         let env = read(&[(LOCAL, "256M".into())]).unwrap().unwrap();
         assert_eq!((env.local, env.backend.as_str()), (256 << 20, "local:"));
+    }
+
+    #[test]
+    fn the_debug_form_hides_the_stores_password() {
+        let env = RunEnv::new(1 << 30, "redis://:hunter2@127.0.0.1:6379");
+        let shown = format!("{env:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("127.0.0.1:6379"),
+            "{shown}"
+        );
     }
 
     #[test]
