@@ -302,20 +302,21 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
                     other => unreachable!("a node set of {other:?}"),
                 })
                 .collect();
-            let settings = backends::node_set::settings(
+            let layout = backends::node_set::Layout::new(
                 redundancy,
                 &addrs.iter().map(String::as_str).collect::<Vec<_>>(),
             );
             // Nodes added later are opened like the first one listed (tenant, token, options).
             let template = nodes[0].clone();
-            let connect: backends::node_set::Connect = Box::new(move |addr, settings| {
+            let connect: backends::node_set::Connect = Box::new(move |addr, layout| {
                 let mut node = template.clone();
                 if let StoreUrl::Node { addr: a, .. } = &mut node {
                     *a = addr.to_string();
                 }
-                open_node(node, settings)
+                open_node(node, &layout.to_string())
             });
             let mut stores = Vec::with_capacity(nodes.len());
+            let settings = layout.to_string();
             for (node, addr) in nodes.into_iter().zip(addrs) {
                 stores.push((addr, open_node(node, &settings)?));
             }

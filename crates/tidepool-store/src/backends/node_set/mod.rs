@@ -95,8 +95,8 @@ const REPROTECT_BATCH: usize = 64;
 /// "No node": a piece not stored.
 const NOWHERE: u8 = u8::MAX;
 
-/// Opens a memory node of the set: (address, the store settings it is told at hello).
-pub type Connect = Box<dyn Fn(&str, &str) -> Result<NodeStore, StoreError> + Send + Sync>;
+/// Opens a memory node of the set: its address, and the layout of the set it is told at hello.
+pub type Connect = Box<dyn Fn(&str, &Layout) -> Result<NodeStore, StoreError> + Send + Sync>;
 
 /// Memory nodes keeping each key as a [`Redundancy`] says.
 pub struct NodeSet {
@@ -149,12 +149,29 @@ fn node_lost(e: &StoreError) -> bool {
     )
 }
 
-/// What every node of a set is told the store is at hello (`ec=4+2 over h1,h2,...`, the nodes
-/// sorted): clients sharing a tenant must agree on it.
-pub(crate) fn settings(redundancy: Redundancy, nodes: &[&str]) -> String {
-    let mut sorted = nodes.to_vec();
-    sorted.sort_unstable();
-    format!("{redundancy} over {}", sorted.join(","))
+/// What every node of a set is told the store is at hello: its redundancy over its nodes.
+/// Clients sharing a tenant must agree on it; the node compares it in its displayed form
+/// (`ec=4+2 over h1,h2,...`, the nodes sorted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    redundancy: Redundancy,
+    /// Sorted.
+    nodes: Vec<String>,
+}
+
+impl Layout {
+    /// The layout of `redundancy` over `nodes`, in any order.
+    pub fn new(redundancy: Redundancy, nodes: &[&str]) -> Layout {
+        let mut nodes: Vec<String> = nodes.iter().map(|n| n.to_string()).collect();
+        nodes.sort_unstable();
+        Layout { redundancy, nodes }
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} over {}", self.redundancy, self.nodes.join(","))
+    }
 }
 
 /// Splits a batch into runs of at most [`CHUNK_ITEMS`] items and [`CHUNK_BYTES`] bytes.
@@ -245,7 +262,7 @@ impl NodeSet {
         }
         let mut names: Vec<&str> = self.members.iter().map(|m| m.name.as_str()).collect();
         names.push(addr);
-        let store = connect(addr, &settings(self.redundancy, &names))?;
+        let store = connect(addr, &Layout::new(self.redundancy, &names))?;
         self.members.push(Member {
             seed: seed_of(addr),
             name: addr.to_string(),
