@@ -10,8 +10,9 @@
 //! matplotlib and prints a table.
 //!
 //! Below the suites sit what several of them start: memory nodes ([`node`]), swap to zram in a
-//! memory cgroup ([`zram`]), worker processes ([`worker`]), reproducible data ([`data`]) and
-//! the workspace's shared libraries ([`libs`]).
+//! memory cgroup ([`zram`]), worker processes (the [`job`] each is given, and [`worker`] to run one
+//! and read its report), reproducible data ([`data`]) and the workspace's shared libraries
+//! ([`libs`]).
 #![forbid(unsafe_code)]
 
 pub mod alloc;
@@ -22,6 +23,7 @@ pub mod data;
 pub mod env;
 pub mod far;
 pub mod harness;
+pub mod job;
 pub mod libs;
 pub mod meter;
 pub mod node;

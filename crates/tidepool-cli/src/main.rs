@@ -338,9 +338,10 @@ enum Cmd {
         token for --far when the URL has none."
     )]
     Cache(cache::CacheArgs),
-    /// Internal: a client process of a benchmark.
+    /// Internal: a client process of a benchmark, given its job as JSON
+    /// (`tidepool_bench::job::Job`).
     #[command(hide = true)]
-    BenchWorker { kind: String, args: Vec<String> },
+    BenchWorker { job: String },
 }
 
 fn parse_size_arg(s: &str) -> Result<u64, String> {
@@ -445,7 +446,7 @@ fn run(cli: Cli) -> Result<()> {
             ),
         },
         Cmd::Cache(args) => cache::run(args),
-        Cmd::BenchWorker { kind, args } => bench_worker(&kind, &args),
+        Cmd::BenchWorker { job } => tidepool_bench::job::Job::parse(&job)?.run(),
     }
 }
 
@@ -491,22 +492,5 @@ fn weight_via(
             }),
         },
         None => coord::WeightVia::Socket(socket.unwrap_or_else(tidepool_coord::default_socket)),
-    }
-}
-
-/// A benchmark's client process, of the kind the suite asked for.
-fn bench_worker(kind: &str, args: &[String]) -> Result<()> {
-    match kind {
-        "verify" => run::verify_worker(args),
-        "share" => {
-            tidepool_bench::store::share_worker(tidepool_bench::store::ShareArgs::parse(args)?)
-        }
-        "alloc" => tidepool_bench::alloc::worker(args),
-        "pager" => tidepool_bench::pager::worker(args),
-        "far-graph" => tidepool_bench::far::graph_worker(args),
-        "coord-app" => tidepool_bench::coord::worker(args),
-        "antagonist" => tidepool_bench::coord::antagonist_worker(args),
-        "paged-app" => tidepool_bench::coord::paged_worker(args),
-        other => anyhow::bail!("unknown bench worker '{other}'"),
     }
 }

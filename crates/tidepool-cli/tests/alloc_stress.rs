@@ -1,9 +1,10 @@
-//! A short run of the allocator stress (the 10-minute run is `tidepool bench-worker alloc stress
-//! 600`): threads allocating every size range, passing blocks to each other, checking every byte,
-//! with libtidepool_malloc.so preloaded into the tidepool binary.
+//! A short run of the allocator stress (the 10-minute run is `tidepool bench-worker
+//! '{"job":"alloc-stress","seconds":600}'`): threads allocating every size range, passing blocks to
+//! each other, checking every byte, with libtidepool_malloc.so preloaded into the tidepool binary.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use tidepool_bench::job::Job;
 
 #[test]
 fn stress_under_the_preload_library() {
@@ -12,7 +13,7 @@ fn stress_under_the_preload_library() {
         tidepool_bench::alloc::build_library_into(&target, Path::new(env!("CARGO_MANIFEST_DIR")))
             .expect("libtidepool_malloc.so");
     let out = Command::new(env!("CARGO_BIN_EXE_tidepool"))
-        .args(["bench-worker", "alloc", "stress", "5"])
+        .args(Job::AllocStress { seconds: 5 }.args())
         .env("LD_PRELOAD", &lib)
         .output()
         .unwrap();

@@ -11,6 +11,8 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
 use tidepool_bench::cache::load;
+use tidepool_bench::coord::AntagonistJob;
+use tidepool_bench::job::Job;
 use tidepool_peers::Memcached;
 
 const ITEM_MAX: usize = 1 << 20;
@@ -283,14 +285,13 @@ fn under_pressure_the_cache_gives_memory_back_and_is_not_killed() {
     let antagonist = cg
         .command_of(
             Path::new(env!("CARGO_BIN_EXE_tidepool")),
-            &[
-                "bench-worker",
-                "antagonist",
-                &(300u64 << 20).to_string(),
-                "0",
-                "0",
-                "2",
-            ],
+            &Job::Antagonist(AntagonistJob {
+                bytes: 300 << 20,
+                mib_per_s: 0.0,
+                delay_s: 0.0,
+                hold_s: 2.0,
+            })
+            .args(),
         )
         .status()
         .unwrap();

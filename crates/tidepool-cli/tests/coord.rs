@@ -6,6 +6,8 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
+use tidepool_bench::coord::AppJob;
+use tidepool_bench::job::Job;
 
 const EXE: &str = env!("CARGO_BIN_EXE_tidepool");
 
@@ -78,19 +80,26 @@ fn coord(name: &str, args: &[&str]) -> Coord {
     }
 }
 
+/// The arguments of a synthetic soft-memory application: `objects` objects requested with
+/// Zipf skew 0.99, each rebuilt in `rebuild_us` on a miss, for `seconds`.
+fn app_job(name: &str, objects: u64, rebuild_us: f64, seconds: f64) -> [String; 2] {
+    Job::CoordApp(AppJob {
+        name: name.into(),
+        objects,
+        skew: 0.99,
+        rebuild_us,
+        work_us: 5.0,
+        seconds,
+        budget: 0,
+        seed: 1,
+    })
+    .args()
+}
+
 /// A synthetic soft-memory application joining the coordinator.
-fn app(c: &Coord, name: &str, rebuild_us: &str, seconds: &str) -> Proc {
+fn app(c: &Coord, name: &str, rebuild_us: f64, seconds: f64) -> Proc {
     let child = Command::new(EXE)
-        .args([
-            "bench-worker",
-            "coord-app",
-            name,
-            "8192",
-            "0.99",
-            rebuild_us,
-            "5",
-        ])
-        .args([seconds, "0", "1"])
+        .args(app_job(name, 8192, rebuild_us, seconds))
         .env("TIDEPOOL_COORD", &c.socket)
         .env("TIDEPOOL_APP", name)
         .env("RUST_LOG", "error")
@@ -137,8 +146,8 @@ fn tidepool(args: &[&str]) -> String {
 #[test]
 fn applications_join_are_watched_and_a_killed_one_frees_its_budget() {
     let c = coord("join", &["--max", "48M", "--epoch-ms", "100"]);
-    let mut cheap = app(&c, "cheap", "1", "60");
-    let _dear = app(&c, "dear", "100", "60");
+    let mut cheap = app(&c, "cheap", 1.0, 60.0);
+    let _dear = app(&c, "dear", 100.0, 60.0);
     wait_for("both applications", || {
         let s = state(&c);
         find(&s, "cheap").is_some() && find(&s, "dear").is_some()
@@ -246,7 +255,7 @@ fn another_user_cannot_steer_the_coordinator() {
     assert_eq!(mode(&c.socket), 0o600);
     assert_eq!(mode(&c.dir), 0o700);
     assert_eq!(mode(&c.token_file()), 0o600);
-    let _mine = app(&c, "mine", "5", "60");
+    let _mine = app(&c, "mine", 5.0, 60.0);
     wait_for("the application", || find(&state(&c), "mine").is_some());
     let id = find(&state(&c), "mine").unwrap()["id"].as_u64().unwrap();
     let out = weight_as(OTHER, &c.socket, id);
@@ -262,26 +271,17 @@ fn another_user_cannot_steer_the_coordinator() {
     let g = coord("group", &["--max", "32M", "--group", &OTHER.to_string()]);
     assert_eq!(mode(&g.socket), 0o660);
     assert_eq!(mode(&g.dir), 0o750);
-    let _root_app = app(&g, "owners", "5", "60");
+    let _root_app = app(&g, "owners", 5.0, 60.0);
     let _their_app = {
         use std::os::unix::process::CommandExt;
         let mut cmd = Command::new(EXE);
-        cmd.args([
-            "bench-worker",
-            "coord-app",
-            "theirs",
-            "1024",
-            "0.99",
-            "5",
-            "5",
-        ])
-        .args(["60", "0", "1"])
-        .env("TIDEPOOL_COORD", &g.socket)
-        .env("TIDEPOOL_APP", "theirs")
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .uid(OTHER)
-        .gid(OTHER);
+        cmd.args(app_job("theirs", 1024, 5.0, 60.0))
+            .env("TIDEPOOL_COORD", &g.socket)
+            .env("TIDEPOOL_APP", "theirs")
+            .env("RUST_LOG", "error")
+            .stdout(Stdio::null())
+            .uid(OTHER)
+            .gid(OTHER);
         Proc(cmd.spawn().unwrap())
     };
     wait_for("both applications", || {
@@ -311,7 +311,7 @@ fn another_user_cannot_steer_the_coordinator() {
 #[test]
 fn weight_changes_over_http_need_the_token() {
     let c = coord("token", &["--max", "32M"]);
-    let _a = app(&c, "a", "5", "60");
+    let _a = app(&c, "a", 5.0, 60.0);
     wait_for("the application", || find(&state(&c), "a").is_some());
     let id = find(&state(&c), "a").unwrap()["id"].as_u64().unwrap();
     let url = format!("http://{}/api/apps/{id}/weight", c.http);
@@ -355,7 +355,7 @@ fn headless_chromium_renders_the_dashboard_with_live_charts() {
         "no Chromium on this machine: scripts/setup installs it (apt-get install chromium)",
     );
     let c = coord("dash", &["--max", "32M", "--epoch-ms", "100"]);
-    let _a = app(&c, "charted", "20", "60");
+    let _a = app(&c, "charted", 20.0, 60.0);
     wait_for("history to build up", || {
         let s = state(&c);
         find(&s, "charted").is_some_and(|a| a["held"].as_u64().unwrap() > 0)
@@ -425,7 +425,7 @@ fn hostile_application_names_stay_text_in_the_dashboard_and_in_top() {
     let escape = "evil\x1b]0;pwned\x07\x1b[2J";
     let _apps: Vec<Proc> = [img, script, escape]
         .iter()
-        .map(|n| app(&c, n, "20", "60"))
+        .map(|n| app(&c, n, 20.0, 60.0))
         .collect();
     // The coordinator keeps names with control characters as `?` (so do its logs).
     let shown = |n: &str| n.replace(|c: char| c.is_control(), "?");

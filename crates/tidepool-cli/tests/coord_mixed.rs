@@ -12,7 +12,8 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-use tidepool_bench::coord::Cgroup;
+use tidepool_bench::coord::{AntagonistJob, AppJob, Cgroup};
+use tidepool_bench::job::Job;
 use tidepool_sys::probe::Need;
 
 /// Kills a child when dropped.
@@ -104,18 +105,17 @@ fn budgets_move_to_the_program_whose_misses_cost_more_and_nobody_is_oom_killed()
     let mut soft = Kill(
         cg.command_of(
             &tidepool,
-            &[
-                "bench-worker",
-                "coord-app",
-                "cheap",
-                "32768",
-                "0.9",
-                "1",
-                "5",
-                &seconds.to_string(),
-                "100663296",
-                "1",
-            ],
+            &Job::CoordApp(AppJob {
+                name: "cheap".into(),
+                objects: 32768,
+                skew: 0.9,
+                rebuild_us: 1.0,
+                work_us: 5.0,
+                seconds: seconds as f64,
+                budget: 96 << 20,
+                seed: 1,
+            })
+            .args(),
         )
         .env("TIDEPOOL_COORD", &socket)
         .env("TIDEPOOL_APP", "cheap")
@@ -153,7 +153,13 @@ fn budgets_move_to_the_program_whose_misses_cost_more_and_nobody_is_oom_killed()
     let mut antagonist = Kill(
         cg.command_of(
             &tidepool,
-            &["bench-worker", "antagonist", "134217728", "256", "15", "8"],
+            &Job::Antagonist(AntagonistJob {
+                bytes: 128 << 20,
+                mib_per_s: 256.0,
+                delay_s: 15.0,
+                hold_s: 8.0,
+            })
+            .args(),
         )
         .stdout(Stdio::null())
         .spawn()

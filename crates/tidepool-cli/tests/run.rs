@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{preload, python3, text, NodeProc};
+use common::{preload, python3, text, verify_job, NodeProc};
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -105,20 +105,10 @@ fn exit_status_passes_through_and_bad_input_is_refused_before_the_program_runs()
 /// comes from malloc), 64 MiB over an 8 MiB budget, two threads, every byte checked. Returns
 /// its standard output and error.
 fn verify_under(backend: &str) -> (String, String) {
-    let out = tidepool_run(
-        "8M",
-        backend,
-        &[
-            env!("CARGO_BIN_EXE_tidepool"),
-            "bench-worker",
-            "verify",
-            "64M",
-            "2",
-            "3",
-        ],
-    )
-    .output()
-    .unwrap();
+    let [sub, job] = verify_job(64 << 20, 3, false);
+    let out = tidepool_run("8M", backend, &[env!("CARGO_BIN_EXE_tidepool"), &sub, &job])
+        .output()
+        .unwrap();
     let (stdout, stderr) = text(&out);
     assert!(
         out.status.success(),
@@ -238,7 +228,7 @@ fn a_program_rides_out_a_redis_cluster_failover() {
     let mut cluster =
         tidepool_peers::RedisCluster::start_with_replicas(3, 1, 1000).expect("redis cluster");
     let master = (0..6).find(|&i| cluster.is_master(i)).expect("a master");
-    let mut child = start_waiting_worker("2M", &format!("{}?wait=1", cluster.url()), "12M", "6");
+    let mut child = start_waiting_worker("2M", &format!("{}?wait=1", cluster.url()), 12 << 20, 6);
     child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert!(
@@ -292,19 +282,12 @@ fn expect_every_byte(child: Child) -> (String, String) {
     (stdout, stderr)
 }
 
-fn start_waiting_worker(local: &str, backend: &str, size: &str, rounds: &str) -> Child {
+fn start_waiting_worker(local: &str, backend: &str, bytes: usize, rounds: u64) -> Child {
+    let [sub, job] = verify_job(bytes, rounds, true);
     let mut child = tidepool_run(
         local,
         backend,
-        &[
-            env!("CARGO_BIN_EXE_tidepool"),
-            "bench-worker",
-            "verify",
-            size,
-            "2",
-            rounds,
-            "wait",
-        ],
+        &[env!("CARGO_BIN_EXE_tidepool"), &sub, &job],
     )
     .stdin(Stdio::piped())
     .stdout(Stdio::piped())
@@ -324,7 +307,7 @@ fn losing_the_backend_stops_the_program_with_a_clear_error_never_zeros() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let mut node = NodeProc::start(&["--capacity", "256M"]);
     let backend = format!("node://loss@{}", node.addr);
-    let child = start_waiting_worker("4M", &backend, "64M", "1000");
+    let child = start_waiting_worker("4M", &backend, 64 << 20, 1000);
     node.kill();
     let (stdout, stderr) = go_and_expect_a_stop(child);
     assert!(stderr.contains("unreachable"), "{stderr}");
@@ -348,7 +331,7 @@ fn a_program_outlives_a_killed_memory_node_when_pages_are_kept_twice() {
         .collect();
     let addrs: Vec<&str> = nodes.iter().map(|n| n.addr.as_str()).collect();
     let backend = format!("node://twice@{}?replicas=2", addrs.join(","));
-    let mut child = start_waiting_worker("4M", &backend, "64M", "3");
+    let mut child = start_waiting_worker("4M", &backend, 64 << 20, 3);
     let killed = nodes[1].addr.clone();
     nodes[1].kill();
     child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
@@ -369,8 +352,8 @@ fn a_program_outlives_a_killed_memory_node_when_pages_are_kept_twice() {
     let child = start_waiting_worker(
         "4M",
         &backend.replace(&format!("{killed},"), ""),
-        "64M",
-        "1000",
+        64 << 20,
+        1000,
     );
     let (a, b) = (nodes[0].addr.clone(), nodes[2].addr.clone());
     nodes[0].kill();
@@ -418,7 +401,7 @@ fn a_program_keeps_every_byte_through_twenty_random_node_kills() {
     while kills < 20 {
         let (mut nodes, addrs) = six_nodes();
         let mut child =
-            start_waiting_worker("2M", &format!("node://ec@{addrs}?ec=4+2"), "12M", "4");
+            start_waiting_worker("2M", &format!("node://ec@{addrs}?ec=4+2"), 12 << 20, 4);
         child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
         let mut victims: Vec<usize> = (0..6).collect();
         for _ in 0..rng.gen_range(1..=2) {
@@ -489,7 +472,7 @@ fn far_vectors_keep_every_element_through_twenty_random_node_kills() {
 fn a_node_added_to_a_running_program_takes_the_lost_ones_share() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let (mut nodes, addrs) = six_nodes();
-    let mut child = start_waiting_worker("2M", &format!("node://ec@{addrs}?ec=4+2"), "12M", "4");
+    let mut child = start_waiting_worker("2M", &format!("node://ec@{addrs}?ec=4+2"), 12 << 20, 4);
     let pid = child.id().to_string();
     nodes[3].kill();
     let extra = NodeProc::start(&["--capacity", "256M"]);
@@ -526,7 +509,7 @@ fn a_node_added_to_a_running_program_takes_the_lost_ones_share() {
 fn losing_more_nodes_than_the_code_survives_stops_the_program_naming_them() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
     let (mut nodes, addrs) = six_nodes();
-    let child = start_waiting_worker("4M", &format!("node://ec@{addrs}?ec=4+2"), "32M", "1000");
+    let child = start_waiting_worker("4M", &format!("node://ec@{addrs}?ec=4+2"), 32 << 20, 1000);
     let lost: Vec<String> = [0, 2, 4].iter().map(|&i| nodes[i].addr.clone()).collect();
     for i in [0, 2, 4] {
         nodes[i].kill();
@@ -544,7 +527,7 @@ fn losing_more_nodes_than_the_code_survives_stops_the_program_naming_them() {
 #[test]
 fn resize_while_running_evicts_at_once_and_keeps_every_byte() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
-    let mut child = start_waiting_worker("256M", "local:", "64M", "3");
+    let mut child = start_waiting_worker("256M", "local:", 64 << 20, 3);
     let pid = child.id().to_string();
     let tidepool = |args: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_tidepool"))
@@ -716,7 +699,7 @@ fn a_silent_node_stops_the_program_at_its_deadline() {
     let mut node = NodeProc::start(&["--capacity", "256M"]);
     let backend = format!("node://deadline@{}?timeout_ms=1500", node.addr);
     // Round 0 fills and checks; round 1, after "go", reads the far pages back.
-    let mut child = start_waiting_worker("24M", &backend, "96M", "2");
+    let mut child = start_waiting_worker("24M", &backend, 96 << 20, 2);
     let pid = node.pid().to_string();
     let signal = |sig: &str| {
         assert!(Command::new("kill")

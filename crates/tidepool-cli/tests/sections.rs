@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{c_program, output_within, preload, text};
+use common::{c_program, output_within, preload, text, verify_job};
 use std::process::Command;
 use std::time::Duration;
 
@@ -279,7 +279,7 @@ fn verify_with(
         .args(args)
         .arg("--")
         .arg(env!("CARGO_BIN_EXE_tidepool"))
-        .args(["bench-worker", "verify", "64M", "2", "3"])
+        .args(verify_job(64 << 20, 3, false))
         .env("TIDEPOOL_PRELOAD", preload());
     if let Some(dir) = sections_out {
         cmd.env("TIDEPOOL_RUN_SECTIONS_OUT", dir);

@@ -2,7 +2,7 @@
 //! kernel counted it (`wait4`, since such programs do not report their own), its output, and
 //! whether the preloaded allocator really was the one mapped into it.
 //!
-//! The program is started by a worker (`tidepool bench-worker alloc exec SPEC`) with `fork`,
+//! The program is started by a worker (an `alloc-exec` job of `tidepool bench-worker`) with `fork`,
 //! not by the suite: the kernel carries a process's peak RSS across `execve`, so a program
 //! started from the suite's address space (std's posix_spawn shares it until the exec) reported
 //! the suite's few MiB as its own floor, above what cfrac or glibc-simple ever use. A fresh
@@ -15,6 +15,7 @@
 //! the check undone (reported as such, never as a pass).
 
 use super::allocators::{allocator_in_maps, check_mapped};
+use crate::job::Job;
 use anyhow::{bail, Context, Result};
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use serde::{Deserialize, Serialize};
@@ -23,24 +24,23 @@ use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// What to run, and how.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct Launch {
-    pub(super) program: PathBuf,
-    pub(super) args: Vec<String>,
-    pub(super) cwd: PathBuf,
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launch {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    pub cwd: PathBuf,
     /// Standard input (None: /dev/null).
-    pub(super) stdin: Option<PathBuf>,
+    pub stdin: Option<PathBuf>,
     /// The allocator to preload (None: glibc's own malloc, nothing preloaded).
-    pub(super) preload: Option<PathBuf>,
+    pub preload: Option<PathBuf>,
     /// CPUs to run on (None: the worker's own).
-    pub(super) cpus: Option<Vec<usize>>,
+    pub cpus: Option<Vec<usize>>,
     /// Killed after this long.
-    pub(super) timeout_s: u64,
+    pub timeout_s: u64,
 }
 
 /// What a run of a program gave.
@@ -67,9 +67,8 @@ enum Outcome {
 /// Fails if the program exits unsuccessfully, is killed, or runs with another allocator than
 /// the one asked for.
 pub(super) fn run(launch: &Launch) -> Result<Finished> {
-    let spec = serde_json::to_string(launch)?;
-    let out = Command::new(std::env::current_exe()?)
-        .args(["bench-worker", "alloc", "exec", &spec])
+    let out = Job::AllocExec(launch.clone())
+        .command(&std::env::current_exe()?)
         .env_remove("LD_PRELOAD")
         .output()
         .context("cannot start the worker")?;
@@ -86,11 +85,9 @@ pub(super) fn run(launch: &Launch) -> Result<Finished> {
     }
 }
 
-/// `tidepool bench-worker alloc exec SPEC`: runs the program SPEC (a [`Launch`] as JSON)
-/// describes and prints the [`Outcome`] as one JSON line.
-pub(super) fn worker(spec: &str) -> Result<()> {
-    let launch: Launch = serde_json::from_str(spec).context("SPEC must be a Launch as JSON")?;
-    let outcome = match measure(&launch) {
+/// Runs the program `launch` describes and prints the [`Outcome`] as one JSON line.
+pub fn worker(launch: &Launch) -> Result<()> {
+    let outcome = match measure(launch) {
         Ok(f) => Outcome::Finished(f),
         Err(e) => Outcome::Failed(format!("{e:#}")),
     };

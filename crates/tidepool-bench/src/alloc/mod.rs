@@ -7,8 +7,8 @@
 //! process (`serverless-exit`). Besides them: producers and consumers freeing each other's
 //! objects, large buffers, and CPython running function-style code with `PYTHONMALLOC=malloc`.
 //!
-//! Each run is a fresh process (`tidepool bench-worker alloc ...`, or python3) that times its
-//! own work and reports its peak RSS (VmHWM). Systems alternate within each round; the median
+//! Each run is a fresh process (`tidepool bench-worker` with an `alloc` job, or python3) that times
+//! its own work and reports its peak RSS (VmHWM). Systems alternate within each round; the median
 //! over rounds is reported.
 //!
 //! With `--mimalloc-bench DIR` the public allocator benchmarks of mimalloc-bench run too, the
@@ -27,15 +27,19 @@ mod stress;
 mod worker;
 
 pub use allocators::tidepool_library;
+pub use external::{worker as exec_worker, Launch};
+pub use stress::stress;
+pub use worker::{worker, AllocJob};
 
 use crate::harness::{
     geomean, matrix_steps, BenchOpts, Ctx, Matrix, Placement, Sample, Suite, Turns, Workload,
 };
+use crate::job::Job;
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Workloads run by `tidepool bench-worker alloc`.
+/// Workloads of the `alloc` job of `tidepool bench-worker`.
 pub(crate) const WORKER_WORKLOADS: [&str; 6] = [
     "serverless-burst",
     "serverless-exit",
@@ -110,9 +114,11 @@ impl Suite for AllocSuite {
                         .env("PYTHONHASHSEED", "0");
                     c
                 } else {
-                    let mut c = Command::new(std::env::current_exe()?);
-                    c.args(["bench-worker", "alloc", w.name, &scale.to_string()]);
-                    c
+                    Job::Alloc(AllocJob {
+                        workload: w.name.to_owned(),
+                        scale,
+                    })
+                    .command(&std::env::current_exe()?)
                 };
                 if let Some(lib) = &a.lib {
                     cmd.env("LD_PRELOAD", lib);
@@ -136,22 +142,6 @@ impl Suite for AllocSuite {
         verdict(ctx);
         public::run(ctx, &systems)
     }
-}
-
-/// `tidepool bench-worker alloc WORKLOAD SCALE`: runs the workload and prints one JSON line.
-/// `tidepool bench-worker alloc stress SECONDS`: the long verifying stress run.
-/// `tidepool bench-worker alloc exec SPEC`: runs a program not ours and measures it.
-pub fn worker(args: &[String]) -> Result<()> {
-    if let [cmd, arg] = args {
-        match cmd.as_str() {
-            "stress" => {
-                return stress::stress(arg.parse().context("SECONDS must be a whole number")?)
-            }
-            "exec" => return external::worker(arg),
-            _ => {}
-        }
-    }
-    worker::run(args)
 }
 
 /// Builds libtidepool_malloc.so (profile `malloc`) into `target_dir`, for tests: see

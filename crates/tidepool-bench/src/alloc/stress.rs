@@ -1,4 +1,5 @@
-//! `tidepool bench-worker alloc stress SECONDS`: the long verifying stress run of an allocator.
+//! The `alloc-stress` job of `tidepool bench-worker`: the long verifying stress run of an
+//! allocator.
 
 use super::worker::{current_rss_kib, object_size, peak_rss_kib, preloaded_allocator};
 use anyhow::{bail, Result};
@@ -36,7 +37,7 @@ impl Stamped {
 /// Several threads allocate (every size range, large included), verify, free, and pass blocks
 /// to each other to free, for `seconds`; RSS is sampled every second. Fails on the first
 /// corrupted block; reports RSS in the first and last tenth of the run.
-pub(super) fn stress(seconds: u64) -> Result<()> {
+pub fn stress(seconds: u64) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let corrupt = Arc::new(AtomicU64::new(0));
     let ops = Arc::new(AtomicU64::new(0));

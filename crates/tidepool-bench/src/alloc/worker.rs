@@ -1,18 +1,27 @@
-//! The worker side of the alloc suite: `tidepool bench-worker alloc`, run inside the process
-//! whose malloc is being measured. Workloads follow Memento's study of serverless functions.
+//! The worker side of the alloc suite: the `alloc` job of `tidepool bench-worker`, run inside the
+//! process whose malloc is being measured. Workloads follow Memento's study of serverless
+//! functions.
 
 use anyhow::{bail, Context, Result};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-/// `tidepool bench-worker alloc WORKLOAD SCALE`: runs the workload and prints one JSON line.
-pub(super) fn run(args: &[String]) -> Result<()> {
-    let [workload, scale] = args else {
-        bail!("usage: bench-worker alloc WORKLOAD SCALE");
-    };
-    let scale: usize = scale.parse().context("SCALE must be a whole number")?;
+/// One workload of the alloc suite ([`crate::job::Job::Alloc`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocJob {
+    /// The workload's name, as the suite lists it (`serverless-burst`, `large-objects`, ...).
+    pub workload: String,
+    /// How many times its base size to run (1 for `--quick`).
+    pub scale: usize,
+}
+
+/// Runs the workload and prints one JSON line: seconds, peak RSS, the allocator that served
+/// it and a checksum.
+pub fn worker(job: &AllocJob) -> Result<()> {
+    let (workload, scale) = (&job.workload, job.scale);
     let start = Instant::now();
     let checksum = match workload.as_str() {
         "serverless-burst" => serverless_burst(12 * scale, 100_000, 1),

@@ -8,8 +8,9 @@
 
 use super::load::{self, Spec};
 use super::Server;
-use crate::coord::Cgroup;
+use crate::coord::{AntagonistJob, Cgroup};
 use crate::harness::{BenchOpts, Ctx};
+use crate::job::Job;
 use crate::report::Row;
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
@@ -77,14 +78,13 @@ fn swapped_kib(pid: u32) -> u64 {
 /// The antagonist, started in the cgroup: takes `bytes` as fast as it can, holds them for
 /// `hold`, exits.
 fn antagonist(cg: &Cgroup, bytes: u64, hold: Duration) -> Result<Child> {
-    let mut c = cg.command(&[
-        "bench-worker".into(),
-        "antagonist".into(),
-        bytes.to_string(),
-        "0".into(),
-        "0".into(),
-        hold.as_secs_f64().to_string(),
-    ])?;
+    let job = Job::Antagonist(AntagonistJob {
+        bytes,
+        mib_per_s: 0.0,
+        delay_s: 0.0,
+        hold_s: hold.as_secs_f64(),
+    });
+    let mut c = cg.command(&job.args())?;
     c.stdout(Stdio::null()).stderr(Stdio::null());
     c.spawn().context("cannot start the antagonist")
 }

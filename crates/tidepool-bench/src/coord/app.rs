@@ -1,9 +1,10 @@
-//! The coord suite's processes: the synthetic application (`tidepool bench-worker coord-app`),
-//! the antagonist that takes memory (`tidepool bench-worker antagonist`), and the guard that
-//! kills either when a run ends.
+//! The coord suite's processes: the synthetic application (`tidepool bench-worker`'s `coord-app`
+//! job), the antagonist that takes memory (`tidepool bench-worker`'s `antagonist` job), and the
+//! guard that kills either when a run ends.
 
 use anyhow::{bail, Context, Result};
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -67,15 +68,28 @@ pub(super) fn read_json_lines<const N: usize>(
     })
 }
 
-/// `tidepool bench-worker antagonist BYTES MIB_PER_S DELAY_S HOLD_S`: waits, takes BYTES of
-/// memory (at MIB_PER_S, or as fast as it can with 0), holds it, and exits.
-pub fn antagonist_worker(args: &[String]) -> Result<()> {
-    let [bytes, rate, delay, hold] = args else {
-        bail!("usage: bench-worker antagonist BYTES MIB_PER_S DELAY_S HOLD_S");
-    };
-    let bytes: u64 = bytes.parse().context("BYTES")?;
-    let rate: f64 = rate.parse().context("MIB_PER_S")?;
-    std::thread::sleep(Duration::from_secs_f64(delay.parse().context("DELAY_S")?));
+/// A process that takes memory from the others ([`crate::job::Job::Antagonist`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AntagonistJob {
+    /// Bytes it takes.
+    pub bytes: u64,
+    /// How fast it takes them, in MiB/s (0: as fast as it can).
+    pub mib_per_s: f64,
+    /// Seconds it waits before it starts.
+    pub delay_s: f64,
+    /// Seconds it holds them before it exits.
+    pub hold_s: f64,
+}
+
+/// Waits, takes the job's bytes of memory at its rate, holds them, and exits.
+pub fn antagonist_worker(job: &AntagonistJob) -> Result<()> {
+    let AntagonistJob {
+        bytes,
+        mib_per_s: rate,
+        delay_s,
+        hold_s,
+    } = *job;
+    std::thread::sleep(Duration::from_secs_f64(delay_s));
     let t = Instant::now();
     let chunk = 16u64 << 20;
     let mut held: Vec<Vec<u8>> = Vec::new();
@@ -100,7 +114,7 @@ pub fn antagonist_worker(args: &[String]) -> Result<()> {
         taken >> 20,
         t.elapsed().as_secs_f64() * 1e3
     );
-    std::thread::sleep(Duration::from_secs_f64(hold.parse().context("HOLD_S")?));
+    std::thread::sleep(Duration::from_secs_f64(hold_s));
     std::hint::black_box(&held);
     Ok(())
 }
@@ -287,33 +301,25 @@ pub(super) fn spin_iters(n: u64) {
     std::hint::black_box(x);
 }
 
-/// The arguments of `tidepool bench-worker coord-app` (see [`worker`]).
-struct AppArgs {
-    objects: u64,
-    skew: f64,
-    rebuild_us: f64,
-    work_us: f64,
-    seconds: f64,
-    budget: u64,
-    seed: u64,
-}
-
-impl AppArgs {
-    /// `NAME OBJECTS SKEW REBUILD_US WORK_US SECONDS BUDGET SEED`, each a number but the name.
-    fn parse(args: &[String]) -> Result<AppArgs> {
-        let [_name, objects, skew, rebuild_us, work_us, seconds, budget, seed] = args else {
-            bail!("usage: bench-worker coord-app NAME OBJECTS SKEW REBUILD_US WORK_US SECONDS BUDGET SEED");
-        };
-        Ok(AppArgs {
-            objects: objects.parse().context("OBJECTS")?,
-            skew: skew.parse().context("SKEW")?,
-            rebuild_us: rebuild_us.parse().context("REBUILD_US")?,
-            work_us: work_us.parse().context("WORK_US")?,
-            seconds: seconds.parse().context("SECONDS")?,
-            budget: budget.parse().context("BUDGET")?,
-            seed: seed.parse().context("SEED")?,
-        })
-    }
+/// One synthetic soft-memory application ([`crate::job::Job::CoordApp`], run by [`worker`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppJob {
+    /// Its name (for the reader of `ps`; the coordinator knows it by TIDEPOOL_APP).
+    pub name: String,
+    /// Objects it caches.
+    pub objects: u64,
+    /// The Zipf skew of its requests.
+    pub skew: f64,
+    /// CPU microseconds to rebuild an object on a miss.
+    pub rebuild_us: f64,
+    /// CPU microseconds of work per request.
+    pub work_us: f64,
+    /// How long it runs.
+    pub seconds: f64,
+    /// Its soft-memory budget in bytes until a coordinator sets one (0: 8 MiB).
+    pub budget: u64,
+    /// The seed of its requests.
+    pub seed: u64,
 }
 
 /// With TIDEPOOL_BENCH_JOIN_LATE, the coordinator to join after the warm-up (taken out of the
@@ -328,12 +334,11 @@ fn late_coordinator() -> Option<tidepool_soft::coord::CoordConfig> {
     }
 }
 
-/// `tidepool bench-worker coord-app NAME OBJECTS SKEW REBUILD_US WORK_US SECONDS BUDGET SEED`:
-/// one synthetic application. With TIDEPOOL_COORD set the coordinator sets the budget (with
-/// TIDEPOOL_BENCH_JOIN_LATE too, only after a warm-up on BUDGET; 0 is 8 MiB). Prints a JSON line every quarter second: seconds, operations, hits,
-/// misses, budget, bytes held.
-pub fn worker(args: &[String]) -> Result<()> {
-    let AppArgs {
+/// Runs one synthetic application. With TIDEPOOL_COORD set the coordinator sets the budget
+/// (with TIDEPOOL_BENCH_JOIN_LATE too, only after a warm-up on the job's budget). Prints a JSON
+/// line every quarter second: seconds, operations, hits, misses, budget, bytes held.
+pub fn worker(job: &AppJob) -> Result<()> {
+    let AppJob {
         objects,
         skew,
         rebuild_us,
@@ -341,7 +346,8 @@ pub fn worker(args: &[String]) -> Result<()> {
         seconds,
         budget,
         seed,
-    } = AppArgs::parse(args)?;
+        ..
+    } = *job;
     // Before any thread starts: the evacuator and the coordinator link inherit it.
     pin_from_env()?;
     // The clock starts before the warm-up: applications started together end together, and

@@ -1,8 +1,9 @@
 //! Part (a), coordination: four applications sharing idle memory under each policy, against
 //! the ideal (every application with room for all its state). See the suite's docs.
 
-use super::app::{Guard, Spinner, PIN_ENV, SPIN_ENV};
+use super::app::{AppJob, Guard, Spinner, PIN_ENV, SPIN_ENV};
 use crate::harness::{median, BenchOpts, Ctx, Matrix, Sample, System, Workload};
+use crate::job::Job;
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -378,22 +379,23 @@ fn app_command(
     seconds: f64,
     budget: u64,
 ) -> Command {
-    let mut c = Command::new(exe);
-    c.args(["bench-worker", "coord-app"])
-        .arg(a.name)
-        .arg(sc.objects.to_string())
-        .arg(a.skew.to_string())
-        .arg(a.rebuild_us.to_string())
-        .arg(WORK_US.to_string())
-        .arg(seconds.to_string())
-        .arg(budget.to_string())
-        .arg((i as u64 + 1).to_string())
-        // Two applications to a CPU, each pinned: each gets half a CPU whatever the other
-        // does, as if on a (slower) CPU of its own. Unpinned, the scheduler's balancing
-        // moved shares between the four by up to 9% over a 40 s tail, in the ideal run as
-        // in the others, and the normalised figures moved with it (0.80 to 0.88 for the
-        // same policy).
-        .env(PIN_ENV, (i % tidepool_sys::online_cpus()).to_string())
+    let job = Job::CoordApp(AppJob {
+        name: a.name.to_owned(),
+        objects: sc.objects,
+        skew: a.skew,
+        rebuild_us: a.rebuild_us,
+        work_us: WORK_US,
+        seconds,
+        budget,
+        seed: i as u64 + 1,
+    });
+    let mut c = job.command(exe);
+    // Two applications to a CPU, each pinned: each gets half a CPU whatever the other
+    // does, as if on a (slower) CPU of its own. Unpinned, the scheduler's balancing
+    // moved shares between the four by up to 9% over a 40 s tail, in the ideal run as
+    // in the others, and the normalised figures moved with it (0.80 to 0.88 for the
+    // same policy).
+    c.env(PIN_ENV, (i % tidepool_sys::online_cpus()).to_string())
         .env(SPIN_ENV, sc.spin.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -6,8 +6,8 @@
 //!   distribution: more local memory keeps more of its hot set;
 //! - `scan`: a paged program walking its pages in order, round and round: no budget short of
 //!   the whole allocation keeps a page a pass comes back to;
-//! - `dear` and `cheap`: soft-memory applications (`bench-worker coord-app`) whose objects
-//!   cost 100 and 2 us of CPU to rebuild.
+//! - `dear` and `cheap`: soft-memory applications (`coord-app` jobs of `tidepool bench-worker`)
+//!   whose objects cost 100 and 2 us of CPU to rebuild.
 //!
 //! The paged programs' far memory is a memory node outside the cgroup (another machine's
 //! DRAM). Midway through a run a memory antagonist takes part of the cgroup, holds it, and

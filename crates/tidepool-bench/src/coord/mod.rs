@@ -22,10 +22,10 @@ mod pressure;
 
 use crate::harness::{matrix_steps, BenchOpts, Ctx, Suite};
 use anyhow::{Context, Result};
-pub use app::{antagonist_worker, worker};
+pub use app::{antagonist_worker, worker, AntagonistJob, AppJob};
 use cgroup::pressure_scale;
 pub use cgroup::Cgroup;
-pub use paged::paged_worker;
+pub use paged::{paged_worker, PagedJob, Walk};
 
 #[derive(Debug)]
 pub struct CoordSuite;

@@ -1,15 +1,17 @@
-//! The paged program of workload `mixed` (`tidepool bench-worker paged-app`), run under
+//! The paged program of workload `mixed` (`tidepool bench-worker`'s `paged-app` job), run under
 //! `tidepool run`: an ordinary heap allocation walked with a locality of its own.
 
 use super::app::{pin_from_env, Pacer, Spinner};
 use anyhow::{bail, Context, Result};
 use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
 /// How a paged program walks its memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Walk {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Walk {
     /// Pages drawn from a Zipf distribution (hot pages spread over the allocation): more
     /// local memory keeps more of the hot set.
     Zipf,
@@ -27,24 +29,35 @@ impl Walk {
     }
 }
 
-/// `tidepool bench-worker paged-app zipf|scan BYTES SKEW WORK_US SECONDS SEED`: allocates
-/// BYTES, writes every page, then per operation reads and writes a word of one page (chosen
-/// by the walk) and spins WORK_US of CPU. Prints a JSON line every quarter second: seconds
-/// and operations (the warm-up's fill counts none).
-pub fn paged_worker(args: &[String]) -> Result<()> {
-    let [walk, bytes, skew, work_us, seconds, seed] = args else {
-        bail!("usage: bench-worker paged-app zipf|scan BYTES SKEW WORK_US SECONDS SEED");
-    };
-    let walk = match walk.as_str() {
-        "zipf" => Walk::Zipf,
-        "scan" => Walk::Scan,
-        w => bail!("unknown walk {w:?}: zipf or scan"),
-    };
-    let bytes: usize = bytes.parse().context("BYTES")?;
-    let skew: f64 = skew.parse().context("SKEW")?;
-    let work_us: f64 = work_us.parse().context("WORK_US")?;
-    let seconds: f64 = seconds.parse().context("SECONDS")?;
-    let seed: u64 = seed.parse().context("SEED")?;
+/// A paged application of workload `mixed` ([`crate::job::Job::PagedApp`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PagedJob {
+    /// How it walks its memory.
+    pub walk: Walk,
+    /// Bytes it allocates (at least a page).
+    pub bytes: usize,
+    /// The Zipf skew of a `zipf` walk.
+    pub skew: f64,
+    /// CPU microseconds of work per operation.
+    pub work_us: f64,
+    /// How long it runs.
+    pub seconds: f64,
+    /// The seed of its walk.
+    pub seed: u64,
+}
+
+/// Allocates the job's bytes, writes every page, then per operation reads and writes a word
+/// of one page (chosen by the walk) and spins its work. Prints a JSON line every quarter
+/// second: seconds and operations (the warm-up's fill counts none).
+pub fn paged_worker(job: &PagedJob) -> Result<()> {
+    let PagedJob {
+        walk,
+        bytes,
+        skew,
+        work_us,
+        seconds,
+        seed,
+    } = *job;
     pin_from_env()?;
     let start = Instant::now();
     let spinner = Spinner::from_env();

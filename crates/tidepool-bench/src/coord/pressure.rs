@@ -2,9 +2,10 @@
 //! taking memory, moderately then as fast as it can), one application and the coordinator in a
 //! memory cgroup.
 
-use super::app::{read_json_lines, start_coordinator, Guard};
+use super::app::{read_json_lines, start_coordinator, AntagonistJob, AppJob, Guard};
 use super::cgroup::{pressure_scale, Cgroup, PressureScale, Sampler, Watch};
 use crate::harness::Ctx;
+use crate::job::Job;
 use anyhow::{Context, Result};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -105,18 +106,17 @@ fn start_in(
         let said = std::fs::read_to_string(log).unwrap_or_default();
         format!("its log {}: {}", log.display(), said.trim())
     })?;
-    let mut c = cg.command(&[
-        "bench-worker".into(),
-        "coord-app".into(),
-        "cache".into(),
-        ps.objects.to_string(),
-        "0.99".into(),
-        "20".into(),
-        "10".into(),
-        seconds.to_string(),
-        "0".into(),
-        "1".into(),
-    ])?;
+    let job = Job::CoordApp(AppJob {
+        name: "cache".into(),
+        objects: ps.objects,
+        skew: 0.99,
+        rebuild_us: 20.0,
+        work_us: 10.0,
+        seconds,
+        budget: 0,
+        seed: 1,
+    });
+    let mut c = cg.command(&job.args())?;
     c.stdout(Stdio::piped())
         .env("RUST_LOG", "error")
         .env(tidepool_soft::coord::ENV_SOCKET, &socket)
@@ -126,17 +126,16 @@ fn start_in(
     Ok((coord, app, reader))
 }
 
-/// `tidepool bench-worker antagonist` in the cgroup: takes `bytes` at `mib_per_s` (0: as fast
-/// as it can) after `delay_s`, and holds them for `hold_s`.
+/// `tidepool bench-worker`'s `antagonist` job in the cgroup: takes `bytes` at `mib_per_s` (0: as
+/// fast as it can) after `delay_s`, and holds them for `hold_s`.
 fn antagonist(cg: &Cgroup, bytes: u64, mib_per_s: f64, delay_s: f64, hold_s: f64) -> Result<Guard> {
-    let mut c = cg.command(&[
-        "bench-worker".into(),
-        "antagonist".into(),
-        bytes.to_string(),
-        mib_per_s.to_string(),
-        delay_s.to_string(),
-        hold_s.to_string(),
-    ])?;
+    let job = Job::Antagonist(AntagonistJob {
+        bytes,
+        mib_per_s,
+        delay_s,
+        hold_s,
+    });
+    let mut c = cg.command(&job.args())?;
     c.stdout(Stdio::null()).stderr(Stdio::inherit());
     Ok(Guard(c.spawn().context("cannot start the antagonist")?))
 }

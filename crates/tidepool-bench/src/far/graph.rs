@@ -2,6 +2,7 @@
 //! the same vectors used as swap, the transparent pager, Linux swap to zram and native code.
 //! See the suite's docs.
 
+use super::graph_worker::GraphSystem;
 use super::sizes::Sizes;
 use crate::harness::{Ctx, Matrix, Sample, System, Turns, Workload};
 use crate::worker::run_worker;
@@ -172,11 +173,15 @@ impl Launch<'_> {
     fn command(&self, sys: Graph, w: &GraphAt) -> Result<Command> {
         let (exe, s) = (self.exe, self.s);
         let local = w.local();
-        let (worker_system, config) = match sys {
-            Graph::FarTuned => ("far", w.tuned.display().to_string()),
-            Graph::FarUntuned => ("far", w.untuned.display().to_string()),
-            Graph::FarSwap => ("far-swap", "-".into()),
-            _ => ("native", "-".into()),
+        let far = |config: &Path| GraphSystem::Far {
+            config: config.to_owned(),
+            profile_out: None,
+        };
+        let system = match sys {
+            Graph::FarTuned => far(&w.tuned),
+            Graph::FarUntuned => far(&w.untuned),
+            Graph::FarSwap => GraphSystem::FarSwap,
+            _ => GraphSystem::Native,
         };
         let mut cmd = match sys {
             Graph::LinuxZram => self
@@ -192,16 +197,7 @@ impl Launch<'_> {
             }
             _ => Command::new("env"),
         };
-        cmd.arg(exe).args([
-            "bench-worker",
-            "far-graph",
-            worker_system,
-            &s.nodes.to_string(),
-            &s.edges.to_string(),
-            &s.seconds.to_string(),
-            &local.to_string(),
-            &config,
-        ]);
+        cmd.arg(exe).args(s.job(system, local).args());
         Ok(cmd)
     }
 }
@@ -220,21 +216,11 @@ fn tune_loop(
 ) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let run = |config: &Path, profile: Option<&Path>| {
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "bench-worker",
-            "far-graph",
-            "far",
-            &s.nodes.to_string(),
-            &s.edges.to_string(),
-            &s.seconds.to_string(),
-            &local.to_string(),
-        ])
-        .arg(config);
-        if let Some(p) = profile {
-            cmd.arg(p);
-        }
-        run_worker(cmd)
+        let system = GraphSystem::Far {
+            config: config.to_owned(),
+            profile_out: profile.map(Path::to_owned),
+        };
+        run_worker(s.job(system, local).command(&exe))
     };
     let mut best = path("untuned.toml");
     let mut best_rate = run(&best, None)?;

@@ -1,8 +1,10 @@
-//! The worker side of the far suite's graph traversal: `tidepool bench-worker far-graph`, the
-//! same walk over plain vectors or far vectors.
+//! The worker side of the far suite's graph traversal: `tidepool bench-worker`'s `far-graph` job,
+//! the same walk over plain vectors or far vectors.
 
 use crate::data::splitmix64;
 use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,36 +39,71 @@ fn edge(i: u64, nodes: u64) -> Edge {
 /// Edges between looks at the clock.
 const CHECK_EVERY: u64 = 1 << 14;
 
-/// `tidepool bench-worker far-graph SYSTEM NODES EDGES SECONDS LOCAL_BYTES`: builds the graph,
-/// then walks its edges (over and over) for SECONDS, and prints `{"value": edges/s, ...}`.
-/// SYSTEM is `native` (plain vectors), `far` or `far-swap` (far vectors over the in-process
-/// store in LOCAL_BYTES of sections).
-pub fn graph_worker(args: &[String]) -> Result<()> {
-    let (system, nodes, edges, seconds, local, config, profile) = match args {
-        [a, b, c, d, e, f] => (a, b, c, d, e, f, None),
-        [a, b, c, d, e, f, g] => (a, b, c, d, e, f, Some(std::path::PathBuf::from(g))),
-        _ => bail!(
-            "usage: tidepool bench-worker far-graph SYSTEM NODES EDGES SECONDS LOCAL_BYTES \
-             CONFIG|- [PROFILE_OUT]"
-        ),
-    };
-    let nodes: u64 = nodes.parse().context("NODES")?;
-    let edges: u64 = edges.parse().context("EDGES")?;
+/// The far suite's graph walk ([`crate::job::Job::FarGraph`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GraphJob {
+    /// What holds the graph.
+    pub system: GraphSystem,
+    /// Nodes of the graph (1 to 2^32).
+    pub nodes: u64,
+    /// Edges of the graph (at least one).
+    pub edges: u64,
+    /// How long to walk the edges, over and over, once the graph is built.
+    pub seconds: f64,
+    /// Local bytes of the far vectors' sections (unused by `native`).
+    pub local: u64,
+}
+
+/// What holds the graph of a [`GraphJob`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GraphSystem {
+    /// Plain vectors.
+    Native,
+    /// Far vectors over the in-process store, with the section configuration in `config`;
+    /// with `profile_out`, the run's access profile is written there.
+    Far {
+        config: PathBuf,
+        profile_out: Option<PathBuf>,
+    },
+    /// Far vectors over the in-process store, every section a plain swap cache.
+    FarSwap,
+}
+
+/// Builds the graph, then walks its edges (over and over) for the job's seconds, and prints
+/// `{"value": edges/s, ...}`.
+pub fn graph_worker(job: GraphJob) -> Result<()> {
+    let GraphJob {
+        system,
+        nodes,
+        edges,
+        seconds,
+        local,
+    } = job;
     if nodes == 0 || nodes > u32::MAX as u64 || edges == 0 {
-        bail!("NODES must be 1..2^32 and EDGES positive");
+        bail!("a graph has 1 to 2^32 nodes and at least one edge, not {nodes} and {edges}");
     }
-    let run_for = Duration::from_secs_f64(seconds.parse().context("SECONDS")?);
-    let local: usize = local.parse().context("LOCAL_BYTES")?;
-    let (done, secs, checksum, extra) = match system.as_str() {
-        "native" => graph_native(nodes, edges, run_for),
-        "far" => {
-            let text = std::fs::read_to_string(config)
-                .with_context(|| format!("reading the section configuration {config}"))?;
+    let run_for = Duration::from_secs_f64(seconds);
+    let (done, secs, checksum, extra) = match system {
+        GraphSystem::Native => graph_native(nodes, edges, run_for),
+        GraphSystem::Far {
+            config,
+            profile_out,
+        } => {
+            let text = std::fs::read_to_string(&config).with_context(|| {
+                format!("reading the section configuration {}", config.display())
+            })?;
             let config = Config::from_toml(&text)?;
-            graph_far(nodes, edges, run_for, local, Some(&config), profile)?
+            graph_far(
+                nodes,
+                edges,
+                run_for,
+                local as usize,
+                Some(&config),
+                profile_out,
+            )?
         }
-        "far-swap" => graph_far(nodes, edges, run_for, local, None, None)?,
-        other => bail!("unknown far-graph system '{other}' (native, far, far-swap)"),
+        GraphSystem::FarSwap => graph_far(nodes, edges, run_for, local as usize, None, None)?,
     };
     println!(
         "{{\"value\": {}, \"edges\": {done}, \"checksum\": {checksum}{extra}}}",
@@ -149,7 +186,7 @@ fn after_walk(
     ev: FarVec<Edge>,
     nv: FarVec<u64>,
     (es, ns): (&Section, &Section),
-    profile: Option<std::path::PathBuf>,
+    profile: Option<PathBuf>,
 ) -> Result<(u64, String)> {
     let checksum = if profile.is_some() {
         0
@@ -177,7 +214,7 @@ fn graph_far(
     run_for: Duration,
     local: usize,
     config: Option<&Config>,
-    profile: Option<std::path::PathBuf>,
+    profile: Option<PathBuf>,
 ) -> Result<(u64, f64, u64, String)> {
     let far = Far::new(Arc::new(tidepool_store::LocalStore::new()));
     if profile.is_some() {

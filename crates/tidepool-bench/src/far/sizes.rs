@@ -1,6 +1,8 @@
 //! How big the far suite's parts are, quick or full.
 
+use super::graph_worker::{GraphJob, GraphSystem};
 use crate::harness::BenchOpts;
+use crate::job::Job;
 
 /// Sizes of a run.
 pub(super) struct Sizes {
@@ -10,6 +12,19 @@ pub(super) struct Sizes {
     pub(super) rounds: usize,
     /// Rows of part (b)'s table.
     pub(super) rows: usize,
+}
+
+impl Sizes {
+    /// The graph worker's job at these sizes, on `system` with `local` bytes of sections.
+    pub(super) fn job(&self, system: GraphSystem, local: u64) -> Job {
+        Job::FarGraph(GraphJob {
+            system,
+            nodes: self.nodes,
+            edges: self.edges,
+            seconds: self.seconds,
+            local,
+        })
+    }
 }
 
 pub(super) fn sizes(opts: &BenchOpts) -> Sizes {

@@ -20,6 +20,7 @@
 
 mod systems;
 mod verdict;
+mod verify;
 mod worker;
 mod workloads;
 
@@ -27,7 +28,8 @@ use crate::harness::{matrix_steps, BenchOpts, Ctx, Matrix, Suite, Turns};
 use anyhow::Result;
 use std::time::Instant;
 use systems::{Pager, Runner};
-pub use worker::worker;
+pub use verify::{verify_worker, VerifyJob};
+pub use worker::{worker, PagerJob};
 pub use workloads::ALLOWANCE;
 use workloads::{sizes, Programs, MISS_METRICS, RATIOS, WORKLOADS};
 

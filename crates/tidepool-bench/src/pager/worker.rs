@@ -1,10 +1,11 @@
-//! The worker side of the pager suite: `tidepool bench-worker pager`, the program whose working
-//! set does not fit its local memory.
+//! The worker side of the pager suite: `tidepool bench-worker`'s `pager` job, the program whose
+//! working set does not fit its local memory.
 
 use anyhow::{bail, Context, Result};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::Distribution;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{compiler_fence, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
@@ -14,15 +15,23 @@ const MISS_NS: u64 = 1500;
 /// One access in this many is timed (two clock reads cost about as much as a local access).
 const TIME_EVERY: u64 = 8;
 
-/// `tidepool bench-worker pager WORKLOAD WSS_BYTES SECONDS`: fills WSS bytes of heap with
-/// random data, reads it once, then runs WORKLOAD for SECONDS and prints
-/// `{"value": ..., "checksum": ...}` (GB/s for the scan, ops/s otherwise).
-pub fn worker(args: &[String]) -> Result<()> {
-    let [workload, wss, seconds] = args else {
-        bail!("usage: tidepool bench-worker pager WORKLOAD WSS_BYTES SECONDS");
-    };
-    let words = wss.parse::<usize>().context("WSS_BYTES")? / 8;
-    let run_for = Duration::from_secs_f64(seconds.parse().context("SECONDS")?);
+/// The pager suite's program ([`crate::job::Job::Pager`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PagerJob {
+    /// The workload, as the suite names it (`seq-scan`, `uniform-rmw`, `zipf-0.99`, ...).
+    pub workload: String,
+    /// The working set, in bytes.
+    pub wss: u64,
+    /// How long to run the workload once the working set is written and read once.
+    pub seconds: f64,
+}
+
+/// Fills the working set with random data, reads it once, then runs the workload for its
+/// seconds and prints `{"value": ..., "checksum": ...}` (GB/s for the scan, ops/s otherwise).
+pub fn worker(job: &PagerJob) -> Result<()> {
+    let workload = &job.workload;
+    let words = job.wss as usize / 8;
+    let run_for = Duration::from_secs_f64(job.seconds);
     if workload == "uniform-rmw-4t" {
         return threaded_rmw(words, run_for);
     }

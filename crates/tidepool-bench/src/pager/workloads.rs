@@ -1,7 +1,10 @@
-//! The pager suite's programs: four `tidepool bench-worker pager` workloads over random data and
-//! CPython building a dict, each at every local-memory ratio, and how a run of one is read.
+//! The pager suite's programs: four workloads of `tidepool bench-worker`'s `pager` job over random
+//! data and CPython building a dict, each at every local-memory ratio, and how a run of one is
+//! read.
 
+use super::worker::PagerJob;
 use crate::harness::{BenchOpts, Ctx, Sample, Workload};
+use crate::job::Job;
 use crate::meter::{run_metered, Held, Watch};
 use crate::worker::{python_report, run_python, worker_report, DICT_SCRIPT};
 use anyhow::{Context, Result};
@@ -194,13 +197,12 @@ impl Programs {
             let seconds = python_report(out)?.0;
             return Ok(held_rows(Sample::new().median(metric, unit, seconds), held));
         }
-        cmd.arg(&self.exe).args([
-            "bench-worker",
-            "pager",
-            w.name,
-            &self.wss.to_string(),
-            &self.seconds.to_string(),
-        ]);
+        let job = Job::Pager(PagerJob {
+            workload: w.name.to_owned(),
+            wss: self.wss,
+            seconds: self.seconds,
+        });
+        cmd.arg(&self.exe).args(job.args());
         let (out, held) = run_metered(cmd, watch)?;
         let v = worker_report(out)?;
         let value = v["value"].as_f64().context("worker report lacks value")?;

@@ -5,11 +5,13 @@
 
 use super::data::{check, keys, noise, share_ratios, value, SHARE_CLIENTS, VALUE_BYTES};
 use crate::harness::{Ctx, Matrix, Placement, Sample, System, Workload};
+use crate::job::Job;
 use crate::node::{tidepool_bin, NodeProcess};
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 use tidepool_store::{FetchMode, Key};
 
@@ -109,53 +111,26 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
     Ok(())
 }
 
-/// Arguments of one sharing client process (`tidepool bench-worker share ...`).
-#[derive(Debug, Clone)]
-pub struct ShareArgs {
+/// One sharing client process ([`crate::job::Job::Share`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShareJob {
+    /// The store it shares (a memory node's URL).
     pub url: String,
+    /// Objects it owns.
     pub objects: u64,
+    /// Objects it keeps locally.
     pub local: u64,
+    /// Unique copies (an object is either local or far), or local copies kept far as well.
     pub unique: bool,
+    /// How long it runs once told to go.
     pub seconds: f64,
+    /// The seed of its accesses.
     pub seed: u64,
-}
-
-impl ShareArgs {
-    pub fn to_args(&self) -> Vec<String> {
-        vec![
-            "bench-worker".into(),
-            "share".into(),
-            self.url.clone(),
-            self.objects.to_string(),
-            self.local.to_string(),
-            if self.unique { "unique" } else { "keep" }.into(),
-            self.seconds.to_string(),
-            self.seed.to_string(),
-        ]
-    }
-
-    pub fn parse(args: &[String]) -> Result<ShareArgs> {
-        let [url, objects, local, mode, seconds, seed] = args else {
-            bail!("usage: bench-worker share URL OBJECTS LOCAL unique|keep SECONDS SEED");
-        };
-        Ok(ShareArgs {
-            url: url.clone(),
-            objects: objects.parse()?,
-            local: local.parse()?,
-            unique: match mode.as_str() {
-                "unique" => true,
-                "keep" => false,
-                m => bail!("mode must be unique or keep, not {m}"),
-            },
-            seconds: seconds.parse()?,
-            seed: seed.parse()?,
-        })
-    }
 }
 
 /// One sharing client: caches `local` of its `objects` locally, swaps the rest with the node.
 /// Prints `ready`, waits for a line on stdin, runs, prints one JSON line of results.
-pub fn share_worker(a: ShareArgs) -> Result<()> {
+pub fn share_worker(a: ShareJob) -> Result<()> {
     let store = tidepool_store::open(&a.url)?;
     let noise = noise();
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
@@ -243,9 +218,9 @@ struct Worker {
 }
 
 impl Worker {
-    fn spawn(args: &ShareArgs) -> Result<Worker> {
-        let mut child = Command::new(tidepool_bin()?)
-            .args(args.to_args())
+    fn spawn(job: &ShareJob) -> Result<Worker> {
+        let mut child = Job::Share(job.clone())
+            .command(&tidepool_bin()?)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -304,7 +279,7 @@ fn share_run(
     let mut workers = vec![];
     for c in 0..SHARE_CLIENTS {
         let node = &servers[c % nodes];
-        workers.push(Worker::spawn(&ShareArgs {
+        workers.push(Worker::spawn(&ShareJob {
             url: format!("node://client{c}@{}", node.addr),
             objects,
             local,

@@ -34,6 +34,19 @@ pub fn python3() -> &'static str {
 }
 
 /// A finished program's standard output and error, as text.
+/// The arguments of the verification program (`tidepool bench-worker` with a verify job) over
+/// `bytes` of heap, two threads, `rounds` rounds; with `wait`, it waits for a line on standard
+/// input after the first.
+pub fn verify_job(bytes: usize, rounds: u64, wait: bool) -> [String; 2] {
+    tidepool_bench::job::Job::Verify(tidepool_bench::pager::VerifyJob {
+        bytes,
+        threads: 2,
+        rounds,
+        wait,
+    })
+    .args()
+}
+
 pub fn text(out: &std::process::Output) -> (String, String) {
     (
         String::from_utf8_lossy(&out.stdout).into_owned(),

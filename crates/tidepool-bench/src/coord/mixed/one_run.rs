@@ -4,9 +4,11 @@
 
 use super::{Kind, Outcome, Scale, Setup, OBJECT};
 use crate::coord::app::{read_json_lines, start_coordinator, Guard, PIN_ENV, SPEED_ENV, SPIN_ENV};
+use crate::coord::app::{AntagonistJob, AppJob};
 use crate::coord::cgroup::Cgroup;
-use crate::coord::paged::Walk;
+use crate::coord::paged::{PagedJob, Walk};
 use crate::harness::{median, Ctx};
+use crate::job::Job;
 use crate::node::NodeProcess;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -252,15 +254,18 @@ impl<'a> Run<'a> {
             name.into(),
             "--".into(),
             self.exe.display().to_string(),
-            "bench-worker".into(),
-            "paged-app".into(),
-            walk.name().into(),
-            bytes.to_string(),
-            skew.to_string(),
-            sc.paged_work_us.to_string(),
-            sc.run_s.to_string(),
-            (i + 1).to_string(),
         ]);
+        args.extend(
+            Job::PagedApp(PagedJob {
+                walk,
+                bytes: bytes as usize,
+                skew,
+                work_us: sc.paged_work_us,
+                seconds: sc.run_s,
+                seed: i as u64 + 1,
+            })
+            .args(),
+        );
         self.tidepool(args)
     }
 
@@ -278,18 +283,17 @@ impl<'a> Run<'a> {
             Setup::AllLocal => objects * OBJECT * 5 / 4 + (16 << 20),
             Setup::Coordinated { .. } => self.start_budget,
         };
-        let mut c = self.tidepool(vec![
-            "bench-worker".into(),
-            "coord-app".into(),
-            name.into(),
-            objects.to_string(),
-            skew.to_string(),
-            rebuild_us.to_string(),
-            sc.soft_work_us.to_string(),
-            sc.run_s.to_string(),
-            budget.to_string(),
-            (i + 1).to_string(),
-        ])?;
+        let job = Job::CoordApp(AppJob {
+            name: name.to_owned(),
+            objects,
+            skew,
+            rebuild_us,
+            work_us: sc.soft_work_us,
+            seconds: sc.run_s,
+            budget,
+            seed: i as u64 + 1,
+        });
+        let mut c = self.tidepool(job.args().into())?;
         match self.setup {
             Setup::AllLocal => {
                 c.env_remove(tidepool_soft::coord::ENV_SOCKET);
@@ -309,14 +313,13 @@ impl<'a> Run<'a> {
         let (Some(cg), sc) = (&self.cg, self.sc) else {
             return Ok(None);
         };
-        let mut c = cg.command(&[
-            "bench-worker".into(),
-            "antagonist".into(),
-            sc.antagonist.to_string(),
-            "256".into(),
-            sc.antagonist_at.to_string(),
-            sc.antagonist_hold.to_string(),
-        ])?;
+        let job = Job::Antagonist(AntagonistJob {
+            bytes: sc.antagonist,
+            mib_per_s: 256.0,
+            delay_s: sc.antagonist_at,
+            hold_s: sc.antagonist_hold,
+        });
+        let mut c = cg.command(&job.args())?;
         c.stdout(Stdio::null()).stderr(self.log("antagonist")?);
         Ok(Some(Guard(
             c.spawn().context("cannot start the antagonist")?,
