@@ -209,9 +209,9 @@ impl Inner {
                         }
                     }
                     // A frame in the probation tier, and perhaps the store's copy.
-                    FAR if w & FRAMED != 0 && self.probation => {
-                        if w & INHERITED == 0 {
-                            self.tier.held.fetch_sub(1, Relaxed);
+                    FAR if self.frames.in_probation(w) => {
+                        if let Some(tier) = self.frames.probation() {
+                            tier.left(w, false);
                         }
                         if w & (FAR_VALID | STORE_OLD) != 0 {
                             self.tags.drop_copy(region.key(p), &mut removes);

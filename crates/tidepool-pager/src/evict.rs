@@ -80,7 +80,7 @@ pub(crate) fn runs_of(victims: &[(Arc<RegionInner>, usize, u64)]) -> Vec<std::op
 
 impl Inner {
     pub(crate) fn evictor_loop(self: Arc<Self>) {
-        let mut staging = crate::fault::Staging::new();
+        let mut staging = crate::staging::Staging::new();
         loop {
             {
                 if self.evictor_kick.swap(0, AcqRel) == 0 {
@@ -105,17 +105,17 @@ impl Inner {
                 }
             }
             // Stale frames left since the last eviction: memory held twice.
-            if self.frames {
+            if self.frames.on() {
                 let _section = crate::gate::section();
                 self.drop_stale_frames(&[]);
             }
             // A tier over its share (the budget shrank) gives back the difference.
-            if self.probation && !self.tier_has_room(0) {
-                self.tier_make_room(0);
-            }
+            self.tier_make_room(0);
             // Room to spare: bring evicted pages back before they are asked for (a batch per
             // wake, so a refill shares the store with faults).
-            self.refill(&mut staging);
+            if let Some(refill) = &self.refill {
+                refill.run(&*self, &mut staging);
+            }
         }
     }
 
@@ -147,13 +147,13 @@ impl Inner {
         victims.sort_by_key(|(r, p, _)| (r.id, *p));
         // Frames pages were copied in from, the victims' own among them: a victim's must go
         // before it moves out to the same place.
-        if self.frames {
+        if self.frames.on() {
             self.drop_stale_frames(&victims);
         }
         let mut evicted = 0;
         // With a probation tier, the victims go to frames if the tier has room for them (made
         // by spilling its oldest), else straight to the store.
-        if self.frames && (!self.probation || self.tier_make_room(victims.len())) {
+        if self.frames.on() && self.tier_make_room(victims.len()) {
             let refused = self.move_victims(&victims);
             evicted = victims.len() - refused.len();
             victims = refused;
@@ -167,7 +167,7 @@ impl Inner {
     /// Moves `victims` out as frames; returns those that could not be, in order.
     fn move_victims(&self, victims: &[Victim]) -> Vec<Victim> {
         let mut refused = Vec::new();
-        if self.evicts_in_spans() {
+        if self.frames.evicts_in_spans() {
             // A move costs a TLB shootdown a run; a span with holes is written out under one
             // write-protection instead (the tier then misses those pages).
             for span in spans_of(victims) {
@@ -527,7 +527,7 @@ mod tests {
     fn cold_neighbours_go_with_a_victim_and_leave_stale_entries() {
         tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
         let (pager, mut region) = pager(Recorder::new(), true, 16);
-        if !inner(&pager).frames {
+        if !inner(&pager).frames.on() {
             eprintln!("skipped: frames need UFFDIO_MOVE (Linux 6.8)");
             return;
         }

@@ -3,13 +3,13 @@
 //! the faulting thread. The handler threads that call it are in `handler.rs`.
 
 use crate::buffer::StoreJob;
-use crate::pager::{hash_page, Inner, RegionInner, PREFETCH_BATCH, ZERO_PAGE};
-use crate::prefetch::{Detector, Plan};
+use crate::pager::{hash_page, Inner, RegionInner, ZERO_PAGE};
+use crate::prefetch::Plan;
+use crate::prefetcher::{self, Guess};
 use crate::region::clock_entry;
-use crate::sections::{Keep, Prefetch, SectionId};
+use crate::sections::{Keep, Prefetch};
+use crate::staging::{Staging, PREFETCH_BATCH};
 use crate::stats::Counters;
-use crate::successor::SuccessorDetector;
-use crate::sweep_detector::SweepDetector;
 use crate::sys::{Fault, PAGE};
 use crate::table::{
     kind, CHANCES, CHANCE_SHIFT, DIRTY, FAR, FAR_VALID, FRAMED, HEAT, HEAT_SHIFT, HISTORY,
@@ -20,29 +20,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tidepool_proto::coord::ghost_bucket;
 use tidepool_store::Key;
-
-/// A fault handler's own buffer for pages read from the store on their way into the region:
-/// the store copies into it ([`tidepool_store::FarStore::read_many_into`]) and one UFFDIO_COPY
-/// installs a run of consecutive pages from it.
-pub(crate) struct Staging {
-    pub(crate) buf: Vec<u8>,
-    lens: Vec<Option<usize>>,
-    /// This handler's sampling of misses' delivery and wake-up.
-    probe: crate::cpu::MissProbe,
-}
-
-impl Staging {
-    pub(crate) fn new() -> Staging {
-        Staging {
-            buf: vec![0; PREFETCH_BATCH * PAGE],
-            lens: vec![None; PREFETCH_BATCH],
-            probe: Default::default(),
-        }
-    }
-    pub(crate) fn page(&self, i: usize) -> &[u8] {
-        &self.buf[i * PAGE..(i + 1) * PAGE]
-    }
-}
 
 /// What a handler does after installing a demand-faulted page.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,65 +188,34 @@ impl Inner {
             Counters::add(&counts.line_pages, n as u64);
         }
         let table = &region.table;
-        let vote = |d: &mut Detector| {
-            let before = d.credited;
-            let plan = d.on_fault(page as i64, |p| table.is(p, RESIDENT));
-            (plan, d.credited - before)
-        };
-        let (plan, credited) = match policy.prefetch {
-            Prefetch::Off => (None, 0),
-            Prefetch::Own => {
-                let mut own = region.section_detectors[section.index()].lock();
-                vote(own.get_or_insert_with(|| Detector::new(self.window_max)))
+        let (guess, credited) = match policy.prefetch {
+            Prefetch::Shared => prefetcher::guess(&mut *region.detector.lock(), page as i64, table),
+            own => {
+                let mut slot = region.section_prefetchers[section.index()].lock();
+                let p = slot.get_or_insert_with(|| {
+                    prefetcher::for_section(own, self.window_max, self.budget.pages())
+                });
+                prefetcher::guess(p.as_mut(), page as i64, table)
             }
-            Prefetch::Sweep => {
-                let mut sweep = region.section_sweeps[section.index()].lock();
-                let d = sweep.get_or_insert_with(|| SweepDetector::new(self.window_max));
-                let before = d.credited;
-                let plan = d.on_fault(page as i64);
-                (plan, d.credited - before)
-            }
-            Prefetch::Successor => {
-                self.follow_successors(region, section, page, staging);
-                return;
-            }
-            _ => vote(&mut region.detector.lock()),
         };
         Counters::add(&self.counters.prefetch_credited, credited);
         Counters::add(&counts.prefetch_credited, credited);
-        if let Some(plan) = plan {
-            Counters::add(&self.counters.prefetch_planned, plan.count as u64);
-            Counters::add(&counts.prefetch_planned, plan.count as u64);
-            if plan.behind_count > 0 {
-                self.note_done(region, &plan);
+        match guess {
+            Some(Guess::Window(plan)) => {
+                Counters::add(&self.counters.prefetch_planned, plan.count as u64);
+                Counters::add(&counts.prefetch_planned, plan.count as u64);
+                if plan.behind_count > 0 {
+                    self.note_done(region, &plan);
+                }
+                self.prefetch(region, plan, staging);
             }
-            self.prefetch(region, plan, staging);
-        }
-    }
-
-    /// A section's successor table learns this fault and fetches the chain it predicts.
-    fn follow_successors(
-        &self,
-        region: &Arc<RegionInner>,
-        section: SectionId,
-        page: usize,
-        staging: &mut Staging,
-    ) {
-        let counts = self.sections.counts(section);
-        let far = |p: i64| region.table.is(p, FAR);
-        let mut successors = region.section_successors[section.index()].lock();
-        let d = successors.get_or_insert_with(|| SuccessorDetector::new(2 * self.budget.pages()));
-        let before = d.credited;
-        let chain = d.on_fault(page as i64, far);
-        let credited = d.credited - before;
-        drop(successors);
-        Counters::add(&self.counters.prefetch_credited, credited);
-        Counters::add(&counts.prefetch_credited, credited);
-        if let Some(chain) = chain {
-            let n = chain.pages().len() as u64;
-            Counters::add(&self.counters.prefetch_planned, n);
-            Counters::add(&counts.prefetch_planned, n);
-            self.prefetch_chain(region, &chain, staging);
+            Some(Guess::Chain(chain)) => {
+                let n = chain.pages().len() as u64;
+                Counters::add(&self.counters.prefetch_planned, n);
+                Counters::add(&counts.prefetch_planned, n);
+                self.prefetch_chain(region, &chain, staging);
+            }
+            None => {}
         }
     }
 
@@ -368,7 +314,7 @@ impl Inner {
                 // The write in flight will land; the page is written again at next eviction.
                 RESIDENT | DIRTY | history
             }
-            _ if word & FRAMED != 0 && self.probation => {
+            _ if self.frames.in_probation(word) => {
                 // Touched in the probation tier: a local hit.
                 self.tier_touched(word);
                 let new = self.unframed(region, page, word, write) | STALE_FRAME;
@@ -437,7 +383,7 @@ impl Inner {
         new: u64,
     ) {
         let referenced = self.recently_evicted(region, page);
-        if kind(word) == FAR && !(self.probation && word & FRAMED != 0) {
+        if self.frames.is_far(word) {
             if self.evicted_within(region, page, 8) {
                 Counters::add(&self.counters.early_refetches, 1);
             }

@@ -1,10 +1,10 @@
 //! Pages fetched before they are asked for: a detector's plan (`prefetch.rs`) or a section's
 //! line, read from the store in batches and installed in runs.
 
-use crate::fault::Staging;
-use crate::pager::{hash_page, Inner, RegionInner, PREFETCH_BATCH};
+use crate::pager::{hash_page, Inner, RegionInner};
 use crate::prefetch::Plan;
 use crate::region::clock_entry;
+use crate::staging::{Staging, PREFETCH_BATCH};
 use crate::stats::Counters;
 use crate::successor::Chain;
 use crate::sys::PAGE;
@@ -227,7 +227,7 @@ impl Inner {
     ) -> u64 {
         match how {
             How::Frame => {
-                if self.probation {
+                if self.frames.probation().is_some() {
                     self.tier_touched(w);
                 } else {
                     Counters::add(&self.counters.bytes_read, PAGE as u64);

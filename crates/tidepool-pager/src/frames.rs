@@ -51,7 +51,7 @@ impl Inner {
             }
             return (UNTOUCHED | history, true);
         }
-        if !self.probation {
+        if self.frames.probation().is_none() {
             if far_valid {
                 // The frame is the far copy now.
                 removes.push(region.key(page));
@@ -83,7 +83,7 @@ impl Inner {
     /// this was written; a copy could install them write-protected instead.)
     pub(crate) fn unframed(&self, region: &RegionInner, page: usize, w: u64, write: bool) -> u64 {
         let dirty = if write { DIRTY } else { 0 };
-        if !self.probation {
+        if self.frames.probation().is_none() {
             return RESIDENT | dirty | (w & HISTORY);
         }
         if w & FAR_VALID != 0 {
@@ -118,7 +118,8 @@ impl Inner {
         };
         self.install(region.addr(first), frames, false, wake);
         Counters::add(&self.counters.copied_in, count as u64);
-        self.stale
+        self.frames
+            .stale
             .lock()
             .extend((first..first + count).map(|p| (region.clone(), p)));
     }
@@ -128,7 +129,7 @@ impl Inner {
     /// thread holds stays listed; one no longer resident has no stale frame (its frame, if
     /// any, is its contents).
     pub(crate) fn drop_stale_frames(&self, victims: &[(Arc<RegionInner>, usize, u64)]) {
-        let listed = std::mem::take(&mut *self.stale.lock());
+        let listed = std::mem::take(&mut *self.frames.stale.lock());
         if listed.is_empty() && victims.iter().all(|v| v.2 & STALE_FRAME == 0) {
             return;
         }
@@ -184,7 +185,7 @@ impl Inner {
             }
         }
         if !held.is_empty() {
-            self.stale.lock().extend(held);
+            self.frames.stale.lock().extend(held);
         }
     }
 
@@ -280,8 +281,10 @@ impl Inner {
         page: usize,
         seq: u32,
     ) {
-        self.tier.held.fetch_add(1, Relaxed);
-        framed.push((region.clone(), page, seq));
+        if let Some(tier) = self.frames.probation() {
+            tier.held.fetch_add(1, Relaxed);
+            framed.push((region.clone(), page, seq));
+        }
     }
 
     /// Evicts a run of consecutive locked pages of a framed region by moving them into its
@@ -365,7 +368,7 @@ impl Inner {
             crate::tr!(*page, "move_out", new);
             Counters::add(&self.section_counts(region, *page).evicted, 1);
             self.count_resident(region, *page, -1);
-            if self.probation && new & FRAMED != 0 {
+            if new & FRAMED != 0 {
                 self.tier_counted(&mut m.framed, region, *page, m.seq);
             }
             m.waiters |= region.table.unlock(*page, new);
@@ -405,7 +408,7 @@ impl Inner {
                 if zero {
                     sys::discard(region.shadow_addr(page), PAGE);
                     m.zero_count += 1;
-                } else if self.probation {
+                } else {
                     self.tier_counted(&mut m.framed, region, page, m.seq);
                 }
                 self.queue_removes(&mut m.removes);
@@ -439,8 +442,8 @@ impl Inner {
     /// threads that faulted on them meanwhile.
     fn moved_out_done(&self, region: &RegionInner, first: usize, len: usize, m: MoveOut) {
         self.budget.resident.fetch_sub(m.moved as usize, Relaxed);
-        if !m.framed.is_empty() {
-            self.tier.fifo.lock().extend(m.framed);
+        if let Some(tier) = self.frames.probation() {
+            tier.fifo.lock().extend(m.framed);
         }
         Counters::add(&self.counters.evicted_zero, m.zero_count);
         if m.waiters {
@@ -449,7 +452,7 @@ impl Inner {
         }
         Counters::add(&self.counters.evicted, m.moved);
         Counters::add(&self.counters.moved_out, m.moved);
-        if !self.probation {
+        if self.frames.probation().is_none() {
             // Into the in-process backend; a probation tier writes when it spills.
             Counters::add(&self.counters.bytes_written, m.moved * PAGE as u64);
         }

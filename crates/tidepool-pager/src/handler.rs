@@ -4,8 +4,9 @@
 //! own faults and hold the others; and the service a thread starting the pager's threads gives
 //! until they run.
 
-use crate::fault::{FollowUp, Staging};
+use crate::fault::FollowUp;
 use crate::pager::{Inner, FATAL_EXIT_CODE};
+use crate::staging::Staging;
 use crate::stats::Counters;
 use crate::sys::{Fault, PAGE};
 use std::sync::atomic::Ordering::*;

@@ -27,12 +27,15 @@ use crate::budget::{pages_for, Budget};
 use crate::buffer::{JobQueue, PageWrite, Slots};
 use crate::config::Config;
 use crate::prefetch::Detector;
+use crate::refill::{self, Refill};
 pub(crate) use crate::region::{ClockEntry, RegionInner};
 use crate::sections::{SectionCounts, SectionId, SectionMap, Sections};
+use crate::staging::{Staging, PREFETCH_BATCH};
 use crate::stats::{snapshot, Counters, PagerStats, StoreMemory};
 use crate::sys::{self, Mapping, Uffd, PAGE};
 use crate::table::{kind, PageTable, RESIDENT};
 use crate::tags::{self, Tags};
+use crate::tier::Frames;
 use crate::PagerError;
 use parking_lot::{Mutex, RwLock};
 use std::collections::VecDeque;
@@ -56,8 +59,6 @@ pub(crate) const EVICT_NEIGHBOURS: usize = 31;
 /// How far apart two victims may be and still be frozen with one write-protection: every page
 /// between them must be unmapped (see `evict::spans_of`).
 pub(crate) const EVICT_REACH: usize = 32;
-/// Pages prefetched in one store round trip.
-pub(crate) const PREFETCH_BATCH: usize = 64;
 /// Pages of write-back buffer (counted in the local budget).
 pub(crate) const WRITEBACK_SLOTS: usize = 1024;
 
@@ -86,9 +87,6 @@ pub(crate) struct Inner {
     /// Pages streams walked past ([`crate::prefetch::Plan::behind_count`]), evicted first,
     /// newest first.
     pub(crate) done: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
-    /// Pages copied in from their frames ([`crate::table::STALE_FRAME`]): the frames left in
-    /// the shadows, dropped together by the next eviction or the evictor's next round.
-    pub(crate) stale: Mutex<Vec<(Arc<RegionInner>, usize)>>,
     pub(crate) evict_seq: AtomicU32,
     /// Non-zero: the evictor should look at the budget now (a futex word: no lock, so a fork
     /// can never leave it held).
@@ -112,17 +110,13 @@ pub(crate) struct Inner {
     pub(crate) timings: crate::stats::Timings,
     pub(crate) shutdown: AtomicBool,
     pub(crate) window_max: u32,
-    /// Evicted pages go to frames in shadow mappings: as the far store
-    /// ([`Config::in_process_frames`]) or as a probation tier in front of it (`probation`).
-    pub(crate) frames: bool,
-    /// Frames are a probation tier in front of the store ([`Config::probation`]).
-    pub(crate) probation: bool,
+    /// Whether evicted pages wait as frames in shadow mappings, and as what (see `tier.rs`).
+    pub(crate) frames: Frames,
     /// [`Config::drop_far_copies`]; off in a forked child, whose store is a copy-on-write
     /// copy of its parent's (removing from it would copy its memory).
     pub(crate) drop_far_copies: AtomicBool,
     /// [`Config::child_local_budget`].
     pub(crate) child_budget: Option<usize>,
-    pub(crate) tier: crate::tier::Tier,
     /// Held (shared) by an eviction batch from choosing its victims to having read them, and
     /// (exclusive) by `mprotect` on a region: a page the batch found readable cannot become
     /// inaccessible before the batch reads it (the read would kill the process with SIGSEGV;
@@ -130,10 +124,8 @@ pub(crate) struct Inner {
     /// evicts nothing if `mprotect` holds it): the program thread in `mprotect` may wait in a
     /// fault that the batch's thread must serve.
     pub(crate) protecting: RwLock<()>,
-    /// [`Config::refill`].
-    pub(crate) refill: bool,
-    /// Where refill's sweep is (see `refill.rs`).
-    pub(crate) sweep: Mutex<crate::sweep::Sweep>,
+    /// With [`Config::refill`], what brings evicted pages back while the budget has room.
+    pub(crate) refill: Option<Refill>,
     /// What each pager thread is doing, for the watchdog.
     pub(crate) activity: crate::activity::Activity,
     /// [`Config::fault_deadline`].
@@ -287,17 +279,8 @@ impl Inner {
             .map_err(PagerError::Register)?;
         let slots_buf = Mapping::reserve(WRITEBACK_SLOTS * PAGE).map_err(PagerError::Reserve)?;
         let tags = Tags::new(!store.private_to_process());
-        let probation = config.probation && !config.in_process_frames && can_move;
-        let tier = crate::tier::Tier::new(
-            config
-                .probation_grows
-                .unwrap_or(!store.private_to_process()),
-        );
-        let budget = if probation {
-            tier.set_total(pages_for(config.local_budget))
-        } else {
-            pages_for(config.local_budget)
-        };
+        let frames = Frames::new(config, store.private_to_process(), can_move);
+        let budget = frames.split_budget(pages_for(config.local_budget));
         Ok(Inner {
             uffd,
             store,
@@ -306,7 +289,6 @@ impl Inner {
             clock: Mutex::new(VecDeque::new()),
             inherited: Mutex::new(Vec::new()),
             done: Mutex::new(VecDeque::new()),
-            stale: Mutex::new(Vec::new()),
             evict_seq: AtomicU32::new(1),
             evictor_kick: AtomicU32::new(0),
             watchdog_stop: AtomicU32::new(0),
@@ -323,8 +305,7 @@ impl Inner {
             sections: Sections::new(),
             timings: crate::stats::Timings::new(),
             shutdown: AtomicBool::new(false),
-            refill: config.refill,
-            sweep: Mutex::new(Default::default()),
+            refill: config.refill.then(Refill::default),
             window_max: config.prefetch_window_max,
             activity: Default::default(),
             fault_deadline: config.fault_deadline,
@@ -335,11 +316,9 @@ impl Inner {
                 config.follow_program && !config.fault_deadline.is_zero(),
                 cpus.iter().take(8).copied().collect(),
             ),
-            frames: (config.in_process_frames || probation) && can_move,
-            probation,
+            frames,
             drop_far_copies: AtomicBool::new(config.drop_far_copies),
             child_budget: config.child_local_budget,
-            tier,
             protecting: RwLock::new(()),
         })
     }
@@ -407,7 +386,7 @@ impl Pager {
             &i.timings,
             i.budget.resident.load(Relaxed) as u64,
             i.total_budget_pages() as u64,
-            &i.tier,
+            i.frames.probation(),
         );
         s.store_health = i.store.topology().and_then(|t| t.health());
         s.handler_sleeps = i.handler_tids.sleeps();
@@ -520,7 +499,7 @@ impl Pager {
             .ok_or(PagerError::TooManyRegions(tags::MAX_REGIONS))?;
         let table = PageTable::new(len / PAGE).map_err(PagerError::Reserve)?;
         let sections = SectionMap::new(len / PAGE).map_err(PagerError::Reserve)?;
-        let shadow = if i.frames {
+        let shadow = if i.frames.on() {
             // Inherited by forked children like the region itself: a child reads the frames
             // the parent had at the fork (the kernel shares them copy-on-write; a shared
             // frame takes the copying path until one side is done with it).
@@ -543,9 +522,7 @@ impl Pager {
             table,
             detector: Mutex::new(Detector::new(i.window_max)),
             sections,
-            section_detectors: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
-            section_sweeps: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
-            section_successors: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
+            section_prefetchers: (0..crate::SECTIONS_MAX).map(|_| Mutex::new(None)).collect(),
             touched_end: AtomicUsize::new(0),
             evicted_chunks: RegionInner::chunk_bits(len / PAGE),
             dead: AtomicBool::new(false),
@@ -612,19 +589,9 @@ impl Inner {
 
     /// Changes the budget; shrinking evicts at once.
     pub(crate) fn set_budget(&self, bytes: usize) {
-        let pages = if self.probation {
-            self.tier.set_total(pages_for(bytes))
-        } else {
-            pages_for(bytes)
-        };
-        self.budget.set_pages(pages);
+        self.budget
+            .set_pages(self.frames.split_budget(pages_for(bytes)));
         self.kick_evictor();
-    }
-
-    /// Whether eviction writes pages out in spans (see `evict::spans_of`): always but where
-    /// the frames are the store (frames without a probation tier), whose moves are its writes.
-    pub(crate) fn evicts_in_spans(&self) -> bool {
-        self.probation || !self.frames
     }
 
     /// [`Config::drop_far_copies`], as it stands in this process.
@@ -640,11 +607,7 @@ impl Inner {
 
     /// The whole budget: mapped pages, write-back slots and the probation tier.
     pub(crate) fn total_budget_pages(&self) -> usize {
-        if self.probation {
-            self.tier.total.load(Relaxed)
-        } else {
-            self.budget.pages()
-        }
+        self.frames.whole_budget(self.budget.pages())
     }
 
     pub(crate) fn local_pages(&self) -> usize {
@@ -665,5 +628,48 @@ impl Inner {
             self.store.describe()
         );
         sys::die(&msg, FATAL_EXIT_CODE)
+    }
+}
+
+/// Refill brings pages back through the fault path's batch install, under the budget.
+impl refill::Host for Inner {
+    type Staging = Staging;
+    const BATCH: usize = PREFETCH_BATCH;
+
+    fn spare_pages(&self) -> usize {
+        self.budget
+            .pages()
+            .saturating_sub(self.local_pages().saturating_add(2 * self.budget.margin()))
+    }
+
+    fn fits(&self, n: usize) -> bool {
+        self.local_pages() + n + self.budget.margin() <= self.budget.pages()
+            && !self.shutdown.load(Acquire)
+    }
+
+    fn regions(&self) -> Vec<Arc<RegionInner>> {
+        self.regions.read().clone()
+    }
+
+    fn evict_seq(&self) -> u32 {
+        self.evict_seq.load(Acquire)
+    }
+
+    fn is_refillable(&self, region: &RegionInner, page: usize, w: u64) -> bool {
+        // A probation tier's frames are local already.
+        self.frames.is_far(w) && self.readable(region, page)
+    }
+
+    fn release(&self, region: &RegionInner, page: usize, w: u64) {
+        if region.table.unlock(page, w) {
+            // A thread faulted meanwhile, found the page BUSY and waits for us.
+            self.uffd.wake(region.addr(page), PAGE);
+        }
+    }
+
+    fn bring_back(&self, region: &Arc<RegionInner>, batch: &[(usize, u64)], staging: &mut Staging) {
+        // Counted before the pages show: whoever sees one back sees it counted.
+        Counters::add(&self.counters.refilled, batch.len() as u64);
+        self.install_prefetched(region, batch, staging);
     }
 }

@@ -5,7 +5,6 @@
 use crate::pager::{Inner, RegionInner};
 use crate::stats::Counters;
 use crate::sys::PAGE;
-use crate::table::{kind, FAR, FRAMED};
 use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 use tidepool_proto::coord::ghost_bucket;
@@ -23,7 +22,7 @@ impl Inner {
         batch
             .iter()
             .map(|&(p, w)| {
-                (kind(w) == FAR && !(self.probation && w & FRAMED != 0)).then(|| {
+                self.frames.is_far(w).then(|| {
                     let at = region.table.evicted_at(p).load(Relaxed);
                     (at != 0).then(|| ghost_bucket(now.wrapping_sub(at) as u64 * PAGE as u64))
                 })

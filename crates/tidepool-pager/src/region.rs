@@ -3,9 +3,8 @@
 
 use crate::marks::Marks;
 use crate::prefetch::Detector;
+use crate::prefetcher::SectionPrefetcher;
 use crate::sections::SectionMap;
-use crate::successor::SuccessorDetector;
-use crate::sweep_detector::SweepDetector;
 use crate::sys::{Mapping, PAGE};
 use crate::table::PageTable;
 use crate::tags;
@@ -25,13 +24,9 @@ pub(crate) struct RegionInner {
     pub(crate) detector: Mutex<Detector>,
     /// Which section each page is in (see `sections.rs`).
     pub(crate) sections: SectionMap,
-    /// The detectors of sections whose policy is [`crate::Prefetch::Own`], made at their
-    /// first fault here.
-    pub(crate) section_detectors: Box<[Mutex<Option<Detector>>]>,
-    /// Likewise for [`crate::Prefetch::Sweep`].
-    pub(crate) section_sweeps: Box<[Mutex<Option<SweepDetector>>]>,
-    /// Likewise for [`crate::Prefetch::Successor`].
-    pub(crate) section_successors: Box<[Mutex<Option<SuccessorDetector>>]>,
+    /// The prefetchers of sections with a policy of their own (all but
+    /// [`crate::Prefetch::Shared`]), made at their first fault here.
+    pub(crate) section_prefetchers: Box<[SectionPrefetcher]>,
     /// Highest page index ever mapped + 1 (bounds the walk when the region is dropped).
     pub(crate) touched_end: AtomicUsize,
     /// A bit per [`CHUNK_PAGES`] pages, set once a page of the chunk was evicted (never

@@ -4,7 +4,7 @@
 use crate::fork::ForkHooks;
 use crate::pager::{spawn_threads, Inner, RegionInner, Shared};
 use crate::sys::PAGE;
-use crate::table::{kind, FAR, FRAMED, INHERITED, RESIDENT};
+use crate::table::{kind, INHERITED, RESIDENT};
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 
@@ -69,16 +69,8 @@ impl Shared {
         let parent_budget = i.total_budget_pages() * PAGE;
         i.clock.lock().clear();
         i.done.lock().clear();
-        if i.probation {
-            let mut fifo = i.tier.fifo.lock();
-            for (r, p, _) in fifo.iter() {
-                let w = r.table.state(*p).load(Relaxed);
-                if kind(w) == FAR && w & FRAMED != 0 {
-                    r.table.state(*p).fetch_or(INHERITED, Relaxed);
-                }
-            }
-            fifo.clear();
-            i.tier.held.store(0, Relaxed);
+        if let Some(tier) = i.frames.probation() {
+            tier.forget_at_fork();
         }
         *i.inherited.lock() = inherited;
         i.budget.resident.store(0, Relaxed);

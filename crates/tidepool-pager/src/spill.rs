@@ -7,53 +7,50 @@ use crate::buffer::{PageWrite, StoreJob};
 use crate::pager::Inner;
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
-use crate::table::{
-    kind, BUSY, FAR, FAR_VALID, FRAMED, HISTORY, INHERITED, SLOT_SHIFT, STORE_OLD, WRITEBACK,
-};
-use crate::tier::{Tier, WINDOW};
+use crate::table::{kind, BUSY, FAR, FAR_VALID, FRAMED, HISTORY, SLOT_SHIFT, STORE_OLD, WRITEBACK};
+use crate::tier::Tier;
 use std::sync::atomic::Ordering::*;
 
 impl Inner {
-    /// A page (`word` its word in the tier) left the tier because the program touched it.
+    /// A page (`word` its word in the tier) left the probation tier because the program
+    /// touched it.
     pub(crate) fn tier_touched(&self, word: u64) {
-        // A frame a forked child shares with its parent is not in the child's count.
-        if word & INHERITED == 0 {
-            self.tier.held.fetch_sub(1, Relaxed);
+        if let Some(tier) = self.frames.probation() {
+            tier.left(word, true);
+            Counters::add(&self.counters.tier_touched, 1);
         }
-        Counters::add(&self.counters.tier_touched, 1);
-        self.tier.window_touched.fetch_add(1, Relaxed);
     }
 
-    /// Whether `n` more frames fit the tier.
-    pub(crate) fn tier_has_room(&self, n: usize) -> bool {
-        self.tier.held.load(Relaxed) + n <= self.tier.cap.load(Relaxed)
-    }
-
-    /// Makes room for `n` frames by spilling the oldest; false if it could not (the store's
-    /// write-back slots are all in use).
+    /// Makes room for `n` frames in the probation tier by spilling the oldest; false if it
+    /// could not (the store's write-back slots are all in use). True without a tier: frames
+    /// as the store always have room.
     pub(crate) fn tier_make_room(&self, n: usize) -> bool {
-        while !self.tier_has_room(n) {
-            // Read again: other threads move frames in and out, and the tier resizes, since
-            // the test above.
-            let over =
-                (self.tier.held.load(Relaxed) + n).saturating_sub(self.tier.cap.load(Relaxed));
-            if self.spill(over.max(EVICT_BATCH)) == 0 {
+        let Some(tier) = self.frames.probation() else {
+            return true;
+        };
+        loop {
+            // Read again each time: other threads move frames in and out, and the tier
+            // resizes, meanwhile.
+            let over = tier.over(n);
+            if over == 0 {
+                return true;
+            }
+            if self.spill(tier, over.max(EVICT_BATCH)) == 0 {
                 return false;
             }
         }
-        true
     }
 
-    /// Moves up to `max` of the oldest frames out of the tier: clean ones dropped, the others
+    /// Moves up to `max` of the oldest frames out of `tier`: clean ones dropped, the others
     /// written to the store through write-back slots. Returns how many left.
-    pub(crate) fn spill(&self, max: usize) -> usize {
+    pub(crate) fn spill(&self, tier: &Tier, max: usize) -> usize {
         let mut writes = Vec::new();
         let mut removes = Vec::new();
         let mut busy = Vec::new();
         let mut out = Vec::new();
         let current = self.tags.current();
         while out.len() < max {
-            let Some((region, page, seq)) = self.tier.fifo.lock().pop_front() else {
+            let Some((region, page, seq)) = tier.fifo.lock().pop_front() else {
                 break;
             };
             if region.dead.load(Acquire) || region.table.evicted_at(page).load(Relaxed) != seq {
@@ -104,7 +101,7 @@ impl Inner {
             out.push((region, page, new));
         }
         if !busy.is_empty() {
-            let mut fifo = self.tier.fifo.lock();
+            let mut fifo = tier.fifo.lock();
             for e in busy.into_iter().rev() {
                 fifo.push_front(e);
             }
@@ -129,39 +126,12 @@ impl Inner {
             }
         }
         let n = out.len();
-        self.tier.held.fetch_sub(n, Relaxed);
+        tier.spilled(n);
         Counters::add(&self.counters.tier_spilled, n as u64);
-        self.tier.window_spilled.fetch_add(n as u64, Relaxed);
-        self.tier_resize();
-        n
-    }
-
-    /// Every [`WINDOW`] pages out of the tier, grows or shrinks it by what they say.
-    fn tier_resize(&self) {
-        let t = &self.tier;
-        let (touched, spilled) = (
-            t.window_touched.load(Relaxed),
-            t.window_spilled.load(Relaxed),
-        );
-        if touched + spilled < WINDOW {
-            return;
+        if let Some(mapped) = tier.resize() {
+            self.budget.set_pages(mapped);
         }
-        t.window_touched.fetch_sub(touched, Relaxed);
-        t.window_spilled.fetch_sub(spilled, Relaxed);
-        let ratio = touched as f64 / (touched + spilled) as f64;
-        let total = t.total.load(Relaxed);
-        let step = Tier::step(total);
-        let (min, max) = t.bounds(total);
-        let cap = t.cap.load(Relaxed);
-        let cap = if ratio > 0.3 {
-            (cap + step).min(max)
-        } else if ratio < 0.1 {
-            cap.saturating_sub(step).max(min)
-        } else {
-            return;
-        };
-        t.cap.store(cap, Relaxed);
-        self.budget.set_pages(total - cap);
+        n
     }
 }
 
@@ -175,7 +145,9 @@ mod tests {
     fn spill_all(pager: &crate::Pager, region: &crate::Region, pages: std::ops::Range<usize>) {
         {
             let _s = crate::gate::section();
-            while inner(pager).spill(usize::MAX) > 0 {}
+            let i = inner(pager);
+            let tier = i.frames.probation().expect("a probation pager");
+            while i.spill(tier, usize::MAX) > 0 {}
         }
         for p in pages {
             landed(region, p);

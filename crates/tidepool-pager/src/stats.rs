@@ -396,7 +396,7 @@ pub(crate) fn snapshot(
     t: &Timings,
     resident: u64,
     budget: u64,
-    tier: &crate::tier::Tier,
+    tier: Option<&crate::tier::Tier>,
 ) -> PagerStats {
     PagerStats {
         miss: t.snapshot(),
@@ -424,8 +424,8 @@ pub(crate) fn snapshot(
         fork_parks: c.fork_parks.load(Relaxed),
         tier_touched: c.tier_touched.load(Relaxed),
         tier_spilled: c.tier_spilled.load(Relaxed),
-        tier_pages: tier.held.load(Relaxed) as u64,
-        tier_cap_pages: tier.cap.load(Relaxed) as u64,
+        tier_pages: tier.map_or(0, |t| t.held.load(Relaxed) as u64),
+        tier_cap_pages: tier.map_or(0, |t| t.cap.load(Relaxed) as u64),
         bytes_read: c.bytes_read.load(Relaxed),
         bytes_written: c.bytes_written.load(Relaxed),
         discarded: c.discarded.load(Relaxed),

@@ -71,7 +71,7 @@ pub fn probation_pager(store: Arc<dyn FarStore>, pages: usize) -> Option<(Pager,
     let mut config = Config::new(1 << 30);
     config.probation = true;
     let (pager, region) = pager_with(config, store, pages);
-    if !pager.inner().probation {
+    if pager.inner().frames.probation().is_none() {
         eprintln!("skipped: a probation tier needs UFFDIO_MOVE (Linux 6.8)");
         return None;
     }

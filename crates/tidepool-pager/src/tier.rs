@@ -27,11 +27,107 @@
 //! median 19.3), against 14.6-19.4 s (eight runs, median 15.9) with the least share;
 //! CPython's dict, the JVM's HashMap and V8's Map shrank it to the least share by themselves.
 
+use crate::config::Config;
 use crate::region::RegionInner;
+use crate::table::{kind, FAR, FRAMED, INHERITED};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Arc;
+
+/// Where evicted pages can wait as frames in the regions' shadow mappings, and what the
+/// frames are: decided once, when the pager starts ([`Frames::new`]). The fault path and
+/// eviction ask it ([`Frames::on`], [`Frames::in_probation`], [`Frames::probation`]) instead of
+/// combining options.
+#[derive(Debug)]
+pub(crate) struct Frames {
+    shape: Shape,
+    /// Pages copied in from their frames ([`crate::table::STALE_FRAME`]): the frames left in
+    /// the shadows, dropped together by the next eviction or the evictor's next round.
+    pub(crate) stale: Mutex<Vec<(Arc<RegionInner>, usize)>>,
+}
+
+/// The three shapes of [`Frames`].
+#[derive(Debug)]
+enum Shape {
+    /// No shadows: evicted pages go to the far store.
+    Off,
+    /// The frames are the far store ([`Config::in_process_frames`]): evicted pages move to
+    /// them, and the store receives only the pages the kernel will not move.
+    Store,
+    /// The frames are a probation tier in front of a far store elsewhere
+    /// ([`Config::probation`]).
+    Probation(Tier),
+}
+
+impl Frames {
+    /// The frames `config` asks for, over a store private to this process or not, where the
+    /// kernel can (`can_move`) or cannot move pages: both kinds need UFFDIO_MOVE, and the
+    /// frames as the store wins over a probation tier.
+    pub(crate) fn new(config: &Config, private_store: bool, can_move: bool) -> Frames {
+        let shape = if !can_move {
+            Shape::Off
+        } else if config.in_process_frames {
+            Shape::Store
+        } else if config.probation {
+            Shape::Probation(Tier::new(config.probation_grows.unwrap_or(!private_store)))
+        } else {
+            Shape::Off
+        };
+        Frames {
+            shape,
+            stale: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether regions have shadows to keep frames in.
+    pub(crate) fn on(&self) -> bool {
+        !matches!(self.shape, Shape::Off)
+    }
+
+    /// The probation tier, if the frames are one.
+    pub(crate) fn probation(&self) -> Option<&Tier> {
+        match &self.shape {
+            Shape::Probation(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Whether the page whose word is `w` waits in the probation tier: local, though its kind
+    /// says far.
+    pub(crate) fn in_probation(&self, w: u64) -> bool {
+        matches!(self.shape, Shape::Probation(_)) && w & FRAMED != 0
+    }
+
+    /// Whether the page whose word is `w` is out in the far store (not waiting in the
+    /// probation tier).
+    pub(crate) fn is_far(&self, w: u64) -> bool {
+        kind(w) == FAR && !self.in_probation(w)
+    }
+
+    /// Whether eviction writes pages out in spans (see `evict::spans_of`): always but where
+    /// the frames are the store, whose moves are its writes.
+    pub(crate) fn evicts_in_spans(&self) -> bool {
+        !matches!(self.shape, Shape::Store)
+    }
+
+    /// A whole budget of `total` pages: returns the pages left for mapped pages and
+    /// write-back, the probation tier taking its share.
+    pub(crate) fn split_budget(&self, total: usize) -> usize {
+        match &self.shape {
+            Shape::Probation(t) => t.set_total(total),
+            _ => total,
+        }
+    }
+
+    /// The whole budget, of which `mapped` pages are for mapped pages and write-back.
+    pub(crate) fn whole_budget(&self, mapped: usize) -> usize {
+        match &self.shape {
+            Shape::Probation(t) => t.total.load(Relaxed),
+            _ => mapped,
+        }
+    }
+}
 
 /// Tier events (touches and spills) between two sizing decisions.
 pub(crate) const WINDOW: u64 = 1024;
@@ -79,6 +175,70 @@ impl Tier {
         let max = total / 5;
         let min = Self::step(total).min(max);
         (min, if self.grows { max } else { min })
+    }
+
+    /// A page (`word` its word in the tier) left the tier because it was touched or dropped.
+    pub(crate) fn left(&self, word: u64, touched: bool) {
+        // A frame a forked child shares with its parent is not in the child's count.
+        if word & INHERITED == 0 {
+            self.held.fetch_sub(1, Relaxed);
+        }
+        if touched {
+            self.window_touched.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Pages over the tier's share if `n` more came in (0: they fit).
+    pub(crate) fn over(&self, n: usize) -> usize {
+        (self.held.load(Relaxed) + n).saturating_sub(self.cap.load(Relaxed))
+    }
+
+    /// `n` pages left the tier for the store.
+    pub(crate) fn spilled(&self, n: usize) {
+        self.held.fetch_sub(n, Relaxed);
+        self.window_spilled.fetch_add(n as u64, Relaxed);
+    }
+
+    /// Every [`WINDOW`] pages out of the tier, grows or shrinks it by what they say: returns
+    /// the pages then left for mapped pages and write-back, if the share changed.
+    pub(crate) fn resize(&self) -> Option<usize> {
+        let (touched, spilled) = (
+            self.window_touched.load(Relaxed),
+            self.window_spilled.load(Relaxed),
+        );
+        if touched + spilled < WINDOW {
+            return None;
+        }
+        self.window_touched.fetch_sub(touched, Relaxed);
+        self.window_spilled.fetch_sub(spilled, Relaxed);
+        let ratio = touched as f64 / (touched + spilled) as f64;
+        let total = self.total.load(Relaxed);
+        let step = Self::step(total);
+        let (min, max) = self.bounds(total);
+        let cap = self.cap.load(Relaxed);
+        let cap = if ratio > 0.3 {
+            (cap + step).min(max)
+        } else if ratio < 0.1 {
+            cap.saturating_sub(step).max(min)
+        } else {
+            return None;
+        };
+        self.cap.store(cap, Relaxed);
+        Some(total - cap)
+    }
+
+    /// In a forked child: the frames listed are the parent's as much as the child's. They are
+    /// marked inherited (uncounted when they leave) and the tier starts empty.
+    pub(crate) fn forget_at_fork(&self) {
+        let mut fifo = self.fifo.lock();
+        for (r, p, _) in fifo.iter() {
+            let w = r.table.state(*p).load(Relaxed);
+            if kind(w) == FAR && w & FRAMED != 0 {
+                r.table.state(*p).fetch_or(INHERITED, Relaxed);
+            }
+        }
+        fifo.clear();
+        self.held.store(0, Relaxed);
     }
 
     /// A new budget of `total` pages: returns the pages left for mapped pages and write-back.

@@ -192,7 +192,7 @@ impl Inner {
     /// when the program runs on another CPU). Their clock entries stay behind, stale (see
     /// [`stale`]).
     ///
-    /// Written out in spans ([`Inner::evicts_in_spans`]), a neighbour is any resident page up
+    /// Written out in spans ([`Frames::evicts_in_spans`](crate::tier::Frames::evicts_in_spans)), a neighbour is any resident page up
     /// to [`EVICT_REACH`] pages away, across holes, not referenced since the hand last passed
     /// (a write to a page installed clean, the one use the pager sees without a miss): its
     /// chances and heat do not count, since they only say how soon the page came back after its
@@ -206,7 +206,7 @@ impl Inner {
         max: usize,
         victims: &mut Vec<(Arc<RegionInner>, usize, u64)>,
     ) {
-        let spans = self.evicts_in_spans();
+        let spans = self.frames.evicts_in_spans();
         let unused = if spans {
             REFERENCED | INHERITED
         } else {
