@@ -140,12 +140,6 @@ impl Inner {
         Ok(())
     }
 
-    /// Whether a page may be read to be saved (a page the program made inaccessible may not).
-    #[inline]
-    pub(crate) fn readable(&self, region: &RegionInner, page: usize) -> bool {
-        !region.inaccessible.load(Acquire) || !region.marks.lock().inaccessible(page)
-    }
-
     /// In a forked child, before its threads start (the gate is closed: no sections): the
     /// parts the kernel left out become inaccessible reservations (as the kernel leaves a hole,
     /// but the address range stays the region's), the wiped parts read as zeros.

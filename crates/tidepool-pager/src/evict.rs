@@ -3,10 +3,8 @@
 //! everything else is saved in spans (one write-protection a span: clean pages dropped, dirty
 //! ones copied to write-back slots) and dropped with one vectored `MADV_DONTNEED`.
 
-use crate::budget::EVICT_BATCH;
 use crate::buffer::{PageWrite, StoreJob};
-use crate::pager::{hash_page, is_zero_page, Inner, RegionInner, EVICT_REACH};
-use crate::region::clock_entry;
+use crate::pager::{hash_page, is_zero_page, Inner, RegionInner};
 use crate::stats::Counters;
 use crate::sys::{self, page_bytes, PAGE};
 use crate::table::{
@@ -27,7 +25,7 @@ pub(crate) struct SavedRun {
     zero: u64,
 }
 
-use crate::victims::{is_hole, Victim, Victims};
+use crate::victims::{clock_entry, is_hole, Ask, Victim, Victims, EVICT_REACH};
 
 /// Splits sorted victims into spans: victims of one region at most [`EVICT_REACH`] pages apart
 /// with only holes (see [`is_hole`]) between them. One write-protection freezes a span, where
@@ -129,9 +127,11 @@ impl Inner {
         let Some(_protecting) = self.protecting.try_read() else {
             return 0;
         };
-        let mut victims: Victims = Vec::with_capacity(EVICT_BATCH);
-        self.take_done(&mut victims);
-        self.take_from_clock(&mut victims);
+        let victims = self.eviction.choose(&Ask {
+            sections: &self.sections,
+            budget_pages: self.budget.pages(),
+            spans: self.frames.evicts_in_spans(),
+        });
         if victims.is_empty() {
             return 0;
         }
@@ -210,9 +210,8 @@ impl Inner {
                     self.uffd.wake(region.addr(*page), PAGE);
                 }
             }
-            self.clock
-                .lock()
-                .extend(victims[cut..].iter().map(|(r, p, _)| clock_entry(r, *p)));
+            let mut clock = self.eviction.clock.entries();
+            clock.extend(victims[cut..].iter().map(|(r, p, _)| clock_entry(r, *p)));
         }
         let victims = &victims[..cut];
         // Save every span, drop all of their pages in one call, then release them.
@@ -383,9 +382,9 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::{runs_of, spans_of};
-    use crate::region::stale;
     use crate::table::*;
     use crate::testkit::*;
+    use crate::victims::stale;
     use std::sync::atomic::Ordering::Relaxed;
     use std::sync::Arc;
 
@@ -508,7 +507,7 @@ mod tests {
             fill(region, p, v);
         }
         // A page just installed reaches the clock a moment after its state.
-        while inner(pager).clock.lock().len() < pages.len() {
+        while inner(pager).eviction.clock.entries().len() < pages.len() {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         for &p in hot {
@@ -556,7 +555,7 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
-        let clock = i.clock.lock();
+        let clock = i.eviction.clock.entries();
         let live = |p: usize| clock.iter().filter(|e| e.1 == p && !stale(e)).count();
         assert_eq!(live(1), 1, "page 1's entries");
         assert_eq!(live(0), 0, "page 0's entries");

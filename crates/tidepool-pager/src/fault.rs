@@ -4,9 +4,7 @@
 
 use crate::buffer::StoreJob;
 use crate::pager::{hash_page, Inner, RegionInner, ZERO_PAGE};
-use crate::prefetch::Plan;
 use crate::prefetcher::{self, Guess};
-use crate::region::clock_entry;
 use crate::sections::{Keep, Prefetch};
 use crate::staging::{Staging, PREFETCH_BATCH};
 use crate::stats::Counters;
@@ -205,7 +203,7 @@ impl Inner {
                 Counters::add(&self.counters.prefetch_planned, plan.count as u64);
                 Counters::add(&counts.prefetch_planned, plan.count as u64);
                 if plan.behind_count > 0 {
-                    self.note_done(region, &plan);
+                    self.eviction.done.note(region, &plan, self.budget.pages());
                 }
                 self.prefetch(region, plan, staging);
             }
@@ -216,23 +214,6 @@ impl Inner {
                 self.prefetch_chain(region, &chain, staging);
             }
             None => {}
-        }
-    }
-
-    /// Remembers the pages a stream walked past as the first to evict.
-    pub(crate) fn note_done(&self, region: &Arc<RegionInner>, plan: &Plan) {
-        let pages = region.table.pages() as i64;
-        let mut done = self.done.lock();
-        for i in 0..plan.behind_count as i64 {
-            let p = plan.behind_start + i * plan.stride;
-            if (0..pages).contains(&p) {
-                done.push_back((region.clone(), p as usize));
-            }
-        }
-        // Old hints are the least useful: the newest are taken first.
-        let cap = self.budget.pages();
-        while done.len() > cap {
-            done.pop_front();
         }
     }
 
@@ -415,7 +396,7 @@ impl Inner {
         region.note_touched(page);
         // Installed with a wake-up (before this): anyone waiting on the page is awake.
         let _ = region.table.unlock(page, new);
-        self.clock.lock().push_back(clock_entry(region, page));
+        self.eviction.clock.push(region, page);
     }
 
     /// Reads whole pages from the store into the staging buffer; a missing or short page is

@@ -3,7 +3,6 @@
 
 use crate::pager::{hash_page, Inner, RegionInner};
 use crate::prefetch::Plan;
-use crate::region::clock_entry;
 use crate::staging::{Staging, PREFETCH_BATCH};
 use crate::stats::Counters;
 use crate::successor::Chain;
@@ -274,9 +273,9 @@ impl Inner {
             self.uffd
                 .wake(region.addr(first), (last + 1 - first) * PAGE);
         }
-        self.clock
-            .lock()
-            .extend(list.into_iter().map(|(p, _)| clock_entry(region, p)));
+        self.eviction
+            .clock
+            .extend(region, list.into_iter().map(|(p, _)| p));
     }
 }
 

@@ -28,7 +28,7 @@ use crate::buffer::{JobQueue, PageWrite, Slots};
 use crate::config::Config;
 use crate::prefetch::Detector;
 use crate::refill::{self, Refill};
-pub(crate) use crate::region::{ClockEntry, RegionInner};
+pub(crate) use crate::region::RegionInner;
 use crate::sections::{SectionCounts, SectionId, SectionMap, Sections};
 use crate::staging::{Staging, PREFETCH_BATCH};
 use crate::stats::{snapshot, Counters, PagerStats, StoreMemory};
@@ -36,9 +36,9 @@ use crate::sys::{self, Mapping, Uffd, PAGE};
 use crate::table::{kind, PageTable, RESIDENT};
 use crate::tags::{self, Tags};
 use crate::tier::Frames;
+use crate::victims::{stale, Eviction};
 use crate::PagerError;
 use parking_lot::{Mutex, RwLock};
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,18 +47,6 @@ use tidepool_sys::RawThread;
 
 /// The exit status of a program whose far memory became unreachable.
 pub const FATAL_EXIT_CODE: i32 = 70;
-/// Unused resident neighbours a clock victim takes along, one page apart, when eviction moves
-/// pages into the frames that are the store (see `Inner::take_cold_neighbours`): measured
-/// against none, CPython's 3M-entry dict at 50% local 7% faster (`local:?compress=none`),
-/// zipf-0.99 3%, uniform-rmw within the noise (ARCHITECTURE.md, "Victims in runs").
-pub(crate) const RUN_NEIGHBOURS: usize = 7;
-/// Unused resident neighbours a clock victim takes along when eviction writes pages out, from
-/// up to [`EVICT_REACH`] pages either side, across pages that are not mapped (ARCHITECTURE.md,
-/// "Victims in spans").
-pub(crate) const EVICT_NEIGHBOURS: usize = 31;
-/// How far apart two victims may be and still be frozen with one write-protection: every page
-/// between them must be unmapped (see `evict::spans_of`).
-pub(crate) const EVICT_REACH: usize = 32;
 /// Pages of write-back buffer (counted in the local budget).
 pub(crate) const WRITEBACK_SLOTS: usize = 1024;
 
@@ -80,13 +68,11 @@ pub(crate) struct Inner {
     pub(crate) store: Arc<dyn FarStore>,
     pub(crate) regions: RwLock<Vec<Arc<RegionInner>>>,
     pub(crate) budget: Budget,
-    pub(crate) clock: Mutex<VecDeque<ClockEntry>>,
+    /// Where eviction takes its victims from, in turn (see `victims/`).
+    pub(crate) eviction: Eviction,
     /// In a forked child, the pages it shares with its parent ([`crate::table::INHERITED`]):
     /// a fork of its own write-protects them again.
     pub(crate) inherited: Mutex<Vec<(Arc<RegionInner>, usize)>>,
-    /// Pages streams walked past ([`crate::prefetch::Plan::behind_count`]), evicted first,
-    /// newest first.
-    pub(crate) done: Mutex<VecDeque<(Arc<RegionInner>, usize)>>,
     pub(crate) evict_seq: AtomicU32,
     /// Non-zero: the evictor should look at the budget now (a futex word: no lock, so a fork
     /// can never leave it held).
@@ -286,9 +272,8 @@ impl Inner {
             store,
             regions: RwLock::new(Vec::new()),
             budget: Budget::new(budget),
-            clock: Mutex::new(VecDeque::new()),
+            eviction: Eviction::default(),
             inherited: Mutex::new(Vec::new()),
-            done: Mutex::new(VecDeque::new()),
             evict_seq: AtomicU32::new(1),
             evictor_kick: AtomicU32::new(0),
             watchdog_stop: AtomicU32::new(0),
@@ -418,13 +403,13 @@ impl Pager {
         let mut resident = vec![0u64; crate::SECTIONS_MAX];
         {
             let _section = crate::gate::section();
-            let clock = i.clock.lock();
+            let clock = i.eviction.clock.entries();
             // A page may have more than one live entry (installed again without an eviction
             // between): counted once.
             let mut seen = std::collections::HashSet::with_capacity(clock.len());
             for entry in clock.iter() {
                 let (region, page, _) = entry;
-                if !crate::region::stale(entry)
+                if !stale(entry)
                     && kind(region.table.state(*page).load(Relaxed)) == RESIDENT
                     && seen.insert((region.id, *page))
                 {
@@ -657,7 +642,7 @@ impl refill::Host for Inner {
 
     fn is_refillable(&self, region: &RegionInner, page: usize, w: u64) -> bool {
         // A probation tier's frames are local already.
-        self.frames.is_far(w) && self.readable(region, page)
+        self.frames.is_far(w) && region.readable(page)
     }
 
     fn release(&self, region: &RegionInner, page: usize, w: u64) {

@@ -3,7 +3,6 @@
 //! which makes it the child's own.
 
 use crate::pager::{Inner, RegionInner};
-use crate::region::clock_entry;
 use crate::stats::Counters;
 use crate::sys::PAGE;
 use crate::table::{
@@ -60,7 +59,7 @@ impl Inner {
         if word & INHERITED != 0 {
             self.budget.resident.fetch_add(1, Relaxed);
             self.count_resident(region, page, 1);
-            self.clock.lock().push_back(clock_entry(region, page));
+            self.eviction.clock.push(region, page);
             if self.local_pages() > self.budget.pages() {
                 self.kick_evictor();
             }

@@ -10,7 +10,6 @@ use crate::table::PageTable;
 use crate::tags;
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
-use std::sync::Arc;
 use tidepool_store::Key;
 
 /// Pages one bit of [`RegionInner::evicted_chunks`] stands for (16 MiB).
@@ -58,6 +57,13 @@ impl std::fmt::Debug for RegionInner {
 }
 
 impl RegionInner {
+    /// Whether page `page` may be read to be saved (a page the program made inaccessible may
+    /// not).
+    #[inline]
+    pub(crate) fn readable(&self, page: usize) -> bool {
+        !self.inaccessible.load(Acquire) || !self.marks.lock().inaccessible(page)
+    }
+
     /// The key of the page's far copy (see `tags.rs`).
     #[inline]
     pub(crate) fn key(&self, page: usize) -> Key {
@@ -112,24 +118,4 @@ impl RegionInner {
         }
         end
     }
-}
-
-/// A page on the clock: region, page, and the page's `evicted_at` when it joined, which
-/// tells a stale entry (the page went out and came back since, by another way than this entry)
-/// from the live one.
-pub(crate) type ClockEntry = (Arc<RegionInner>, usize, u32);
-
-/// The clock entry of `page`, which joins now.
-pub(crate) fn clock_entry(region: &Arc<RegionInner>, page: usize) -> ClockEntry {
-    (
-        region.clone(),
-        page,
-        region.table.evicted_at(page).load(Relaxed),
-    )
-}
-
-/// Whether a clock entry is left over: its region is gone, or its page went out since it
-/// joined (and may be back, with an entry of its own).
-pub(crate) fn stale((region, page, joined): &ClockEntry) -> bool {
-    region.dead.load(Acquire) || region.table.evicted_at(*page).load(Relaxed) != *joined
 }

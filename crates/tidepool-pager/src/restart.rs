@@ -67,8 +67,7 @@ impl Shared {
         // count, and this process's budget is for what it brings in or writes. Its store is a
         // copy-on-write copy of the parent's, so it keeps the copies of what it reads.
         let parent_budget = i.total_budget_pages() * PAGE;
-        i.clock.lock().clear();
-        i.done.lock().clear();
+        i.eviction.clear();
         if let Some(tier) = i.frames.probation() {
             tier.forget_at_fork();
         }
@@ -127,7 +126,7 @@ impl Inner {
         // store keep their keys: parent and child both write the same bytes there, and the
         // child never removes what it did not tag.
         let mut mapped: Vec<(u32, usize)> = {
-            let clock = self.clock.lock();
+            let clock = self.eviction.clock.entries();
             let inherited = self.inherited.lock();
             clock
                 .iter()
