@@ -52,6 +52,27 @@ pub fn suites() -> Vec<Box<dyn Suite>> {
     ]
 }
 
+/// Sent to its suite's worker from here, above every suite: [`job`] holds the messages only,
+/// and the suites build them.
+impl job::Job {
+    /// Runs the job in this process, printing what its worker prints.
+    pub fn run(self) -> Result<()> {
+        use job::Job;
+        match self {
+            Job::Alloc(j) => alloc::worker(&j),
+            Job::AllocStress { seconds } => alloc::stress(seconds),
+            Job::AllocExec(launch) => alloc::exec_worker(&launch),
+            Job::Pager(j) => pager::worker(&j),
+            Job::Verify(j) => pager::verify_worker(&j),
+            Job::FarGraph(j) => far::graph_worker(j),
+            Job::CoordApp(j) => coord::worker(&j),
+            Job::PagedApp(j) => coord::paged_worker(&j),
+            Job::Antagonist(j) => coord::antagonist_worker(&j),
+            Job::Share(j) => store::share_worker(j),
+        }
+    }
+}
+
 /// Runs the suite called `name` end to end and writes its JSON and PNG. Returns the report.
 pub fn run(name: &str, opts: BenchOpts) -> Result<Report> {
     let all = suites();

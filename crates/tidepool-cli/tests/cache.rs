@@ -11,8 +11,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::process::Command;
 use tidepool_bench::cache::load;
-use tidepool_bench::coord::AntagonistJob;
-use tidepool_bench::job::Job;
+use tidepool_bench::job::{AntagonistJob, Job};
 use tidepool_peers::Memcached;
 
 const ITEM_MAX: usize = 1 << 20;

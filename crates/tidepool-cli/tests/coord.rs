@@ -6,8 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-use tidepool_bench::coord::AppJob;
-use tidepool_bench::job::Job;
+use tidepool_bench::job::{AppJob, Job};
 
 const EXE: &str = env!("CARGO_BIN_EXE_tidepool");
 

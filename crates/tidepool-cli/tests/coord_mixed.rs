@@ -12,8 +12,8 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-use tidepool_bench::coord::{AntagonistJob, AppJob, Cgroup};
-use tidepool_bench::job::Job;
+use tidepool_bench::coord::Cgroup;
+use tidepool_bench::job::{AntagonistJob, AppJob, Job};
 use tidepool_sys::probe::Need;
 
 /// Kills a child when dropped.

@@ -2,8 +2,8 @@
 //! come back on their own once it has room, through a whole pager. Kept out of `refill.rs`,
 //! which knows the pager only as its [`crate::refill::Host`].
 
-use crate::table::*;
-use crate::testkit::*;
+use crate::table::{kind, RESIDENT};
+use crate::testkit::{evict_all, fill, holds, inner, pager, pager_with, word, Recorder};
 use crate::{Config, PAGE};
 use std::time::{Duration, Instant};
 

@@ -16,6 +16,7 @@
 
 use super::allocators::{allocator_in_maps, check_mapped};
 use crate::job::Job;
+use crate::job::Launch;
 use anyhow::{bail, Context, Result};
 use rustix::process::{Pid, Signal, WaitId, WaitIdOptions};
 use serde::{Deserialize, Serialize};
@@ -23,25 +24,9 @@ use std::ffi::CString;
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-/// What to run, and how.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Launch {
-    pub program: PathBuf,
-    pub args: Vec<String>,
-    pub cwd: PathBuf,
-    /// Standard input (None: /dev/null).
-    pub stdin: Option<PathBuf>,
-    /// The allocator to preload (None: glibc's own malloc, nothing preloaded).
-    pub preload: Option<PathBuf>,
-    /// CPUs to run on (None: the worker's own).
-    pub cpus: Option<Vec<usize>>,
-    /// Killed after this long.
-    pub timeout_s: u64,
-}
 
 /// What a run of a program gave.
 #[derive(Debug, Serialize, Deserialize)]

@@ -27,14 +27,14 @@ mod stress;
 mod worker;
 
 pub use allocators::tidepool_library;
-pub use external::{worker as exec_worker, Launch};
+pub use external::worker as exec_worker;
 pub use stress::stress;
-pub use worker::{worker, AllocJob};
+pub use worker::worker;
 
 use crate::harness::{
     geomean, matrix_steps, BenchOpts, Ctx, Matrix, Placement, Sample, Suite, Turns, Workload,
 };
-use crate::job::Job;
+use crate::job::{AllocJob, Job};
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;

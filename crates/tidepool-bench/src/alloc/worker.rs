@@ -2,21 +2,12 @@
 //! process whose malloc is being measured. Workloads follow Memento's study of serverless
 //! functions.
 
+use crate::job::AllocJob;
 use anyhow::{bail, Context, Result};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Instant;
-
-/// One workload of the alloc suite ([`crate::job::Job::Alloc`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AllocJob {
-    /// The workload's name, as the suite lists it (`serverless-burst`, `large-objects`, ...).
-    pub workload: String,
-    /// How many times its base size to run (1 for `--quick`).
-    pub scale: usize,
-}
 
 /// Runs the workload and prints one JSON line: seconds, peak RSS, the allocator that served
 /// it and a checksum.

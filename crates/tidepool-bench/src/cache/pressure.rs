@@ -8,9 +8,9 @@
 
 use super::load::{self, Spec};
 use super::Server;
-use crate::coord::{AntagonistJob, Cgroup};
+use crate::coord::Cgroup;
 use crate::harness::{BenchOpts, Ctx};
-use crate::job::Job;
+use crate::job::{AntagonistJob, Job};
 use crate::report::Row;
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;

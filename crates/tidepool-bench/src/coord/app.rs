@@ -2,9 +2,9 @@
 //! job), the antagonist that takes memory (`tidepool bench-worker`'s `antagonist` job), and the
 //! guard that kills either when a run ends.
 
+use crate::job::{AntagonistJob, AppJob};
 use anyhow::{bail, Context, Result};
 use rand::SeedableRng;
-use serde::{Deserialize, Serialize};
 use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
@@ -66,19 +66,6 @@ pub(super) fn read_json_lines<const N: usize>(
             .map(|v| keys.map(|k| v[k].as_f64().unwrap_or(0.0)))
             .collect()
     })
-}
-
-/// A process that takes memory from the others ([`crate::job::Job::Antagonist`]).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct AntagonistJob {
-    /// Bytes it takes.
-    pub bytes: u64,
-    /// How fast it takes them, in MiB/s (0: as fast as it can).
-    pub mib_per_s: f64,
-    /// Seconds it waits before it starts.
-    pub delay_s: f64,
-    /// Seconds it holds them before it exits.
-    pub hold_s: f64,
 }
 
 /// Waits, takes the job's bytes of memory at its rate, holds them, and exits.
@@ -299,27 +286,6 @@ pub(super) fn spin_iters(n: u64) {
         x ^= x << 17;
     }
     std::hint::black_box(x);
-}
-
-/// One synthetic soft-memory application ([`crate::job::Job::CoordApp`], run by [`worker`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AppJob {
-    /// Its name (for the reader of `ps`; the coordinator knows it by TIDEPOOL_APP).
-    pub name: String,
-    /// Objects it caches.
-    pub objects: u64,
-    /// The Zipf skew of its requests.
-    pub skew: f64,
-    /// CPU microseconds to rebuild an object on a miss.
-    pub rebuild_us: f64,
-    /// CPU microseconds of work per request.
-    pub work_us: f64,
-    /// How long it runs.
-    pub seconds: f64,
-    /// Its soft-memory budget in bytes until a coordinator sets one (0: 8 MiB).
-    pub budget: u64,
-    /// The seed of its requests.
-    pub seed: u64,
 }
 
 /// With TIDEPOOL_BENCH_JOIN_LATE, the coordinator to join after the warm-up (taken out of the

@@ -1,9 +1,9 @@
 //! Part (a), coordination: four applications sharing idle memory under each policy, against
 //! the ideal (every application with room for all its state). See the suite's docs.
 
-use super::app::{AppJob, Guard, Spinner, PIN_ENV, SPIN_ENV};
+use super::app::{Guard, Spinner, PIN_ENV, SPIN_ENV};
 use crate::harness::{median, BenchOpts, Ctx, Matrix, Sample, System, Workload};
-use crate::job::Job;
+use crate::job::{AppJob, Job};
 use anyhow::{bail, Context, Result};
 use std::io::{BufRead, BufReader};
 use std::path::Path;

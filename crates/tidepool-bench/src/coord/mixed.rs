@@ -35,8 +35,8 @@
 //! second over its all-local figure (4 is everything local), measured from the end of the
 //! warm-up to the end of the run, antagonist included; and `oom_kills` in the cgroup.
 
-use super::paged::Walk;
 use crate::harness::{wanted, BenchOpts, Ctx, Matrix, Pass, Sample, System, Workload};
+use crate::job::Walk;
 use crate::node::NodeProcess;
 use anyhow::{Context, Result};
 use one_run::run_once;

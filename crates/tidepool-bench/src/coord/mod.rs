@@ -22,10 +22,10 @@ mod pressure;
 
 use crate::harness::{matrix_steps, BenchOpts, Ctx, Suite};
 use anyhow::{Context, Result};
-pub use app::{antagonist_worker, worker, AntagonistJob, AppJob};
+pub use app::{antagonist_worker, worker};
 use cgroup::pressure_scale;
 pub use cgroup::Cgroup;
-pub use paged::{paged_worker, PagedJob, Walk};
+pub use paged::paged_worker;
 
 #[derive(Debug)]
 pub struct CoordSuite;

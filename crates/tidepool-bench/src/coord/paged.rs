@@ -2,49 +2,11 @@
 //! `tidepool run`: an ordinary heap allocation walked with a locality of its own.
 
 use super::app::{pin_from_env, Pacer, Spinner};
+use crate::job::{PagedJob, Walk};
 use anyhow::{bail, Context, Result};
 use rand::SeedableRng;
-use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::time::{Duration, Instant};
-
-/// How a paged program walks its memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Walk {
-    /// Pages drawn from a Zipf distribution (hot pages spread over the allocation): more
-    /// local memory keeps more of the hot set.
-    Zipf,
-    /// Pages in order, round and round: any budget smaller than the allocation keeps
-    /// nothing a pass comes back to.
-    Scan,
-}
-
-impl Walk {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Walk::Zipf => "zipf",
-            Walk::Scan => "scan",
-        }
-    }
-}
-
-/// A paged application of workload `mixed` ([`crate::job::Job::PagedApp`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PagedJob {
-    /// How it walks its memory.
-    pub walk: Walk,
-    /// Bytes it allocates (at least a page).
-    pub bytes: usize,
-    /// The Zipf skew of a `zipf` walk.
-    pub skew: f64,
-    /// CPU microseconds of work per operation.
-    pub work_us: f64,
-    /// How long it runs.
-    pub seconds: f64,
-    /// The seed of its walk.
-    pub seed: u64,
-}
 
 /// Allocates the job's bytes, writes every page, then per operation reads and writes a word
 /// of one page (chosen by the walk) and spins its work. Prints a JSON line every quarter

@@ -2,10 +2,10 @@
 //! taking memory, moderately then as fast as it can), one application and the coordinator in a
 //! memory cgroup.
 
-use super::app::{read_json_lines, start_coordinator, AntagonistJob, AppJob, Guard};
+use super::app::{read_json_lines, start_coordinator, Guard};
 use super::cgroup::{pressure_scale, Cgroup, PressureScale, Sampler, Watch};
 use crate::harness::Ctx;
-use crate::job::Job;
+use crate::job::{AntagonistJob, AppJob, Job};
 use anyhow::{Context, Result};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -2,9 +2,9 @@
 //! the same vectors used as swap, the transparent pager, Linux swap to zram and native code.
 //! See the suite's docs.
 
-use super::graph_worker::GraphSystem;
 use super::sizes::Sizes;
 use crate::harness::{Ctx, Matrix, Sample, System, Turns, Workload};
+use crate::job::GraphSystem;
 use crate::worker::run_worker;
 use crate::zram::Zram;
 use anyhow::Result;

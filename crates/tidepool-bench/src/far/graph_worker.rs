@@ -2,8 +2,8 @@
 //! the same walk over plain vectors or far vectors.
 
 use crate::data::splitmix64;
+use crate::job::{GraphJob, GraphSystem};
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -38,37 +38,6 @@ fn edge(i: u64, nodes: u64) -> Edge {
 
 /// Edges between looks at the clock.
 const CHECK_EVERY: u64 = 1 << 14;
-
-/// The far suite's graph walk ([`crate::job::Job::FarGraph`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GraphJob {
-    /// What holds the graph.
-    pub system: GraphSystem,
-    /// Nodes of the graph (1 to 2^32).
-    pub nodes: u64,
-    /// Edges of the graph (at least one).
-    pub edges: u64,
-    /// How long to walk the edges, over and over, once the graph is built.
-    pub seconds: f64,
-    /// Local bytes of the far vectors' sections (unused by `native`).
-    pub local: u64,
-}
-
-/// What holds the graph of a [`GraphJob`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum GraphSystem {
-    /// Plain vectors.
-    Native,
-    /// Far vectors over the in-process store, with the section configuration in `config`;
-    /// with `profile_out`, the run's access profile is written there.
-    Far {
-        config: PathBuf,
-        profile_out: Option<PathBuf>,
-    },
-    /// Far vectors over the in-process store, every section a plain swap cache.
-    FarSwap,
-}
 
 /// Builds the graph, then walks its edges (over and over) for the job's seconds, and prints
 /// `{"value": edges/s, ...}`.

@@ -33,7 +33,7 @@ mod sizes;
 
 use crate::harness::{matrix_steps, BenchOpts, Ctx, Suite};
 use anyhow::Result;
-pub use graph_worker::{graph_worker, GraphJob, GraphSystem};
+pub use graph_worker::graph_worker;
 use sizes::sizes;
 
 #[derive(Debug)]

@@ -1,8 +1,7 @@
 //! How big the far suite's parts are, quick or full.
 
-use super::graph_worker::{GraphJob, GraphSystem};
 use crate::harness::BenchOpts;
-use crate::job::Job;
+use crate::job::{GraphJob, GraphSystem, Job};
 
 /// Sizes of a run.
 pub(super) struct Sizes {

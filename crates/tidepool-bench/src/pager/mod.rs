@@ -28,8 +28,8 @@ use crate::harness::{matrix_steps, BenchOpts, Ctx, Matrix, Suite, Turns};
 use anyhow::Result;
 use std::time::Instant;
 use systems::{Pager, Runner};
-pub use verify::{verify_worker, VerifyJob};
-pub use worker::{worker, PagerJob};
+pub use verify::verify_worker;
+pub use worker::worker;
 pub use workloads::ALLOWANCE;
 use workloads::{sizes, Programs, MISS_METRICS, RATIOS, WORKLOADS};
 

@@ -2,22 +2,8 @@
 //! every byte written is checked when read back, under `tidepool run` with any store and
 //! profile.
 
+use crate::job::VerifyJob;
 use anyhow::Result;
-use serde::{Deserialize, Serialize};
-
-/// What the verification program is asked to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VerifyJob {
-    /// The heap allocation it writes and checks, in bytes.
-    pub bytes: usize,
-    /// Threads writing and checking it.
-    pub threads: usize,
-    /// Rounds of writing and checking.
-    pub rounds: u64,
-    /// After the first round, wait for a line on standard input (a test forks or stops the
-    /// program meanwhile).
-    pub wait: bool,
-}
 
 /// Runs the verification workload on an ordinary heap allocation, for running under
 /// `tidepool run`. Prints "filled" once the first round is written (and with `wait`, waits for

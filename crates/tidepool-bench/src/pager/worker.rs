@@ -1,11 +1,11 @@
 //! The worker side of the pager suite: `tidepool bench-worker`'s `pager` job, the program whose
 //! working set does not fit its local memory.
 
+use crate::job::PagerJob;
 use anyhow::{bail, Context, Result};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::Distribution;
-use serde::{Deserialize, Serialize};
 use std::sync::atomic::{compiler_fence, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
@@ -14,17 +14,6 @@ use std::time::{Duration, Instant};
 const MISS_NS: u64 = 1500;
 /// One access in this many is timed (two clock reads cost about as much as a local access).
 const TIME_EVERY: u64 = 8;
-
-/// The pager suite's program ([`crate::job::Job::Pager`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PagerJob {
-    /// The workload, as the suite names it (`seq-scan`, `uniform-rmw`, `zipf-0.99`, ...).
-    pub workload: String,
-    /// The working set, in bytes.
-    pub wss: u64,
-    /// How long to run the workload once the working set is written and read once.
-    pub seconds: f64,
-}
 
 /// Fills the working set with random data, reads it once, then runs the workload for its
 /// seconds and prints `{"value": ..., "checksum": ...}` (GB/s for the scan, ops/s otherwise).

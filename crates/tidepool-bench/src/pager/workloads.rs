@@ -2,9 +2,8 @@
 //! data and CPython building a dict, each at every local-memory ratio, and how a run of one is
 //! read.
 
-use super::worker::PagerJob;
 use crate::harness::{BenchOpts, Ctx, Sample, Workload};
-use crate::job::Job;
+use crate::job::{Job, PagerJob};
 use crate::meter::{run_metered, Held, Watch};
 use crate::worker::{python_report, run_python, worker_report, DICT_SCRIPT};
 use anyhow::{Context, Result};

@@ -29,7 +29,7 @@ use crate::harness::{matrix_steps, BenchOpts, Ctx, Suite};
 use anyhow::Result;
 use data::share_ratios;
 pub use data::{value, VALUE_BYTES};
-pub use share::{share_worker, ShareJob};
+pub use share::share_worker;
 
 #[derive(Debug)]
 pub struct StoreSuite;

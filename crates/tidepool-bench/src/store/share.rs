@@ -6,10 +6,10 @@
 use super::data::{check, keys, noise, share_ratios, value, SHARE_CLIENTS, VALUE_BYTES};
 use crate::harness::{Ctx, Matrix, Placement, Sample, System, Workload};
 use crate::job::Job;
+use crate::job::ShareJob;
 use crate::node::{tidepool_bin, NodeProcess};
 use anyhow::{bail, Context, Result};
 use rand::{Rng, SeedableRng};
-use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
@@ -109,23 +109,6 @@ pub(super) fn run(ctx: &mut Ctx) -> Result<()> {
         samples.report(ctx);
     }
     Ok(())
-}
-
-/// One sharing client process ([`crate::job::Job::Share`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ShareJob {
-    /// The store it shares (a memory node's URL).
-    pub url: String,
-    /// Objects it owns.
-    pub objects: u64,
-    /// Objects it keeps locally.
-    pub local: u64,
-    /// Unique copies (an object is either local or far), or local copies kept far as well.
-    pub unique: bool,
-    /// How long it runs once told to go.
-    pub seconds: f64,
-    /// The seed of its accesses.
-    pub seed: u64,
 }
 
 /// One sharing client: caches `local` of its `objects` locally, swaps the rest with the node.

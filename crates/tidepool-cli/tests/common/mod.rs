@@ -38,7 +38,7 @@ pub fn python3() -> &'static str {
 /// `bytes` of heap, two threads, `rounds` rounds; with `wait`, it waits for a line on standard
 /// input after the first.
 pub fn verify_job(bytes: usize, rounds: u64, wait: bool) -> [String; 2] {
-    tidepool_bench::job::Job::Verify(tidepool_bench::pager::VerifyJob {
+    tidepool_bench::job::Job::Verify(tidepool_bench::job::VerifyJob {
         bytes,
         threads: 2,
         rounds,

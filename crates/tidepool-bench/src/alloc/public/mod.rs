@@ -21,10 +21,11 @@ mod output;
 mod programs;
 
 use super::allocators::{Allocator, PEER_NAMES};
-use super::external::{self, Finished, Launch};
+use super::external::{self, Finished};
 use crate::harness::{
     geomean, matrix_steps, BenchOpts, Ctx, Matrix, Placement, Sample, Turns, Workload,
 };
+use crate::job::Launch;
 use anyhow::{Context, Result};
 use output::{comparable, compare_outputs, Output};
 use programs::{available, Check, Figure, Program};

@@ -4,11 +4,9 @@
 
 use super::{Kind, Outcome, Scale, Setup, OBJECT};
 use crate::coord::app::{read_json_lines, start_coordinator, Guard, PIN_ENV, SPEED_ENV, SPIN_ENV};
-use crate::coord::app::{AntagonistJob, AppJob};
 use crate::coord::cgroup::Cgroup;
-use crate::coord::paged::{PagedJob, Walk};
 use crate::harness::{median, Ctx};
-use crate::job::Job;
+use crate::job::{AntagonistJob, AppJob, Job, PagedJob, Walk};
 use crate::node::NodeProcess;
 use anyhow::{Context, Result};
 use std::path::PathBuf;
