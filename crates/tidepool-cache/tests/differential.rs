@@ -316,11 +316,7 @@ fn run(addr: &str, case: &[&str]) -> Vec<String> {
 #[test]
 fn every_command_answers_as_memcached_does() {
     let memcached = Memcached::start(64).expect("memcached (scripts/setup installs it)");
-    let arena = SoftArena::new(ArenaConfig {
-        budget: 64 << 20,
-        max_bytes: 1 << 30,
-    })
-    .unwrap();
+    let arena = SoftArena::new(ArenaConfig::default().budget(64 << 20).max_bytes(1 << 30)).unwrap();
     let items = Arc::new(Items::new(&arena, None));
     let settings = Settings {
         threads: 2,
