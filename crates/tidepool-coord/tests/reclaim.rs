@@ -16,17 +16,17 @@ fn socket(name: &str) -> std::path::PathBuf {
 }
 
 fn coordinator(name: &str, max: u64, grace: Duration) -> Coordinator {
-    Coordinator::start(Config {
-        socket: socket(name),
-        policy: Policy::Midas,
-        reserve: 0,
-        max,
-        floor: 2 * SEGMENT as u64,
-        grace,
-        heartbeat: Duration::from_millis(20),
-        epoch: Duration::from_millis(50),
-        ..Config::default()
-    })
+    Coordinator::start(
+        Config::default()
+            .socket(socket(name))
+            .policy(Policy::Midas)
+            .reserve(0)
+            .max(max)
+            .floor(2 * SEGMENT as u64)
+            .grace(grace)
+            .heartbeat(Duration::from_millis(20))
+            .epoch(Duration::from_millis(50)),
+    )
     .expect("start a coordinator")
 }
 
