@@ -329,11 +329,10 @@ fn every_command_answers_as_memcached_does() {
         listener,
         items,
         settings,
-        &ServerConfig {
-            threads: 2,
-            limits: limits(),
-            max_connections: 64,
-        },
+        &ServerConfig::default()
+            .threads(2)
+            .limits(limits())
+            .max_connections(64),
     )
     .unwrap();
     let ours = server.addr().to_string();
@@ -367,11 +366,10 @@ fn items_too_large_are_refused_as_memcached_refuses_them() {
             max_connections: 64,
             max_bytes: None,
         },
-        &ServerConfig {
-            threads: 1,
-            limits: limits(),
-            max_connections: 64,
-        },
+        &ServerConfig::default()
+            .threads(1)
+            .limits(limits())
+            .max_connections(64),
     )
     .unwrap();
     let big = |n: usize| {

@@ -21,11 +21,10 @@ fn start(max_connections: usize) -> Server {
             max_connections,
             max_bytes: None,
         },
-        &ServerConfig {
-            threads: 2,
-            limits: Limits::default(),
-            max_connections,
-        },
+        &ServerConfig::default()
+            .threads(2)
+            .limits(Limits::default())
+            .max_connections(max_connections),
     )
     .unwrap()
 }

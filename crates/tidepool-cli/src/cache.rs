@@ -87,14 +87,13 @@ pub fn run(args: CacheArgs) -> Result<()> {
         max_connections: args.max_connections,
         max_bytes: args.max,
     };
-    let config = ServerConfig {
-        threads: args.threads,
-        limits: Limits {
+    let config = ServerConfig::default()
+        .threads(args.threads)
+        .limits(Limits {
             item_max,
             ..Limits::default()
-        },
-        max_connections: args.max_connections,
-    };
+        })
+        .max_connections(args.max_connections);
     let metrics = args
         .metrics
         .map(|addr| serve_metrics(addr, &items, &settings))
