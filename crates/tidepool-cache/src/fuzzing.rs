@@ -12,11 +12,9 @@ use tidepool_soft::{ArenaConfig, SoftArena};
 fn items() -> &'static Items {
     static ITEMS: OnceLock<Items> = OnceLock::new();
     ITEMS.get_or_init(|| {
-        let arena: Arc<SoftArena> = SoftArena::new(ArenaConfig {
-            budget: 8 << 20,
-            max_bytes: 64 << 20,
-        })
-        .expect("a soft-memory arena");
+        let arena: Arc<SoftArena> =
+            SoftArena::new(ArenaConfig::default().budget(8 << 20).max_bytes(64 << 20))
+                .expect("a soft-memory arena");
         Items::new(&arena, None)
     })
 }

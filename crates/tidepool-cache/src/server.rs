@@ -36,16 +36,17 @@ const SLEPT: std::time::Duration = std::time::Duration::from_micros(20);
 /// Replies waiting beyond this stop the reading of more commands until they are sent.
 const WRITE_HIGH: usize = 1 << 20;
 
-/// How the server listens. The defaults are `tidepool cache`'s (and memcached's): 4 worker
-/// threads, items up to 1 MiB, 1024 connections.
+/// How the server listens: [`ServerConfig::default`], then the setters below for what differs
+/// from the defaults each one names. The defaults are `tidepool cache`'s (and memcached's): 4
+/// worker threads, items up to 1 MiB, 1024 connections.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Worker threads serving connections (memcached's -t).
-    pub threads: usize,
+    pub(crate) threads: usize,
     /// What a connection's parser accepts (the largest item, the longest line).
-    pub limits: Limits,
+    pub(crate) limits: Limits,
     /// Most simultaneous connections (memcached's -c); more are refused with an error line.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
 }
 
 impl Default for ServerConfig {
@@ -55,6 +56,29 @@ impl Default for ServerConfig {
             limits: Limits::default(),
             max_connections: 1024,
         }
+    }
+}
+
+impl ServerConfig {
+    /// Worker threads serving connections (memcached's -t; zero counts as one).
+    /// Default: 4.
+    pub fn threads(mut self, value: usize) -> ServerConfig {
+        self.threads = value;
+        self
+    }
+
+    /// What a connection's parser accepts (the largest item, the longest line).
+    /// Default: [`Limits::default`], items up to 1 MiB and lines up to 64 KiB.
+    pub fn limits(mut self, value: Limits) -> ServerConfig {
+        self.limits = value;
+        self
+    }
+
+    /// Most simultaneous connections (memcached's -c); more are refused with an error line.
+    /// Default: 1024.
+    pub fn max_connections(mut self, value: usize) -> ServerConfig {
+        self.max_connections = value;
+        self
     }
 }
 

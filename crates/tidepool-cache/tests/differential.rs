@@ -316,11 +316,7 @@ fn run(addr: &str, case: &[&str]) -> Vec<String> {
 #[test]
 fn every_command_answers_as_memcached_does() {
     let memcached = Memcached::start(64).expect("memcached (scripts/setup installs it)");
-    let arena = SoftArena::new(ArenaConfig {
-        budget: 64 << 20,
-        max_bytes: 1 << 30,
-    })
-    .unwrap();
+    let arena = SoftArena::new(ArenaConfig::default().budget(64 << 20).max_bytes(1 << 30)).unwrap();
     let items = Arc::new(Items::new(&arena, None));
     let settings = Settings {
         threads: 2,
@@ -333,11 +329,10 @@ fn every_command_answers_as_memcached_does() {
         listener,
         items,
         settings,
-        &ServerConfig {
-            threads: 2,
-            limits: limits(),
-            max_connections: 64,
-        },
+        &ServerConfig::default()
+            .threads(2)
+            .limits(limits())
+            .max_connections(64),
     )
     .unwrap();
     let ours = server.addr().to_string();
@@ -371,11 +366,10 @@ fn items_too_large_are_refused_as_memcached_refuses_them() {
             max_connections: 64,
             max_bytes: None,
         },
-        &ServerConfig {
-            threads: 1,
-            limits: limits(),
-            max_connections: 64,
-        },
+        &ServerConfig::default()
+            .threads(1)
+            .limits(limits())
+            .max_connections(64),
     )
     .unwrap();
     let big = |n: usize| {

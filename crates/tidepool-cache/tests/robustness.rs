@@ -10,11 +10,7 @@ use tidepool_cache::{Items, Limits, Server, ServerConfig, Settings};
 use tidepool_soft::{ArenaConfig, SoftArena};
 
 fn start(max_connections: usize) -> Server {
-    let arena = SoftArena::new(ArenaConfig {
-        budget: 64 << 20,
-        max_bytes: 1 << 30,
-    })
-    .unwrap();
+    let arena = SoftArena::new(ArenaConfig::default().budget(64 << 20).max_bytes(1 << 30)).unwrap();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     Server::start(
         listener,
@@ -25,11 +21,10 @@ fn start(max_connections: usize) -> Server {
             max_connections,
             max_bytes: None,
         },
-        &ServerConfig {
-            threads: 2,
-            limits: Limits::default(),
-            max_connections,
-        },
+        &ServerConfig::default()
+            .threads(2)
+            .limits(Limits::default())
+            .max_connections(max_connections),
     )
     .unwrap()
 }

@@ -87,14 +87,13 @@ pub fn run(args: CacheArgs) -> Result<()> {
         max_connections: args.max_connections,
         max_bytes: args.max,
     };
-    let config = ServerConfig {
-        threads: args.threads,
-        limits: Limits {
+    let config = ServerConfig::default()
+        .threads(args.threads)
+        .limits(Limits {
             item_max,
             ..Limits::default()
-        },
-        max_connections: args.max_connections,
-    };
+        })
+        .max_connections(args.max_connections);
     let metrics = args
         .metrics
         .map(|addr| serve_metrics(addr, &items, &settings))
@@ -179,10 +178,11 @@ fn soft_memory(args: &CacheArgs, max_bytes: u64) -> Result<(SoftRuntime, Sizing)
         _ => (64u64 << 20).min(max_bytes),
     } as usize;
     let runtime = SoftRuntime::new(
-        tidepool_soft::SoftArena::new(ArenaConfig {
-            budget: start_budget,
-            max_bytes: max_bytes as usize,
-        })
+        tidepool_soft::SoftArena::new(
+            ArenaConfig::default()
+                .budget(start_budget)
+                .max_bytes(max_bytes as usize),
+        )
         .context("cannot create the soft-memory arena")?,
     );
     runtime
@@ -192,11 +192,11 @@ fn soft_memory(args: &CacheArgs, max_bytes: u64) -> Result<(SoftRuntime, Sizing)
         Sizing::Fixed => {}
         Sizing::Coordinator(socket) => {
             runtime
-                .join_coordinator(CoordConfig {
-                    socket: socket.clone(),
-                    name: args.name.clone(),
-                    weight: args.weight,
-                })
+                .join_coordinator(
+                    CoordConfig::new(socket.clone())
+                        .name(args.name.clone())
+                        .weight(args.weight),
+                )
                 .context("cannot start the coordinator link")?;
         }
         Sizing::Auto => {

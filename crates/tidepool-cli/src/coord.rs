@@ -57,20 +57,20 @@ fn parse_group(s: &str) -> Result<u32, String> {
 pub fn run(a: CoordArgs) -> Result<()> {
     // SIGTERM and SIGINT stop the coordinator in order (below) rather than kill it.
     tidepool_sys::block_stop_signals()?;
-    let mut cfg = Config {
-        policy: a.policy,
-        reserve: a.reserve,
-        max: a.max.unwrap_or(u64::MAX),
-        epoch: Duration::from_millis(a.epoch_ms.max(10)),
-        floor: a.floor,
-        group: a.group,
-        token_file: a.token_file,
-        ..Config::default()
-    };
-    if let Some(s) = a.socket {
-        cfg.socket = s;
+    let socket = a.socket.unwrap_or_else(tidepool_coord::default_socket);
+    let mut cfg = Config::default()
+        .socket(socket.clone())
+        .policy(a.policy)
+        .reserve(a.reserve)
+        .max(a.max.unwrap_or(u64::MAX))
+        .epoch(Duration::from_millis(a.epoch_ms.max(10)))
+        .floor(a.floor);
+    if let Some(gid) = a.group {
+        cfg = cfg.group(gid);
     }
-    let socket = cfg.socket.clone();
+    if let Some(path) = a.token_file {
+        cfg = cfg.token_file(path);
+    }
     let coord = Coordinator::start(cfg)
         .with_context(|| format!("cannot listen at {}", socket.display()))?;
     let http = match a.http {

@@ -44,10 +44,7 @@ fn soft(pages: u64) -> Result<()> {
         format_size(values * PAGE as u64),
         format_size(budget as u64)
     );
-    let arena = SoftRuntime::from_env(ArenaConfig {
-        budget,
-        max_bytes: 4 * budget,
-    })?;
+    let arena = SoftRuntime::from_env(ArenaConfig::default().budget(budget).max_bytes(4 * budget))?;
     arena.start_evacuator(0.02, 0.05)?;
     let noise = noise();
     let rebuild = {

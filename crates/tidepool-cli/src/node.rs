@@ -60,20 +60,22 @@ pub fn run(args: NodeArgs) -> Result<()> {
 /// The node's configuration from its arguments, and how it admits tenants (for the first
 /// line of output).
 fn config(a: NodeArgs) -> Result<(NodeConfig, String)> {
-    let mut cfg = NodeConfig::new(a.listen, a.capacity);
+    let mut cfg = NodeConfig::new(a.listen, a.capacity)
+        .busy_poll(std::time::Duration::from_micros(a.busy_poll_us))
+        .max_connections(a.max_connections)
+        .max_body(u32::try_from(a.max_object + 64).context("--max-object must be below 4 GiB")?)
+        .max_outstanding(
+            usize::try_from(a.max_outstanding)
+                .context("--max-outstanding does not fit this machine's address space")?,
+        );
     if let Some(s) = a.sections {
-        cfg.sections = s;
+        cfg = cfg.sections(s);
     }
     if let Some(n) = a.io_threads {
-        cfg.io_threads = n;
+        cfg = cfg.io_threads(n);
     }
-    cfg.busy_poll = std::time::Duration::from_micros(a.busy_poll_us);
-    cfg.max_connections = a.max_connections;
-    cfg.max_body = u32::try_from(a.max_object + 64).context("--max-object must be below 4 GiB")?;
-    cfg.max_outstanding = usize::try_from(a.max_outstanding)
-        .context("--max-outstanding does not fit this machine's address space")?;
     if let (Some(cert), Some(key)) = (a.tls_cert, a.tls_key) {
-        cfg.tls = Some(TlsFiles { cert, key });
+        cfg = cfg.tls(TlsFiles { cert, key });
     }
     if let Some(addr) = a.metrics {
         if !addr.ip().is_loopback() {
@@ -82,13 +84,13 @@ fn config(a: NodeArgs) -> Result<(NodeConfig, String)> {
                  and name every tenant and what it holds; bind 127.0.0.1 unless that is meant"
             );
         }
-        cfg.metrics = Some(addr);
+        cfg = cfg.metrics(addr);
     }
     let mode = match &a.tokens {
         Some(path) => {
             let f = TokensFile::load(path)?;
             let n = f.tenants.len();
-            cfg.tokens = Some(f);
+            cfg = cfg.tokens(f);
             format!("{n} tenants from {}", path.display())
         }
         None => "open mode: any tenant accepted; use --tokens FILE on shared networks".to_string(),
@@ -99,7 +101,6 @@ fn config(a: NodeArgs) -> Result<(NodeConfig, String)> {
 /// Starts the node, says where it listens, and serves until SIGTERM or SIGINT, then stops it
 /// in order.
 fn serve(cfg: NodeConfig, mode: &str) -> Result<()> {
-    let sections = cfg.sections;
     // SIGTERM and SIGINT stop the server in order (below) rather than kill it.
     tidepool_sys::block_stop_signals()?;
     let server = Server::start(cfg)?;
@@ -113,7 +114,7 @@ fn serve(cfg: NodeConfig, mode: &str) -> Result<()> {
         "tidepool node listening on {} with {} in {} sections ({mode}){tls}{metrics}",
         server.local_addr(),
         format_size(server.capacity()),
-        sections
+        server.sections()
     );
     std::io::stdout().flush()?;
     let signal = tidepool_sys::wait_for_stop()?;

@@ -45,31 +45,34 @@ use std::time::{Duration, Instant};
 use tidepool_soft::budget::MemoryView;
 use tidepool_soft::coord::{Channel, Listener};
 
-/// How the coordinator runs.
+/// How the coordinator runs: [`Config::default`], then the setters below for what differs from
+/// the defaults each one names.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub socket: PathBuf,
+    /// The socket runtimes join at.
+    pub(crate) socket: PathBuf,
     /// Members of this group may join too (socket 0660, directory 0750); else only the owner.
-    pub group: Option<u32>,
+    pub(crate) group: Option<u32>,
     /// The HTTP token's file [default: beside the socket, `.token`].
-    pub token_file: Option<PathBuf>,
-    pub policy: Policy,
+    pub(crate) token_file: Option<PathBuf>,
+    /// How budgets are planned.
+    pub(crate) policy: Policy,
     /// Headroom always left to everything else (bytes).
-    pub reserve: u64,
+    pub(crate) reserve: u64,
     /// Soft memory in all never exceeds this.
-    pub max: u64,
+    pub(crate) max: u64,
     /// How often runtimes report.
-    pub heartbeat: Duration,
+    pub(crate) heartbeat: Duration,
     /// How often budgets are planned.
-    pub epoch: Duration,
+    pub(crate) epoch: Duration,
     /// How often memory is looked at.
-    pub tick: Duration,
+    pub(crate) tick: Duration,
     /// No budget is cut under this while the pool allows.
-    pub floor: u64,
+    pub(crate) floor: u64,
     /// A runtime has this long to give memory back itself before holes are punched.
-    pub grace: Duration,
+    pub(crate) grace: Duration,
     /// Epochs of history kept for the dashboard.
-    pub history: usize,
+    pub(crate) history: usize,
 }
 
 impl Default for Config {
@@ -88,6 +91,92 @@ impl Default for Config {
             grace: Duration::from_millis(500),
             history: 2400,
         }
+    }
+}
+
+impl Config {
+    /// The socket runtimes join at.
+    /// Default: [`default_socket`].
+    pub fn socket(mut self, value: PathBuf) -> Config {
+        self.socket = value;
+        self
+    }
+
+    /// Members of this group may join too (socket 0660, directory 0750).
+    /// Default: only the owner may join (socket 0600, directory 0700).
+    pub fn group(mut self, value: u32) -> Config {
+        self.group = Some(value);
+        self
+    }
+
+    /// The file of the token that changes over HTTP need (made if missing).
+    /// Default: beside the socket ([`default_token_file`]).
+    pub fn token_file(mut self, value: PathBuf) -> Config {
+        self.token_file = Some(value);
+        self
+    }
+
+    /// How budgets are planned.
+    /// Default: [`Policy::Midas`].
+    pub fn policy(mut self, value: Policy) -> Config {
+        self.policy = value;
+        self
+    }
+
+    /// Headroom always left to everything else, in bytes.
+    /// Default: 512 MiB.
+    pub fn reserve(mut self, value: u64) -> Config {
+        self.reserve = value;
+        self
+    }
+
+    /// Soft memory in all never exceeds this, in bytes.
+    /// Default: no limit (`u64::MAX`).
+    pub fn max(mut self, value: u64) -> Config {
+        self.max = value;
+        self
+    }
+
+    /// How often runtimes report.
+    /// Default: 100 ms.
+    pub fn heartbeat(mut self, value: Duration) -> Config {
+        self.heartbeat = value;
+        self
+    }
+
+    /// How often budgets are planned.
+    /// Default: 250 ms.
+    pub fn epoch(mut self, value: Duration) -> Config {
+        self.epoch = value;
+        self
+    }
+
+    /// How often memory is looked at.
+    /// Default: 5 ms.
+    pub fn tick(mut self, value: Duration) -> Config {
+        self.tick = value;
+        self
+    }
+
+    /// No budget is cut under this (bytes) while the pool allows.
+    /// Default: 8 MiB.
+    pub fn floor(mut self, value: u64) -> Config {
+        self.floor = value;
+        self
+    }
+
+    /// A runtime has this long to give memory back itself before holes are punched.
+    /// Default: 500 ms.
+    pub fn grace(mut self, value: Duration) -> Config {
+        self.grace = value;
+        self
+    }
+
+    /// Epochs of history kept for the dashboard.
+    /// Default: 2400 (ten minutes of 250 ms epochs).
+    pub fn history(mut self, value: usize) -> Config {
+        self.history = value;
+        self
     }
 }
 

@@ -16,17 +16,17 @@ fn socket(name: &str) -> std::path::PathBuf {
 }
 
 fn coordinator(name: &str, max: u64, grace: Duration) -> Coordinator {
-    Coordinator::start(Config {
-        socket: socket(name),
-        policy: Policy::Midas,
-        reserve: 0,
-        max,
-        floor: 2 * SEGMENT as u64,
-        grace,
-        heartbeat: Duration::from_millis(20),
-        epoch: Duration::from_millis(50),
-        ..Config::default()
-    })
+    Coordinator::start(
+        Config::default()
+            .socket(socket(name))
+            .policy(Policy::Midas)
+            .reserve(0)
+            .max(max)
+            .floor(2 * SEGMENT as u64)
+            .grace(grace)
+            .heartbeat(Duration::from_millis(20))
+            .epoch(Duration::from_millis(50)),
+    )
     .expect("start a coordinator")
 }
 
@@ -122,19 +122,16 @@ fn a_soft_arena_follows_its_budget_down_by_itself_and_frees_it_when_it_leaves() 
     // A long grace: a debug build under load must not lose the race to direct reclamation.
     let coord = coordinator("coop", 64 * MIB, Duration::from_secs(5));
     let arena = SoftRuntime::new(
-        SoftArena::new(ArenaConfig {
-            budget: 8 * MIB as usize,
-            max_bytes: 1 << 30,
-        })
+        SoftArena::new(
+            ArenaConfig::default()
+                .budget(8 * MIB as usize)
+                .max_bytes(1 << 30),
+        )
         .unwrap(),
     );
     arena.start_evacuator(0.05, 0.1).unwrap();
     let link = arena
-        .join_coordinator(CoordConfig {
-            socket: coord.socket().to_path_buf(),
-            name: "coop".into(),
-            weight: 1.0,
-        })
+        .join_coordinator(CoordConfig::new(coord.socket()).name("coop").weight(1.0))
         .unwrap();
     wait_for("registration", || link.connected());
     wait_for("the welcome's budget", || arena.budget() as u64 == 64 * MIB);

@@ -10,19 +10,19 @@ use tidepool_sys::seqpacket::Channel;
 const MIB: u64 = 1 << 20;
 
 fn coordinator(name: &str) -> Coordinator {
-    Coordinator::start(Config {
-        socket: std::env::temp_dir().join(format!(
-            "tp-coord-reporters-{name}-{}.sock",
-            std::process::id()
-        )),
-        policy: Policy::Midas,
-        reserve: 0,
-        max: 256 * MIB,
-        floor: 8 * MIB,
-        heartbeat: Duration::from_millis(20),
-        epoch: Duration::from_millis(50),
-        ..Config::default()
-    })
+    Coordinator::start(
+        Config::default()
+            .socket(std::env::temp_dir().join(format!(
+                "tp-coord-reporters-{name}-{}.sock",
+                std::process::id()
+            )))
+            .policy(Policy::Midas)
+            .reserve(0)
+            .max(256 * MIB)
+            .floor(8 * MIB)
+            .heartbeat(Duration::from_millis(20))
+            .epoch(Duration::from_millis(50)),
+    )
     .expect("start a coordinator")
 }
 

@@ -76,17 +76,20 @@ impl std::fmt::Display for Structure {
     }
 }
 
-/// A section's shape.
+/// A section's shape: [`SectionConfig::new`] with all of it (it has no other settings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SectionConfig {
-    pub structure: Structure,
+    /// Where a line may be cached in the section.
+    pub(crate) structure: Structure,
     /// Bytes per line: a multiple of 8.
-    pub line_bytes: usize,
+    pub(crate) line_bytes: usize,
     /// Bytes of lines in all (rounded down to whole lines, and to whole sets).
-    pub capacity: usize,
+    pub(crate) capacity: usize,
 }
 
 impl SectionConfig {
+    /// A section of `structure`, with lines of `line_bytes` (a multiple of 8) and `capacity`
+    /// bytes of lines in all (rounded down to whole lines, and to whole sets).
     pub fn new(structure: Structure, line_bytes: usize, capacity: usize) -> SectionConfig {
         SectionConfig {
             structure,

@@ -99,32 +99,36 @@ impl TokensFile {
     }
 }
 
-/// Everything `tidepool node` needs to start.
+/// Everything `tidepool node` needs to start: [`NodeConfig::new`] with an address and a
+/// capacity, then the setters below for what differs from the defaults each one names.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
-    pub listen: String,
-    pub capacity: u64,
+    /// Address to listen on (port 0 picks a free port).
+    pub(crate) listen: String,
+    /// Memory to serve, in bytes.
+    pub(crate) capacity: u64,
     /// Memory sections, each with its own allocator thread.
-    pub sections: usize,
+    pub(crate) sections: usize,
     /// Event-loop threads serving connections.
-    pub io_threads: usize,
+    pub(crate) io_threads: usize,
     /// How long an I/O worker keeps polling after its last work before sleeping. Wake-ups cost
     /// tens of microseconds on VMs; a short spin saves some when the node has CPUs of its own,
     /// and steals from its neighbours when it does not (measured: three spinning nodes on one
     /// vCPU lost 60% of their throughput). Zero, the default: always sleep.
-    pub busy_poll: std::time::Duration,
+    pub(crate) busy_poll: std::time::Duration,
     /// `None`: open mode, any tenant name and token accepted (for a trusted host).
-    pub tokens: Option<TokensFile>,
-    pub max_connections: usize,
+    pub(crate) tokens: Option<TokensFile>,
+    /// Most simultaneous client connections.
+    pub(crate) max_connections: usize,
     /// Largest frame body accepted, and so the largest object.
-    pub max_body: u32,
+    pub(crate) max_body: u32,
     /// Answers a connection may have waiting for its client to read them before the node stops
     /// reading its requests (one answer may take it past this once).
-    pub max_outstanding: usize,
+    pub(crate) max_outstanding: usize,
     /// `Some`: accept only TLS connections, with this certificate and key.
-    pub tls: Option<TlsFiles>,
+    pub(crate) tls: Option<TlsFiles>,
     /// `Some`: serve Prometheus metrics at `http://ADDR/metrics`.
-    pub metrics: Option<std::net::SocketAddr>,
+    pub(crate) metrics: Option<std::net::SocketAddr>,
 }
 
 /// The default of [`NodeConfig::max_outstanding`].
@@ -134,6 +138,8 @@ pub const DEFAULT_MAX_OUTSTANDING: usize = 4 << 20;
 pub const MIN_MAX_OUTSTANDING: usize = 64 << 10;
 
 impl NodeConfig {
+    /// A node listening at `listen` (`host:port`; port 0 picks a free port) and serving
+    /// `capacity` bytes of memory (rounded down to whole pages in every section).
     pub fn new(listen: impl Into<String>, capacity: u64) -> NodeConfig {
         let cpus = std::thread::available_parallelism()
             .map(|n| n.get())
@@ -152,6 +158,74 @@ impl NodeConfig {
             tls: None,
             metrics: None,
         }
+    }
+
+    /// Memory sections, each with its own allocator thread (zero counts as one).
+    /// Default: one per CPU this process may run on, at most 16.
+    pub fn sections(mut self, value: usize) -> NodeConfig {
+        self.sections = value;
+        self
+    }
+
+    /// Event-loop threads serving connections (zero counts as one).
+    /// Default: half the CPUs this process may run on, at least 1 and at most 16.
+    pub fn io_threads(mut self, value: usize) -> NodeConfig {
+        self.io_threads = value;
+        self
+    }
+
+    /// How long an I/O worker keeps polling after its last work before sleeping. Wake-ups cost
+    /// tens of microseconds on VMs; a short spin saves some when the node has CPUs of its own,
+    /// and steals from its neighbours when it does not (measured: three spinning nodes on one
+    /// vCPU lost 60% of their throughput).
+    /// Default: zero, always sleep.
+    pub fn busy_poll(mut self, value: std::time::Duration) -> NodeConfig {
+        self.busy_poll = value;
+        self
+    }
+
+    /// The tenants that may connect, with their tokens and quotas.
+    /// Default: none, open mode: any tenant name and token accepted (for a trusted host).
+    pub fn tokens(mut self, value: TokensFile) -> NodeConfig {
+        self.tokens = Some(value);
+        self
+    }
+
+    /// Most simultaneous client connections.
+    /// Default: 4096.
+    pub fn max_connections(mut self, value: usize) -> NodeConfig {
+        self.max_connections = value;
+        self
+    }
+
+    /// Largest frame body accepted, and so the largest object, in bytes.
+    /// Default: 16 MiB.
+    pub fn max_body(mut self, value: u32) -> NodeConfig {
+        self.max_body = value;
+        self
+    }
+
+    /// Answers a connection may have waiting for its client to read them, in bytes, before the
+    /// node stops reading its requests (one answer may take it past this once); at least
+    /// [`MIN_MAX_OUTSTANDING`], or [`Server::start`](crate::Server::start) refuses it.
+    /// Default: [`DEFAULT_MAX_OUTSTANDING`].
+    pub fn max_outstanding(mut self, value: usize) -> NodeConfig {
+        self.max_outstanding = value;
+        self
+    }
+
+    /// Accept only TLS connections, with this certificate and key.
+    /// Default: plain TCP.
+    pub fn tls(mut self, value: TlsFiles) -> NodeConfig {
+        self.tls = Some(value);
+        self
+    }
+
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (port 0 picks a free port).
+    /// Default: no metrics served.
+    pub fn metrics(mut self, value: std::net::SocketAddr) -> NodeConfig {
+        self.metrics = Some(value);
+        self
     }
 }
 
@@ -179,14 +253,15 @@ mod tests {
 
     #[test]
     fn debug_forms_never_show_a_token() {
-        let mut cfg = NodeConfig::new("127.0.0.1:0", 1 << 20);
-        cfg.tokens = Some(
-            TokensFile::parse("[[tenant]]\nname = \"web\"\ntoken = \"s3cret-token\"\n").unwrap(),
-        );
-        cfg.tls = Some(TlsFiles {
-            cert: "/etc/tp/node.pem".into(),
-            key: "/etc/tp/node.key".into(),
-        });
+        let cfg = NodeConfig::new("127.0.0.1:0", 1 << 20)
+            .tokens(
+                TokensFile::parse("[[tenant]]\nname = \"web\"\ntoken = \"s3cret-token\"\n")
+                    .unwrap(),
+            )
+            .tls(TlsFiles {
+                cert: "/etc/tp/node.pem".into(),
+                key: "/etc/tp/node.key".into(),
+            });
         let shown = format!("{cfg:?}");
         assert!(!shown.contains("s3cret-token"), "{shown}");
         assert!(

@@ -123,6 +123,11 @@ impl Server {
         self.shared.capacity
     }
 
+    /// Memory sections served, each with its own allocator thread.
+    pub fn sections(&self) -> usize {
+        self.shared.sections.len()
+    }
+
     /// The node's counters and every tenant's, as `stats` reports them.
     pub fn counters(&self) -> Vec<(String, u64)> {
         let mut v = self.shared.node_counters();

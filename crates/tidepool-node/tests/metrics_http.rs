@@ -36,9 +36,9 @@ fn get(conn: &mut BufReader<TcpStream>, path: &str) -> (String, Vec<String>, Str
 
 #[test]
 fn metrics_are_served_and_shutdown_does_not_wait_for_idle_scrapers() {
-    let mut cfg = NodeConfig::new("127.0.0.1:0", 16 << 20);
-    cfg.metrics = Some("127.0.0.1:0".parse().unwrap());
-    cfg.io_threads = 2;
+    let cfg = NodeConfig::new("127.0.0.1:0", 16 << 20)
+        .metrics("127.0.0.1:0".parse().unwrap())
+        .io_threads(2);
     let server = Server::start(cfg).unwrap();
     let addr = server.metrics_addr().expect("metrics address");
     let stream = TcpStream::connect(addr).unwrap();

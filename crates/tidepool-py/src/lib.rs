@@ -136,17 +136,14 @@ pub(crate) fn arena() -> PyResult<Arc<SoftArena>> {
         Budget::Fixed(bytes) => bytes,
         Budget::Auto { .. } => INITIAL_AUTO_BUDGET,
     };
-    let runtime = SoftRuntime::from_env(ArenaConfig {
-        budget,
-        max_bytes: MAX_BYTES,
-    })
-    .map_err(|e| {
-        SoftMemoryError::new_err(format!(
+    let runtime = SoftRuntime::from_env(ArenaConfig::default().budget(budget).max_bytes(MAX_BYTES))
+        .map_err(|e| {
+            SoftMemoryError::new_err(format!(
             "{} (soft memory needs Linux 5.7 or later, memfd and userfaultfd; as a user, allow \
              userfaultfd with `sysctl vm.unprivileged_userfaultfd=1` or run as root)",
             describe(&e)
         ))
-    })?;
+        })?;
     runtime.start_evacuator(0.02, 0.05).map_err(|e| {
         SoftMemoryError::new_err(format!("cannot start soft memory's evacuator thread: {e}"))
     })?;

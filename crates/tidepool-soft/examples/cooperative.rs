@@ -8,10 +8,11 @@ fn main() {
     let threads: usize = args.get(1).map_or(1, |a| a.parse().unwrap());
     let live: f64 = args.get(2).map_or(0.5, |a| a.parse().unwrap());
     let segments = 256;
-    let arena = SoftArena::new(ArenaConfig {
-        budget: (2 * segments + 8) * SEGMENT,
-        max_bytes: 8 << 30,
-    })
+    let arena = SoftArena::new(
+        ArenaConfig::default()
+            .budget((2 * segments + 8) * SEGMENT)
+            .max_bytes(8 << 30),
+    )
     .unwrap();
     // Watermarks no allocation reaches: the pool only serves the evacuate call below.
     let runtime = SoftRuntime::new(arena.clone());

@@ -19,10 +19,11 @@ fn main() {
     let ratio: f64 = args.get(1).map_or(0.5, |a| a.parse().unwrap());
     let n: u64 = args.get(2).map_or(100_000, |a| a.parse().unwrap());
     let state = n as usize * 4112;
-    let arena = SoftArena::new(ArenaConfig {
-        budget: ((state as f64 * ratio) as usize).max(4 * SEGMENT),
-        max_bytes: 8 << 30,
-    })
+    let arena = SoftArena::new(
+        ArenaConfig::default()
+            .budget(((state as f64 * ratio) as usize).max(4 * SEGMENT))
+            .max_bytes(8 << 30),
+    )
     .unwrap();
     let runtime = SoftRuntime::new(arena.clone());
     runtime

@@ -8,11 +8,7 @@ fn main() {
     let n: usize = std::env::args()
         .nth(1)
         .map_or(1 << 21, |a| a.parse().unwrap());
-    let arena = SoftArena::new(ArenaConfig {
-        budget: 1 << 30,
-        max_bytes: 4 << 30,
-    })
-    .unwrap();
+    let arena = SoftArena::new(ArenaConfig::default().budget(1 << 30).max_bytes(4 << 30)).unwrap();
     // A random cycle: object i holds the index of the next one.
     let mut order: Vec<usize> = (0..n).collect();
     order.shuffle(&mut rand::rngs::SmallRng::seed_from_u64(1));

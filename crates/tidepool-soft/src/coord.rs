@@ -29,37 +29,68 @@ pub use tidepool_sys::seqpacket::{Channel, Listener, Peer};
 
 // ---- the runtime's side -------------------------------------------------------------------------
 
-/// Where the coordinator is and how this arena introduces itself.
+/// Where the coordinator is and how this arena introduces itself: [`CoordConfig::new`] with the
+/// socket (or [`CoordConfig::from_env`]), then the setters below for what differs from the
+/// defaults each one names.
 #[derive(Debug, Clone)]
 pub struct CoordConfig {
-    pub socket: PathBuf,
+    /// The coordinator's socket.
+    pub(crate) socket: PathBuf,
     /// Shown on the dashboard (default: the program's name).
-    pub name: String,
+    pub(crate) name: String,
     /// The operator's weight (default 1).
-    pub weight: f64,
+    pub(crate) weight: f64,
 }
 
 impl CoordConfig {
+    /// The coordinator listening at `socket`, joined under the program's name with weight 1.
+    pub fn new(socket: impl Into<PathBuf>) -> CoordConfig {
+        CoordConfig {
+            socket: socket.into(),
+            name: program_name(),
+            weight: 1.0,
+        }
+    }
+
     /// From the environment: `TIDEPOOL_COORD` (the socket; nothing without it),
     /// `TIDEPOOL_APP` (the name), `TIDEPOOL_WEIGHT`.
     pub fn from_env() -> Option<CoordConfig> {
         let socket = std::env::var_os(ENV_SOCKET).filter(|s| !s.is_empty())?;
-        let name = std::env::var("TIDEPOOL_APP").ok().unwrap_or_else(|| {
-            std::fs::read_to_string("/proc/self/comm")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "soft".into())
-        });
-        let weight = std::env::var("TIDEPOOL_WEIGHT")
+        let mut config = CoordConfig::new(socket);
+        if let Ok(name) = std::env::var("TIDEPOOL_APP") {
+            config = config.name(name);
+        }
+        if let Some(weight) = std::env::var("TIDEPOOL_WEIGHT")
             .ok()
             .and_then(|w| w.parse().ok())
             .filter(|w: &f64| w.is_finite() && *w > 0.0)
-            .unwrap_or(1.0);
-        Some(CoordConfig {
-            socket: socket.into(),
-            name,
-            weight,
-        })
+        {
+            config = config.weight(weight);
+        }
+        Some(config)
     }
+
+    /// The name the dashboard shows for this arena.
+    /// Default: the program's name (`/proc/self/comm`; `soft` where that cannot be read).
+    pub fn name(mut self, value: impl Into<String>) -> CoordConfig {
+        self.name = value.into();
+        self
+    }
+
+    /// The operator's weight: a share of memory in proportion to it, other things equal (the
+    /// coordinator clamps it to what it accepts).
+    /// Default: 1.
+    pub fn weight(mut self, value: f64) -> CoordConfig {
+        self.weight = value;
+        self
+    }
+}
+
+/// The program's name as the kernel has it, or `soft`.
+fn program_name() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "soft".into())
 }
 
 /// How an arena's link to the coordinator stands.
@@ -319,11 +350,8 @@ mod tests {
 
     #[test]
     fn segments_the_coordinator_punched_are_retired_and_their_objects_rebuilt() {
-        let arena = SoftArena::new(ArenaConfig {
-            budget: 32 << 20,
-            max_bytes: 1 << 30,
-        })
-        .unwrap();
+        let arena =
+            SoftArena::new(ArenaConfig::default().budget(32 << 20).max_bytes(1 << 30)).unwrap();
         let v: SoftVec<[u8; 4096]> = SoftVec::new(&arena, 4000, |i| [i as u8; 4096]);
         for i in 0..4000 {
             assert_eq!(v.get(i)[0], i as u8);
@@ -358,11 +386,8 @@ mod tests {
 
     #[test]
     fn a_report_says_what_the_arena_holds() {
-        let arena = SoftArena::new(ArenaConfig {
-            budget: 16 << 20,
-            max_bytes: 1 << 30,
-        })
-        .unwrap();
+        let arena =
+            SoftArena::new(ArenaConfig::default().budget(16 << 20).max_bytes(1 << 30)).unwrap();
         let v: SoftVec<[u8; 4096]> = SoftVec::new(&arena, 100, |i| [i as u8; 4096]);
         for i in 0..100 {
             v.get(i);

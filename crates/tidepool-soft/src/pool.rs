@@ -600,10 +600,11 @@ mod tests {
 
     /// Objects in a small arena of their own.
     fn small_arena() -> (Arc<SoftArena>, Objects) {
-        let arena = SoftArena::new(ArenaConfig {
-            budget: 4 * SEGMENT,
-            max_bytes: 64 * SEGMENT,
-        })
+        let arena = SoftArena::new(
+            ArenaConfig::default()
+                .budget(4 * SEGMENT)
+                .max_bytes(64 * SEGMENT),
+        )
         .unwrap();
         let objects = Objects {
             arena: arena.clone(),

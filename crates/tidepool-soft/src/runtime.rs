@@ -148,10 +148,11 @@ mod tests {
     #[test]
     fn a_stopped_auto_budget_leaves_the_budget_alone() {
         let runtime = SoftRuntime::new(
-            SoftArena::new(ArenaConfig {
-                budget: 8 * SEGMENT,
-                max_bytes: 64 * SEGMENT,
-            })
+            SoftArena::new(
+                ArenaConfig::default()
+                    .budget(8 * SEGMENT)
+                    .max_bytes(64 * SEGMENT),
+            )
             .unwrap(),
         );
         let arena = runtime.arena().clone();

@@ -38,11 +38,7 @@ fn join(cgroup: &str) {
 
 fn program(cgroup: &str) {
     join(cgroup);
-    let arena = SoftArena::new(ArenaConfig {
-        budget: 64 << 20,
-        max_bytes: 4 << 30,
-    })
-    .unwrap();
+    let arena = SoftArena::new(ArenaConfig::default().budget(64 << 20).max_bytes(4 << 30)).unwrap();
     let runtime = SoftRuntime::new(arena.clone());
     runtime.start_evacuator(0.1, 0.2).unwrap();
     runtime

@@ -41,7 +41,7 @@ proptest! {
 
     #[test]
     fn reads_return_the_last_write_or_nothing(ops in proptest::collection::vec(op(), 1..120)) {
-        let arena = SoftArena::new(ArenaConfig { budget: 8 * SEGMENT, max_bytes: 1 << 30 }).unwrap();
+        let arena = SoftArena::new(ArenaConfig::default().budget(8 * SEGMENT).max_bytes(1 << 30)).unwrap();
         let map: SoftMap<u32, Vec<u8>> = SoftMap::new(&arena);
         let mut model: HashMap<u32, Vec<u8>> = HashMap::new();
         let mut filler = 1000u32;

@@ -28,10 +28,11 @@ fn model(preemptions: usize, f: impl Fn() + Sync + Send + 'static) {
 }
 
 fn arena() -> Arc<SoftArena> {
-    SoftArena::new(ArenaConfig {
-        budget: 4 * SEGMENT,
-        max_bytes: 8 * SEGMENT,
-    })
+    SoftArena::new(
+        ArenaConfig::default()
+            .budget(4 * SEGMENT)
+            .max_bytes(8 * SEGMENT),
+    )
     .unwrap()
 }
 

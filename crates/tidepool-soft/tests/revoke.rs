@@ -17,11 +17,7 @@ fn value(index: u64, version: u64) -> Value {
 }
 
 fn arena(budget: usize) -> Arc<SoftArena> {
-    SoftArena::new(ArenaConfig {
-        budget,
-        max_bytes: 1 << 30,
-    })
-    .expect("arena")
+    SoftArena::new(ArenaConfig::default().budget(budget).max_bytes(1 << 30)).expect("arena")
 }
 
 #[test]

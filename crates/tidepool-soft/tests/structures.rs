@@ -6,11 +6,7 @@ use std::sync::Arc;
 use tidepool_soft::{ArenaConfig, SoftArena, SoftMap, SoftQueue, SoftRuntime, SoftVec, SEGMENT};
 
 fn arena(budget: usize) -> Arc<SoftArena> {
-    SoftArena::new(ArenaConfig {
-        budget,
-        max_bytes: 1 << 30,
-    })
-    .expect("arena")
+    SoftArena::new(ArenaConfig::default().budget(budget).max_bytes(1 << 30)).expect("arena")
 }
 
 fn payload(k: u64) -> String {

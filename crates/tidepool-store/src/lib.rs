@@ -337,12 +337,12 @@ pub fn open(url: &str) -> Result<Arc<dyn FarStore>, StoreError> {
             wait,
             failover_ms,
         } => {
-            let mut options = ClusterOptions {
-                wait,
-                ..ClusterOptions::default()
-            };
+            let mut options = ClusterOptions::default();
+            if let Some(n) = wait {
+                options = options.wait(n);
+            }
             if let Some(ms) = failover_ms {
-                options.failover = std::time::Duration::from_millis(ms);
+                options = options.failover(std::time::Duration::from_millis(ms));
             }
             Arc::new(RedisStore::connect_cluster_with_options(
                 &nodes,
@@ -372,15 +372,12 @@ fn open_node(url: StoreUrl, store: &str) -> Result<NodeStore, StoreError> {
     let tls = tls
         .map(|t| ClientTls::from_options(&addr, &t))
         .transpose()?;
-    let mut options = NodeOptions {
-        store: store.to_string(),
-        ..NodeOptions::default()
-    };
+    let mut options = NodeOptions::default().store(store);
     if let Some(us) = poll_us {
-        options.poll = std::time::Duration::from_micros(us);
+        options = options.poll(std::time::Duration::from_micros(us));
     }
     if let Some(ms) = timeout_ms {
-        options.timeout = std::time::Duration::from_millis(ms);
+        options = options.timeout(std::time::Duration::from_millis(ms));
     }
     Ok(NodeStore::with_client(NodeClient::connect_with_options(
         &addr, &tenant, &token, tls, options,

@@ -16,11 +16,21 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// What a URL asks of TLS. Holds no secret: a CA file's path, not its contents.
+/// What a URL asks of TLS: [`TlsOptions::default`] trusts the system's roots, and the setter
+/// below says otherwise. Holds no secret: a CA file's path, not its contents.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TlsOptions {
     /// PEM file of CA certificates to trust instead of the system's roots.
-    pub ca: Option<PathBuf>,
+    pub(crate) ca: Option<PathBuf>,
+}
+
+impl TlsOptions {
+    /// PEM file of CA certificates to trust instead of the system's roots (for a private CA).
+    /// Default: none, the system's roots are trusted.
+    pub fn ca(mut self, value: PathBuf) -> TlsOptions {
+        self.ca = Some(value);
+        self
+    }
 }
 
 /// A client's TLS settings for one server: whom to trust and the name its certificate must

@@ -7,8 +7,7 @@ use tidepool_peers::tls::TestCerts;
 use tidepool_store::{conformance, open, NodeClient};
 
 fn tls_node(certs: &TestCerts) -> Server {
-    let mut cfg = NodeConfig::new("127.0.0.1:0", 64 << 20);
-    cfg.tls = Some(TlsFiles {
+    let cfg = NodeConfig::new("127.0.0.1:0", 64 << 20).tls(TlsFiles {
         cert: certs.cert(),
         key: certs.key(),
     });
@@ -120,8 +119,7 @@ fn bad_certificate_files_are_named() {
     let certs = TestCerts::generate().unwrap();
     let other = TestCerts::generate().unwrap();
     let start = |cert: std::path::PathBuf, key: std::path::PathBuf| {
-        let mut cfg = NodeConfig::new("127.0.0.1:0", 16 << 20);
-        cfg.tls = Some(TlsFiles { cert, key });
+        let cfg = NodeConfig::new("127.0.0.1:0", 16 << 20).tls(TlsFiles { cert, key });
         Server::start(cfg).unwrap_err()
     };
     let missing = certs.dir().join("missing.pem");

@@ -227,8 +227,7 @@ fn a_tenant_in_use_by_a_store_with_other_settings_is_refused_naming_both() {
 fn a_write_refused_part_way_leaves_errors_never_mixed_values() {
     let servers: Vec<Server> = (0..6)
         .map(|_| {
-            let mut c = NodeConfig::new("127.0.0.1:0", 256 << 20);
-            c.tokens = Some(
+            let c = NodeConfig::new("127.0.0.1:0", 256 << 20).tokens(
                 tidepool_node::TokensFile::parse(
                     "[[tenant]]\nname = \"t\"\ntoken = \"k\"\nquota = \"64K\"\n",
                 )

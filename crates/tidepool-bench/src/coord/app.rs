@@ -325,14 +325,13 @@ pub fn worker(job: &AppJob) -> Result<()> {
     // soft memory): a warm-up scan has no ghost hits, and would look worth nothing to the
     // coordinator. Otherwise the arena joins as any program does, when it is made.
     let coordinator = late_coordinator();
-    let arena = tidepool_soft::SoftRuntime::from_env(tidepool_soft::ArenaConfig {
-        budget: if budget == 0 {
-            8 << 20
-        } else {
-            budget as usize
-        },
-        max_bytes: 4 << 30,
-    })?;
+    // A budget of 0: 8 MiB to start with.
+    let first_budget = Some(budget as usize).filter(|&b| b != 0).unwrap_or(8 << 20);
+    let arena = tidepool_soft::SoftRuntime::from_env(
+        tidepool_soft::ArenaConfig::default()
+            .budget(first_budget)
+            .max_bytes(4 << 30),
+    )?;
     // Free-segment watermarks of 1 and 2% (at least one and two segments): small budgets
     // keep more of themselves for objects.
     arena.start_evacuator(0.01, 0.02)?;

@@ -7,10 +7,11 @@ use tidepool_soft::{ArenaConfig, SoftRuntime};
 /// An arena of `budget` bytes, able to grow to four times that (at least 1 GiB), with its
 /// runtime (which stops its threads when dropped: keep it while the arena is used).
 pub(super) fn arena(budget: usize) -> Result<SoftRuntime> {
-    SoftRuntime::from_env(ArenaConfig {
-        budget,
-        max_bytes: (4 * budget).max(1 << 30),
-    })
+    SoftRuntime::from_env(
+        ArenaConfig::default()
+            .budget(budget)
+            .max_bytes((4 * budget).max(1 << 30)),
+    )
     .context("cannot create a soft-memory arena")
 }
 

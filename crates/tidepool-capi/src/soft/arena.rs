@@ -77,7 +77,7 @@ pub extern "C" fn tp_arena_new(budget: usize, auto: c_int) -> *mut tp_arena {
     construct(|| {
         let mut config = ArenaConfig::default();
         if budget > 0 {
-            config.budget = budget;
+            config = config.budget(budget);
         }
         // The coordinator named in the environment (TIDEPOOL_COORD), if any, is joined.
         let runtime = SoftRuntime::from_env(config).map_err(|e| format!("{e}"))?;

@@ -56,13 +56,14 @@ pub(crate) const CONTINUATION: u8 = 4;
 /// closed list) until they are done, then given back.
 pub(crate) const REVOKED: u8 = 5;
 
-/// How to size an arena.
+/// How to size an arena: [`ArenaConfig::default`], then the setters below for what differs
+/// from the defaults each one names.
 #[derive(Debug, Clone)]
 pub struct ArenaConfig {
     /// Most bytes of memory the arena's segments may hold at once.
-    pub budget: usize,
+    pub(crate) budget: usize,
     /// Address space reserved for the arena (no memory until populated); at most 64 GiB.
-    pub max_bytes: usize,
+    pub(crate) max_bytes: usize,
 }
 
 impl Default for ArenaConfig {
@@ -71,6 +72,24 @@ impl Default for ArenaConfig {
             budget: 256 << 20,
             max_bytes: 64 << 30,
         }
+    }
+}
+
+impl ArenaConfig {
+    /// Most bytes of memory the arena's segments may hold at once, to start with (rounded up
+    /// to whole segments, at least one); the arena's budget may be changed later.
+    /// Default: 256 MiB.
+    pub fn budget(mut self, value: usize) -> ArenaConfig {
+        self.budget = value;
+        self
+    }
+
+    /// Address space reserved for the arena, in bytes (no memory until populated): rounded
+    /// down to whole segments, at least one segment and at most 64 GiB.
+    /// Default: 64 GiB.
+    pub fn max_bytes(mut self, value: usize) -> ArenaConfig {
+        self.max_bytes = value;
+        self
     }
 }
 

@@ -419,15 +419,16 @@ fn probe_any(nodes: &[String], opts: &TlsOptions) -> Result<(), StoreError> {
     Err(first_error.expect("a cluster URL names at least one node"))
 }
 
-/// How a Redis Cluster store rides out failures.
+/// How a Redis Cluster store rides out failures: [`ClusterOptions::default`], then the setters
+/// below for what differs from the defaults each one names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClusterOptions {
     /// Replicas every write must reach (Redis `WAIT`) before it is acknowledged, so that it
     /// survives its master's failover; `None` acknowledges once the masters have it.
-    pub wait: Option<u32>,
+    pub(crate) wait: Option<u32>,
     /// How long a call keeps retrying while the cluster cannot serve it (a master lost and
     /// not yet replaced) before it fails.
-    pub failover: Duration,
+    pub(crate) failover: Duration,
 }
 
 impl Default for ClusterOptions {
@@ -436,6 +437,24 @@ impl Default for ClusterOptions {
             wait: None,
             failover: Duration::from_secs(15),
         }
+    }
+}
+
+impl ClusterOptions {
+    /// Replicas every write must reach (Redis `WAIT`) before it is acknowledged, so that it
+    /// survives its master's failover.
+    /// Default: none, a write is acknowledged once the masters have it.
+    pub fn wait(mut self, replicas: u32) -> ClusterOptions {
+        self.wait = Some(replicas);
+        self
+    }
+
+    /// How long a call keeps retrying while the cluster cannot serve it (a master lost and
+    /// not yet replaced) before it fails.
+    /// Default: 15 s.
+    pub fn failover(mut self, value: Duration) -> ClusterOptions {
+        self.failover = value;
+        self
     }
 }
 

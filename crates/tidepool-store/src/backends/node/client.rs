@@ -16,19 +16,20 @@ use tidepool_proto::Op;
 use tidepool_proto::Request;
 use tidepool_proto::Response;
 
-/// How a client talks to its node.
+/// How a client talks to its node: [`NodeOptions::default`], then the setters below for what
+/// differs from the defaults each one names.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeOptions {
     /// How long each request asks for its answer without sleeping before it sleeps (zero:
     /// sleep at once). Plain TCP only: a TLS connection sleeps at once.
-    pub poll: Duration,
+    pub(crate) poll: Duration,
     /// The longest wait to connect, for the node to take a request, or for its answer; past
     /// it the request fails (and `tidepool run` stops the program, exit 70).
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// What store the node is one of (`ec=4+2 over h1,...`), said at hello so that the node
     /// refuses a client of the same tenant whose store has other settings; empty for a store
     /// on this node alone.
-    pub store: String,
+    pub(crate) store: String,
 }
 
 impl Default for NodeOptions {
@@ -38,6 +39,32 @@ impl Default for NodeOptions {
             timeout: DEFAULT_TIMEOUT,
             store: String::new(),
         }
+    }
+}
+
+impl NodeOptions {
+    /// How long each request asks for its answer without sleeping before it sleeps (zero:
+    /// sleep at once). Plain TCP only: a TLS connection sleeps at once.
+    /// Default: [`DEFAULT_POLL`].
+    pub fn poll(mut self, value: Duration) -> NodeOptions {
+        self.poll = value;
+        self
+    }
+
+    /// The longest wait to connect, for the node to take a request, or for its answer; past
+    /// it the request fails (and `tidepool run` stops the program, exit 70).
+    /// Default: 10 s.
+    pub fn timeout(mut self, value: Duration) -> NodeOptions {
+        self.timeout = value;
+        self
+    }
+
+    /// What store the node is one of (`ec=4+2 over h1,...`), said at hello so that the node
+    /// refuses a client of the same tenant whose store has other settings.
+    /// Default: empty, a store on this node alone.
+    pub fn store(mut self, value: impl Into<String>) -> NodeOptions {
+        self.store = value.into();
+        self
     }
 }
 
