@@ -26,16 +26,8 @@ pub fn requests(data: &[u8]) {
     let Some((&split, data)) = data.split_first() else {
         return;
     };
-    let limits = Limits {
-        item_max: 4096,
-        line_max: 512,
-    };
-    let settings = Settings {
-        threads: 1,
-        item_max: limits.item_max,
-        max_connections: 1,
-        max_bytes: None,
-    };
+    let limits = Limits::default().item_max(4096).line_max(512);
+    let settings = Settings::new(1, limits.item_max, 1);
     let mut session = Session::default();
     let mut buffer: Vec<u8> = Vec::new();
     let mut out = Vec::new();

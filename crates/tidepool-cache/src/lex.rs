@@ -7,13 +7,29 @@ pub const KEY_MAX: usize = 250;
 /// so that the largest item either server accepts is about the same.
 pub const ITEM_OVERHEAD: usize = 56;
 
-/// Limits a connection's parser works within.
+/// Limits a connection's parser works within: [`Limits::default`], then the setters below.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     /// The largest item (key, data and overhead), memcached's `-I`.
-    pub item_max: usize,
+    pub(crate) item_max: usize,
     /// The longest command line without its end; longer, and the connection is closed.
-    pub line_max: usize,
+    pub(crate) line_max: usize,
+}
+
+impl Limits {
+    /// The largest item in bytes, key, data and overhead together: memcached's `-I`
+    /// (default 1 MiB).
+    pub fn item_max(mut self, bytes: usize) -> Limits {
+        self.item_max = bytes;
+        self
+    }
+
+    /// The longest command line in bytes, without its end; a longer one closes the connection
+    /// (default 64 KiB).
+    pub fn line_max(mut self, bytes: usize) -> Limits {
+        self.line_max = bytes;
+        self
+    }
 }
 
 impl Default for Limits {

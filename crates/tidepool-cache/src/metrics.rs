@@ -82,15 +82,7 @@ mod tests {
         items
             .store(crate::store::StoreMode::Set, b"k", 0, 0, b"v", None)
             .unwrap();
-        let text = render(
-            &items,
-            &Settings {
-                threads: 2,
-                item_max: 1 << 20,
-                max_connections: 10,
-                max_bytes: None,
-            },
-        );
+        let text = render(&items, &Settings::new(2, 1 << 20, 10));
         assert!(
             text.contains("# TYPE tidepool_cache_curr_items gauge"),
             "{text}"

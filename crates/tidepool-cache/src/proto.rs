@@ -555,10 +555,7 @@ mod tests {
 
     #[test]
     fn a_line_with_no_end_is_cut_off_at_the_limit() {
-        let l = Limits {
-            line_max: 16,
-            ..Limits::default()
-        };
+        let l = Limits::default().line_max(16);
         assert_eq!(parse(b"get aaaaaaaa", &l), Parsed::Incomplete);
         assert!(matches!(
             parse(b"get aaaaaaaaaaaaaaaaaaaa", &l),

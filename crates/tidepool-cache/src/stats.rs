@@ -5,14 +5,37 @@ use crate::store::Items;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
-/// What `stats` reports besides the counters.
+/// What `stats` reports besides the counters: the server's settings as it runs with them.
+/// [`Settings::new`], then the setters below.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub threads: usize,
-    pub item_max: usize,
-    pub max_connections: usize,
+    /// Worker threads.
+    pub(crate) threads: usize,
+    /// The largest item, in bytes.
+    pub(crate) item_max: usize,
+    /// Most connections at once.
+    pub(crate) max_connections: usize,
     /// The soft budget's ceiling (`--max`), if any.
-    pub max_bytes: Option<u64>,
+    pub(crate) max_bytes: Option<u64>,
+}
+
+impl Settings {
+    /// A server of `threads` workers taking items of up to `item_max` bytes and up to
+    /// `max_connections` connections, with no budget ceiling.
+    pub fn new(threads: usize, item_max: usize, max_connections: usize) -> Settings {
+        Settings {
+            threads,
+            item_max,
+            max_connections,
+            max_bytes: None,
+        }
+    }
+
+    /// The soft budget's ceiling in bytes (`--max`; default none).
+    pub fn max_bytes(mut self, bytes: u64) -> Settings {
+        self.max_bytes = Some(bytes);
+        self
+    }
 }
 
 fn rusage() -> (f64, f64) {

@@ -251,10 +251,7 @@ const CASES: &[&[&str]] = &[
 ];
 
 fn limits() -> Limits {
-    Limits {
-        item_max: Memcached::ITEM_SIZE_LIMIT,
-        ..Limits::default()
-    }
+    Limits::default().item_max(Memcached::ITEM_SIZE_LIMIT)
 }
 
 fn count(hay: &[u8], needle: &[u8]) -> usize {
@@ -318,12 +315,7 @@ fn every_command_answers_as_memcached_does() {
     let memcached = Memcached::start(64).expect("memcached (scripts/setup installs it)");
     let arena = SoftArena::new(ArenaConfig::default().budget(64 << 20).max_bytes(1 << 30)).unwrap();
     let items = Arc::new(Items::new(&arena, None));
-    let settings = Settings {
-        threads: 2,
-        item_max: limits().item_max,
-        max_connections: 64,
-        max_bytes: None,
-    };
+    let settings = Settings::new(2, Memcached::ITEM_SIZE_LIMIT, 64);
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let server = Server::start(
         listener,
@@ -360,12 +352,7 @@ fn items_too_large_are_refused_as_memcached_refuses_them() {
     let server = Server::start(
         listener,
         Arc::new(Items::new(&arena, None)),
-        Settings {
-            threads: 1,
-            item_max: limits().item_max,
-            max_connections: 64,
-            max_bytes: None,
-        },
+        Settings::new(1, Memcached::ITEM_SIZE_LIMIT, 64),
         &ServerConfig::default()
             .threads(1)
             .limits(limits())

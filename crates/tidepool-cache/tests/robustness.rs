@@ -15,12 +15,7 @@ fn start(max_connections: usize) -> Server {
     Server::start(
         listener,
         Arc::new(Items::new(&arena, None)),
-        Settings {
-            threads: 2,
-            item_max: 1 << 20,
-            max_connections,
-            max_bytes: None,
-        },
+        Settings::new(2, 1 << 20, max_connections),
         &ServerConfig::default()
             .threads(2)
             .limits(Limits::default())

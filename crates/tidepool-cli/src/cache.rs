@@ -81,18 +81,13 @@ pub fn run(args: CacheArgs) -> Result<()> {
     let (runtime, sizing) = soft_memory(&args, max_bytes)?;
     let spill = far_tier(args.far.as_deref())?;
     let items = Arc::new(Items::new(runtime.arena(), spill.clone()));
-    let settings = Settings {
-        threads: args.threads,
-        item_max,
-        max_connections: args.max_connections,
-        max_bytes: args.max,
-    };
+    let mut settings = Settings::new(args.threads, item_max, args.max_connections);
+    if let Some(max) = args.max {
+        settings = settings.max_bytes(max);
+    }
     let config = ServerConfig::default()
         .threads(args.threads)
-        .limits(Limits {
-            item_max,
-            ..Limits::default()
-        })
+        .limits(Limits::default().item_max(item_max))
         .max_connections(args.max_connections);
     let metrics = args
         .metrics
@@ -201,11 +196,11 @@ fn soft_memory(args: &CacheArgs, max_bytes: u64) -> Result<(SoftRuntime, Sizing)
         }
         Sizing::Auto => {
             runtime
-                .start_auto_budget(AutoBudget {
-                    reserve: args.reserve as usize,
-                    max: max_bytes as usize,
-                    ..AutoBudget::default()
-                })
+                .start_auto_budget(
+                    AutoBudget::default()
+                        .reserve(args.reserve as usize)
+                        .max(max_bytes as usize),
+                )
                 .context("cannot start the auto budget")?;
         }
     }

@@ -110,11 +110,7 @@ fn apply(soft: &mut Soft) -> PyResult<()> {
         Budget::Auto { reserve, max } => {
             let reserve = reserve.unwrap_or_else(default_reserve);
             runtime
-                .start_auto_budget(AutoBudget {
-                    reserve,
-                    max,
-                    ..Default::default()
-                })
+                .start_auto_budget(AutoBudget::default().reserve(reserve).max(max))
                 .map_err(|e| {
                     SoftMemoryError::new_err(format!(
                         "cannot start soft memory's budget thread: {e}"

@@ -16,17 +16,46 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// How an `auto` budget behaves.
+/// How an `auto` budget behaves: [`AutoBudget::default`], then the setters below for what
+/// differs from the defaults each one names.
 #[derive(Debug, Clone)]
 pub struct AutoBudget {
     /// Headroom to leave to everything else (bytes).
-    pub reserve: usize,
+    pub(crate) reserve: usize,
     /// The budget never exceeds this.
-    pub max: usize,
+    pub(crate) max: usize,
     /// Of the headroom above the reserve, the share one step may take.
-    pub grow_share: f64,
+    pub(crate) grow_share: f64,
     /// How often to look.
-    pub interval: Duration,
+    pub(crate) interval: Duration,
+}
+
+impl AutoBudget {
+    /// Headroom, in bytes, to leave to everything else on the machine and in the process's
+    /// memory cgroups (default 256 MiB).
+    pub fn reserve(mut self, bytes: usize) -> AutoBudget {
+        self.reserve = bytes;
+        self
+    }
+
+    /// The most the budget may grow to, in bytes (default 64 GiB).
+    pub fn max(mut self, bytes: usize) -> AutoBudget {
+        self.max = bytes;
+        self
+    }
+
+    /// Of the headroom above the reserve, the share one step may take, between 0 and 1
+    /// (default 0.5).
+    pub fn grow_share(mut self, share: f64) -> AutoBudget {
+        self.grow_share = share;
+        self
+    }
+
+    /// How often the headroom is read (default 5 ms).
+    pub fn interval(mut self, every: Duration) -> AutoBudget {
+        self.interval = every;
+        self
+    }
 }
 
 impl Default for AutoBudget {
@@ -245,11 +274,9 @@ mod tests {
 
     #[test]
     fn shrinks_below_the_reserve_and_grows_on_demand() {
-        let a = AutoBudget {
-            reserve: 100 * SEGMENT,
-            max: 1000 * SEGMENT,
-            ..Default::default()
-        };
+        let a = AutoBudget::default()
+            .reserve(100 * SEGMENT)
+            .max(1000 * SEGMENT);
         let s = SEGMENT;
         // Short by 40 segments: drop usage by 40 + 25.
         assert_eq!(

@@ -157,11 +157,9 @@ mod tests {
         );
         let arena = runtime.arena().clone();
         // A reserve larger than any machine's headroom: the auto budget cuts at once.
-        let auto = AutoBudget {
-            reserve: 1 << 50,
-            interval: Duration::from_millis(1),
-            ..Default::default()
-        };
+        let auto = AutoBudget::default()
+            .reserve(1 << 50)
+            .interval(Duration::from_millis(1));
         let cut_to_one_segment = || {
             let t = std::time::Instant::now();
             while arena.budget() != SEGMENT {
@@ -192,11 +190,11 @@ mod tests {
         assert_eq!(arena.budget(), 3 * SEGMENT);
         // Dropped, the runtime takes its budget thread with it.
         runtime
-            .start_auto_budget(AutoBudget {
-                reserve: 1 << 50,
-                interval: Duration::from_millis(1),
-                ..Default::default()
-            })
+            .start_auto_budget(
+                AutoBudget::default()
+                    .reserve(1 << 50)
+                    .interval(Duration::from_millis(1)),
+            )
             .unwrap();
         drop(runtime);
         arena.set_budget(4 * SEGMENT);

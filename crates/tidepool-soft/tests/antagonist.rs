@@ -42,10 +42,7 @@ fn program(cgroup: &str) {
     let runtime = SoftRuntime::new(arena.clone());
     runtime.start_evacuator(0.1, 0.2).unwrap();
     runtime
-        .start_auto_budget(AutoBudget {
-            reserve: 96 << 20,
-            ..Default::default()
-        })
+        .start_auto_budget(AutoBudget::default().reserve(96 << 20))
         .unwrap();
     let map: SoftMap<u64, Vec<u8>> = SoftMap::with_reconstructor(&arena, |k| value(*k));
     let mut rng = rand::rngs::SmallRng::seed_from_u64(3);
