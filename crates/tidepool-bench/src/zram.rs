@@ -31,10 +31,19 @@ impl Zram {
     pub fn start(disksize: u64) -> Result<Zram> {
         let memcg = Path::new("/sys/fs/cgroup/memory");
         if !memcg.join("cgroup.procs").exists() {
-            bail!("no cgroup v1 memory controller at {}", memcg.display());
+            bail!(
+                "no cgroup v1 memory controller at {}; {}",
+                memcg.display(),
+                tidepool_sys::probe::DOCTOR_HINT
+            );
         }
         if !Path::new("/sys/block/zram0").exists() {
-            sh("modprobe zram").context("zram is not available")?;
+            sh("modprobe zram").with_context(|| {
+                format!(
+                    "zram is not available; {}",
+                    tidepool_sys::probe::DOCTOR_HINT
+                )
+            })?;
         }
         let swaps = std::fs::read_to_string("/proc/swaps").unwrap_or_default();
         if swaps.contains("/dev/zram0") {
@@ -42,8 +51,12 @@ impl Zram {
         }
         write("/sys/block/zram0/reset", "1")?;
         write("/sys/block/zram0/disksize", disksize.to_string())?;
-        sh("mkswap /dev/zram0 >/dev/null && swapon /dev/zram0")
-            .context("cannot make zram0 swap (needs root)")?;
+        sh("mkswap /dev/zram0 >/dev/null && swapon /dev/zram0").with_context(|| {
+            format!(
+                "cannot make zram0 swap (needs root); {}",
+                tidepool_sys::probe::DOCTOR_HINT
+            )
+        })?;
         let cgroup = memcg.join(format!("tidepool-bench-{}", std::process::id()));
         std::fs::create_dir_all(&cgroup)
             .with_context(|| format!("cannot create {}", cgroup.display()))?;

@@ -4,6 +4,8 @@
 mod cache;
 mod coord;
 mod demo;
+mod doctor;
+mod manual;
 mod node;
 mod run;
 mod run_static;
@@ -338,6 +340,36 @@ enum Cmd {
         token for --far when the URL has none."
     )]
     Cache(cache::CacheArgs),
+    /// Check what each feature needs from this host, and name the fix for what is missing.
+    ///
+    /// Each check is made for real, as the user who runs it: userfaultfd with the kernel's
+    /// faults and UFFDIO_MOVE (tidepool run), seccomp user notification (statically linked
+    /// programs), a memfd with SIGBUS faults and shmem huge pages (soft memory), the
+    /// coordinator's socket, root, the cgroup v1 memory controller and zram (the benchmarks),
+    /// and a far store if --url names one. Exits 1 if a feature cannot work here.
+    #[command(
+        after_long_help = "Environment: TIDEPOOL_COORD, the coordinator's socket to \
+        check [default: the default socket]; TIDEPOOL_PRELOAD, the preload library to check \
+        [default: as `tidepool run` finds it]."
+    )]
+    Doctor {
+        /// Also check that this far store is reachable, e.g. node://tenant:token@host:7070.
+        #[arg(long)]
+        url: Option<String>,
+    },
+    /// Print a shell's completion script for tidepool.
+    ///
+    /// Example: tidepool completions bash > /etc/bash_completion.d/tidepool
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
+    /// Internal: write the man pages (tidepool.1 and one per command) into a directory.
+    #[command(hide = true)]
+    Manpages {
+        /// The directory to write them into (made if missing).
+        out: PathBuf,
+    },
     /// Internal: a client process of a benchmark, given its job as JSON
     /// (`tidepool_bench::job::Job`).
     #[command(hide = true)]
@@ -446,6 +478,9 @@ fn run(cli: Cli) -> Result<()> {
             ),
         },
         Cmd::Cache(args) => cache::run(args),
+        Cmd::Doctor { url } => doctor::run(url.as_deref()),
+        Cmd::Completions { shell } => manual::completions(shell),
+        Cmd::Manpages { out } => manual::man_pages(&out),
         Cmd::BenchWorker { job } => tidepool_bench::job::Job::parse(&job)?.run(),
     }
 }

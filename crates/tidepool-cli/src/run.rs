@@ -9,9 +9,10 @@ use std::process::Command;
 use tidepool_node::format_size;
 use tidepool_pager::run_env::{self, Join, RunEnv};
 
-/// Where `tidepool run` finds libtidepool_preload.so: `TIDEPOOL_PRELOAD` if set, else next to
-/// this executable.
-fn preload_library() -> Result<PathBuf> {
+/// Where `tidepool run` finds libtidepool_preload.so: `TIDEPOOL_PRELOAD` if set, else where
+/// the package installs it (`../lib/tidepool/` from this executable: /usr/lib/tidepool/ for
+/// /usr/bin/tidepool), else next to this executable (a cargo build).
+pub(crate) fn preload_library() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("TIDEPOOL_PRELOAD") {
         let path = PathBuf::from(path);
         if !path.exists() {
@@ -22,7 +23,17 @@ fn preload_library() -> Result<PathBuf> {
         }
         return Ok(path);
     }
-    tidepool_bench::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so")
+    let installed = std::env::current_exe().ok().and_then(|exe| {
+        let lib = exe
+            .parent()?
+            .parent()?
+            .join("lib/tidepool/libtidepool_preload.so");
+        lib.exists().then_some(lib)
+    });
+    match installed {
+        Some(lib) => Ok(lib),
+        None => tidepool_bench::libs::next_to_exe("tidepool-preload", "libtidepool_preload.so"),
+    }
 }
 
 /// The coordinator socket to join: `coord` (which must answer), else `$TIDEPOOL_COORD` or the
@@ -157,6 +168,12 @@ pub fn run(
         bail!("--local {local} is too small: give the program at least 1M of local memory");
     }
     join.check(local)?;
+    if let Some(why) = tidepool_sys::probe::Need::Userfaultfd.missing() {
+        bail!(
+            "this host does not let tidepool page programs for this user: {why}. {}",
+            tidepool_sys::probe::DOCTOR_HINT
+        );
+    }
     // The file the program runs from, looked up on PATH once.
     let found = find_program(name);
     if !allow_unpaged {

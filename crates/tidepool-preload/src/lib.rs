@@ -298,8 +298,12 @@ extern "C" fn start() {
             tidepool_store::redact(&env.backend)
         ))
     });
-    let pager = Pager::start(pager_config(&env), store)
-        .unwrap_or_else(|e| fail(&format!("cannot start the pager: {e}")));
+    let pager = Pager::start(pager_config(&env), store).unwrap_or_else(|e| {
+        fail(&format!(
+            "cannot start the pager: {e}; {}",
+            tidepool_sys::probe::DOCTOR_HINT
+        ))
+    });
     let heap = tidepool_alloc::region().map(|(base, len)| {
         // SAFETY: the allocator's reservation: private, anonymous, read-write, never unmapped,
         // and registered nowhere else.

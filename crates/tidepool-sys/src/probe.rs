@@ -3,6 +3,11 @@
 
 use std::path::Path;
 
+/// What the commands add when they stop for a reason of the host's (a missing kernel feature,
+/// a permission, a cgroup layout) rather than of their arguments.
+pub const DOCTOR_HINT: &str =
+    "`tidepool doctor` checks everything tidepool needs on this host and names the fix";
+
 /// Something a test needs from the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Need {

@@ -46,13 +46,19 @@ impl Cgroup {
         let root = std::path::Path::new("/sys/fs/cgroup/memory");
         if !root.join("memory.limit_in_bytes").exists() {
             bail!(
-                "needs the cgroup v1 memory controller at {}",
-                root.display()
+                "needs the cgroup v1 memory controller at {}; {}",
+                root.display(),
+                tidepool_sys::probe::DOCTOR_HINT
             );
         }
         let dir = root.join(format!("tidepool-bench-{name}-{}", std::process::id()));
-        std::fs::create_dir(&dir)
-            .with_context(|| format!("cannot create {} (root needed)", dir.display()))?;
+        std::fs::create_dir(&dir).with_context(|| {
+            format!(
+                "cannot create {} (root needed); {}",
+                dir.display(),
+                tidepool_sys::probe::DOCTOR_HINT
+            )
+        })?;
         let cg = Cgroup { dir };
         cg.set("memory.limit_in_bytes", limit)?;
         // No swap: soft memory must give way by itself, or something is OOM-killed.
