@@ -19,24 +19,33 @@ import hashlib
 import sys
 import time
 import zlib
+from typing import Protocol
 
 # Results of 1000 KiB: two fit in one of soft memory's 2 MiB segments.
 DEFAULT_SIZE_KIB = 1000
 
 
-def expensive(key, size):
+class Cached(Protocol):
+    """What both caches give: the memoized function, and its counts."""
+
+    def __call__(self, key: int, /) -> bytes: ...
+
+    def cache_info(self) -> tuple[int, int, int | None, int]: ...
+
+
+def expensive(key: int, size: int) -> bytes:
     """The slow function being memoized: `size` pseudo-random bytes derived from `key`."""
     return hashlib.shake_256(f"tidepool-{key}".encode()).digest(size)
 
 
-def answer(keys, size, rounds):
+def answer(keys: int, size: int, rounds: int) -> int:
     """What the script should print, computed without a cache."""
     one_round = sum(zlib.crc32(expensive(k, size)) for k in range(keys))
     return one_round * rounds
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--cache", choices=["soft", "lru"], default="soft")
     p.add_argument("--keys", type=int, default=300, help="distinct arguments (default 300)")
     p.add_argument("--size-kib", type=int, default=DEFAULT_SIZE_KIB, help="result size")
@@ -55,7 +64,7 @@ def main(argv=None):
 
         if args.reserve_mib is not None:
             tidepool.configure(reserve=args.reserve_mib << 20)
-        cached = tidepool.soft_cache(lambda k: expensive(k, size))
+        cached: Cached = tidepool.soft_cache(lambda k: expensive(k, size))
     else:
         cached = functools.lru_cache(maxsize=None)(lambda k: expensive(k, size))
 

@@ -24,13 +24,19 @@ method): there, dicts and caches made before the fork start over, empty, in memo
 child's own. Faults on memory taken back are caught by a SIGBUS handler installed when soft
 memory is first used; ``faulthandler.enable()`` called after that would catch them first and
 abort, so enable it before (pytest does).
+
+The package is typed (``py.typed``; the native module's types are in ``_tidepool.pyi``), and its
+version is ``tidepool.__version__``; its distribution is ``tidepool-memory``.
 """
+
+from __future__ import annotations
 
 import collections.abc
 import functools
 import os
 import pickle
-from collections import namedtuple
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol, TypeVar, cast, overload
 
 from . import _tidepool
 from ._tidepool import (
@@ -38,10 +44,14 @@ from ._tidepool import (
     FarMemoryError,
     SoftBytesMap,
     SoftMemoryError,
+    __version__ as __version__,
     configure,
     headroom,
     stats,
 )
+
+if TYPE_CHECKING:
+    from ._tidepool import _MapStats
 
 __all__ = [
     "CacheInfo",
@@ -56,15 +66,19 @@ __all__ = [
     "stats",
 ]
 
-_PROTOCOL = pickle.HIGHEST_PROTOCOL
-_MISSING = object()
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+_R = TypeVar("_R")
+
+_PROTOCOL: Final = pickle.HIGHEST_PROTOCOL
+_MISSING: Final = object()
 
 # Soft memory is not shared with a forked child: there, the structures made before the fork
 # start over (empty) in a new arena the first time they are used. This counts the forks.
 _forks = [0]
 
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     _forks[0] += 1
     _tidepool._after_fork_in_child()
 
@@ -72,7 +86,7 @@ def _after_fork_in_child():
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _dumps(obj, what):
+def _dumps(obj: object, what: str) -> bytes:
     try:
         return pickle.dumps(obj, _PROTOCOL)
     except Exception as e:
@@ -82,18 +96,22 @@ def _dumps(obj, what):
         ) from e
 
 
-class _Items(collections.abc.ItemsView):
-    def __iter__(self):
+class _Items(collections.abc.ItemsView[_K, _V]):
+    _mapping: SoftDict[_K, _V]
+
+    def __iter__(self) -> Iterator[tuple[_K, _V]]:
         yield from self._mapping._iter_items()
 
 
-class _Values(collections.abc.ValuesView):
-    def __iter__(self):
+class _Values(collections.abc.ValuesView[_V]):
+    _mapping: SoftDict[Any, _V]
+
+    def __iter__(self) -> Iterator[_V]:
         for _, v in self._mapping._iter_items():
             yield v
 
 
-class SoftDict(collections.abc.MutableMapping):
+class SoftDict(collections.abc.MutableMapping[_K, _V]):
     """A mutable mapping whose values live in soft memory.
 
     ``d[k]`` returns the value while it is in memory; once it has been taken back (or if it was
@@ -105,7 +123,12 @@ class SoftDict(collections.abc.MutableMapping):
     misses and reconstructions.
     """
 
-    def __init__(self, reconstruct=None, /, *, name=None):
+    _soft: SoftBytesMap
+    _fork: int
+
+    def __init__(
+        self, reconstruct: Callable[[_K], _V] | None = None, /, *, name: str | None = None
+    ) -> None:
         if reconstruct is not None and not callable(reconstruct):
             raise TypeError(
                 f"reconstruct must be callable (key -> value), not {type(reconstruct).__name__}"
@@ -114,55 +137,56 @@ class SoftDict(collections.abc.MutableMapping):
         self._name = name or f"SoftDict@{id(self):x}"
         self._new_map()
 
-    def _new_map(self):
+    def _new_map(self) -> None:
         self._soft = SoftBytesMap(name=self._name)
         self._fork = _forks[0]
 
     @property
-    def _map(self):
+    def _map(self) -> SoftBytesMap:
         if self._fork != _forks[0]:
             self._new_map()  # in a forked child: the parent's values stay with the parent
         return self._soft
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: _K) -> _V:
         kb = _dumps(key, "keys")
-        if self._reconstruct is None:
+        reconstruct = self._reconstruct
+        if reconstruct is None:
             value = self._map.get(kb, pickle.loads, _MISSING)
             if value is _MISSING:
                 raise KeyError(key)
-            return value
-        made = []
+            return cast(_V, value)
+        made: list[_V] = []
 
-        def make():
-            value = self._reconstruct(key)
+        def make() -> bytes:
+            value = reconstruct(key)
             made.append(value)
             return _dumps(value, "values")
 
         value = self._map.get_or_call(kb, make, pickle.loads)
-        return made[0] if made else value
+        return made[0] if made else cast(_V, value)
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key: _K, value: _V) -> None:
         self._map.insert(_dumps(key, "keys"), _dumps(value, "values"))
 
-    def __delitem__(self, key):
+    def __delitem__(self, key: _K) -> None:
         if not self._map.remove(_dumps(key, "keys")):
             raise KeyError(key)
 
-    def __contains__(self, key):
+    def __contains__(self, key: object) -> bool:
         try:
             kb = pickle.dumps(key, _PROTOCOL)
         except Exception:
             return False
         return kb in self._map
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[_K]:
         for kb in self._map.keys():
             yield pickle.loads(kb)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._map)
 
-    def _iter_items(self):
+    def _iter_items(self) -> Iterator[tuple[_K, _V]]:
         # A value may vanish between listing the keys and reading it: rebuilt if it can be,
         # else skipped.
         for kb in self._map.keys():
@@ -172,26 +196,26 @@ class SoftDict(collections.abc.MutableMapping):
                 if self._reconstruct is None:
                     continue
                 value = self[key]
-            yield key, value
+            yield key, cast(_V, value)
 
-    def items(self):
+    def items(self) -> collections.abc.ItemsView[_K, _V]:
         return _Items(self)
 
-    def values(self):
+    def values(self) -> collections.abc.ValuesView[_V]:
         return _Values(self)
 
-    def clear(self):
+    def clear(self) -> None:
         """Forgets every key (and the stats)."""
         self._new_map()
 
-    def stats(self):
+    def stats(self) -> _MapStats:
         """Hits, misses, reconstructions (and their mean time in microseconds), keys present."""
         return self._map.stats()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<tidepool.SoftDict {self._name}: {len(self)} values in memory>"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         # Pickled with the values in memory now (and the reconstructor, which must pickle).
         return (
             _rebuild_softdict,
@@ -202,23 +226,50 @@ class SoftDict(collections.abc.MutableMapping):
         )
 
 
-def _rebuild_softdict(reconstruct, name):
+def _rebuild_softdict(reconstruct: Callable[[_K], _V] | None, name: str) -> SoftDict[_K, _V]:
     return SoftDict(reconstruct, name=name)
 
 
-CacheInfo = namedtuple("CacheInfo", ["hits", "misses", "maxsize", "currsize"])
+class CacheInfo(NamedTuple):
+    """A soft cache's counts, as ``functools.lru_cache``'s (``maxsize`` is always None)."""
+
+    hits: int
+    misses: int
+    maxsize: int | None
+    currsize: int
 
 
-def _make_key(args, kwds, typed):
+class _SoftCacheWrapper(Protocol[_R]):
+    """What ``soft_cache`` returns: the function, memoized, with functools' cache methods."""
+
+    __wrapped__: Callable[..., _R]
+    cache_info: Callable[[], CacheInfo]
+    cache_clear: Callable[[], None]
+    cache_parameters: Callable[[], dict[str, Any]]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> _R: ...
+
+
+def _make_key(args: tuple[Any, ...], kwds: dict[str, Any], typed: bool) -> bytes:
     # As functools' key (keyword order matters, `typed` adds the types), but as one picklable
     # structure: positional and keyword arguments can never be mistaken for each other.
-    key = (args, tuple(kwds.items()))
+    key: tuple[Any, ...] = (args, tuple(kwds.items()))
     if typed:
         key += (tuple(type(a) for a in args), tuple(type(v) for v in kwds.values()))
     return _dumps(key, "arguments")
 
 
-def soft_cache(user_function=None, /, *, typed=False):
+@overload
+def soft_cache(
+    user_function: Callable[..., _R], /, *, typed: bool = False
+) -> _SoftCacheWrapper[_R]: ...
+@overload
+def soft_cache(
+    user_function: None = None, /, *, typed: bool = False
+) -> Callable[[Callable[..., _R]], _SoftCacheWrapper[_R]]: ...
+def soft_cache(
+    user_function: Callable[..., _R] | None = None, /, *, typed: bool = False
+) -> _SoftCacheWrapper[_R] | Callable[[Callable[..., _R]], _SoftCacheWrapper[_R]]:
     """Memoizes a function in soft memory: ``@soft_cache`` or ``@soft_cache(typed=False)``.
 
     Like ``functools.lru_cache(maxsize=None)``, but results live in soft memory, so the cache
@@ -229,7 +280,11 @@ def soft_cache(user_function=None, /, *, typed=False):
     ``cache_parameters()`` and ``__wrapped__``.
     """
     if user_function is None:
-        return functools.partial(soft_cache, typed=typed)
+
+        def decorate(f: Callable[..., _R]) -> _SoftCacheWrapper[_R]:
+            return soft_cache(f, typed=typed)
+
+        return decorate
     if isinstance(user_function, int) and not isinstance(user_function, bool):
         raise TypeError(
             "soft_cache takes no maxsize: its size follows free memory; use @soft_cache or "
@@ -240,42 +295,46 @@ def soft_cache(user_function=None, /, *, typed=False):
     return _wrap(user_function, bool(typed))
 
 
-def _wrap(func, typed):
+def _wrap(func: Callable[..., _R], typed: bool) -> _SoftCacheWrapper[_R]:
     name = f"soft_cache({getattr(func, '__qualname__', repr(func))})"
     # The map, and the fork count it was made at (a forked child starts a map of its own).
-    state = [SoftBytesMap(name=name), _forks[0]]
+    soft = SoftBytesMap(name=name)
+    fork = _forks[0]
 
-    def cache():
-        if state[1] != _forks[0]:
+    def cache() -> SoftBytesMap:
+        if fork != _forks[0]:
             cache_clear()
-        return state[0]
+        return soft
 
-    def wrapper(*args, **kwds):
+    def wrapper(*args: Any, **kwds: Any) -> _R:
         kb = _make_key(args, kwds, typed)
-        made = []
+        made: list[_R] = []
 
-        def make():
+        def make() -> bytes:
             result = func(*args, **kwds)
             made.append(result)
             return _dumps(result, "results")
 
         result = cache().get_or_call(kb, make, pickle.loads)
-        return made[0] if made else result
+        return made[0] if made else cast(_R, result)
 
-    def cache_info():
+    def cache_info() -> CacheInfo:
         """Hits, misses, maxsize (None: it follows free memory) and results in memory now."""
         m = cache()
         s = m.stats()
         return CacheInfo(s["hits"], s["misses"], None, len(m))
 
-    def cache_clear():
+    def cache_clear() -> None:
         """Forgets every result, and the counts."""
-        state[:] = [SoftBytesMap(name=name), _forks[0]]
+        nonlocal soft, fork
+        soft, fork = SoftBytesMap(name=name), _forks[0]
 
-    def cache_parameters():
+    def cache_parameters() -> dict[str, Any]:
         return {"maxsize": None, "typed": typed}
 
-    wrapper.cache_info = cache_info
-    wrapper.cache_clear = cache_clear
-    wrapper.cache_parameters = cache_parameters
-    return functools.update_wrapper(wrapper, func)
+    w = cast("_SoftCacheWrapper[_R]", wrapper)
+    w.cache_info = cache_info
+    w.cache_clear = cache_clear
+    w.cache_parameters = cache_parameters
+    functools.update_wrapper(w, func)
+    return w

@@ -263,6 +263,10 @@ fn stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pymodule]
 fn _tidepool(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    // The wheel's version: maturin takes the distribution's from this crate's Cargo.toml (the
+    // workspace's). Equal as long as it is a plain x.y.z (maturin would spell a pre-release
+    // the PEP 440 way); scripts/test-python checks it against the installed distribution's.
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(configure, m)?)?;
     m.add_function(wrap_pyfunction!(headroom, m)?)?;
     m.add_function(wrap_pyfunction!(stats, m)?)?;
