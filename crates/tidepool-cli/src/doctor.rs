@@ -243,7 +243,12 @@ fn soft_memory() -> Vec<Check> {
     let mut checks = vec![match SigbusMap::create(2 << 20, 2 << 20) {
         Ok(_) => Check::ok("a memfd whose holes raise SIGBUS (userfaultfd, user faults only)"),
         Err(e) => Check::missing(
-            format!("a memfd whose holes raise SIGBUS: {e}"),
+            format!(
+                "a memfd whose holes raise SIGBUS: {}",
+                e.to_string()
+                    .trim_end_matches(tidepool_sys::probe::DOCTOR_HINT)
+                    .trim_end_matches("; ")
+            ),
             "sysctl vm.unprivileged_userfaultfd=1, or a kernel of 5.11 or later (which lets \
              any user catch its own faults), or run as root",
         ),
@@ -257,6 +262,7 @@ fn soft_memory() -> Vec<Check> {
             "echo within_size > /sys/kernel/mm/transparent_hugepage/shmem_enabled",
         ),
     });
+    checks.push(memory_cgroups());
     checks.push(match tidepool_soft::budget::mem_available() {
         Some(bytes) => Check::ok(format!(
             "idle memory to grow into: MemAvailable {} MiB",
@@ -268,6 +274,35 @@ fn soft_memory() -> Vec<Check> {
         ),
     });
     checks
+}
+
+/// The cgroup layout, and the memory cgroups whose limits soft memory stays within (v1's
+/// memory controller or v2's unified hierarchy: both are read).
+fn memory_cgroups() -> Check {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let v1 = own.lines().any(|l| {
+        l.split(':')
+            .nth(1)
+            .is_some_and(|c| c.split(',').any(|c| c == "memory"))
+    });
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let layout = match (v1, v2) {
+        (true, _) if Path::new("/sys/fs/cgroup/memory").is_dir() => "cgroup v1 (memory controller)",
+        (true, _) => "cgroup v1, its memory controller not mounted at /sys/fs/cgroup/memory",
+        (false, true) => "cgroup v2 (unified)",
+        (false, false) => "no cgroup filesystem",
+    };
+    match tidepool_soft::budget::MemoryView::of_this_process().cgroups() {
+        0 => Check::limited(
+            format!("{layout}: no memory cgroup with limits is readable, so soft memory sizes itself by MemAvailable alone"),
+            "mount the cgroup filesystem (read-only will do) where the process can read its \
+             memory limits, e.g. in a container",
+        ),
+        n => Check::ok(format!(
+            "{layout}: soft memory stays within the limits of its memory cgroup and those \
+             above it ({n})"
+        )),
+    }
 }
 
 /// The coordinator's socket: one answering, or a place `tidepool coord` can make it.

@@ -146,6 +146,12 @@ fn a_layout_without_the_v1_memory_controller_is_named() {
         text.contains("fix: boot with systemd.unified_cgroup_hierarchy=0"),
         "{text}"
     );
+    // Soft memory still works, sized by MemAvailable alone, and says so.
+    assert!(verdict(&text, "soft memory").contains("works"), "{text}");
+    assert!(
+        text.contains("sizes itself by MemAvailable alone"),
+        "{text}"
+    );
 }
 
 #[test]

@@ -144,6 +144,12 @@ impl MemoryView {
         MemoryView { cgroups }
     }
 
+    /// How many memory cgroups bound the process (its own and those above it that have a
+    /// limit file).
+    pub fn cgroups(&self) -> usize {
+        self.cgroups.len()
+    }
+
     /// Bytes the process could still take: the least of MemAvailable and every cgroup's
     /// limit less usage.
     pub fn headroom(&self) -> usize {

@@ -95,7 +95,9 @@ impl SigbusMap {
                 unmap(io::Error::new(
                     e.kind(),
                     format!(
-                        "soft memory needs userfaultfd to make revoked pages raise SIGBUS: {e}"
+                        "soft memory needs userfaultfd to make revoked pages raise SIGBUS: \
+                         {e}; {}",
+                        crate::probe::DOCTOR_HINT
                     ),
                 ))
             })?;
