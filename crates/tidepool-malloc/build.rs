@@ -1,16 +1,9 @@
-//! Gives the library a versioned soname: a program linked against it (rather than preloading
-//! it) records `libtidepool_malloc.so.0.1`, found through its rpath or the loader's path, and a
-//! later release that changes the ABI does not load under it. Before 1.0 a minor release may
-//! change the ABI (`0.MINOR`); from 1.0 only a major one does.
+//! Gives the library a versioned soname (`libtidepool_malloc.so.0.1`): a program linked against
+//! it (rather than preloading it) records that name, and a later release that changes the ABI
+//! does not load under it. The rule is tidepool-capi's, shared.
+include!("../tidepool-capi/soname.rs");
+
 fn main() {
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        let major = std::env::var("CARGO_PKG_VERSION_MAJOR").unwrap_or_default();
-        let minor = std::env::var("CARGO_PKG_VERSION_MINOR").unwrap_or_default();
-        let abi = if major == "0" {
-            format!("0.{minor}")
-        } else {
-            major
-        };
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libtidepool_malloc.so.{abi}");
-    }
+    link_with_soname("libtidepool_malloc");
+    println!("cargo:rerun-if-changed=../tidepool-capi/soname.rs");
 }
