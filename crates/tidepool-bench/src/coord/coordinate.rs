@@ -182,12 +182,21 @@ impl Trace {
     }
 }
 
-/// Seconds until every budget stayed within `band` bytes of where it settled.
+/// Seconds until every budget stayed within `band` bytes of where it settled. The samples of
+/// the run's last moment are left out: the applications leave one by one then, and the
+/// coordinator hands what the first leave to the rest, which is teardown, not convergence (it
+/// had put 20 s, the run's end, on runs whose budgets settled at 3.4 s).
 fn converged_at(traces: &[Trace], tail: f64, band: f64) -> f64 {
+    let end = traces
+        .iter()
+        .filter_map(|t| t.points.last())
+        .map(|p| p.0)
+        .fold(0.0, f64::max);
     let mut at: f64 = 0.0;
     for t in traces {
         let settled = t.settled_budget(tail);
-        for p in &t.points {
+        // Samples come every quarter second: half of that before the end is the last one.
+        for p in t.points.iter().filter(|p| p.0 < end - 0.125) {
             if (p.2 as f64 - settled).abs() > band {
                 at = at.max(p.0);
             }
@@ -418,4 +427,41 @@ fn read_trace(out: ChildStdout) -> Trace {
         }
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A trace of budgets (MiB) sampled every quarter second from `start`.
+    fn trace(start: f64, budgets: &[u64]) -> Trace {
+        Trace {
+            points: budgets
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| (start + i as f64 * 0.25, 0, b << 20))
+                .collect(),
+            lines: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn convergence_is_when_budgets_last_left_their_settled_value_teardown_aside() {
+        let band = (4 << 20) as f64;
+        // Settles at 8 MiB from 1.0 s; the last sample, as the others leave, jumps to 18.
+        let mut budgets = vec![18, 18, 18, 18];
+        budgets.extend([8; 36]);
+        let leaving = {
+            let mut b = budgets.clone();
+            b.push(18);
+            b
+        };
+        budgets.push(8);
+        assert_eq!(converged_at(&[trace(0.0, &budgets)], 8.0, band), 0.75);
+        assert_eq!(converged_at(&[trace(0.0, &leaving)], 8.0, band), 0.75);
+        // A budget that moves before the end still counts.
+        let mut late = budgets.clone();
+        late[30] = 20;
+        assert_eq!(converged_at(&[trace(0.0, &late)], 8.0, band), 7.5);
+    }
 }
