@@ -3,6 +3,8 @@
 //! at run time, an application killed with SIGKILL, and the dashboard rendered by headless
 //! Chromium with live data.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -64,12 +66,7 @@ fn coord(name: &str, args: &[&str]) -> Coord {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    let http = line
-        .split("http://")
-        .nth(1)
-        .and_then(|s| s.split('/').next())
-        .unwrap_or_else(|| panic!("coord did not announce its dashboard: {line:?}"))
-        .to_string();
+    let http = common::dashboard_addr(&line);
     Coord {
         _proc: Proc(child),
         _out: out,

@@ -93,12 +93,7 @@ fn budgets_move_to_the_program_whose_misses_cost_more_and_nobody_is_oom_killed()
     let mut first = String::new();
     let mut out = BufReader::new(coord.0.stdout.take().unwrap());
     out.read_line(&mut first).unwrap();
-    let http = first
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or_else(|| panic!("the coordinator announced no dashboard: {first:?}"))
-        .to_string();
+    let http = common::dashboard_addr(&first);
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     let seconds = 40;
     // The soft application: 128 MiB of objects that cost 1 us each to rebuild.

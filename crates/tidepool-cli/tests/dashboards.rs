@@ -109,12 +109,7 @@ fn coord_series() -> BTreeSet<String> {
     let out = child.stdout.take().unwrap();
     let coord = Proc(child);
     let line = first_line(out);
-    let http = line
-        .split("http://")
-        .nth(1)
-        .and_then(|s| s.split('/').next())
-        .unwrap_or_else(|| panic!("coord did not announce its dashboard: {line:?}"))
-        .to_string();
+    let http = common::dashboard_addr(&line);
     let job = Job::CoordApp(AppJob {
         name: "web".into(),
         objects: 8192,

@@ -33,6 +33,16 @@ pub fn python3() -> &'static str {
     }
 }
 
+/// The address of the dashboard a coordinator announced in its first line
+/// (`... http://ADDR/ ...`).
+pub fn dashboard_addr(line: &str) -> String {
+    line.split("http://")
+        .nth(1)
+        .and_then(|s| s.split('/').next())
+        .unwrap_or_else(|| panic!("the coordinator announced no dashboard: {line:?}"))
+        .to_string()
+}
+
 /// A finished program's standard output and error, as text.
 /// The arguments of the verification program (`tidepool bench-worker` with a verify job) over
 /// `bytes` of heap, two threads, `rounds` rounds; with `wait`, it waits for a line on standard
