@@ -135,7 +135,8 @@ enum Cmd {
         Passed on to the program from here, to compare or test:\n  TIDEPOOL_RUN_FRAMES, \
         TIDEPOOL_RUN_DROP_COPIES, TIDEPOOL_RUN_PROBATION, TIDEPOOL_RUN_REFILL, \
         TIDEPOOL_RUN_FOLLOW  =0 turns that part off\n  TIDEPOOL_RUN_SECTIONS_OUT  a directory \
-        each process writes its sections to\n  TIDEPOOL_RUN_STALL_AFTER  stop the fault \
+        each process writes its sections to\n  TIDEPOOL_RUN_FAULT_TRACE  with it, record \
+        this many demand faults there too (tidepool tune)\n  TIDEPOOL_RUN_STALL_AFTER  stop the fault \
         handlers after this many faults (tests of the watchdog)"
     )]
     Run {
@@ -198,7 +199,10 @@ enum Cmd {
     ///
     /// With a program after `--` (`tidepool tune --local SIZE -- PROGRAM ARGS`), tunes the
     /// pager's sections for that unmodified program instead: it runs the program under
-    /// `tidepool run` a few times, each round trying a policy for every section that takes at
+    /// `tidepool run` a few times: once recording its faults with prefetching off, to search
+    /// every prefetcher and line for each busy section offline against that trace (a section
+    /// keeps a prefetcher only if 70% of what it fetched there was used), then rounds each
+    /// trying a policy for every section that takes at
     /// least 1% of the far reads or prefetches (a stride, sweep or successor prefetcher of its
     /// own, none, a line of 2 or 4 pages), keeps what cut that section's misses, then tries
     /// keeping one busy section's pages longer or holding a section that reuses little of its

@@ -2,9 +2,19 @@
 //!
 //! For an unmodified program (`tidepool tune --local SIZE -- PROGRAM ARGS`), each round runs
 //! the program under `tidepool run` with the profile so far, reads what every section did
-//! (each process writes its sections at exit, `TIDEPOOL_RUN_SECTIONS_OUT`), and proposes a
-//! change for each section that matters (at least 1% of the far reads or of the prefetches),
-//! the first rung of its ladder not tried yet:
+//! (each process writes its sections at exit, `TIDEPOOL_RUN_SECTIONS_OUT`).
+//!
+//! After the first round comes the offline search (`tune/search.rs`): one round with
+//! prefetching off in every section records the program's demand faults
+//! (`TIDEPOOL_RUN_FAULT_TRACE`), tune prints each busy section's access classes (sequential,
+//! strided, random; pages touched and faults again), replays every prefetcher with lines of 1,
+//! 2 and 4 pages for each busy section against the trace, and gives each the policy with the
+//! lowest replayed cost among those whose fetched pages were at least 70% used (or none). One
+//! round then runs with those choices, kept unless the program's cost rose.
+//!
+//! Then each round proposes a change for each section that matters (at least 1% of the far
+//! reads or of the prefetches), the first rung of its ladder not tried yet (offline or in a
+//! round):
 //!
 //! - a stride detector of its own (`own`: its streams are followed whatever else the program
 //!   does meanwhile), then a sweep detector of its own (`sweep`), then a learned successor
@@ -31,8 +41,13 @@
 //!
 //! For far data structures (`tidepool tune PROFILE.json --budget SIZE`), see `tidepool_far::tune`.
 
+mod ladder;
+mod search;
+
 use crate::run::find_program;
 use anyhow::{bail, Context, Result};
+use ladder::{fetches_earn_their_place, next_changes, Change};
+use search::TRACE_FAULTS;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -137,143 +152,6 @@ fn set_policy(p: &mut Profile, name: &str, to: Setting, why: String) {
     p.sections.sort_by(|a, b| a.name.cmp(&b.name));
 }
 
-/// A change to try: a section and the policy to give it.
-type Change = (String, Setting);
-
-/// The prefetch and line changes worth trying after `round`, made under `profile`: for each
-/// section that matters, the first policy of its ladder not tried yet (`tried`). The ladder: a
-/// stride detector of its own, a sweep detector of its own, a successor table, none (if its
-/// prefetches were under half used), then lines of 2 and 4 pages with the prefetcher it keeps.
-fn proposals(profile: &Profile, round: &Round, tried: &[Change]) -> Vec<Change> {
-    let far: u64 = round.far_reads();
-    let prefetched: u64 = round.sections.values().map(|s| s.prefetched).sum();
-    let mut out = Vec::new();
-    for s in round.sections.values() {
-        let matters = s.far_reads as f64 >= SIGNIFICANT * far as f64
-            || s.prefetched as f64 >= SIGNIFICANT * prefetched as f64;
-        if !matters || s.far_reads + s.prefetched == 0 {
-            continue;
-        }
-        let accuracy = (s.prefetched > 0).then(|| s.used as f64 / s.prefetched as f64);
-        let now = policy_of(profile, &s.name);
-        let with = |prefetch, line| Setting {
-            prefetch,
-            line,
-            ..now
-        };
-        let mut ladder = vec![
-            with(PrefetchName::Own, now.line),
-            with(PrefetchName::Sweep, now.line),
-            with(PrefetchName::Successor, now.line),
-        ];
-        if accuracy.is_none_or(|a| a < 0.5) {
-            ladder.push(with(PrefetchName::Off, now.line));
-        }
-        if s.far_reads > 0 {
-            ladder.extend([with(now.prefetch, 2), with(now.prefetch, 4)]);
-        }
-        let next = ladder.into_iter().find(|&to| {
-            to != now
-                && (to.line <= now.line || to.line == 2 * now.line)
-                && !tried.iter().any(|t| t.0 == s.name && t.1 == to)
-        });
-        if let Some(to) = next {
-            out.push((s.name.clone(), to));
-        }
-    }
-    out
-}
-
-/// The least part of a new prefetcher's fetched pages the program must use for it to stay.
-const USED_AT_LEAST: f64 = 0.25;
-
-/// Whether a section's new prefetcher (`to`, after `was`) fetched pages the program used: one
-/// whose pages mostly went unused can pass the cost test only by fetching less than the old
-/// one, within one run's noise (CPython's dict table kept `successor` with 27 of 2940 fetched
-/// pages used); fetching nothing is `off`'s rung, tried on its own.
-fn fetches_earn_their_place(was: PrefetchName, to: Setting, after: &ObservedSection) -> bool {
-    to.prefetch == was
-        || to.prefetch == PrefetchName::Off
-        || after.prefetched == 0
-        || after.used as f64 >= USED_AT_LEAST * after.prefetched as f64
-}
-
-/// Sections whose far reads make keeping their pages longer worth a round: at least this
-/// share of the program's.
-const KEEP_WORTH: f64 = 0.05;
-
-/// The eviction change worth trying after `round` once no prefetch or line change is left:
-/// for the section with the most far reads that came back soon (pages evicted less than the
-/// budget's bytes before: what more room would have kept) that has not tried it, pages kept
-/// high, then pinned. One at a time: keeping one section's pages costs every other section
-/// room, so it is judged by the whole program's cost.
-fn keep_proposal(profile: &Profile, round: &Round, tried: &[Change], local: u64) -> Option<Change> {
-    let far = round.far_reads() as f64;
-    let mut busiest: Vec<&ObservedSection> = round
-        .sections
-        .values()
-        .filter(|s| {
-            let soon = s.refetched_within(local);
-            soon as f64 >= KEEP_WORTH * far && soon > 0
-        })
-        .collect();
-    busiest.sort_by_key(|s| std::cmp::Reverse(s.refetched_within(local)));
-    busiest.into_iter().find_map(|s| {
-        let now = policy_of(profile, &s.name);
-        let to = match now.keep {
-            KeepName::Normal => KeepName::High,
-            KeepName::High => KeepName::Pin,
-            // Pinned, or a kind of keep this ladder does not know: nothing further to try.
-            _ => return None,
-        };
-        let to = Setting { keep: to, ..now };
-        (!tried.iter().any(|t| t.0 == s.name && t.1 == to)).then(|| (s.name.clone(), to))
-    })
-}
-
-/// The share of the budget tune tries for a section whose pages hardly come back within it.
-const SMALL_SHARE: u8 = 10;
-/// A section whose far reads of pages evicted within the budget's bytes are under this part of
-/// its far and prefetched pages reuses little of the room it holds.
-const LITTLE_REUSE: f64 = 0.1;
-
-/// Mira's section sizes, once no keep change is left: the section that moves the most pages
-/// (at least [`KEEP_WORTH`] of the program's far and prefetched pages) while hardly any of
-/// them come back within the budget (a stream, or random reads over far more than fits) is
-/// held to a small share of the budget, if another section's pages do come back within it
-/// (that section gets the room). Judged, like keeping, by the whole program's cost.
-fn share_proposal(
-    profile: &Profile,
-    round: &Round,
-    tried: &[Change],
-    local: u64,
-) -> Option<Change> {
-    let moved = |s: &ObservedSection| s.far_reads + s.prefetched;
-    let all: u64 = round.sections.values().map(moved).sum();
-    let far = round.far_reads() as f64;
-    let reuses = |s: &ObservedSection| s.refetched_within(local) as f64;
-    let mut wasteful: Vec<&ObservedSection> = round
-        .sections
-        .values()
-        .filter(|s| moved(s) as f64 >= KEEP_WORTH * all as f64)
-        .filter(|s| reuses(s) < LITTLE_REUSE * moved(s) as f64)
-        .collect();
-    wasteful.sort_by_key(|s| std::cmp::Reverse(moved(s)));
-    wasteful.into_iter().find_map(|s| {
-        let others_reuse = round
-            .sections
-            .values()
-            .any(|o| o.name != s.name && reuses(o) >= KEEP_WORTH * far && reuses(o) > 0.0);
-        let now = policy_of(profile, &s.name);
-        let to = Setting {
-            share: SMALL_SHARE,
-            ..now
-        };
-        (others_reuse && now.share == 0 && !tried.iter().any(|t| t.0 == s.name && t.1 == to))
-            .then(|| (s.name.clone(), to))
-    })
-}
-
 /// What each busy section's far reads were: pages read for the first time, or pages that came
 /// back after this many bytes of evictions (under the budget: more room would have kept
 /// them). One line a section, busiest first, for the sections with 1% of the far reads.
@@ -332,10 +210,25 @@ fn run_round(
     dir: &Path,
     n: u32,
 ) -> Result<Round> {
+    run_round_tracing(t, me, profile, dir, n, 0)
+}
+
+/// [`run_round`], each process recording up to `trace` demand faults beside its sections.
+fn run_round_tracing(
+    t: &ProgramTune,
+    me: &mut Option<Program>,
+    profile: Option<&Profile>,
+    dir: &Path,
+    n: u32,
+    trace: usize,
+) -> Result<Round> {
     let out = dir.join(format!("round-{n}"));
     std::fs::create_dir(&out)?;
     let log = dir.join(format!("round-{n}.stderr"));
     let mut cmd = round_command(t, profile, dir, n)?;
+    if trace > 0 {
+        cmd.env(tidepool_pager::run_env::FAULT_TRACE, trace.to_string());
+    }
     cmd.env(tidepool_pager::run_env::SECTIONS_OUT, &out)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -481,17 +374,18 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
     let (mut best_seconds, output) = (last.seconds, last.output.clone());
     let mut times = vec![last.seconds];
     let mut ever_tried: Vec<Change> = Vec::new();
+    let ctx = Tuning {
+        t,
+        me: &me,
+        dir: &dir,
+        output: &output,
+    };
+    last = ctx.offline(&mut profile, last, &mut ever_tried, &mut times)?;
+    best_seconds = times.iter().copied().fold(best_seconds, f64::min);
     // `last` holds each section's counters under the policy it keeps: a change that was
     // dropped leaves the section's counters from before it.
     for n in 1..t.rounds {
-        let mut tried = proposals(&profile, &last, &ever_tried);
-        let keeping = tried.is_empty();
-        if keeping {
-            tried.extend(
-                keep_proposal(&profile, &last, &ever_tried, t.local)
-                    .or_else(|| share_proposal(&profile, &last, &ever_tried, t.local)),
-            );
-        }
+        let (tried, keeping) = next_changes(&profile, &last, &ever_tried, t.local);
         ever_tried.extend(tried.iter().cloned());
         if tried.is_empty() {
             eprintln!("nothing left to try");
@@ -503,12 +397,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         }
         let round = run_round(t, &mut Some(me.clone()), Some(&trial), &dir, n)?;
         times.push(round.seconds);
-        if !t.ignore_output && round.output != output {
-            bail!(
-                "the program printed something else in round {n} than in round 0: tune needs a \
-                 program whose output is the same every run (or --ignore-output)"
-            );
-        }
+        ctx.same_output(&round, n)?;
         eprintln!(
             "round {n} ({} changes tried): {}",
             tried.len(),
@@ -536,6 +425,108 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
     write_profile(t, &mut profile, &times)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// What every round of one tuning shares.
+struct Tuning<'a> {
+    t: &'a ProgramTune,
+    me: &'a Program,
+    dir: &'a Path,
+    /// What the program printed in round 0.
+    output: &'a [u8],
+}
+
+/// The trace round's and the searched profile's round numbers (their work files' names).
+const TRACE_ROUND: u32 = 50;
+
+impl Tuning<'_> {
+    /// Fails if round `n` printed something else than round 0.
+    fn same_output(&self, round: &Round, n: u32) -> Result<()> {
+        if !self.t.ignore_output && round.output != self.output {
+            bail!(
+                "the program printed something else in round {n} than in round 0: tune needs a \
+                 program whose output is the same every run (or --ignore-output)"
+            );
+        }
+        Ok(())
+    }
+
+    /// The offline search (`tune_search.rs`): a round with prefetching off in every section
+    /// `last` saw, recording its faults; every policy replayed against them; then one round
+    /// with what the search chose, kept if the program's cost did not rise by more than
+    /// noise (3%) and the round was not more than 25% slower. Returns the counters the next
+    /// round starts from.
+    fn offline(
+        &self,
+        profile: &mut Profile,
+        last: Round,
+        ever_tried: &mut Vec<Change>,
+        times: &mut Vec<f64>,
+    ) -> Result<Round> {
+        let mut traced = profile.clone();
+        for name in last.sections.keys() {
+            let now = policy_of(profile, name);
+            let off = Setting {
+                prefetch: PrefetchName::Off,
+                line: 1,
+                ..now
+            };
+            set_policy(&mut traced, name, off, String::new());
+        }
+        let n = TRACE_ROUND;
+        let me = &mut Some(self.me.clone());
+        let round = run_round_tracing(self.t, me, Some(&traced), self.dir, n, TRACE_FAULTS)?;
+        self.same_output(&round, n)?;
+        eprintln!(
+            "trace round (prefetching off, faults recorded): {}",
+            summary(&round)
+        );
+        let trace = search::read_trace(&self.dir.join(format!("round-{n}")), self.me)?;
+        let budget_pages = (self.t.local / tidepool_pager::PAGE as u64) as usize;
+        let found = search::search(&trace, budget_pages, WASTE);
+        eprint!("{}", found.report);
+        for (name, c) in &found.tried {
+            let now = policy_of(profile, name);
+            let to = Setting {
+                prefetch: search::prefetch_name(c.prefetch),
+                line: c.line,
+                ..now
+            };
+            ever_tried.push((name.clone(), to));
+        }
+        if found.choices.is_empty() {
+            eprintln!("offline search: no busy section is better served than by its policy now");
+            return Ok(last);
+        }
+        let mut trial = profile.clone();
+        for c in &found.choices {
+            let now = policy_of(profile, &c.name);
+            let to = Setting {
+                prefetch: search::prefetch_name(c.to.prefetch),
+                line: c.to.line,
+                ..now
+            };
+            eprintln!("  {}: {:?}/{} ({})", c.name, to.prefetch, to.line, c.why());
+            set_policy(&mut trial, &c.name, to, c.why());
+        }
+        let round = run_round(self.t, me, Some(&trial), self.dir, n + 1)?;
+        times.push(round.seconds);
+        self.same_output(&round, n + 1)?;
+        let (was, now) = (total_cost(&last), total_cost(&round));
+        let slower = round.seconds > last.seconds * SLOWER;
+        let kept = !slower && now <= was * 1.03;
+        eprintln!(
+            "the search's profile: {} (cost {was:.0} -> {now:.0}): {}",
+            summary(&round),
+            if kept { "kept" } else { "dropped" }
+        );
+        if kept {
+            *profile = trial;
+            Ok(round)
+        } else {
+            Ok(last)
+        }
+    }
 }
 
 /// Judges keeping one section's pages (`tried`), by the whole program's cost: the round
@@ -687,83 +678,4 @@ pub fn tune_far(profile: &Path, budget: u64, out: Option<&Path>) -> Result<()> {
         None => print!("{toml}"),
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn section(name: &str, far_reads: u64, prefetched: u64, reused_soon: u64) -> ObservedSection {
-        ObservedSection {
-            name: name.into(),
-            faults: far_reads,
-            far_reads,
-            evicted: far_reads + prefetched,
-            prefetched,
-            used: prefetched,
-            line_pages: 0,
-            prefetch: PrefetchName::Shared,
-            line: 1,
-            keep: KeepName::Normal,
-            // Bucket 0: pages that came back within 1 MiB of evictions.
-            refetched: vec![reused_soon],
-        }
-    }
-
-    fn round(sections: Vec<ObservedSection>) -> Round {
-        Round {
-            seconds: 1.0,
-            output: Vec::new(),
-            sections: sections.into_iter().map(|s| (s.name.clone(), s)).collect(),
-        }
-    }
-
-    #[test]
-    fn a_stream_beside_a_section_that_reuses_its_room_is_held_to_a_small_share() {
-        let program = Program {
-            name: "p".into(),
-            build_id: None,
-        };
-        let profile = Profile::new(program);
-        let local = 16 << 20;
-        let stream = section("stream", 100, 10_000, 0);
-        let table = section("table", 5_000, 0, 3_000);
-        let r = round(vec![stream.clone(), table.clone()]);
-        let (name, to) = share_proposal(&profile, &r, &[], local).expect("a share to try");
-        assert_eq!((name.as_str(), to.share), ("stream", SMALL_SHARE));
-        // Tried once, not again.
-        assert!(share_proposal(&profile, &r, &[(name, to)], local).is_none());
-        // Nobody would use the room: nothing to try.
-        let r = round(vec![stream, section("table", 5_000, 0, 0)]);
-        assert!(share_proposal(&profile, &r, &[], local).is_none());
-        // A section whose pages come back is not held down.
-        let r = round(vec![section("table", 5_000, 0, 3_000)]);
-        assert!(share_proposal(&profile, &r, &[], local).is_none());
-    }
-
-    #[test]
-    fn a_new_prefetcher_whose_pages_go_unused_is_not_kept() {
-        let to = |prefetch| Setting {
-            prefetch,
-            line: 1,
-            ..Setting::default()
-        };
-        let mut after = section("s", 6_701, 2_940, 0);
-        after.used = 27;
-        let was = PrefetchName::Sweep;
-        assert!(!fetches_earn_their_place(
-            was,
-            to(PrefetchName::Successor),
-            &after
-        ));
-        // Turning prefetching off, or changing only the line, is judged by cost alone.
-        assert!(fetches_earn_their_place(was, to(PrefetchName::Off), &after));
-        assert!(fetches_earn_their_place(was, to(was), &after));
-        after.used = 1_000;
-        assert!(fetches_earn_their_place(
-            was,
-            to(PrefetchName::Successor),
-            &after
-        ));
-    }
 }

@@ -220,8 +220,8 @@ fn a_profile_passes_through_a_wrapper_script_to_the_program_it_fits() {
     }
 }
 
-/// `tidepool tune` runs the program a few times and writes a profile for it that
-/// `tidepool run --profile` applies; the walked range gets a prefetcher of its own.
+/// `tidepool tune` runs the program a few times (one of them recording its faults for the
+/// offline search) and writes a profile for it that `tidepool run --profile` applies.
 #[test]
 fn tune_writes_a_profile_that_run_applies() {
     tidepool_sys::skip_unless!(tidepool_sys::probe::Need::Userfaultfd);
@@ -242,6 +242,13 @@ fn tune_writes_a_profile_that_run_applies() {
     assert!(out.status.success(), "{stderr}");
     assert!(
         stderr.contains("round 0") && stderr.contains("round 1"),
+        "{stderr}"
+    );
+    // The trace round recorded the faults, and the offline search printed each busy
+    // section's access classes.
+    assert!(stderr.contains("trace round"), "{stderr}");
+    assert!(
+        stderr.contains("demand faults") && stderr.contains("% sequential"),
         "{stderr}"
     );
     let profile = tidepool_pager::profile::Profile::read(&file).unwrap();

@@ -72,6 +72,9 @@ pub struct Config {
     pub(crate) stall_handlers_after: Option<u64>,
 }
 
+/// [`Config::prefetch_window_max`]'s default, in pages.
+pub const DEFAULT_PREFETCH_WINDOW_MAX: u32 = 512;
+
 /// [`Config::fault_deadline`]'s default.
 pub const DEFAULT_FAULT_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -79,7 +82,7 @@ impl Config {
     pub fn new(local_budget: usize) -> Config {
         Config {
             local_budget,
-            prefetch_window_max: 512,
+            prefetch_window_max: DEFAULT_PREFETCH_WINDOW_MAX,
             handler_cpus: None,
             thread_start: None,
             around_child_restart: None,

@@ -60,6 +60,7 @@ impl Inner {
             self.refill_resident(&region, page, word);
             return;
         }
+        self.trace_fault(&region, page, kind(word) != UNTOUCHED);
         let (sampled, measured) = staging.probe.taken(f.tid);
         if let Some((delivery, wake)) = measured {
             self.timings.delivery_and_wake(delivery, wake);
@@ -70,6 +71,14 @@ impl Inner {
         }
         if follow_up == FollowUp::Full {
             self.after_demand(&region, page, staging);
+        }
+    }
+
+    /// Records a demand fault if [`crate::Pager::trace_faults`] asked for it.
+    #[inline]
+    fn trace_fault(&self, region: &RegionInner, page: usize, far: bool) {
+        if let Some(t) = self.fault_trace.get() {
+            t.record(far, region.sections.of(page).index() as u8, region.id, page);
         }
     }
 
@@ -116,6 +125,7 @@ impl Inner {
         Counters::add(&self.counters.missing_faults, batch.len() as u64);
         for (region, page, ..) in &batch {
             Counters::add(&self.section_counts(region, *page).faults, 1);
+            self.trace_fault(region, *page, true);
         }
         self.fetch_from_store(&batch, staging, taken);
         for (region, page, ..) in &batch {

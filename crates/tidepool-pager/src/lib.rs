@@ -49,6 +49,7 @@ pub mod cpu;
 mod error;
 mod evict;
 mod fault;
+pub mod fault_trace;
 mod fetch_ahead;
 mod follow;
 mod fork;
@@ -69,6 +70,7 @@ mod refill;
 #[cfg(test)]
 mod refill_tests;
 mod region;
+pub mod replay;
 mod restart;
 pub mod run_env;
 mod sections;
@@ -90,7 +92,7 @@ mod victims;
 mod watchdog;
 mod writeback;
 
-pub use config::{Config, DEFAULT_FAULT_DEADLINE};
+pub use config::{Config, DEFAULT_FAULT_DEADLINE, DEFAULT_PREFETCH_WINDOW_MAX};
 pub use error::PagerError;
 pub use follow::FollowReport;
 pub use fork::{in_forked_child, install as install_fork_handlers};

@@ -123,6 +123,8 @@ pub(crate) struct Inner {
     pub(crate) handler_tids: crate::cpu::HandlerTids,
     /// Which handler reads faults, and where the pager's threads run.
     pub(crate) follow: crate::follow::Follow,
+    /// The demand faults, once [`Pager::trace_faults`] asked for them (see `fault_trace.rs`).
+    pub(crate) fault_trace: std::sync::OnceLock<crate::fault_trace::Recorder>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -305,6 +307,7 @@ impl Inner {
             drop_far_copies: AtomicBool::new(config.drop_far_copies),
             child_budget: config.child_local_budget,
             protecting: RwLock::new(()),
+            fault_trace: std::sync::OnceLock::new(),
         })
     }
 }
@@ -429,6 +432,22 @@ impl Pager {
     pub fn section(&self, name: &str) -> SectionId {
         let _section = crate::gate::section();
         self.inner().sections.intern(name)
+    }
+
+    /// Records the next `capacity` demand faults from now on, for [`Pager::fault_trace`] (a
+    /// word each, allocated now; a second call changes nothing).
+    pub fn trace_faults(&self, capacity: usize) {
+        let _ = self
+            .inner()
+            .fault_trace
+            .get_or_init(|| crate::fault_trace::Recorder::new(capacity));
+    }
+
+    /// The demand faults recorded since [`Pager::trace_faults`], if it was called.
+    pub fn fault_trace(&self) -> Option<crate::fault_trace::FaultTrace> {
+        let inner = self.inner();
+        let recorder = inner.fault_trace.get()?;
+        Some(recorder.snapshot(inner.sections.names()))
     }
 
     /// Serves section `id` by `policy` from now on (see [`crate::Policy`]; every section starts

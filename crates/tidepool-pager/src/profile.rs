@@ -414,6 +414,14 @@ impl Observed {
 
     /// Every record in `dir`.
     pub fn read_dir(dir: &Path) -> Result<Vec<Observed>, ProfileError> {
+        Ok(Observed::read_dir_by_pid(dir)?
+            .into_iter()
+            .map(|(_, o)| o)
+            .collect())
+    }
+
+    /// Every record in `dir`, with the pid of the process that wrote it.
+    pub fn read_dir_by_pid(dir: &Path) -> Result<Vec<(u32, Observed)>, ProfileError> {
         let mut all = Vec::new();
         let entries = std::fs::read_dir(dir).map_err(|source| ProfileError::Read {
             path: dir.display().to_string(),
@@ -421,16 +429,22 @@ impl Observed {
         })?;
         for e in entries.flatten() {
             let path = e.path();
-            if path.extension().is_some_and(|x| x == "toml") {
+            let pid = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|s| s.strip_prefix("sections-"))
+                .and_then(|p| p.parse().ok());
+            if let (Some(pid), true) = (pid, path.extension().is_some_and(|x| x == "toml")) {
                 let shown = path.display().to_string();
                 let text = std::fs::read_to_string(&path).map_err(|source| ProfileError::Read {
                     path: shown.clone(),
                     source,
                 })?;
-                all.push(toml::from_str(&text).map_err(|e| ProfileError::Parse {
+                let o = toml::from_str(&text).map_err(|e| ProfileError::Parse {
                     path: shown,
                     why: e.to_string(),
-                })?);
+                })?;
+                all.push((pid, o));
             }
         }
         Ok(all)

@@ -32,6 +32,9 @@ pub const PROFILE: &str = "TIDEPOOL_RUN_PROFILE";
 pub const PROFILE_PID: &str = "TIDEPOOL_RUN_PROFILE_PID";
 /// A directory each process writes what its sections did to (`tidepool tune`).
 pub const SECTIONS_OUT: &str = "TIDEPOOL_RUN_SECTIONS_OUT";
+/// With [`SECTIONS_OUT`]: record this many demand faults and write them there too
+/// (`tidepool tune`'s offline search, `fault_trace.rs`).
+pub const FAULT_TRACE: &str = "TIDEPOOL_RUN_FAULT_TRACE";
 /// A coordinator's socket to join.
 pub const COORD: &str = "TIDEPOOL_RUN_COORD";
 /// The registration's weight (default 1).
@@ -56,7 +59,7 @@ pub const REFILL: &str = "TIDEPOOL_RUN_REFILL";
 pub const FOLLOW: &str = "TIDEPOOL_RUN_FOLLOW";
 
 /// Every variable of the contract, in the order the README lists them.
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 20] = [
     LOCAL,
     BACKEND,
     STATS,
@@ -65,6 +68,7 @@ pub const ALL: [&str; 19] = [
     PROFILE,
     PROFILE_PID,
     SECTIONS_OUT,
+    FAULT_TRACE,
     COORD,
     WEIGHT,
     MIN,
@@ -98,6 +102,8 @@ pub struct RunEnv {
     pub profile: Option<(PathBuf, u32)>,
     /// Where each process writes what its sections did (`tidepool tune`).
     pub sections_out: Option<PathBuf>,
+    /// How many demand faults each process records and writes beside its sections (0: none).
+    pub fault_trace: usize,
     /// The coordinator to join.
     pub coord: Option<Join>,
     /// For tests of the watchdog: the fault handlers stop after this many faults.
@@ -163,6 +169,7 @@ impl std::fmt::Debug for RunEnv {
             .field("fault_deadline", &self.fault_deadline)
             .field("profile", &self.profile)
             .field("sections_out", &self.sections_out)
+            .field("fault_trace", &self.fault_trace)
             .field("coord", &self.coord)
             .field("stall_after", &self.stall_after)
             .field("switches", &self.switches)
@@ -181,6 +188,7 @@ impl RunEnv {
             fault_deadline: None,
             profile: None,
             sections_out: None,
+            fault_trace: 0,
             coord: None,
             stall_after: None,
             switches: Switches::default(),
@@ -217,6 +225,10 @@ impl RunEnv {
             put(PROFILE_PID, Some(pid.to_string().into()));
         }
         put(SECTIONS_OUT, self.sections_out.clone().map(Into::into));
+        put(
+            FAULT_TRACE,
+            (self.fault_trace > 0).then(|| self.fault_trace.to_string().into()),
+        );
         if let Some(j) = &self.coord {
             put(COORD, Some(j.socket.clone().into()));
             put(WEIGHT, Some(j.weight.to_string().into()));
@@ -285,7 +297,7 @@ impl RunEnv {
 
 impl RunEnv {
     /// Takes from this process's environment what `tidepool run` passes on rather than sets:
-    /// where tune wants the sections written, the watchdog tests' stall, and the comparison
+    /// where tune wants the sections (and a fault trace) written, the watchdog tests' stall, and the comparison
     /// switches.
     pub fn pass_on_from_env(&mut self) {
         self.pass_on_from_vars(&|var| std::env::var_os(var));
@@ -295,6 +307,9 @@ impl RunEnv {
         self.sections_out = get(SECTIONS_OUT)
             .filter(|d| !d.is_empty())
             .map(PathBuf::from);
+        self.fault_trace = get(FAULT_TRACE)
+            .and_then(|v| v.to_string_lossy().parse().ok())
+            .unwrap_or(0);
         self.stall_after = get(STALL_AFTER).and_then(|v| v.to_string_lossy().parse().ok());
         self.switches = Switches::from_vars(get);
     }
@@ -367,6 +382,7 @@ mod tests {
         env.fault_deadline = Some(Duration::from_millis(2500));
         env.profile = Some(("/tmp/p.toml".into(), 42));
         env.sections_out = Some("/tmp/out".into());
+        env.fault_trace = 1000;
         env.coord = Some(Join {
             socket: "/run/coord.sock".into(),
             weight: 2.5,

@@ -365,6 +365,11 @@ impl Sections {
         &self.counts[id.index()]
     }
 
+    /// Every section's name, by index.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.names.lock().clone()
+    }
+
     /// Every section that saw a fault or an eviction, busiest first.
     pub(crate) fn snapshot(&self) -> Vec<SectionStats> {
         let names = self.names.lock().clone();

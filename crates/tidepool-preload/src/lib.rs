@@ -304,6 +304,9 @@ extern "C" fn start() {
             tidepool_sys::probe::DOCTOR_HINT
         ))
     });
+    if env.sections_out.is_some() && env.fault_trace > 0 {
+        pager.trace_faults(env.fault_trace);
+    }
     let heap = tidepool_alloc::region().map(|(base, len)| {
         // SAFETY: the allocator's reservation: private, anonymous, read-write, never unmapped,
         // and registered nowhere else.
@@ -439,8 +442,10 @@ fn own_program() -> Option<tidepool_pager::profile::Program> {
     Program::of_this_process().ok()
 }
 
-/// Writes what the sections did for `tidepool tune` (`RunEnv::sections_out`).
+/// Writes what the sections did for `tidepool tune` (`RunEnv::sections_out`), and the fault
+/// trace if one was asked for (`RunEnv::fault_trace`).
 fn write_sections(pager: &Pager, dir: &std::path::Path) {
+    use tidepool_pager::fault_trace::FaultTrace;
     use tidepool_pager::profile::Observed;
     let Some(me) = own_program() else {
         return;
@@ -450,6 +455,15 @@ fn write_sections(pager: &Pager, dir: &std::path::Path) {
             "tidepool run: cannot write this process's sections to {}: {e}",
             dir.display()
         );
+    }
+    if let Some(trace) = pager.fault_trace() {
+        let path = dir.join(FaultTrace::file_name(std::process::id()));
+        if let Err(e) = trace.write_to(&path) {
+            eprintln!(
+                "tidepool run: cannot write this process's fault trace to {}: {e}",
+                path.display()
+            );
+        }
     }
 }
 

@@ -1,0 +1,392 @@
+//! Offline search of section policies against a recorded trace ([`crate::fault_trace`]):
+//! what `tidepool tune` asks before it spends a run of the program on a guess.
+//!
+//! The trace is taken with prefetching off and lines of one page in every section, so it is
+//! the program's stream of misses at the tuning's budget, untouched by any policy. A replay
+//! runs the pager's own prefetchers (the same detectors the fault path calls) over that stream
+//! with the policies under test, against a model of local memory: a first-in first-out set of
+//! as many pages as the budget holds, since the pager cannot see which resident pages the
+//! program touches (no accessed bits reach user space here) and so evicts in about the order
+//! pages came in. A fault on a page the model holds is a hit the policy earned; one on a page
+//! it does not is a miss, a far read if the page was seen before. What a prefetch or a line
+//! brought in counts as used if the program faulted on it before the model evicted it.
+//!
+//! [`classes`] sorts a section's faults into sequential, strided and random, and counts the
+//! pages it touched and how many came back: the access classes `tidepool tune` prints.
+
+use crate::fault_trace::{FaultTrace, TracedFault};
+use crate::prefetch::{Detector, Plan};
+use crate::sections::{Prefetch, LINE_MAX};
+use crate::successor::SuccessorDetector;
+use crate::sweep_detector::SweepDetector;
+use std::collections::{HashMap, VecDeque};
+
+/// A section's policy in a replay: its prefetcher and its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Candidate {
+    pub prefetch: Prefetch,
+    pub line: u8,
+}
+
+impl Candidate {
+    /// The pager's behaviour without a profile.
+    pub const DEFAULT: Candidate = Candidate {
+        prefetch: Prefetch::Shared,
+        line: 1,
+    };
+
+    /// Whether it brings in pages nobody faulted on.
+    pub fn fetches_ahead(self) -> bool {
+        self.prefetch != Prefetch::Off || self.line > 1
+    }
+}
+
+/// What a replay counted for one section.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Faults on pages seen before that the model did not hold: reads from far memory.
+    pub far_reads: u64,
+    /// Faults on pages never seen before (first touches: zero pages).
+    pub first_touches: u64,
+    /// Far pages a prefetcher or a line brought in.
+    pub fetched: u64,
+    /// Of those, pages the program faulted on before they were evicted.
+    pub used: u64,
+}
+
+impl Replayed {
+    /// Used fetched pages over fetched pages (`None` if nothing was fetched).
+    pub fn accuracy(&self) -> Option<f64> {
+        (self.fetched > 0).then(|| self.used as f64 / self.fetched as f64)
+    }
+
+    /// Far reads, plus `waste` of a far read for every fetched page not used.
+    pub fn cost(&self, waste: f64) -> f64 {
+        self.far_reads as f64 + waste * (self.fetched - self.used) as f64
+    }
+
+    fn add(&mut self, o: &Replayed) {
+        self.far_reads += o.far_reads;
+        self.first_touches += o.first_touches;
+        self.fetched += o.fetched;
+        self.used += o.used;
+    }
+}
+
+/// A page of the model: (region, page).
+type Key = (u16, u64);
+
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    /// Which entry of the queue is this page's (older ones are stale).
+    stamp: u64,
+    /// Brought in ahead and not faulted on yet: (the section that fetched it).
+    ahead: Option<u8>,
+}
+
+/// Local memory as the replay models it.
+struct Model {
+    capacity: usize,
+    held: HashMap<Key, Held>,
+    queue: VecDeque<(Key, u64)>,
+    seen: std::collections::HashSet<Key>,
+    next_stamp: u64,
+}
+
+impl Model {
+    fn new(capacity: usize) -> Model {
+        Model {
+            capacity: capacity.max(1),
+            held: HashMap::new(),
+            queue: VecDeque::new(),
+            seen: std::collections::HashSet::new(),
+            next_stamp: 0,
+        }
+    }
+
+    fn holds(&self, k: Key) -> bool {
+        self.held.contains_key(&k)
+    }
+
+    fn is_far(&self, k: Key) -> bool {
+        self.seen.contains(&k) && !self.held.contains_key(&k)
+    }
+
+    fn bring(&mut self, k: Key, ahead: Option<u8>) {
+        let stamp = self.next_stamp;
+        self.next_stamp += 1;
+        self.held.insert(k, Held { stamp, ahead });
+        self.seen.insert(k);
+        self.queue.push_back((k, stamp));
+        while self.held.len() > self.capacity {
+            let Some((old, s)) = self.queue.pop_front() else {
+                break;
+            };
+            if self.held.get(&old).is_some_and(|h| h.stamp == s) {
+                self.held.remove(&old);
+            }
+        }
+    }
+}
+
+/// A prefetcher as the replay runs it (the pager's detectors, without a page table).
+enum Guesser {
+    Off,
+    Stride(Detector),
+    Sweep(SweepDetector),
+    Successor(Box<SuccessorDetector>),
+}
+
+impl Guesser {
+    fn new(p: Prefetch, window_max: u32, budget_pages: usize) -> Guesser {
+        match p {
+            Prefetch::Off => Guesser::Off,
+            Prefetch::Sweep => Guesser::Sweep(SweepDetector::new(window_max)),
+            Prefetch::Successor => {
+                Guesser::Successor(Box::new(SuccessorDetector::new(2 * budget_pages)))
+            }
+            _ => Guesser::Stride(Detector::new(window_max)),
+        }
+    }
+
+    /// The pages to bring in after a fault on `page` of `region`, but its trigger; for a
+    /// stride window, pages never seen too (the pager zero-fills those ahead of a stream).
+    fn guess(&mut self, region: u16, page: i64, model: &Model) -> Vec<i64> {
+        let window = |plan: Plan| -> Vec<i64> {
+            (0..plan.count)
+                .map(|i| plan.start + i as i64 * plan.stride)
+                .filter(|&p| p >= 0 && p != plan.trigger)
+                .collect()
+        };
+        match self {
+            Guesser::Off => Vec::new(),
+            Guesser::Stride(d) => d
+                .on_fault(page, |p| p >= 0 && model.holds((region, p as u64)))
+                .map_or_else(Vec::new, window),
+            Guesser::Sweep(d) => d.on_fault(page).map_or_else(Vec::new, window),
+            Guesser::Successor(d) => d
+                .on_fault(page, |p| p >= 0 && model.is_far((region, p as u64)))
+                .map_or_else(Vec::new, |c| c.pages().to_vec()),
+        }
+    }
+}
+
+/// Replays `trace` with each section served by `policy(section)` against a model of
+/// `budget_pages` local pages; returns what each section did, by index.
+pub fn replay(
+    trace: &FaultTrace,
+    policy: &dyn Fn(u8) -> Candidate,
+    budget_pages: usize,
+    window_max: u32,
+) -> HashMap<u8, Replayed> {
+    let mut model = Model::new(budget_pages);
+    let mut out: HashMap<u8, Replayed> = HashMap::new();
+    // A region's shared detector, and each section's own, per region.
+    let mut shared: HashMap<u16, Guesser> = HashMap::new();
+    let mut own: HashMap<(u8, u16), Guesser> = HashMap::new();
+    let policies: Vec<Candidate> = (0..=u8::MAX).map(policy).collect();
+    for &TracedFault {
+        section,
+        region,
+        page,
+        ..
+    } in &trace.faults
+    {
+        let key = (region, page);
+        if let Some(h) = model.held.get_mut(&key) {
+            if let Some(by) = h.ahead.take() {
+                out.entry(by).or_default().used += 1;
+            }
+            continue;
+        }
+        let counts = out.entry(section).or_default();
+        if model.seen.contains(&key) {
+            counts.far_reads += 1;
+        } else {
+            counts.first_touches += 1;
+        }
+        model.bring(key, None);
+        let c = policies[section as usize];
+        if c.line > 1 {
+            // The far pages of the fault's aligned block.
+            let line = (c.line as u64).min(LINE_MAX as u64);
+            let start = page & !(line - 1);
+            for p in (start..start + line).filter(|&p| p != page) {
+                if model.is_far((region, p)) {
+                    out.entry(section).or_default().fetched += 1;
+                    model.bring((region, p), Some(section));
+                }
+            }
+        }
+        let guesser = match c.prefetch {
+            Prefetch::Shared => shared
+                .entry(region)
+                .or_insert_with(|| Guesser::new(Prefetch::Shared, window_max, budget_pages)),
+            p => own
+                .entry((section, region))
+                .or_insert_with(|| Guesser::new(p, window_max, budget_pages)),
+        };
+        for p in guesser.guess(region, page as i64, &model) {
+            let k = (region, p as u64);
+            if model.is_far(k) {
+                out.entry(section).or_default().fetched += 1;
+                model.bring(k, Some(section));
+            } else if !model.seen.contains(&k) {
+                // Zero-filled ahead of a stream (successor chains hold far pages only): room
+                // taken, nothing read.
+                model.bring(k, None);
+            }
+        }
+    }
+    out
+}
+
+/// The sum over every section of a replay.
+pub fn total(r: &HashMap<u8, Replayed>) -> Replayed {
+    let mut t = Replayed::default();
+    for v in r.values() {
+        t.add(v);
+    }
+    t
+}
+
+/// How one section's faults move through its pages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Classes {
+    pub faults: u64,
+    /// Faults one page after the section's previous fault in the region (either way).
+    pub sequential: u64,
+    /// Faults at the same stride as the two before, more than a page.
+    pub strided: u64,
+    /// The rest.
+    pub random: u64,
+    /// Pages it faulted on at least once.
+    pub pages: u64,
+    /// Faults on pages it had faulted on before (they were evicted in between).
+    pub again: u64,
+}
+
+/// The access classes of each section of `trace`, by index.
+pub fn classes(trace: &FaultTrace) -> HashMap<u8, Classes> {
+    let mut out: HashMap<u8, Classes> = HashMap::new();
+    let mut last: HashMap<(u8, u16), (i64, i64)> = HashMap::new();
+    let mut seen: std::collections::HashSet<(u16, u64)> = std::collections::HashSet::new();
+    for f in &trace.faults {
+        let c = out.entry(f.section).or_default();
+        c.faults += 1;
+        if seen.insert((f.region, f.page)) {
+            c.pages += 1;
+        } else {
+            c.again += 1;
+        }
+        let page = f.page as i64;
+        match last.get(&(f.section, f.region)) {
+            Some(&(prev, _)) if (page - prev).abs() == 1 => c.sequential += 1,
+            Some(&(prev, stride)) if page - prev == stride && stride.abs() > 1 => c.strided += 1,
+            _ => c.random += 1,
+        }
+        let stride = last
+            .get(&(f.section, f.region))
+            .map_or(0, |&(p, _)| page - p);
+        last.insert((f.section, f.region), (page, stride));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fault(section: u8, page: u64, far: bool) -> TracedFault {
+        TracedFault {
+            far,
+            section,
+            region: 1,
+            page,
+        }
+    }
+
+    /// Two passes over 400 pages with room for 100: every fault of the second pass is a far
+    /// read without prefetching.
+    fn two_passes() -> FaultTrace {
+        let mut faults = Vec::new();
+        for pass in 0..2 {
+            for p in 0..400 {
+                faults.push(fault(1, p, pass == 1));
+            }
+        }
+        FaultTrace {
+            sections: vec!["rest".into(), "array".into()],
+            faults,
+            dropped: 0,
+        }
+    }
+
+    #[test]
+    fn a_stride_prefetcher_turns_a_second_pass_into_hits_and_off_reads_every_page() {
+        let t = two_passes();
+        let off = |_| Candidate {
+            prefetch: Prefetch::Off,
+            line: 1,
+        };
+        let r = replay(&t, &off, 100, 64)[&1];
+        assert_eq!((r.first_touches, r.far_reads, r.fetched), (400, 400, 0));
+        let own = |_| Candidate {
+            prefetch: Prefetch::Own,
+            line: 1,
+        };
+        let r = replay(&t, &own, 100, 64)[&1];
+        assert!(r.far_reads < 40, "{r:?}");
+        assert!(r.accuracy().unwrap() > 0.9, "{r:?}");
+        assert!(r.cost(0.4) < 100.0, "{r:?}");
+    }
+
+    #[test]
+    fn prefetching_random_pages_is_seen_to_waste_what_it_fetches() {
+        // Random faults over 1000 pages with room for 100, after a first touch of each.
+        let mut faults: Vec<TracedFault> = (0..1000).map(|p| fault(1, p, false)).collect();
+        let mut x: u64 = 12345;
+        for _ in 0..5000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            faults.push(fault(1, (x >> 33) % 1000, true));
+        }
+        let t = FaultTrace {
+            sections: vec![],
+            faults,
+            dropped: 0,
+        };
+        let line4 = |_| Candidate {
+            prefetch: Prefetch::Off,
+            line: 4,
+        };
+        let r = replay(&t, &line4, 100, 64)[&1];
+        assert!(r.accuracy().unwrap() < 0.3, "{r:?}");
+        let off = |_| Candidate {
+            prefetch: Prefetch::Off,
+            line: 1,
+        };
+        let o = replay(&t, &off, 100, 64)[&1];
+        assert!(o.cost(0.4) < r.cost(0.4), "off {o:?} line 4 {r:?}");
+    }
+
+    #[test]
+    fn classes_tell_a_scan_from_a_stride_from_random_faults() {
+        let mut faults: Vec<TracedFault> = (0..100).map(|p| fault(1, p, false)).collect();
+        faults.extend((0..100).map(|i| fault(2, 1000 + 8 * i, false)));
+        faults.extend([5u64, 77, 31, 90, 12].map(|p| fault(3, p * 13, false)));
+        faults.extend((0..10).map(|p| fault(1, p, true)));
+        let t = FaultTrace {
+            sections: vec![],
+            faults,
+            dropped: 0,
+        };
+        let c = classes(&t);
+        assert_eq!(c[&1].faults, 110);
+        assert!(c[&1].sequential >= 105, "{:?}", c[&1]);
+        assert_eq!((c[&1].pages, c[&1].again), (100, 10));
+        assert!(c[&2].strided >= 97, "{:?}", c[&2]);
+        assert_eq!(c[&3].random, 5);
+    }
+}
