@@ -34,8 +34,8 @@
 //! along a line) and, for a new prefetcher, the program used a quarter of what it fetched,
 //! and goes back otherwise, and a round more than 25% slower than the best so far
 //! is undone as a whole. At the end the profile and the default policies run three times
-//! each, alternating, and a profile whose median time is not the lower is left empty. The
-//! program's output must be the same in every round (a profile never
+//! each, alternating, and a profile whose median time is not 3% below the default's is left
+//! empty. The program's output must be the same in every round (a profile never
 //! changes an answer; a program whose output varies needs `--ignore-output`). Tuning on its own
 //! output (`--from`) goes on from there, as Mira's iterations do.
 //!
@@ -86,6 +86,12 @@ const WASTE: f64 = 0.4;
 /// Runs of the program with the profile and without it, alternating, before tune believes
 /// the profile makes it faster at all.
 const CHECKS: usize = 3;
+
+/// The most a profile's median time in the final check may be against the default's for the
+/// profile to stay: a profile within noise of the default stays out, since the run it is made
+/// for is larger and may not forgive it (pandas tuned at 4M rows kept its numpy section's
+/// pages high on a check of 4.36 s against 4.42, and ran 0.83x the default at 40M).
+const CHECK_FASTER: f64 = 0.97;
 
 /// What one round did.
 struct Round {
@@ -202,19 +208,9 @@ fn counters_moved(before: &ObservedSection, after: &ObservedSection) -> String {
 
 /// Runs the program once under `tidepool run` with `profile` (none: the default policies),
 /// and reads what the sections of the program `me` did (`None`: of the busiest program among
-/// the processes, which becomes `me`).
+/// the processes, which becomes `me`); each process records up to `trace` demand faults beside
+/// its sections.
 fn run_round(
-    t: &ProgramTune,
-    me: &mut Option<Program>,
-    profile: Option<&Profile>,
-    dir: &Path,
-    n: u32,
-) -> Result<Round> {
-    run_round_tracing(t, me, profile, dir, n, 0)
-}
-
-/// [`run_round`], each process recording up to `trace` demand faults beside its sections.
-fn run_round_tracing(
     t: &ProgramTune,
     me: &mut Option<Program>,
     profile: Option<&Profile>,
@@ -362,7 +358,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         t.rounds,
         dir.display()
     );
-    let mut last = run_round(t, &mut me, from.as_ref(), &dir, 0)?;
+    let mut last = run_round(t, &mut me, from.as_ref(), &dir, 0, 0)?;
     let me = me.expect("round 0 found the program");
     let mut profile = from.unwrap_or_else(|| Profile::new(me.clone()));
     eprintln!(
@@ -395,7 +391,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         for (name, to) in &tried {
             set_policy(&mut trial, name, *to, String::new());
         }
-        let round = run_round(t, &mut Some(me.clone()), Some(&trial), &dir, n)?;
+        let round = run_round(t, &mut Some(me.clone()), Some(&trial), &dir, n, 0)?;
         times.push(round.seconds);
         ctx.same_output(&round, n)?;
         eprintln!(
@@ -475,7 +471,7 @@ impl Tuning<'_> {
         }
         let n = TRACE_ROUND;
         let me = &mut Some(self.me.clone());
-        let round = run_round_tracing(self.t, me, Some(&traced), self.dir, n, TRACE_FAULTS)?;
+        let round = run_round(self.t, me, Some(&traced), self.dir, n, TRACE_FAULTS)?;
         self.same_output(&round, n)?;
         eprintln!(
             "trace round (prefetching off, faults recorded): {}",
@@ -509,7 +505,7 @@ impl Tuning<'_> {
             eprintln!("  {}: {:?}/{} ({})", c.name, to.prefetch, to.line, c.why());
             set_policy(&mut trial, &c.name, to, c.why());
         }
-        let round = run_round(self.t, me, Some(&trial), self.dir, n + 1)?;
+        let round = run_round(self.t, me, Some(&trial), self.dir, n + 1, 0)?;
         times.push(round.seconds);
         self.same_output(&round, n + 1)?;
         let (was, now) = (total_cost(&last), total_cost(&round));
@@ -611,7 +607,7 @@ fn write_profile(t: &ProgramTune, profile: &mut Profile, times: &[f64]) -> Resul
 
 /// Runs the program [`CHECKS`] times with `profile` and as many without, alternating (the
 /// rounds' times are one run each, and runs vary by 15% and more): `Some(why)` if the profile's
-/// median time is not below the default's.
+/// median time is not 3% below the default's ([`CHECK_FASTER`]).
 fn check(t: &ProgramTune, me: &Program, profile: &Profile, dir: &Path) -> Result<Option<String>> {
     if profile.sections.is_empty() {
         return Ok(None);
@@ -619,8 +615,8 @@ fn check(t: &ProgramTune, me: &Program, profile: &Profile, dir: &Path) -> Result
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for i in 0..CHECKS {
         let n = 100 + 2 * i as u32;
-        without.push(run_round(t, &mut Some(me.clone()), None, dir, n)?.seconds);
-        with.push(run_round(t, &mut Some(me.clone()), Some(profile), dir, n + 1)?.seconds);
+        without.push(run_round(t, &mut Some(me.clone()), None, dir, n, 0)?.seconds);
+        with.push(run_round(t, &mut Some(me.clone()), Some(profile), dir, n + 1, 0)?.seconds);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -630,8 +626,8 @@ fn check(t: &ProgramTune, me: &Program, profile: &Profile, dir: &Path) -> Result
     eprintln!(
         "check: {CHECKS} runs each, alternating: median {w:.2} s with the profile, {d:.2} s without"
     );
-    Ok((w >= d).then(|| {
-        format!("the profile did not make the program faster (median {w:.2} s against {d:.2} s)")
+    Ok((w > d * CHECK_FASTER).then(|| {
+        format!("the profile did not make the program 3% faster (median {w:.2} s against {d:.2} s)")
     }))
 }
 

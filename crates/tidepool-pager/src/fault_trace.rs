@@ -35,6 +35,16 @@ pub struct TracedFault {
 }
 
 impl TracedFault {
+    /// A fault on page `page` of region `region`, in section `section`.
+    pub fn new(far: bool, section: u8, region: u16, page: u64) -> TracedFault {
+        TracedFault {
+            far,
+            section,
+            region,
+            page,
+        }
+    }
+
     fn encode(self) -> u64 {
         (if self.far { FAR_BIT } else { 0 })
             | ((self.section as u64 & 0x7f) << (PAGE_BITS + REGION_BITS))

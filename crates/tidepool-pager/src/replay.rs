@@ -298,12 +298,7 @@ mod tests {
     use super::*;
 
     fn fault(section: u8, page: u64, far: bool) -> TracedFault {
-        TracedFault {
-            far,
-            section,
-            region: 1,
-            page,
-        }
+        TracedFault::new(far, section, 1, page)
     }
 
     /// Two passes over 400 pages with room for 100: every fault of the second pass is a far

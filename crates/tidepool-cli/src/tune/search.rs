@@ -235,12 +235,7 @@ mod tests {
     }
 
     fn fault(section: u8, page: u64, far: bool) -> TracedFault {
-        TracedFault {
-            far,
-            section,
-            region: 1,
-            page,
-        }
+        TracedFault::new(far, section, 1, page)
     }
 
     /// Section 1 scans 600 pages three times; section 2 reads 300 other pages at random.
