@@ -9,8 +9,9 @@
 //! (`TIDEPOOL_RUN_FAULT_TRACE`), tune prints each busy section's access classes (sequential,
 //! strided, random; pages touched and faults again), replays every prefetcher with lines of 1,
 //! 2 and 4 pages for each busy section against the trace, and gives each the policy with the
-//! lowest replayed cost among those whose fetched pages were at least 70% used (or none). One
-//! round then runs with those choices, kept unless the program's cost rose.
+//! lowest replayed cost among those whose fetched pages were at least 70% used (or none), if
+//! it beats the policy the section has. One round then runs with those choices, kept unless
+//! the program's cost rose by more than 3% or the round was 25% slower.
 //!
 //! Then each round proposes a change for each section that matters (at least 1% of the far
 //! reads or of the prefetches), the first rung of its ladder not tried yet (offline or in a
@@ -56,6 +57,7 @@ use std::time::Instant;
 use tidepool_pager::profile::{
     KeepName, ObservedSection, PrefetchName, Profile, Program, SectionEntry,
 };
+use tidepool_pager::replay::Candidate;
 
 /// `tidepool tune` for an unmodified program.
 #[derive(Debug, Clone)]
@@ -103,6 +105,15 @@ struct Round {
 impl Round {
     fn far_reads(&self) -> u64 {
         self.sections.values().map(|s| s.far_reads).sum()
+    }
+
+    /// Every page read from the store: far reads, prefetched pages and line pages (on the
+    /// in-process store a round's time follows this more than its far reads).
+    fn pages_read(&self) -> u64 {
+        self.sections
+            .values()
+            .map(|s| s.far_reads + s.prefetched + s.line_pages)
+            .sum()
     }
 
     fn accuracy(&self) -> Option<f64> {
@@ -206,6 +217,47 @@ fn counters_moved(before: &ObservedSection, after: &ObservedSection) -> String {
     )
 }
 
+/// One run of the program in a tuning: what messages call it, and its work files' names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunName {
+    /// Round 0 (the default policies, or `--from`'s) and the ladder's rounds.
+    Round(u32),
+    /// The trace round of the offline search.
+    Trace,
+    /// The round with what the offline search chose.
+    Searched,
+    /// The final check's `i`th run, with the profile or without it.
+    Check(usize, bool),
+}
+
+impl RunName {
+    /// The stem of its work files in the tuning's directory.
+    fn stem(self) -> String {
+        match self {
+            RunName::Round(n) => format!("round-{n}"),
+            RunName::Trace => "trace-round".into(),
+            RunName::Searched => "searched-round".into(),
+            RunName::Check(i, true) => format!("check-{i}-profile"),
+            RunName::Check(i, false) => format!("check-{i}-default"),
+        }
+    }
+}
+
+impl std::fmt::Display for RunName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            RunName::Round(n) => write!(f, "round {n}"),
+            RunName::Trace => write!(f, "the trace round"),
+            RunName::Searched => write!(f, "the search's round"),
+            RunName::Check(i, with) => write!(
+                f,
+                "check run {i} {} the profile",
+                if with { "with" } else { "without" }
+            ),
+        }
+    }
+}
+
 /// Runs the program once under `tidepool run` with `profile` (none: the default policies),
 /// and reads what the sections of the program `me` did (`None`: of the busiest program among
 /// the processes, which becomes `me`); each process records up to `trace` demand faults beside
@@ -215,12 +267,12 @@ fn run_round(
     me: &mut Option<Program>,
     profile: Option<&Profile>,
     dir: &Path,
-    n: u32,
+    n: RunName,
     trace: usize,
 ) -> Result<Round> {
-    let out = dir.join(format!("round-{n}"));
-    std::fs::create_dir(&out)?;
-    let log = dir.join(format!("round-{n}.stderr"));
+    let out = dir.join(n.stem());
+    std::fs::create_dir(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let log = dir.join(format!("{}.stderr", n.stem()));
     let mut cmd = round_command(t, profile, dir, n)?;
     if trace > 0 {
         cmd.env(tidepool_pager::run_env::FAULT_TRACE, trace.to_string());
@@ -236,7 +288,7 @@ fn run_round(
     if !result.status.success() {
         let tail: Vec<&str> = stderr.lines().rev().take(15).collect();
         bail!(
-            "the program failed under tidepool run in round {n} ({}); the end of what it said:\n{}",
+            "the program failed under tidepool run in {n} ({}); the end of what it said:\n{}",
             result.status,
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         );
@@ -244,7 +296,7 @@ fn run_round(
     if stderr.contains("profile")
         && (stderr.contains("ignored") || stderr.contains("changed nothing"))
     {
-        bail!("tidepool run did not apply the profile in round {n}:\n{stderr}");
+        bail!("tidepool run did not apply the profile in {n}:\n{stderr}");
     }
     let records = tidepool_pager::profile::Observed::read_dir(&out)?;
     if me.is_none() {
@@ -253,7 +305,7 @@ fn run_round(
     let sections = sections_of(records, me.as_ref());
     if sections.is_empty() {
         bail!(
-            "no process reported its sections in round {n}: did the program run under \
+            "no process reported its sections in {n}: did the program run under \
              tidepool run, fault at all at --local {}, and exit (not die by a signal)?",
             tidepool_node::format_size(t.local)
         );
@@ -266,12 +318,12 @@ fn run_round(
 }
 
 /// `tidepool run` of the program at the tuning's budget and store, with `profile` (written
-/// into `dir` for round `n`) if there is one.
+/// into `dir` for run `n`) if there is one.
 fn round_command(
     t: &ProgramTune,
     profile: Option<&Profile>,
     dir: &Path,
-    n: u32,
+    n: RunName,
 ) -> Result<Command> {
     let exe = std::env::current_exe()?;
     let mut cmd = Command::new(exe);
@@ -284,7 +336,7 @@ fn round_command(
         &t.backend,
     ]);
     if let Some(profile) = profile {
-        let profile_file = dir.join(format!("profile-{n}.toml"));
+        let profile_file = dir.join(format!("profile-{}.toml", n.stem()));
         std::fs::write(&profile_file, profile.to_toml())?;
         cmd.arg("--profile").arg(&profile_file);
     }
@@ -335,9 +387,10 @@ fn sections_of(
 
 fn summary(r: &Round) -> String {
     format!(
-        "{:.2} s, {} far reads, prefetches {} used",
+        "{:.2} s, {} far reads, {} pages read in all, prefetches {} used",
         r.seconds,
         r.far_reads(),
+        r.pages_read(),
         r.accuracy()
             .map_or("none".to_string(), |a| format!("{:.0}%", a * 100.0))
     )
@@ -358,7 +411,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         t.rounds,
         dir.display()
     );
-    let mut last = run_round(t, &mut me, from.as_ref(), &dir, 0, 0)?;
+    let mut last = run_round(t, &mut me, from.as_ref(), &dir, RunName::Round(0), 0)?;
     let me = me.expect("round 0 found the program");
     let mut profile = from.unwrap_or_else(|| Profile::new(me.clone()));
     eprintln!(
@@ -391,9 +444,10 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         for (name, to) in &tried {
             set_policy(&mut trial, name, *to, String::new());
         }
-        let round = run_round(t, &mut Some(me.clone()), Some(&trial), &dir, n, 0)?;
+        let name = RunName::Round(n);
+        let round = run_round(t, &mut Some(me.clone()), Some(&trial), &dir, name, 0)?;
         times.push(round.seconds);
-        ctx.same_output(&round, n)?;
+        ctx.same_output(&round, name)?;
         eprintln!(
             "round {n} ({} changes tried): {}",
             tried.len(),
@@ -418,7 +472,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         eprintln!("{why}: the profile is left empty");
         profile.sections.clear();
     }
-    write_profile(t, &mut profile, &times)?;
+    write_profile(t, &mut profile, &times, checked.as_deref())?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -432,25 +486,22 @@ struct Tuning<'a> {
     output: &'a [u8],
 }
 
-/// The trace round's and the searched profile's round numbers (their work files' names).
-const TRACE_ROUND: u32 = 50;
-
 impl Tuning<'_> {
     /// Fails if round `n` printed something else than round 0.
-    fn same_output(&self, round: &Round, n: u32) -> Result<()> {
+    fn same_output(&self, round: &Round, n: RunName) -> Result<()> {
         if !self.t.ignore_output && round.output != self.output {
             bail!(
-                "the program printed something else in round {n} than in round 0: tune needs a \
+                "the program printed something else in {n} than in round 0: tune needs a \
                  program whose output is the same every run (or --ignore-output)"
             );
         }
         Ok(())
     }
 
-    /// The offline search (`tune_search.rs`): a round with prefetching off in every section
-    /// `last` saw, recording its faults; every policy replayed against them; then one round
-    /// with what the search chose, kept if the program's cost did not rise by more than
-    /// noise (3%) and the round was not more than 25% slower. Returns the counters the next
+    /// The offline search (`tune/search.rs`): a round with prefetching off and lines of one
+    /// page in every section `last` saw, recording its faults; every policy replayed against
+    /// them; then one round with what the search chose, kept if the program's cost did not
+    /// rise by more than noise (3%) and the round was not more than 25% slower. Returns the counters the next
     /// round starts from.
     fn offline(
         &self,
@@ -469,17 +520,30 @@ impl Tuning<'_> {
             };
             set_policy(&mut traced, name, off, String::new());
         }
-        let n = TRACE_ROUND;
         let me = &mut Some(self.me.clone());
-        let round = run_round(self.t, me, Some(&traced), self.dir, n, TRACE_FAULTS)?;
-        self.same_output(&round, n)?;
+        let round = run_round(
+            self.t,
+            me,
+            Some(&traced),
+            self.dir,
+            RunName::Trace,
+            TRACE_FAULTS,
+        )?;
+        self.same_output(&round, RunName::Trace)?;
         eprintln!(
             "trace round (prefetching off, faults recorded): {}",
             summary(&round)
         );
-        let trace = search::read_trace(&self.dir.join(format!("round-{n}")), self.me)?;
+        let trace = search::read_trace(&self.dir.join(RunName::Trace.stem()), self.me)?;
         let budget_pages = (self.t.local / tidepool_pager::PAGE as u64) as usize;
-        let found = search::search(&trace, budget_pages, WASTE);
+        let before = |name: &str| {
+            let s = policy_of(profile, name);
+            Candidate {
+                prefetch: s.prefetch.into(),
+                line: s.line,
+            }
+        };
+        let found = search::search(&trace, budget_pages, WASTE, &before);
         eprint!("{}", found.report);
         for (name, c) in &found.tried {
             let now = policy_of(profile, name);
@@ -505,9 +569,9 @@ impl Tuning<'_> {
             eprintln!("  {}: {:?}/{} ({})", c.name, to.prefetch, to.line, c.why());
             set_policy(&mut trial, &c.name, to, c.why());
         }
-        let round = run_round(self.t, me, Some(&trial), self.dir, n + 1, 0)?;
+        let round = run_round(self.t, me, Some(&trial), self.dir, RunName::Searched, 0)?;
         times.push(round.seconds);
-        self.same_output(&round, n + 1)?;
+        self.same_output(&round, RunName::Searched)?;
         let (was, now) = (total_cost(&last), total_cost(&round));
         let slower = round.seconds > last.seconds * SLOWER;
         let kept = !slower && now <= was * 1.03;
@@ -581,9 +645,14 @@ fn judge_changes(profile: &mut Profile, tried: &[Change], last: &Round, round: R
 }
 
 /// Notes how the profile was made and writes it to `--out` or standard output.
-fn write_profile(t: &ProgramTune, profile: &mut Profile, times: &[f64]) -> Result<()> {
+fn write_profile(
+    t: &ProgramTune,
+    profile: &mut Profile,
+    times: &[f64],
+    emptied: Option<&str>,
+) -> Result<()> {
     profile.tuned = Some(format!(
-        "tidepool tune --local {} -- {}; rounds took {} s",
+        "tidepool tune --local {} -- {}; rounds took {} s{}",
         tidepool_node::format_size(t.local),
         t.program
             .iter()
@@ -594,7 +663,8 @@ fn write_profile(t: &ProgramTune, profile: &mut Profile, times: &[f64]) -> Resul
             .iter()
             .map(|s| format!("{s:.2}"))
             .collect::<Vec<_>>()
-            .join(", ")
+            .join(", "),
+        emptied.map_or(String::new(), |why| format!("; left empty: {why}"))
     ));
     let text = profile.to_toml();
     match &t.out {
@@ -614,9 +684,9 @@ fn check(t: &ProgramTune, me: &Program, profile: &Profile, dir: &Path) -> Result
     }
     let (mut with, mut without) = (Vec::new(), Vec::new());
     for i in 0..CHECKS {
-        let n = 100 + 2 * i as u32;
-        without.push(run_round(t, &mut Some(me.clone()), None, dir, n, 0)?.seconds);
-        with.push(run_round(t, &mut Some(me.clone()), Some(profile), dir, n + 1, 0)?.seconds);
+        let (off, on) = (RunName::Check(i, false), RunName::Check(i, true));
+        without.push(run_round(t, &mut Some(me.clone()), None, dir, off, 0)?.seconds);
+        with.push(run_round(t, &mut Some(me.clone()), Some(profile), dir, on, 0)?.seconds);
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);

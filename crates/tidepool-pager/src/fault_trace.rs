@@ -20,6 +20,10 @@ const FAR_BIT: u64 = 1 << 63;
 /// The first line of a trace file.
 const MAGIC: &str = "tidepool fault trace 1";
 
+/// The most faults a recorder keeps (a word each: 512 MiB); a larger capacity asked for is
+/// this.
+pub const CAPACITY_MAX: usize = 1 << 26;
+
 /// One demand fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TracedFault {
@@ -72,7 +76,9 @@ pub(crate) struct Recorder {
 impl Recorder {
     pub(crate) fn new(capacity: usize) -> Recorder {
         Recorder {
-            words: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+            words: (0..capacity.min(CAPACITY_MAX))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             next: AtomicUsize::new(0),
         }
     }
@@ -88,17 +94,19 @@ impl Recorder {
                 region: region.min(u16::MAX as u32) as u16,
                 page: page as u64,
             };
-            // Zero marks a slot not written yet; a fault's word is never zero but for a first
-            // touch of page 0 of region 0 in section 0, which the reader then leaves out.
+            // Zero marks a slot not written yet: region ids start at 1, so no fault's word is
+            // zero.
             w.store(f.encode(), Relaxed);
         }
     }
 
-    /// What was recorded so far, with `sections` naming the sections by index.
+    /// What was recorded so far, with `sections` naming the sections by index. A slot a
+    /// thread claimed but had not written yet when the snapshot was taken (the program's
+    /// threads still fault while it exits) counts as dropped.
     pub(crate) fn snapshot(&self, sections: Vec<String>) -> FaultTrace {
         let seen = self.next.load(Relaxed);
         let kept = seen.min(self.words.len());
-        let faults = self.words[..kept]
+        let faults: Vec<TracedFault> = self.words[..kept]
             .iter()
             .map(|w| w.load(Relaxed))
             .filter(|&w| w != 0)
@@ -106,10 +114,21 @@ impl Recorder {
             .collect();
         FaultTrace {
             sections,
+            dropped: (seen - faults.len()) as u64,
             faults,
-            dropped: (seen - kept) as u64,
         }
     }
+}
+
+/// The header line at the start of `rest`, which then starts after it.
+fn take_line<'a>(rest: &mut &'a [u8]) -> Result<&'a str, &'static str> {
+    let bytes: &'a [u8] = rest;
+    let end = bytes
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or("its header ends early")?;
+    *rest = &bytes[end + 1..];
+    std::str::from_utf8(&bytes[..end]).map_err(|_| "its header is not text")
 }
 
 /// A run's recorded demand faults.
@@ -123,9 +142,9 @@ pub struct FaultTrace {
     pub dropped: u64,
 }
 
-/// Why a trace file cannot be read.
+/// Why a trace file cannot be read: it cannot be opened or read, or it is not a fault trace.
 #[derive(Debug, thiserror::Error)]
-#[error("{path} is not a fault trace: {why}")]
+#[error("{path}: {why}")]
 pub struct TraceError {
     pub path: String,
     pub why: String,
@@ -138,8 +157,8 @@ impl FaultTrace {
     }
 
     /// Writes the trace to `path`, readable by its owner only: a text header (the format's
-    /// name, the dropped count, the section names one a line), a blank line, then one
-    /// little-endian word a fault.
+    /// name, the dropped count, the number of sections, their names one a line), a blank
+    /// line, then one little-endian word a fault.
     pub fn write_to(&self, path: &Path) -> io::Result<()> {
         use std::os::unix::fs::OpenOptionsExt;
         let file = std::fs::OpenOptions::new()
@@ -151,8 +170,10 @@ impl FaultTrace {
         let mut out = io::BufWriter::new(file);
         writeln!(out, "{MAGIC}")?;
         writeln!(out, "dropped {}", self.dropped)?;
+        writeln!(out, "sections {}", self.sections.len())?;
         for name in &self.sections {
-            writeln!(out, "{}", name.replace(['\n', '\r'], " "))?;
+            let name = name.replace(['\n', '\r'], " ");
+            writeln!(out, "{}", if name.is_empty() { "-" } else { &name })?;
         }
         writeln!(out)?;
         for f in &self.faults {
@@ -166,39 +187,52 @@ impl FaultTrace {
         let shown = path.display().to_string();
         let bad = |why: String| TraceError {
             path: shown.clone(),
-            why,
+            why: format!("not a fault trace: {why}"),
         };
         let mut bytes = Vec::new();
         std::fs::File::open(path)
             .and_then(|mut f| f.read_to_end(&mut bytes))
-            .map_err(|e| bad(e.to_string()))?;
-        let end = bytes
-            .windows(2)
-            .position(|w| w == b"\n\n")
-            .ok_or_else(|| bad("no end to its header".into()))?;
-        let header =
-            std::str::from_utf8(&bytes[..end]).map_err(|_| bad("its header is not text".into()))?;
-        let mut lines = header.lines();
-        if lines.next() != Some(MAGIC) {
+            .map_err(|e| TraceError {
+                path: shown.clone(),
+                why: format!("cannot read it: {e}"),
+            })?;
+        let mut rest = &bytes[..];
+        let mut line = || take_line(&mut rest).map_err(|why| bad(why.into()));
+        if line()? != MAGIC {
             return Err(bad(format!("its first line is not {MAGIC:?}")));
         }
-        let dropped = lines
-            .next()
-            .and_then(|l| l.strip_prefix("dropped "))
-            .and_then(|n| n.parse().ok())
-            .ok_or_else(|| bad("no count of dropped faults".into()))?;
-        let sections: Vec<String> = lines.map(str::to_string).collect();
-        let body = &bytes[end + 2..];
-        if body.len() % 8 != 0 {
+        let count = |l: &str, key: &str| -> Result<u64, TraceError> {
+            l.strip_prefix(key)
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| bad(format!("no {key}line")))
+        };
+        let dropped = count(line()?, "dropped ")?;
+        let n = count(line()?, "sections ")?;
+        if n > 128 {
+            return Err(bad(format!("{n} sections, more than a trace names")));
+        }
+        let sections = (0..n)
+            .map(|_| line().map(str::to_string))
+            .collect::<Result<Vec<_>, _>>()?;
+        if !line()?.is_empty() {
+            return Err(bad(format!("more than the {n} section names it announced")));
+        }
+        if rest.len() % 8 != 0 {
             return Err(bad(format!(
                 "{} bytes of faults, not a whole number of words",
-                body.len()
+                rest.len()
             )));
         }
-        let faults = body
+        let faults: Vec<TracedFault> = rest
             .chunks_exact(8)
             .map(|c| TracedFault::decode(u64::from_le_bytes(c.try_into().expect("8 bytes"))))
             .collect();
+        if let Some(f) = faults.iter().find(|f| f.section as u64 >= n) {
+            return Err(bad(format!(
+                "a fault in section {}, which it does not name",
+                f.section
+            )));
+        }
         Ok(FaultTrace {
             sections,
             faults,
@@ -225,7 +259,10 @@ mod tests {
         r.record(false, 127, 70_000, (1 << 39) + 7);
         r.record(true, 0, 0, 1);
         r.record(true, 1, 1, 1);
-        let t = r.snapshot(vec!["rest".into(), "heap 16B".into()]);
+        let mut names: Vec<String> = (0..128).map(|i| format!("s{i}")).collect();
+        names[1] = "heap 16B".into();
+        names[2] = String::new();
+        let t = r.snapshot(names);
         assert_eq!(t.dropped, 1);
         assert_eq!(
             t.faults,
@@ -256,9 +293,23 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert_eq!(FaultTrace::read(&path).unwrap(), t);
-        assert_eq!(t.section_name(1), "heap 16B");
-        assert_eq!(t.section_name(9), "rest");
+        let back = FaultTrace::read(&path).unwrap();
+        assert_eq!((&back.faults, back.dropped), (&t.faults, 1));
+        assert_eq!(back.section_name(1), "heap 16B");
+        // An empty name is written as "-", not as the blank line that ends the header.
+        assert_eq!(back.section_name(2), "-");
+        assert_eq!(back.section_name(127), "s127");
+        assert_eq!(FaultTrace::default().section_name(9), "rest");
+    }
+
+    #[test]
+    fn a_slot_claimed_but_not_written_counts_as_dropped() {
+        let r = Recorder::new(4);
+        r.record(true, 1, 1, 7);
+        // A thread that claimed the next slot and has not stored its word yet.
+        r.next.fetch_add(1, Relaxed);
+        let t = r.snapshot(vec!["rest".into(), "heap".into()]);
+        assert_eq!((t.faults.len(), t.dropped), (1, 1));
     }
 
     #[test]
@@ -268,10 +319,27 @@ mod tests {
         std::fs::write(&path, "hello\n\n").unwrap();
         let e = FaultTrace::read(&path).unwrap_err().to_string();
         assert!(e.contains("first line"), "{e}");
-        std::fs::write(&path, format!("{MAGIC}\ndropped 0\nrest\n\n1234567")).unwrap();
+        let head = format!("{MAGIC}\ndropped 0\nsections 1\nrest\n\n");
+        std::fs::write(&path, format!("{head}1234567")).unwrap();
         let e = FaultTrace::read(&path).unwrap_err().to_string();
         assert!(e.contains("whole number"), "{e}");
+        // A fault in section 1 of a trace that names one section.
+        let word = TracedFault::new(true, 1, 1, 5).encode().to_le_bytes();
+        std::fs::write(&path, [head.as_bytes(), &word].concat()).unwrap();
+        let e = FaultTrace::read(&path).unwrap_err().to_string();
+        assert!(e.contains("does not name"), "{e}");
+        std::fs::write(&path, format!("{MAGIC}\ndropped 0\nrest\n\n")).unwrap();
+        let e = FaultTrace::read(&path).unwrap_err().to_string();
+        assert!(e.contains("no sections line"), "{e}");
+        std::fs::write(&path, format!("{MAGIC}\ndropped 0\nsections 2\nrest\n\n")).unwrap();
+        let e = FaultTrace::read(&path).unwrap_err().to_string();
+        assert!(e.contains("ends early"), "{e}");
         std::fs::write(&path, "no header at all").unwrap();
-        assert!(FaultTrace::read(&path).is_err());
+        let e = FaultTrace::read(&path).unwrap_err().to_string();
+        assert!(e.contains("ends early"), "{e}");
+        let e = FaultTrace::read(&dir.path().join("none"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("cannot read it"), "{e}");
     }
 }

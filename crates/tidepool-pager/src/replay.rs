@@ -8,8 +8,12 @@
 //! as many pages as the budget holds, since the pager cannot see which resident pages the
 //! program touches (no accessed bits reach user space here) and so evicts in about the order
 //! pages came in. A fault on a page the model holds is a hit the policy earned; one on a page
-//! it does not is a miss, a far read if the page was seen before. What a prefetch or a line
-//! brought in counts as used if the program faulted on it before the model evicted it.
+//! it does not is a miss, a far read or a first touch as the trace says. A first touch of a
+//! page the model holds with contents is a miss too: the program freed the page in between
+//! (the preload discards freed memory), which no policy changes; the trace does not record
+//! frees, so until then lines and prefetchers may still count such a page as far. What a
+//! prefetch or a line brought in counts as used if the program faulted on it before the model
+//! evicted it.
 //!
 //! [`classes`] sorts a section's faults into sequential, strided and random, and counts the
 //! pages it touched and how many came back: the access classes `tidepool tune` prints.
@@ -82,6 +86,8 @@ struct Held {
     stamp: u64,
     /// Brought in ahead and not faulted on yet: (the section that fetched it).
     ahead: Option<u8>,
+    /// Zero-filled ahead of a stream and not touched yet.
+    zero: bool,
 }
 
 /// Local memory as the replay models it.
@@ -112,10 +118,10 @@ impl Model {
         self.seen.contains(&k) && !self.held.contains_key(&k)
     }
 
-    fn bring(&mut self, k: Key, ahead: Option<u8>) {
+    fn bring(&mut self, k: Key, ahead: Option<u8>, zero: bool) {
         let stamp = self.next_stamp;
         self.next_stamp += 1;
-        self.held.insert(k, Held { stamp, ahead });
+        self.held.insert(k, Held { stamp, ahead, zero });
         self.seen.insert(k);
         self.queue.push_back((k, stamp));
         while self.held.len() > self.capacity {
@@ -186,26 +192,32 @@ pub fn replay(
     let mut own: HashMap<(u8, u16), Guesser> = HashMap::new();
     let policies: Vec<Candidate> = (0..=u8::MAX).map(policy).collect();
     for &TracedFault {
+        far,
         section,
         region,
         page,
-        ..
     } in &trace.faults
     {
         let key = (region, page);
         if let Some(h) = model.held.get_mut(&key) {
-            if let Some(by) = h.ahead.take() {
-                out.entry(by).or_default().used += 1;
+            if far || h.zero {
+                if let Some(by) = h.ahead.take() {
+                    out.entry(by).or_default().used += 1;
+                }
+                h.zero = false;
+                continue;
             }
-            continue;
+            // Freed and discarded since it came in: a first touch again (its queue entry
+            // goes stale).
+            model.held.remove(&key);
         }
         let counts = out.entry(section).or_default();
-        if model.seen.contains(&key) {
+        if far {
             counts.far_reads += 1;
         } else {
             counts.first_touches += 1;
         }
-        model.bring(key, None);
+        model.bring(key, None, false);
         let c = policies[section as usize];
         if c.line > 1 {
             // The far pages of the fault's aligned block.
@@ -214,7 +226,7 @@ pub fn replay(
             for p in (start..start + line).filter(|&p| p != page) {
                 if model.is_far((region, p)) {
                     out.entry(section).or_default().fetched += 1;
-                    model.bring((region, p), Some(section));
+                    model.bring((region, p), Some(section), false);
                 }
             }
         }
@@ -230,11 +242,11 @@ pub fn replay(
             let k = (region, p as u64);
             if model.is_far(k) {
                 out.entry(section).or_default().fetched += 1;
-                model.bring(k, Some(section));
+                model.bring(k, Some(section), false);
             } else if !model.seen.contains(&k) {
                 // Zero-filled ahead of a stream (successor chains hold far pages only): room
                 // taken, nothing read.
-                model.bring(k, None);
+                model.bring(k, None, true);
             }
         }
     }
@@ -301,6 +313,19 @@ mod tests {
         TracedFault::new(far, section, 1, page)
     }
 
+    fn trace_of(faults: Vec<TracedFault>) -> FaultTrace {
+        FaultTrace {
+            sections: vec![],
+            faults,
+            dropped: 0,
+        }
+    }
+
+    /// Every section with `prefetch` and lines of `line` pages.
+    fn all(prefetch: Prefetch, line: u8) -> impl Fn(u8) -> Candidate {
+        move |_| Candidate { prefetch, line }
+    }
+
     /// Two passes over 400 pages with room for 100: every fault of the second pass is a far
     /// read without prefetching.
     fn two_passes() -> FaultTrace {
@@ -320,16 +345,10 @@ mod tests {
     #[test]
     fn a_stride_prefetcher_turns_a_second_pass_into_hits_and_off_reads_every_page() {
         let t = two_passes();
-        let off = |_| Candidate {
-            prefetch: Prefetch::Off,
-            line: 1,
-        };
+        let off = all(Prefetch::Off, 1);
         let r = replay(&t, &off, 100, 64)[&1];
         assert_eq!((r.first_touches, r.far_reads, r.fetched), (400, 400, 0));
-        let own = |_| Candidate {
-            prefetch: Prefetch::Own,
-            line: 1,
-        };
+        let own = all(Prefetch::Own, 1);
         let r = replay(&t, &own, 100, 64)[&1];
         assert!(r.far_reads < 40, "{r:?}");
         assert!(r.accuracy().unwrap() > 0.9, "{r:?}");
@@ -347,23 +366,26 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             faults.push(fault(1, (x >> 33) % 1000, true));
         }
-        let t = FaultTrace {
-            sections: vec![],
-            faults,
-            dropped: 0,
-        };
-        let line4 = |_| Candidate {
-            prefetch: Prefetch::Off,
-            line: 4,
-        };
+        let t = trace_of(faults);
+        let line4 = all(Prefetch::Off, 4);
         let r = replay(&t, &line4, 100, 64)[&1];
         assert!(r.accuracy().unwrap() < 0.3, "{r:?}");
-        let off = |_| Candidate {
-            prefetch: Prefetch::Off,
-            line: 1,
-        };
+        let off = all(Prefetch::Off, 1);
         let o = replay(&t, &off, 100, 64)[&1];
         assert!(o.cost(0.4) < r.cost(0.4), "off {o:?} line 4 {r:?}");
+    }
+
+    #[test]
+    fn a_page_freed_and_touched_again_is_a_first_touch_though_the_model_holds_it() {
+        let mut faults: Vec<TracedFault> = (0..10).map(|p| fault(1, p, false)).collect();
+        // The program freed page 3 (the preload discarded it) and wrote it again.
+        faults.push(fault(1, 3, false));
+        faults.push(fault(1, 3, true));
+        let t = trace_of(faults);
+        let off = all(Prefetch::Off, 1);
+        let r = replay(&t, &off, 100, 64)[&1];
+        // The first touch again is a miss, the far fault after it a hit (the model holds it).
+        assert_eq!((r.first_touches, r.far_reads), (11, 0), "{r:?}");
     }
 
     #[test]
@@ -372,11 +394,7 @@ mod tests {
         faults.extend((0..100).map(|i| fault(2, 1000 + 8 * i, false)));
         faults.extend([5u64, 77, 31, 90, 12].map(|p| fault(3, p * 13, false)));
         faults.extend((0..10).map(|p| fault(1, p, true)));
-        let t = FaultTrace {
-            sections: vec![],
-            faults,
-            dropped: 0,
-        };
+        let t = trace_of(faults);
         let c = classes(&t);
         assert_eq!(c[&1].faults, 110);
         assert!(c[&1].sequential >= 105, "{:?}", c[&1]);

@@ -32,8 +32,9 @@ pub const PROFILE: &str = "TIDEPOOL_RUN_PROFILE";
 pub const PROFILE_PID: &str = "TIDEPOOL_RUN_PROFILE_PID";
 /// A directory each process writes what its sections did to (`tidepool tune`).
 pub const SECTIONS_OUT: &str = "TIDEPOOL_RUN_SECTIONS_OUT";
-/// With [`SECTIONS_OUT`]: record this many demand faults and write them there too
-/// (`tidepool tune`'s offline search, `fault_trace.rs`).
+/// With [`SECTIONS_OUT`]: record this many demand faults (at most
+/// [`crate::fault_trace::CAPACITY_MAX`]) and write them there too (`tidepool tune`'s offline
+/// search, `fault_trace.rs`).
 pub const FAULT_TRACE: &str = "TIDEPOOL_RUN_FAULT_TRACE";
 /// A coordinator's socket to join.
 pub const COORD: &str = "TIDEPOOL_RUN_COORD";

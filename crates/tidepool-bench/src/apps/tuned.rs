@@ -194,9 +194,14 @@ pub(super) fn tune(
 
 /// What a tuning found, in one line: its rounds and the sections it gave a policy.
 pub(super) fn summary(profile: &Path) -> String {
-    let Ok(p) = tidepool_pager::profile::Profile::read(profile) else {
-        return format!("{} cannot be read", profile.display());
-    };
+    match tidepool_pager::profile::Profile::read(profile) {
+        Ok(p) => describe(&p, profile),
+        Err(_) => format!("{} cannot be read", profile.display()),
+    }
+}
+
+/// [`summary`] of profile `p`, read from `profile`.
+fn describe(p: &tidepool_pager::profile::Profile, profile: &Path) -> String {
     let sections: Vec<String> = p
         .sections
         .iter()
@@ -206,19 +211,50 @@ pub(super) fn summary(profile: &Path) -> String {
             format!("{} {policy}", s.name)
         })
         .collect();
-    // How it was tuned ends with the rounds' times; the command is in the file.
-    let rounds = p
-        .tuned
-        .as_deref()
-        .and_then(|t| t.rsplit_once("; "))
-        .map_or("", |(_, r)| r);
+    // How it was tuned: the command (in the file), the rounds' times, and why the profile was
+    // left empty if it was.
+    let parts: Vec<&str> = p.tuned.as_deref().unwrap_or("").split("; ").collect();
+    let rounds = parts
+        .iter()
+        .find(|s| s.starts_with("rounds took"))
+        .unwrap_or(&"");
+    let emptied = parts.iter().find_map(|s| s.strip_prefix("left empty: "));
     format!(
         "{} ({rounds}); policies: {}",
         profile.display(),
-        if sections.is_empty() {
-            "none (no change helped)".to_string()
-        } else {
-            sections.join(", ")
+        match (sections.is_empty(), emptied) {
+            (false, _) => sections.join(", "),
+            (true, Some(why)) => format!("none ({why})"),
+            (true, None) => "none (no change helped)".to_string(),
         }
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidepool_pager::profile::{Profile, Program};
+
+    #[test]
+    fn a_summary_says_why_a_profile_was_left_empty() {
+        let mut p = Profile::new(Program {
+            name: "python3".into(),
+            build_id: None,
+        });
+        p.tuned = Some("tidepool tune --local 8M -- python3 x.py; rounds took 1.00, 2.00 s".into());
+        let at = Path::new("/tmp/p.toml");
+        let s = describe(&p, at);
+        assert!(s.contains("(rounds took 1.00, 2.00 s)"), "{s}");
+        assert!(s.contains("none (no change helped)"), "{s}");
+        p.tuned = Some(format!(
+            "{}; left empty: the profile did not make the program 3% faster",
+            p.tuned.unwrap()
+        ));
+        let s = describe(&p, at);
+        assert!(s.contains("(rounds took 1.00, 2.00 s)"), "{s}");
+        assert!(
+            s.contains("none (the profile did not make the program 3% faster)"),
+            "{s}"
+        );
+    }
 }

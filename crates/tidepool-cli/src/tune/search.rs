@@ -112,10 +112,19 @@ fn accurate(c: Candidate, r: &Replayed) -> bool {
 }
 
 /// Searches policies for the busy sections of `trace` at `budget_pages` local pages, each
-/// fetched page that goes unused weighing `waste` of a far read.
-pub(crate) fn search(trace: &FaultTrace, budget_pages: usize, waste: f64) -> Search {
+/// fetched page that goes unused weighing `waste` of a far read; `before` is each section's
+/// policy before the search (by name), which a choice must beat.
+pub(crate) fn search(
+    trace: &FaultTrace,
+    budget_pages: usize,
+    waste: f64,
+    before: &dyn Fn(&str) -> Candidate,
+) -> Search {
     let window = tidepool_pager::DEFAULT_PREFETCH_WINDOW_MAX;
-    let mut current: HashMap<u8, Candidate> = HashMap::new();
+    let mut current: HashMap<u8, Candidate> = (0..trace.sections.len())
+        .map(|i| (i as u8, before(trace.section_name(i as u8))))
+        .filter(|(_, c)| *c != Candidate::DEFAULT)
+        .collect();
     let run = |current: &HashMap<u8, Candidate>| {
         let policy = |s: u8| current.get(&s).copied().unwrap_or(Candidate::DEFAULT);
         replay::replay(trace, &policy, budget_pages, window)
@@ -260,7 +269,7 @@ mod tests {
 
     #[test]
     fn the_search_gives_a_scan_a_prefetcher_and_random_reads_none_that_wastes() {
-        let s = search(&trace(), 200, 0.4);
+        let s = search(&trace(), 200, 0.4, &|_| Candidate::DEFAULT);
         let chosen = names(&s.choices);
         // The scan is followed (it faulted on every page three times in order); the random
         // section never gets a prefetcher or a line whose pages go unused.
@@ -281,5 +290,23 @@ mod tests {
         assert!(s.report.contains("scan:"), "{}", s.report);
         assert!(s.report.contains("% sequential"), "{}", s.report);
         assert!(s.tried.len() >= candidates().len(), "{}", s.tried.len());
+    }
+
+    #[test]
+    fn a_section_already_at_its_best_policy_is_left_alone() {
+        let first = search(&trace(), 200, 0.4, &|_| Candidate::DEFAULT);
+        let best = names(&first.choices)["scan"];
+        let again = search(&trace(), 200, 0.4, &|name| {
+            if name == "scan" {
+                best
+            } else {
+                Candidate::DEFAULT
+            }
+        });
+        assert!(
+            !again.choices.iter().any(|c| c.name == "scan"),
+            "{:?}",
+            again.choices
+        );
     }
 }
