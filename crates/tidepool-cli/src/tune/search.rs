@@ -121,17 +121,22 @@ pub(crate) fn search(
     before: &dyn Fn(&str) -> Candidate,
 ) -> Search {
     let window = tidepool_pager::DEFAULT_PREFETCH_WINDOW_MAX;
+    let model_pages = replay::calibrated_capacity(trace, budget_pages, window);
     let mut current: HashMap<u8, Candidate> = (0..trace.sections.len())
         .map(|i| (i as u8, before(trace.section_name(i as u8))))
         .filter(|(_, c)| *c != Candidate::DEFAULT)
         .collect();
     let run = |current: &HashMap<u8, Candidate>| {
         let policy = |s: u8| current.get(&s).copied().unwrap_or(Candidate::DEFAULT);
-        replay::replay(trace, &policy, budget_pages, window)
+        replay::replay(trace, &policy, model_pages, window)
     };
     let base = run(&current);
     let mut out = Search {
-        report: report(trace, &base),
+        report: format!(
+            "  model: {model_pages} pages of the budget's {budget_pages} replay 97% of the trace \
+             round's faults as misses\n{}",
+            report(trace, &base)
+        ),
         ..Search::default()
     };
     let total = replay::total(&base);
