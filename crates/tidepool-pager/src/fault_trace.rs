@@ -17,8 +17,8 @@ const PAGE_BITS: u32 = 40;
 const REGION_BITS: u32 = 16;
 const FAR_BIT: u64 = 1 << 63;
 
-/// The first line of a trace file.
-const MAGIC: &str = "tidepool fault trace 1";
+/// The first line of a trace file (version 2 names its number of sections).
+const MAGIC: &str = "tidepool fault trace 2";
 
 /// The most faults a recorder keeps (a word each: 512 MiB); a larger capacity asked for is
 /// this.
@@ -208,8 +208,11 @@ impl FaultTrace {
         };
         let dropped = count(line()?, "dropped ")?;
         let n = count(line()?, "sections ")?;
-        if n > 128 {
-            return Err(bad(format!("{n} sections, more than a trace names")));
+        if n > crate::SECTIONS_MAX as u64 {
+            return Err(bad(format!(
+                "{n} sections, more than a pager has ({})",
+                crate::SECTIONS_MAX
+            )));
         }
         let sections = (0..n)
             .map(|_| line().map(str::to_string))
