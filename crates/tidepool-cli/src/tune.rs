@@ -11,7 +11,13 @@
 //! 2 and 4 pages for each busy section against the trace, and gives each the policy with the
 //! lowest replayed cost among those whose fetched pages were at least 70% used (or none), if
 //! it beats the policy the section has. One round then runs with those choices, kept unless
-//! the program's cost rose by more than 3% or the round was 25% slower.
+//! the program's cost rose by more than 3% or the round was 25% slower. Over the same trace,
+//! tune gives the *oracle's bound*: the fewest pages any policy could read at the budget
+//! (Belady's choice with foresight of the faults), against the pages round 0 read. Under the
+//! in-process store a run's time follows the pages it reads, so a bound near 1x says that no
+//! profile can make the program much faster at this size, only more local memory can. A bound
+//! well above 1x does not say a profile can get there: foresight is worth 2x on reads at
+//! uniform random, where every policy without it misses alike.
 //!
 //! Then each round proposes a change for each section that matters (at least 1% of the far
 //! reads or of the prefetches), the first rung of its ladder not tried yet (offline or in a
@@ -431,6 +437,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         me: &me,
         dir: &dir,
         output: &output,
+        bound: Default::default(),
     };
     last = ctx.offline(&mut profile, last, &mut ever_tried, &mut times)?;
     best_seconds = times.iter().copied().fold(best_seconds, f64::min);
@@ -475,7 +482,10 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         eprintln!("{why}: the profile is left empty");
         profile.sections.clear();
     }
-    write_profile(t, &mut profile, &times, checked.as_deref())?;
+    let notes: Vec<String> = (ctx.bound.take().into_iter())
+        .chain(checked.map(|why| format!("left empty: {why}")))
+        .collect();
+    write_profile(t, &mut profile, &times, &notes)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }
@@ -487,6 +497,8 @@ struct Tuning<'a> {
     dir: &'a Path,
     /// What the program printed in round 0.
     output: &'a [u8],
+    /// The oracle's bound from the trace round, for the profile's `tuned` line.
+    bound: std::cell::RefCell<Option<String>>,
 }
 
 impl Tuning<'_> {
@@ -539,6 +551,9 @@ impl Tuning<'_> {
         );
         let trace = search::read_trace(&self.dir.join(RunName::Trace.stem()), self.me)?;
         let budget_pages = (self.t.local / tidepool_pager::PAGE as u64) as usize;
+        let bound = search::oracle_bound(&trace, budget_pages, last.pages_read());
+        eprintln!("  {}", bound.long);
+        *self.bound.borrow_mut() = Some(bound.short);
         let before = |name: &str| {
             let s = policy_of(profile, name);
             Candidate {
@@ -652,7 +667,7 @@ fn write_profile(
     t: &ProgramTune,
     profile: &mut Profile,
     times: &[f64],
-    emptied: Option<&str>,
+    notes: &[String],
 ) -> Result<()> {
     profile.tuned = Some(format!(
         "tidepool tune --local {} -- {}; rounds took {} s{}",
@@ -667,7 +682,7 @@ fn write_profile(
             .map(|s| format!("{s:.2}"))
             .collect::<Vec<_>>()
             .join(", "),
-        emptied.map_or(String::new(), |why| format!("; left empty: {why}"))
+        notes.iter().map(|n| format!("; {n}")).collect::<String>()
     ));
     let text = profile.to_toml();
     match &t.out {

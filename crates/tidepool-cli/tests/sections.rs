@@ -253,13 +253,16 @@ fn tune_writes_a_profile_that_run_applies() {
         stderr.contains("demand faults") && stderr.contains("% sequential"),
         "{stderr}"
     );
+    // The oracle's bound over the trace is printed and kept in the profile.
+    assert!(
+        stderr.contains("oracle: with all 2048 pages of the budget and foresight"),
+        "{stderr}"
+    );
     let profile = tidepool_pager::profile::Profile::read(&file).unwrap();
     assert_eq!(profile.program, me);
-    assert!(profile
-        .tuned
-        .as_deref()
-        .unwrap()
-        .contains("--local 8.0 MiB"));
+    let tuned = profile.tuned.as_deref().unwrap();
+    assert!(tuned.contains("--local 8.0 MiB"), "{tuned}");
+    assert!(tuned.contains("; an oracle reads "), "{tuned}");
     for s in &profile.sections {
         assert!(s.why.is_some(), "every choice says why: {s:?}");
     }

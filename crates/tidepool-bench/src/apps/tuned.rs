@@ -219,8 +219,12 @@ fn describe(p: &tidepool_pager::profile::Profile, profile: &Path) -> String {
         .find(|s| s.starts_with("rounds took"))
         .unwrap_or(&"");
     let emptied = parts.iter().find_map(|s| s.strip_prefix("left empty: "));
+    let bound = parts
+        .iter()
+        .find(|s| s.starts_with("an oracle reads"))
+        .map_or(String::new(), |b| format!("; {b}"));
     format!(
-        "{} ({rounds}); policies: {}",
+        "{} ({rounds}{bound}); policies: {}",
         profile.display(),
         match (sections.is_empty(), emptied) {
             (false, _) => sections.join(", "),
@@ -247,11 +251,15 @@ mod tests {
         assert!(s.contains("(rounds took 1.00, 2.00 s)"), "{s}");
         assert!(s.contains("none (no change helped)"), "{s}");
         p.tuned = Some(format!(
-            "{}; left empty: the profile did not make the program 3% faster",
+            "{}; an oracle reads 90 of round 0's 100 pages: 1.11x fewer at most; left empty: \
+             the profile did not make the program 3% faster",
             p.tuned.unwrap()
         ));
         let s = describe(&p, at);
-        assert!(s.contains("(rounds took 1.00, 2.00 s)"), "{s}");
+        assert!(
+            s.contains("(rounds took 1.00, 2.00 s; an oracle reads 90 of round 0's 100 pages: 1.11x fewer at most)"),
+            "{s}"
+        );
         assert!(
             s.contains("none (the profile did not make the program 3% faster)"),
             "{s}"
