@@ -41,9 +41,7 @@ pub fn serve(pager: &Pager, pid: u32) -> io::Result<()> {
     let thread_start = pager.thread_start();
     // A raw thread, for the same reason as the pager's own (see `Config::thread_start`).
     tidepool_sys::spawn_raw("tp-control", move || {
-        if let Some(hook) = thread_start {
-            hook();
-        }
+        crate::pager::thread_begins(thread_start);
         for conn in listener.incoming().flatten() {
             let _ = answer(&pager, conn);
         }

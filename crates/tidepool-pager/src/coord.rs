@@ -62,9 +62,7 @@ pub fn join(pager: &Pager, reg: Registration) -> io::Result<()> {
     let pager = pager.clone();
     let thread_start = pager.thread_start();
     tidepool_sys::spawn_raw("tp-coord-link", move || {
-        if let Some(hook) = thread_start {
-            hook();
-        }
+        crate::pager::thread_begins(thread_start);
         keep_link(&pager, &reg);
     })?;
     Ok(())

@@ -175,6 +175,16 @@ impl Drop for Shared {
     }
 }
 
+/// What every thread of the pager does first: the program's hook (before anything on the
+/// thread allocates), then its thread-locals with destructors, before it can hold a lock a
+/// handler needs or serve a fault (see `tidepool_sys::prime_thread_locals`).
+pub(crate) fn thread_begins(thread_start: Option<fn()>) {
+    if let Some(hook) = thread_start {
+        hook();
+    }
+    tidepool_sys::prime_thread_locals();
+}
+
 /// Starts the fault handlers (one per CPU, at most 8), the evictor, the write-back thread and
 /// the watchdog; returns them and how many are handlers. Serves faults on the calling thread
 /// until every new thread runs (see [`Inner::serve_while_starting`]).
@@ -189,9 +199,7 @@ pub(crate) fn spawn_threads(
     let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
         let (i, started) = (inner.clone(), started.clone());
         tidepool_sys::spawn_raw(&name, move || {
-            if let Some(hook) = thread_start {
-                hook();
-            }
+            thread_begins(thread_start);
             // Pages the program tagged with a protection key are read and written here too.
             tidepool_sys::vm::open_protection_keys();
             i.activity.join();
