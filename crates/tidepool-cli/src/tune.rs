@@ -437,9 +437,10 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         me: &me,
         dir: &dir,
         output: &output,
-        bound: Default::default(),
     };
-    last = ctx.offline(&mut profile, last, &mut ever_tried, &mut times)?;
+    // What the profile's `tuned` line says besides the command and the rounds' times.
+    let mut notes: Vec<String> = Vec::new();
+    last = ctx.offline(&mut profile, last, &mut ever_tried, &mut times, &mut notes)?;
     best_seconds = times.iter().copied().fold(best_seconds, f64::min);
     // `last` holds each section's counters under the policy it keeps: a change that was
     // dropped leaves the section's counters from before it.
@@ -482,9 +483,7 @@ pub fn tune_program(t: &ProgramTune) -> Result<()> {
         eprintln!("{why}: the profile is left empty");
         profile.sections.clear();
     }
-    let notes: Vec<String> = (ctx.bound.take().into_iter())
-        .chain(checked.map(|why| format!("left empty: {why}")))
-        .collect();
+    notes.extend(checked.map(|why| format!("left empty: {why}")));
     write_profile(t, &mut profile, &times, &notes)?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
@@ -497,8 +496,6 @@ struct Tuning<'a> {
     dir: &'a Path,
     /// What the program printed in round 0.
     output: &'a [u8],
-    /// The oracle's bound from the trace round, for the profile's `tuned` line.
-    bound: std::cell::RefCell<Option<String>>,
 }
 
 impl Tuning<'_> {
@@ -516,14 +513,15 @@ impl Tuning<'_> {
     /// The offline search (`tune/search.rs`): a round with prefetching off and lines of one
     /// page in every section `last` saw, recording its faults; every policy replayed against
     /// them; then one round with what the search chose, kept if the program's cost did not
-    /// rise by more than noise (3%) and the round was not more than 25% slower. Returns the counters the next
-    /// round starts from.
+    /// rise by more than noise (3%) and the round was not more than 25% slower. Returns the
+    /// counters the next round starts from; adds the oracle's bound to `notes`.
     fn offline(
         &self,
         profile: &mut Profile,
         last: Round,
         ever_tried: &mut Vec<Change>,
         times: &mut Vec<f64>,
+        notes: &mut Vec<String>,
     ) -> Result<Round> {
         let mut traced = profile.clone();
         for name in last.sections.keys() {
@@ -553,7 +551,7 @@ impl Tuning<'_> {
         let budget_pages = (self.t.local / tidepool_pager::PAGE as u64) as usize;
         let bound = search::oracle_bound(&trace, budget_pages, last.pages_read());
         eprintln!("  {}", bound.long);
-        *self.bound.borrow_mut() = Some(bound.short);
+        notes.push(bound.short);
         let before = |name: &str| {
             let s = policy_of(profile, name);
             Candidate {
