@@ -1,6 +1,8 @@
 //! `tidepool-tuned`: each workload under a profile that `tidepool tune` made on an input a
 //! tenth of the measured one's size (a third under `--quick`, whose inputs are small already;
 //! never on the measured run), at the same share of that smaller run's own native peak RSS.
+//! Tune checks the profile again on a third of the measured input (`--check-arg`), and keeps
+//! it only if it is 3% faster there too.
 //!
 //! Redis is tuned through a driver script: redis-server filled by redis-benchmark with 4 KiB
 //! values, then read and written at random keys (the measured workload fills with random
@@ -117,22 +119,8 @@ fn small(workload: &str, s: &Sizes, dir: &Path, python: &Path) -> Result<Small> 
     })
 }
 
-/// Tunes `workload` on its smaller input (the measured sizes `s`, over 10, or 3 if `quick`)
-/// at `ratio` of that input's native peak RSS; the profile's path.
-pub(super) fn tune(
-    l: &Launcher,
-    workload: &str,
-    ratio: f64,
-    (s, quick): (&Sizes, bool),
-    dir: &Path,
-    python: &Path,
-) -> Result<PathBuf> {
-    let small = small(
-        workload,
-        &smaller(s, if quick { 3 } else { 10 }),
-        dir,
-        python,
-    )?;
+/// Local memory for `small`: `ratio` of its native peak RSS.
+fn local_for(l: &Launcher, workload: &str, small: &Small, ratio: f64) -> Result<u64> {
     let mut native = l.command(System::Native, 0, &small.argv)?;
     native.envs(small.env.iter().map(|(k, v)| (k, v)));
     let ended = l.run_to_end(System::Native, native)?;
@@ -143,7 +131,36 @@ pub(super) fn tune(
             ended.stderr.trim()
         );
     }
-    let local = super::local_bytes(ended.peak_rss, ratio);
+    Ok(super::local_bytes(ended.peak_rss, ratio))
+}
+
+/// Tunes `workload` on its smaller input (the measured sizes `s`, over 10, or 3 if `quick`)
+/// at `ratio` of that input's native peak RSS, and has tune check the profile again on a
+/// third of the measured input (not under `--quick`), at the same share of its own peak: a
+/// profile that does not carry over from a tenth to a third is left empty, not applied to the
+/// whole. The profile's path.
+pub(super) fn tune(
+    l: &Launcher,
+    workload: &str,
+    ratio: f64,
+    (s, quick): (&Sizes, bool),
+    dir: &Path,
+    python: &Path,
+) -> Result<PathBuf> {
+    let input = small(
+        workload,
+        &smaller(s, if quick { 3 } else { 10 }),
+        dir,
+        python,
+    )?;
+    let local = local_for(l, workload, &input, ratio)?;
+    let larger = if quick {
+        None
+    } else {
+        let third = small(workload, &smaller(s, 3), dir, python)?;
+        let local = local_for(l, workload, &third, ratio)?;
+        Some((third.argv, local))
+    };
     let pct = (ratio * 100.0).round();
     let profile = dir.join(format!("{workload}-{pct}.toml"));
     let log = dir.join(format!("{workload}-{pct}.tune.log"));
@@ -153,12 +170,18 @@ pub(super) fn tune(
         .arg(local.to_string())
         .arg("--out")
         .arg(&profile);
-    if small.output_varies {
+    if input.output_varies {
         cmd.arg("--ignore-output");
     }
+    if let Some((argv, local)) = &larger {
+        cmd.arg("--check-local").arg(local.to_string());
+        for a in &argv[1..] {
+            cmd.arg("--check-arg").arg(a);
+        }
+    }
     cmd.arg("--")
-        .args(&small.argv)
-        .envs(small.env.iter().map(|(k, v)| (k, v)))
+        .args(&input.argv)
+        .envs(input.env.iter().map(|(k, v)| (k, v)))
         .env("TIDEPOOL_PRELOAD", &l.preload)
         .env_remove(tidepool_pager::run_env::SECTIONS_OUT)
         .stdin(Stdio::null())
