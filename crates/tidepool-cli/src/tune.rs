@@ -45,9 +45,10 @@
 //! empty. With `--check-arg` or `--check-local` the same check runs again on that larger
 //! input or budget, and the profile must pass it too: a profile 3% faster at the tuning's size
 //! can be slower at ten times it (SQLite's, 0.92x), and a check at a middling size is the
-//! nearest tune gets to the run the profile is for. The program's output must be the same in every round (a profile never
-//! changes an answer; a program whose output varies needs `--ignore-output`). Tuning on its own
-//! output (`--from`) goes on from there, as Mira's iterations do.
+//! nearest tune gets to the run the profile is for. The program's output must be the same in
+//! every round, and with the profile as without it in each check (a profile never changes an
+//! answer; a program whose output varies needs `--ignore-output`). Tuning on its own output
+//! (`--from`) goes on from there, as Mira's iterations do.
 //!
 //! For far data structures (`tidepool tune PROFILE.json --budget SIZE`), see `tidepool_far::tune`.
 
