@@ -487,6 +487,11 @@ fn run(cli: Cli) -> Result<()> {
             (false, ..) => anyhow::bail!(
                 "to tune a program give --local SIZE and the program after --, and neither a far-structure profile nor --budget"
             ),
+            (true, Some(_), Some(_), _) if !check_args.is_empty() || check_local.is_some() => {
+                anyhow::bail!(
+                    "--check-arg and --check-local are for tuning a program (tidepool tune --local SIZE -- PROGRAM ARGS), not a far-structure profile"
+                )
+            }
             (true, Some(profile), Some(budget), _) => {
                 tune::tune_far(&profile, budget, out.as_deref())
             }
