@@ -213,45 +213,7 @@ enum Cmd {
         after_long_help = "Environment: TIDEPOOL_PRELOAD, the preload library each \
         round's `tidepool run` loads [default: next to tidepool]."
     )]
-    Tune {
-        /// Profile JSON from a profiling run (far data structures).
-        profile: Option<PathBuf>,
-        /// Local memory for all sections together (line tables included), e.g. 32M (far data
-        /// structures).
-        #[arg(long, value_parser = parse_size_arg)]
-        budget: Option<u64>,
-        /// Local memory to tune the program at, e.g. 64M (a program).
-        #[arg(long, value_parser = parse_size_arg)]
-        local: Option<u64>,
-        /// Far store to tune the program over (as for `tidepool run`).
-        #[arg(long, default_value = "local:")]
-        backend: String,
-        /// Runs of the program, the first with the profile so far.
-        #[arg(long, default_value_t = 4)]
-        rounds: u32,
-        /// Go on from this profile (tune's own output) instead of the default policies.
-        #[arg(long, value_name = "FILE")]
-        from: Option<PathBuf>,
-        /// Do not require the program's output to be the same in every round.
-        #[arg(long)]
-        ignore_output: bool,
-        /// Write the result here instead of standard output.
-        #[arg(long)]
-        out: Option<PathBuf>,
-        /// Before keeping a profile, check it again on a larger input: the program's arguments
-        /// for that run, one `--check-arg` each, in place of those after `--` (the program
-        /// stays). A profile that is not 3% faster there too is left empty: tune on a small
-        /// input and check on a middling one, to keep only what carries over to sizes tune
-        /// never ran.
-        #[arg(long = "check-arg", value_name = "ARG", allow_hyphen_values = true)]
-        check_args: Vec<OsString>,
-        /// Local memory for that larger check, e.g. 48M [default: --local].
-        #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
-        check_local: Option<u64>,
-        /// The program to tune and its arguments, after `--`.
-        #[arg(last = true)]
-        program: Vec<OsString>,
-    },
+    Tune(TuneArgs),
     /// Print the pager statistics of a program running under `tidepool run`.
     Status {
         /// The program's process id.
@@ -401,6 +363,48 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
         .ok_or_else(|| format!("{s:?} is not a number of seconds (e.g. 5 or 0.5)"))
 }
 
+/// `tidepool tune`'s arguments (its help is on the subcommand).
+#[derive(Debug, clap::Args)]
+struct TuneArgs {
+    /// Profile JSON from a profiling run (far data structures).
+    profile: Option<PathBuf>,
+    /// Local memory for all sections together (line tables included), e.g. 32M (far data
+    /// structures).
+    #[arg(long, value_parser = parse_size_arg)]
+    budget: Option<u64>,
+    /// Local memory to tune the program at, e.g. 64M (a program).
+    #[arg(long, value_parser = parse_size_arg)]
+    local: Option<u64>,
+    /// Far store to tune the program over (as for `tidepool run`).
+    #[arg(long, default_value = "local:")]
+    backend: String,
+    /// Runs of the program, the first with the profile so far.
+    #[arg(long, default_value_t = 4)]
+    rounds: u32,
+    /// Go on from this profile (tune's own output) instead of the default policies.
+    #[arg(long, value_name = "FILE")]
+    from: Option<PathBuf>,
+    /// Do not require the program's output to be the same in every round.
+    #[arg(long)]
+    ignore_output: bool,
+    /// Write the result here instead of standard output.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Before keeping a profile, check it again on a larger input: the program's arguments
+    /// for that run, one `--check-arg` each, in place of those after `--` (the program
+    /// stays). A profile that is not 3% faster there too is left empty: tune on a small
+    /// input and check on a middling one, to keep only what carries over to sizes tune
+    /// never ran.
+    #[arg(long = "check-arg", value_name = "ARG", allow_hyphen_values = true)]
+    check_args: Vec<OsString>,
+    /// Local memory for that larger check, e.g. 48M [default: --local].
+    #[arg(long, value_parser = parse_size_arg, value_name = "SIZE")]
+    check_local: Option<u64>,
+    /// The program to tune and its arguments, after `--`.
+    #[arg(last = true)]
+    program: Vec<OsString>,
+}
+
 fn main() {
     // `tidepool __exec-static ...`: becomes a statically linked program (never returns).
     run_static::enter_if_asked();
@@ -461,49 +465,41 @@ fn run(cli: Cli) -> Result<()> {
             token_file,
         } => coord::set_weight(weight_via(socket, http, token_file), app, weight),
         Cmd::Status { pid } => run::status(pid),
-        Cmd::Tune {
-            profile,
-            budget,
-            local,
-            backend,
-            rounds,
-            from,
-            ignore_output,
-            out,
-            check_args,
-            check_local,
-            program,
-        } => match (program.is_empty(), profile, budget, local) {
-            (false, None, None, Some(local)) => tune::tune_program(&tune::ProgramTune {
-                local,
-                backend,
-                out,
-                rounds: rounds.max(1),
-                from,
-                ignore_output,
-                larger: tune::Larger::from_args(check_args, check_local),
-                program,
-            }),
-            (false, ..) => anyhow::bail!(
-                "to tune a program give --local SIZE and the program after --, and neither a far-structure profile nor --budget"
-            ),
-            (true, Some(_), Some(_), _) if !check_args.is_empty() || check_local.is_some() => {
-                anyhow::bail!(
-                    "--check-arg and --check-local are for tuning a program (tidepool tune --local SIZE -- PROGRAM ARGS), not a far-structure profile"
-                )
-            }
-            (true, Some(profile), Some(budget), _) => {
-                tune::tune_far(&profile, budget, out.as_deref())
-            }
-            (true, ..) => anyhow::bail!(
-                "give a program to tune (tidepool tune --local SIZE -- PROGRAM ARGS) or a far-structure profile and --budget (tidepool tune PROFILE.json --budget SIZE)"
-            ),
-        },
+        Cmd::Tune(args) => tune(args),
         Cmd::Cache(args) => cache::run(args),
         Cmd::Doctor { url } => doctor::run(url.as_deref()),
         Cmd::Completions { shell } => manual::completions(shell),
         Cmd::Manpages { out } => manual::man_pages(&out),
         Cmd::BenchWorker { job } => tidepool_bench::job::Job::parse(&job)?.run(),
+    }
+}
+
+/// `tidepool tune`: a program's pager sections, or a far-structure profile's.
+fn tune(a: TuneArgs) -> Result<()> {
+    let larger_asked = !a.check_args.is_empty() || a.check_local.is_some();
+    match (a.program.is_empty(), a.profile, a.budget, a.local) {
+        (false, None, None, Some(local)) => tune::tune_program(&tune::ProgramTune {
+            local,
+            backend: a.backend,
+            out: a.out,
+            rounds: a.rounds.max(1),
+            from: a.from,
+            ignore_output: a.ignore_output,
+            larger: tune::Larger::from_args(a.check_args, a.check_local),
+            program: a.program,
+        }),
+        (false, ..) => anyhow::bail!(
+            "to tune a program give --local SIZE and the program after --, and neither a far-structure profile nor --budget"
+        ),
+        (true, Some(_), Some(_), _) if larger_asked => anyhow::bail!(
+            "--check-arg and --check-local are for tuning a program (tidepool tune --local SIZE -- PROGRAM ARGS), not a far-structure profile"
+        ),
+        (true, Some(profile), Some(budget), _) => {
+            tune::tune_far(&profile, budget, a.out.as_deref())
+        }
+        (true, ..) => anyhow::bail!(
+            "give a program to tune (tidepool tune --local SIZE -- PROGRAM ARGS) or a far-structure profile and --budget (tidepool tune PROFILE.json --budget SIZE)"
+        ),
     }
 }
 
